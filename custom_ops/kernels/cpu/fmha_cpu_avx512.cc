@@ -1,0 +1,19 @@
+// FMHA CPU kernel compiled for avx512; fmha_cpu.cc picks the widest one the CPU runs.
+// Standard headers come first so that only the kernel body gets the target ISA.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "kernels/common/philox.h"
+#include "kernels/cpu/fmha_cpu.h"
+
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,bmi2")
+#define FMHA_ISA avx512
+#define FMHA_VLEN 16
+#define FMHA_MR 8
+#define FMHA_NV 2
+#include "kernels/cpu/fmha_cpu_impl.h"

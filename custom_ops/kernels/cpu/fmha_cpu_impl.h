@@ -1,0 +1,370 @@
+// FMHA CPU kernel body, compiled once per instruction set.
+//
+// Included by fmha_cpu_<isa>.cc after `#pragma GCC target(...)` with
+//   FMHA_ISA   namespace name (avx512, avx2, sse2)
+//   FMHA_VLEN  floats per vector register
+//   FMHA_MR    rows of the GEMM register tile
+//   FMHA_NV    vectors per row of the GEMM register tile
+// GCC vector extensions keep the code one source for every ISA while pinning the
+// register tile; the compiler maps them onto zmm/ymm/xmm registers.
+//
+// Blocking: a query block of kBr rows meets key blocks of kBc keys. Every GEMM of the
+// forward and backward pass is one call of `gemm` below:
+//   C[M x N] (+)= A(m, k) * B[k][n],  A(m, k) = A[m * sam + k * sak],  N % VLEN == 0.
+#ifndef FMHA_ISA
+#error "fmha_cpu_impl.h is included by fmha_cpu_<isa>.cc only"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "kernels/common/philox.h"
+#include "kernels/cpu/fmha_cpu.h"
+
+namespace paddle_unpad {
+namespace FMHA_ISA {
+
+constexpr int V = FMHA_VLEN;
+constexpr int MR = FMHA_MR;
+constexpr int NV = FMHA_NV;  // vectors per register-tile row
+constexpr int64_t kBr = 64;
+constexpr int64_t kBc = 128;
+
+typedef float vf __attribute__((vector_size(V * 4)));
+typedef int32_t vi __attribute__((vector_size(V * 4)));
+typedef float vf_u __attribute__((vector_size(V * 4), aligned(4)));
+
+static inline vf vload(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
+static inline void vstore(float* p, vf x) { *reinterpret_cast<vf_u*>(p) = x; }
+// A constructor with V equal elements is a broadcast (vbroadcastss from memory). Not
+// vf{} + a: adding +0 is not an identity for -0, so a real add would stay in the
+// GEMM's inner loop; nor a loop of element stores, which becomes masked broadcasts.
+template <size_t... I>
+static inline vf vsplat_impl(float a, std::index_sequence<I...>) {
+  return vf{((void)I, a)...};
+}
+static inline vf vsplat(float a) { return vsplat_impl(a, std::make_index_sequence<V>{}); }
+static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// exp(x) for x <= 0 (scores minus their running maximum), ~1 ulp: Cody-Waite
+// reduction x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial (truncation
+// error < 6e-9 relative), 2^n through the exponent bits. Inputs below -87 give a
+// tiny positive number, never a denormal or NaN.
+static inline vf vexp(vf x) {
+  const vf lo = vsplat(-87.0f), hi = vsplat(88.0f);
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  const vf magic = vsplat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  vf t = x * 1.44269504088896341f + magic;
+  vf n = t - magic;
+  vi ni = (vi)t - 0x4B400000;  // the integer n, read from t's mantissa
+  vf r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187045e-06f;
+  vf p = vsplat(1.0f / 5040.0f);
+  p = p * r + (1.0f / 720.0f);
+  p = p * r + (1.0f / 120.0f);
+  p = p * r + (1.0f / 24.0f);
+  p = p * r + (1.0f / 6.0f);
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  vi bits = (ni + 127) << 23;
+  return p * (vf)bits;
+}
+
+template <int R, int NVT>
+static inline void gemm_tile(int64_t K, const float* A, int64_t sam, int64_t sak,
+                             const float* B, int64_t ldb, float* C, int64_t ldc,
+                             bool accumulate) {
+  vf c[R][NVT];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NVT; ++v) c[r][v] = accumulate ? vload(C + r * ldc + v * V) : vf{};
+  for (int64_t k = 0; k < K; ++k) {
+    vf b[NVT];
+    for (int v = 0; v < NVT; ++v) b[v] = vload(B + k * ldb + v * V);
+    for (int r = 0; r < R; ++r) {
+      const vf a = vsplat(A[r * sam + k * sak]);
+      for (int v = 0; v < NVT; ++v) c[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NVT; ++v) vstore(C + r * ldc + v * V, c[r][v]);
+}
+
+template <int NVT>
+static inline void gemm_cols(int64_t M, int64_t K, const float* A, int64_t sam, int64_t sak,
+                             const float* B, int64_t ldb, float* C, int64_t ldc,
+                             bool accumulate) {
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR)
+    gemm_tile<MR, NVT>(K, A + m * sam, sam, sak, B, ldb, C + m * ldc, ldc, accumulate);
+  for (; m + 2 <= M; m += 2)
+    gemm_tile<2, NVT>(K, A + m * sam, sam, sak, B, ldb, C + m * ldc, ldc, accumulate);
+  for (; m < M; ++m)
+    gemm_tile<1, NVT>(K, A + m * sam, sam, sak, B, ldb, C + m * ldc, ldc, accumulate);
+}
+
+static void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak,
+                 const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  int64_t n = 0;
+  // Column panels of B stay in L1 while the rows of A stream past them.
+  for (; n + NV * V <= N; n += NV * V)
+    gemm_cols<NV>(M, K, A, sam, sak, B + n, ldb, C + n, ldc, accumulate);
+  if (NV > 2)
+    for (; n + 2 * V <= N; n += 2 * V)
+      gemm_cols<2>(M, K, A, sam, sak, B + n, ldb, C + n, ldc, accumulate);
+  for (; n < N; n += V) gemm_cols<1>(M, K, A, sam, sak, B + n, ldb, C + n, ldc, accumulate);
+}
+
+static inline float row_max(const float* x, int64_t n, float init) {
+  int64_t j = 0;
+  float m = init;
+  if (n >= V) {
+    vf mv = vload(x);
+    for (j = V; j + V <= n; j += V) {
+      vf y = vload(x + j);
+      mv = y > mv ? y : mv;
+    }
+    for (int e = 0; e < V; ++e) m = std::max(m, mv[e]);
+  }
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+// p[j] = exp(s[j] - m) for j < n, 0 for n <= j < n_pad (n_pad % V == 0); returns sum p.
+static inline float exp_row(float* s, int64_t n, int64_t n_pad, float m) {
+  const vf mv = vsplat(m);
+  vf acc = vf{};
+  int64_t j = 0;
+  for (; j + V <= n; j += V) {
+    vf p = vexp(vload(s + j) - mv);
+    vstore(s + j, p);
+    acc += p;
+  }
+  float sum = 0.0f;
+  for (int e = 0; e < V; ++e) sum += acc[e];
+  if (j < n_pad) {  // tail: exp on the valid part of one vector, zeros after it
+    vf p = vexp(vload(s + j) - mv);
+    for (int e = 0; e < V; ++e) {
+      float pe = (j + e < n) ? p[e] : 0.0f;
+      s[j + e] = pe;
+      sum += pe;
+    }
+  }
+  return sum;
+}
+
+// Dropout multipliers (0 or 1/(1-p)) of one query row t against keys [j0, j0 + n).
+static inline void dropout_row(float* z, const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
+                               int64_t n, uint32_t threshold, float keep_scale) {
+  const uint32_t k0 = static_cast<uint32_t>(P.seed), k1 = static_cast<uint32_t>(P.seed >> 32);
+  const uint32_t c3 = static_cast<uint32_t>(P.offset);
+  for (int64_t j = 0; j < n; j += 4) {  // j0 % 4 == 0: each call covers 4 keys
+    Philox4 r = philox4x32_10(static_cast<uint32_t>((j0 + j) >> 2), static_cast<uint32_t>(t),
+                              static_cast<uint32_t>(h), c3, k0, k1);
+    for (int e = 0; e < 4 && j + e < n; ++e) z[j + e] = r.v[e] < threshold ? 0.0f : keep_scale;
+  }
+}
+
+static inline float* scratch(std::vector<float>& buf, size_t n) {
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+// Forward of one work item: sequence b, head h, query blocks [qb0, qb1). K^T and V of
+// the sequence are packed once per item and shared by its query blocks; the result of
+// a query block does not depend on how blocks are grouped into items.
+void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float* v, float* out,
+              float* lse, int64_t b, int64_t h, int64_t qb0, int64_t qb1) {
+  const int64_t H = P.heads, D = P.head_dim, HD = H * D;
+  const int64_t Dp = round_up(D, V);
+  const int64_t t0 = P.cu_seqlens[b], s = P.cu_seqlens[b + 1] - t0;
+  const int64_t sp = round_up(s, kBc);  // K^T row stride; multiple of V
+  const bool dropout = P.dropout > 0.0f;
+  const uint32_t threshold = dropout_threshold(P.dropout);
+  const float keep_scale = dropout ? 1.0f / (1.0f - P.dropout) : 1.0f;
+
+  thread_local std::vector<float> seq_buf, blk_buf;
+  float* Kt = scratch(seq_buf, D * sp + sp * Dp);  // [D][sp], then V [sp][Dp]
+  float* Vp = Kt + D * sp;
+  float* Qs = scratch(blk_buf, kBr * Dp + kBr * kBc + kBr * Dp + 3 * kBr + kBc);
+  float* S = Qs + kBr * Dp;
+  float* O = S + kBr * kBc;
+  float* m = O + kBr * Dp;
+  float* l = m + kBr;
+  float* z = l + kBr;
+
+  for (int64_t j = 0; j < s; ++j) {
+    const float* ks = k + (t0 + j) * HD + h * D;
+    const float* vs = v + (t0 + j) * HD + h * D;
+    for (int64_t d = 0; d < D; ++d) Kt[d * sp + j] = ks[d];
+    std::memcpy(Vp + j * Dp, vs, sizeof(float) * D);
+    for (int64_t d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
+  }
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t j = s; j < sp; ++j) Kt[d * sp + j] = 0.0f;
+
+  for (int64_t qb = qb0; qb < qb1; ++qb) {
+    const int64_t i0 = qb * kBr, br = std::min(kBr, s - i0);
+    for (int64_t i = 0; i < br; ++i) {
+      const float* src = q + (t0 + i0 + i) * HD + h * D;
+      for (int64_t d = 0; d < D; ++d) Qs[i * Dp + d] = src[d] * P.scale;
+      m[i] = -std::numeric_limits<float>::infinity();
+      l[i] = 0.0f;
+    }
+    std::memset(O, 0, sizeof(float) * br * Dp);
+
+    for (int64_t j0 = 0; j0 < s; j0 += kBc) {
+      const int64_t bc = std::min(kBc, s - j0), bcp = round_up(bc, V);
+      gemm(br, bcp, D, Qs, Dp, 1, Kt + j0, sp, S, kBc, false);
+      for (int64_t i = 0; i < br; ++i) {
+        float* row = S + i * kBc;
+        const float mx = row_max(row, bc, m[i]);
+        const float alpha = std::exp(m[i] - mx);  // 0 on the first block (m = -inf)
+        const float sum = exp_row(row, bc, bcp, mx);
+        l[i] = l[i] * alpha + sum;
+        m[i] = mx;
+        if (alpha != 1.0f) {
+          float* o = O + i * Dp;
+          for (int64_t d = 0; d < Dp; d += V) vstore(o + d, vload(o + d) * alpha);
+        }
+        if (dropout) {
+          dropout_row(z, P, t0 + i0 + i, h, j0, bc, threshold, keep_scale);
+          for (int64_t j = 0; j < bc; ++j) row[j] *= z[j];
+        }
+      }
+      gemm(br, Dp, bc, S, kBc, 1, Vp + j0 * Dp, Dp, O, Dp, true);
+    }
+
+    for (int64_t i = 0; i < br; ++i) {
+      const float inv = 1.0f / l[i];
+      float* dst = out + (t0 + i0 + i) * HD + h * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = O[i * Dp + d] * inv;
+      lse[(t0 + i0 + i) * H + h] = m[i] + std::log(l[i]);
+    }
+  }
+}
+
+// Backward of one (sequence b, head h) work item: keys in the outer loop (dK, dV of a
+// key block are finished before the next), queries inside; dQ accumulates in scratch
+// owned by this item, so no two threads ever write the same output element.
+void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float* v,
+              const float* out, const float* lse, const float* dout, float* dq, float* dk,
+              float* dv, int64_t b, int64_t h) {
+  const int64_t H = P.heads, D = P.head_dim, HD = H * D;
+  const int64_t Dp = round_up(D, V);
+  const int64_t t0 = P.cu_seqlens[b], s = P.cu_seqlens[b + 1] - t0;
+  const bool dropout = P.dropout > 0.0f;
+  const uint32_t threshold = dropout_threshold(P.dropout);
+  const float keep_scale = dropout ? 1.0f / (1.0f - P.dropout) : 1.0f;
+
+  thread_local std::vector<float> seq_buf, blk_buf;
+  float* Qs = scratch(seq_buf, 3 * s * Dp + 2 * s);
+  float* dOp = Qs + s * Dp;
+  float* dQ = dOp + s * Dp;
+  float* delta = dQ + s * Dp;
+  float* L = delta + s;
+  float* Kt = scratch(blk_buf, 2 * D * kBc + 3 * kBc * Dp + 3 * kBr * kBc);
+  float* Vt = Kt + D * kBc;
+  float* Kp = Vt + D * kBc;
+  float* dK = Kp + kBc * Dp;
+  float* dV = dK + kBc * Dp;
+  float* Pm = dV + kBc * Dp;  // P, then dS in place
+  float* Pd = Pm + kBr * kBc;  // dropped P (only with dropout)
+  float* dP = Pd + kBr * kBc;
+
+  for (int64_t i = 0; i < s; ++i) {
+    const int64_t t = t0 + i;
+    const float* qs = q + t * HD + h * D;
+    const float* gs = dout + t * HD + h * D;
+    const float* os = out + t * HD + h * D;
+    float dlt = 0.0f;
+    for (int64_t d = 0; d < D; ++d) {
+      Qs[i * Dp + d] = qs[d] * P.scale;
+      dOp[i * Dp + d] = gs[d];
+      dlt += gs[d] * os[d];
+    }
+    for (int64_t d = D; d < Dp; ++d) Qs[i * Dp + d] = dOp[i * Dp + d] = 0.0f;
+    delta[i] = dlt;
+    L[i] = lse[t * H + h];
+  }
+  std::memset(dQ, 0, sizeof(float) * s * Dp);
+
+  for (int64_t j0 = 0; j0 < s; j0 += kBc) {
+    const int64_t bc = std::min(kBc, s - j0), bcp = round_up(bc, V);
+    for (int64_t j = 0; j < bc; ++j) {
+      const float* ks = k + (t0 + j0 + j) * HD + h * D;
+      const float* vs = v + (t0 + j0 + j) * HD + h * D;
+      for (int64_t d = 0; d < D; ++d) {
+        Kt[d * kBc + j] = ks[d];
+        Vt[d * kBc + j] = vs[d];
+      }
+      std::memcpy(Kp + j * Dp, ks, sizeof(float) * D);
+      for (int64_t d = D; d < Dp; ++d) Kp[j * Dp + d] = 0.0f;
+    }
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t j = bc; j < bcp; ++j) Kt[d * kBc + j] = Vt[d * kBc + j] = 0.0f;
+    std::memset(dK, 0, sizeof(float) * bc * Dp);
+    std::memset(dV, 0, sizeof(float) * bc * Dp);
+
+    for (int64_t i0 = 0; i0 < s; i0 += kBr) {
+      const int64_t br = std::min(kBr, s - i0);
+      const float* Qb = Qs + i0 * Dp;
+      const float* dOb = dOp + i0 * Dp;
+      gemm(br, bcp, D, Qb, Dp, 1, Kt, kBc, Pm, kBc, false);
+      for (int64_t i = 0; i < br; ++i) exp_row(Pm + i * kBc, bc, bcp, L[i0 + i]);
+      if (dropout) {
+        for (int64_t i = 0; i < br; ++i) {
+          float* z = Pd + i * kBc;
+          dropout_row(z, P, t0 + i0 + i, h, j0, bc, threshold, keep_scale);
+          for (int64_t j = bc; j < bcp; ++j) z[j] = 0.0f;
+        }
+      }
+      gemm(br, bcp, D, dOb, Dp, 1, Vt, kBc, dP, kBc, false);  // dP' = dO V^T
+      // dS = P * (dP' * Z - delta) goes into Pm; the P that multiplies into dV (P * Z
+      // with dropout, P without) goes into Pd or, without dropout, into dP's buffer.
+      float* Pv = dropout ? Pd : dP;
+      for (int64_t i = 0; i < br; ++i) {
+        float* p = Pm + i * kBc;
+        float* g = dP + i * kBc;
+        float* pv = Pv + i * kBc;
+        const float dl = delta[i0 + i];
+        const vf dlv = vsplat(dl);
+        // Explicit vectors: the buffers may alias as far as the compiler knows (Pv is
+        // dP's buffer without dropout), which would keep these loops scalar.
+        if (dropout) {
+          for (int64_t j = 0; j < bcp; j += V) {
+            const vf pj = vload(p + j), zj = vload(pv + j);
+            vstore(p + j, pj * (vload(g + j) * zj - dlv));
+            vstore(pv + j, pj * zj);
+          }
+        } else {
+          for (int64_t j = 0; j < bcp; j += V) {
+            const vf pj = vload(p + j);
+            vstore(p + j, pj * (vload(g + j) - dlv));
+            vstore(pv + j, pj);
+          }
+        }
+      }
+      gemm(bc, Dp, br, Pv, 1, kBc, dOb, Dp, dV, Dp, true);  // dV += (P Z)^T dO
+      gemm(bc, Dp, br, Pm, 1, kBc, Qb, Dp, dK, Dp, true);                   // dK += dS^T Qs
+      gemm(br, Dp, bc, Pm, kBc, 1, Kp, Dp, dQ + i0 * Dp, Dp, true);         // dQ += dS K
+    }
+    for (int64_t j = 0; j < bc; ++j) {
+      std::memcpy(dk + (t0 + j0 + j) * HD + h * D, dK + j * Dp, sizeof(float) * D);
+      std::memcpy(dv + (t0 + j0 + j) * HD + h * D, dV + j * Dp, sizeof(float) * D);
+    }
+  }
+  for (int64_t i = 0; i < s; ++i) {
+    float* dst = dq + (t0 + i) * HD + h * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = dQ[i * Dp + d] * P.scale;
+  }
+}
+
+}  // namespace FMHA_ISA
+}  // namespace paddle_unpad

@@ -1,0 +1,19 @@
+// FMHA CPU kernel compiled for sse2; fmha_cpu.cc picks the widest one the CPU runs.
+// Standard headers come first so that only the kernel body gets the target ISA.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "kernels/common/philox.h"
+#include "kernels/cpu/fmha_cpu.h"
+
+// baseline x86-64 (SSE2): no target pragma
+#define FMHA_ISA sse2
+#define FMHA_VLEN 4
+#define FMHA_MR 4
+#define FMHA_NV 2
+#include "kernels/cpu/fmha_cpu_impl.h"

@@ -1,0 +1,187 @@
+// Paddle registration of the varlen FMHA operator: input checks, dispatch by place and
+// dtype, shape/dtype inference. The math lives in custom_ops/kernels.
+//
+//   pu_fmha(Q [T,H,D], K [T,H,D], V [T,H,D], CuSeqlens [B+1] int32 (CPU),
+//           RngState [2] int64 (optional: seed, offset))
+//     attrs: max_seqlen (int64), scale (float), dropout (float)
+//     -> Out [T,H,D], Lse [T,H] float32
+#include <sstream>
+#include <vector>
+
+#include "kernels/cpu/fmha_cpu.h"
+#include "paddle/extension.h"
+
+namespace {
+
+using paddle::DataType;
+using paddle::Tensor;
+
+std::string place_name(const Tensor& t) { return t.is_cpu() ? "CPU" : (t.is_gpu() ? "GPU" : "other"); }
+
+// Strided views (slices, transposes, autograd's grads) are copied once; the kernels
+// index rows densely.
+Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+// Checks shared by forward and backward; returns the problem description.
+paddle_unpad::FmhaProblem check_and_describe(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& cu, int64_t max_seqlen, float scale,
+                                             float dropout) {
+  PD_CHECK(q.shape().size() == 3, "fmha: q must be 3-D [total_tokens, heads, head_dim], got shape ",
+           shape_str(q.shape()));
+  PD_CHECK(k.shape() == q.shape(), "fmha: k shape ", shape_str(k.shape()), " differs from q shape ",
+           shape_str(q.shape()));
+  PD_CHECK(v.shape() == q.shape(), "fmha: v shape ", shape_str(v.shape()), " differs from q shape ",
+           shape_str(q.shape()));
+  PD_CHECK(k.dtype() == q.dtype(), "fmha: k dtype ", k.dtype(), " differs from q dtype ", q.dtype());
+  PD_CHECK(v.dtype() == q.dtype(), "fmha: v dtype ", v.dtype(), " differs from q dtype ", q.dtype());
+  PD_CHECK(k.place() == q.place(), "fmha: k is on ", place_name(k), " but q is on ", place_name(q));
+  PD_CHECK(v.place() == q.place(), "fmha: v is on ", place_name(v), " but q is on ", place_name(q));
+  PD_CHECK(cu.dtype() == DataType::INT32, "fmha: cu_seqlens must be int32, got ", cu.dtype());
+  PD_CHECK(cu.shape().size() == 1, "fmha: cu_seqlens must be 1-D [batch + 1], got shape ",
+           shape_str(cu.shape()));
+  PD_CHECK(cu.numel() >= 1, "fmha: cu_seqlens must have at least one element (0), got none");
+  PD_CHECK(cu.is_cpu(), "fmha: cu_seqlens must be on the CPU (a host copy; the kernels read it "
+           "without a device sync), got a tensor on ", place_name(cu));
+  PD_CHECK(max_seqlen >= 0, "fmha: max_seqlen must be >= 0, got ", max_seqlen);
+  PD_CHECK(dropout >= 0.0f && dropout < 1.0f, "fmha: dropout must be in [0, 1), got ", dropout);
+  PD_CHECK(scale == scale, "fmha: scale must be a number, got NaN");
+
+  paddle_unpad::FmhaProblem p;
+  p.total = q.shape()[0];
+  p.heads = q.shape()[1];
+  p.head_dim = q.shape()[2];
+  p.batch = cu.numel() - 1;
+  p.scale = scale;
+  p.dropout = dropout;
+  const int32_t* c = cu.data<int32_t>();
+  p.cu_seqlens = c;
+  PD_CHECK(c[0] == 0, "fmha: cu_seqlens[0] must be 0, got ", c[0]);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    PD_CHECK(c[b + 1] >= c[b], "fmha: cu_seqlens must be non-decreasing, but cu_seqlens[", b + 1,
+             "] = ", c[b + 1], " < cu_seqlens[", b, "] = ", c[b]);
+    longest = std::max<int64_t>(longest, c[b + 1] - c[b]);
+  }
+  PD_CHECK(c[p.batch] == p.total, "fmha: cu_seqlens[-1] = ", c[p.batch],
+           " must equal the number of packed tokens q.shape[0] = ", p.total);
+  PD_CHECK(longest <= max_seqlen, "fmha: max_seqlen = ", max_seqlen,
+           " is smaller than the longest sequence in cu_seqlens (", longest, ")");
+  return p;
+}
+
+void read_rng_state(const paddle::optional<Tensor>& rng, paddle_unpad::FmhaProblem* p) {
+  if (p->dropout <= 0.0f) return;
+  PD_CHECK(rng.is_initialized(), "fmha: dropout = ", p->dropout,
+           " needs rng_state ([seed, offset] int64), got none");
+  const Tensor& r = *rng;
+  PD_CHECK(r.dtype() == DataType::INT64 && r.numel() == 2,
+           "fmha: rng_state must be int64 with 2 elements [seed, offset], got dtype ", r.dtype(),
+           " with ", r.numel(), " elements");
+  PD_CHECK(r.is_cpu(), "fmha: rng_state must be on the CPU for the CPU kernel, got ", place_name(r));
+  p->seed = static_cast<uint64_t>(r.data<int64_t>()[0]);
+  p->offset = static_cast<uint64_t>(r.data<int64_t>()[1]);
+}
+
+void check_cpu_dtype_and_support(const Tensor& q, const paddle_unpad::FmhaProblem& p) {
+  PD_CHECK(q.dtype() == DataType::FLOAT32, "fmha: q/k/v dtype ", q.dtype(),
+           " is not supported on CPU (supported: float32)");
+  const std::string why = paddle_unpad::fmha_cpu_unsupported(p);
+  PD_CHECK(why.empty(), "fmha: ", why);
+}
+
+std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
+                                const paddle::optional<Tensor>& rng, int64_t max_seqlen, float scale,
+                                float dropout) {
+  auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
+  read_rng_state(rng, &p);
+  Tensor out = paddle::empty(q.shape(), q.dtype(), q.place());
+  Tensor lse = paddle::empty({p.total, p.heads}, DataType::FLOAT32, q.place());
+  if (q.is_cpu()) {
+    check_cpu_dtype_and_support(q, p);
+    const Tensor qc = dense(q), kc = dense(k), vc = dense(v);
+    paddle_unpad::fmha_fwd_cpu(p, qc.data<float>(), kc.data<float>(), vc.data<float>(),
+                               out.data<float>(), lse.data<float>());
+  } else {
+    PD_THROW("fmha: no kernel for tensors on ", place_name(q),
+             " in this build (paddle_unpad was built without CUDA kernels)");
+  }
+  return {out, lse};
+}
+
+std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
+                                 const paddle::optional<Tensor>& rng, const Tensor& out,
+                                 const Tensor& lse, const Tensor& dout, int64_t max_seqlen,
+                                 float scale, float dropout) {
+  auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
+  read_rng_state(rng, &p);
+  PD_CHECK(dout.shape() == q.shape(), "fmha: grad of out has shape ", shape_str(dout.shape()),
+           ", expected ", shape_str(q.shape()));
+  Tensor dq = paddle::empty(q.shape(), q.dtype(), q.place());
+  Tensor dk = paddle::empty(q.shape(), q.dtype(), q.place());
+  Tensor dv = paddle::empty(q.shape(), q.dtype(), q.place());
+  if (q.is_cpu()) {
+    check_cpu_dtype_and_support(q, p);
+    const Tensor qc = dense(q), kc = dense(k), vc = dense(v), g = dense(dout);
+    paddle_unpad::fmha_bwd_cpu(p, qc.data<float>(), kc.data<float>(), vc.data<float>(),
+                               out.data<float>(), lse.data<float>(), g.data<float>(),
+                               dq.data<float>(), dk.data<float>(), dv.data<float>());
+  } else {
+    PD_THROW("fmha: no kernel for tensors on ", place_name(q),
+             " in this build (paddle_unpad was built without CUDA kernels)");
+  }
+  return {dq, dk, dv};
+}
+
+std::vector<std::vector<int64_t>> FmhaInferShape(const std::vector<int64_t>& q,
+                                                 const std::vector<int64_t>& k,
+                                                 const std::vector<int64_t>& v,
+                                                 const std::vector<int64_t>& cu,
+                                                 const paddle::optional<std::vector<int64_t>>& rng) {
+  return {q, {q[0], q[1]}};
+}
+
+std::vector<DataType> FmhaInferDtype(DataType q, DataType k, DataType v, DataType cu,
+                                     const paddle::optional<DataType>& rng) {
+  return {q, DataType::FLOAT32};
+}
+
+std::vector<std::vector<int64_t>> FmhaGradInferShape(
+    const std::vector<int64_t>& q, const std::vector<int64_t>& k, const std::vector<int64_t>& v,
+    const std::vector<int64_t>& cu, const paddle::optional<std::vector<int64_t>>& rng,
+    const std::vector<int64_t>& out, const std::vector<int64_t>& lse,
+    const std::vector<int64_t>& dout) {
+  return {q, k, v};
+}
+
+std::vector<DataType> FmhaGradInferDtype(DataType q, DataType k, DataType v, DataType cu,
+                                         const paddle::optional<DataType>& rng, DataType out,
+                                         DataType lse, DataType dout) {
+  return {q, k, v};
+}
+
+}  // namespace
+
+PD_BUILD_OP(pu_fmha)
+    .Inputs({"Q", "K", "V", "CuSeqlens", paddle::Optional("RngState")})
+    .Outputs({"Out", "Lse"})
+    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float"})
+    .SetKernelFn(PD_KERNEL(FmhaForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(FmhaInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(FmhaInferDtype));
+
+PD_BUILD_GRAD_OP(pu_fmha)
+    .Inputs({"Q", "K", "V", "CuSeqlens", paddle::Optional("RngState"), "Out", "Lse",
+             paddle::Grad("Out")})
+    .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
+    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float"})
+    .SetKernelFn(PD_KERNEL(FmhaBackward))
+    .SetInferShapeFn(PD_INFER_SHAPE(FmhaGradInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(FmhaGradInferDtype));

@@ -1,0 +1,28 @@
+"""paddle_unpad: train BERT-like encoders on variable-length text without computing on padding.
+
+Public API (see docs/api.md)::
+
+    packed, indices, cu_seqlens, max_seqlen = unpad_input(x, attention_mask)
+    x = pad_input(packed, indices, batch_size, seqlen)
+    out = fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True)
+    ops_available()
+
+Importing this package never needs compiled code: when the native operators are
+missing, every op runs its plain-Paddle reference and ``ops_available()`` says so.
+"""
+from . import balance, ops, varlen  # noqa: F401
+from .ops import fmha, ops_available
+from .varlen import cu_seqlens_from_lengths, pad_input, unpad_input
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "fmha",
+    "ops_available",
+    "unpad_input",
+    "pad_input",
+    "cu_seqlens_from_lengths",
+    "balance",
+    "ops",
+    "varlen",
+]

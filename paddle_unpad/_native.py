@@ -1,0 +1,111 @@
+"""Finds the compiled operator library and registers its operators with Paddle.
+
+Order of search:
+  1. ``paddle_unpad/_ops_lib*.so`` -- built by ``pip install`` (editable or not);
+  2. a JIT build from the source checkout's ``custom_ops/`` into a cache folder
+     (``PADDLE_UNPAD_CACHE``, default ``~/.cache/paddle_unpad``), keyed by a hash of
+     sources and flags, so it is rebuilt only when they change (``PADDLE_UNPAD_JIT=0``
+     turns this off).
+When neither works, every op runs its plain-Paddle reference and one warning says why.
+``PADDLE_UNPAD_DISABLE_NATIVE=1`` forces the reference path (for comparisons);
+``PADDLE_UNPAD_FORCE_JIT=1`` ignores an installed library and takes step 2.
+"""
+import ctypes
+import glob
+import os
+import sys
+import threading
+import warnings
+
+_lock = threading.RLock()
+_state = {"tried": False, "path": None, "ops": (), "error": None, "flags": 0, "isa": None}
+
+
+def _installed_library():
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_ops_lib*.so")))
+    return found[0] if found else None
+
+
+def _jit_library():
+    from . import _build_config as cfg
+
+    if not os.path.isdir(cfg.CUSTOM_OPS) or not cfg.ops_sources(False):
+        return None
+    with_cuda = cfg.cuda_wanted()
+    cache = os.environ.get("PADDLE_UNPAD_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "paddle_unpad"
+    )
+    folder = os.path.join(cache, cfg.build_fingerprint(with_cuda))
+    out = os.path.join(folder, "paddle_unpad_ops.so")
+    if os.path.exists(out):
+        return out
+    os.makedirs(folder, exist_ok=True)
+    import fcntl
+
+    # Several ranks of one fleetrun job may start at once: one builds, the rest wait.
+    with open(os.path.join(folder, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(out):
+            print(
+                f"paddle_unpad: compiled operators not installed; building them into {folder} "
+                "(once, about a minute)...",
+                file=sys.stderr,
+                flush=True,
+            )
+            cfg.build_ops_library(out, os.path.join(folder, "obj"), verbose=False, with_cuda=with_cuda)
+    return out
+
+
+def load():
+    """Registers the operators once per process; returns True when they are usable."""
+    with _lock:
+        if _state["tried"]:
+            return _state["path"] is not None
+        _state["tried"] = True
+        if os.environ.get("PADDLE_UNPAD_DISABLE_NATIVE", "") == "1":
+            _state["error"] = "PADDLE_UNPAD_DISABLE_NATIVE=1"
+            return False
+        try:
+            path = None if os.environ.get("PADDLE_UNPAD_FORCE_JIT", "") == "1" else _installed_library()
+            if path is None and os.environ.get("PADDLE_UNPAD_JIT", "1") != "0":
+                path = _jit_library()
+            if path is None:
+                raise FileNotFoundError(
+                    "no compiled library (run `make setup` or `pip install --no-build-isolation -e .`)"
+                )
+            from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
+
+            ops = load_op_meta_info_and_register_op(path)
+            lib = ctypes.CDLL(path)
+            lib.paddle_unpad_cpu_isa.restype = ctypes.c_char_p
+            _state.update(
+                path=path,
+                ops=tuple(ops),
+                flags=int(lib.paddle_unpad_build_flags()),
+                isa=lib.paddle_unpad_cpu_isa().decode(),
+            )
+        except Exception as e:  # import must never fail because of native code
+            _state["error"] = f"{type(e).__name__}: {e}"
+            warnings.warn(
+                "paddle_unpad: native operators unavailable, using the plain-Paddle reference "
+                f"implementations (slower). Reason: {_state['error']}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        return True
+
+
+def has_op(name):
+    return load() and name in _state["ops"]
+
+
+def has_cuda_kernels():
+    return load() and bool(_state["flags"] & 2)
+
+
+def info():
+    """Where the library came from, its ops, the CPU ISA in use, or why it is missing."""
+    load()
+    return {k: _state[k] for k in ("path", "ops", "isa", "error")}

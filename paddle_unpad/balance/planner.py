@@ -1,0 +1,369 @@
+"""The load-balance planner: which rank trains on which sample in one global step.
+
+Algorithm (identical in the C++ core ``_planner`` and the Python fallback here; both
+work on the same integer costs, so they return the same plan bit for bit):
+
+1. Costs.  Each sample's cost (float, from the cost model) is quantised to an integer:
+   ``q = rint(cost * 2**40 / (max_cost * N))``.  All later arithmetic is exact int64,
+   so every rank, whatever its CPU or compiler, computes the same plan.
+2. Target counts.  ``counts="equal"`` (default): every rank gets ``N // R`` samples, the
+   ``N % R`` extra ones go to the ranks holding most samples (ties: lower rank).  This is
+   what keeps per-rank mean losses identical to plain data parallel.  ``"source"`` keeps
+   each rank's own count; a list gives explicit counts.
+3. Start from "everyone keeps their samples".  Ranks holding more than their target
+   count hand their highest-index surplus samples, in (rank, index) order, to ranks
+   short of their count, in rank order.
+4. Swap descent.  Take the most loaded rank ``H`` (ties: lower rank); for partners ``P``
+   from the least loaded up, find the pair (x on H, y on P) whose cost difference
+   ``d = c_x - c_y`` is closest to ``(L_H - L_P) / 2`` with ``0 < d < L_H - L_P`` (a
+   two-pointer sweep over both cost-sorted lists), swap it, repeat.  Every swap strictly
+   lowers the sum of squared loads, so this ends; it stops when the most loaded rank has
+   no improving swap with any partner, when ``R * L_max - total <= tol * total``, or after
+   ``max_swaps`` swaps.  Starting from the identity and moving only what improves the
+   balance keeps most samples where they are (few bytes moved); ties are broken by
+   (cost, source rank, source index).
+
+Sort-and-deal (the paper's and NVIDIA's method) and "no balancing" are here as well,
+for comparison (:func:`sort_and_deal`, :func:`no_balance`).
+"""
+from __future__ import annotations
+
+import bisect
+import gc
+import itertools
+import hashlib
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .cost import as_cost_fn
+
+__all__ = [
+    "plan",
+    "plan_dest",
+    "quantize_costs",
+    "target_counts",
+    "sort_and_deal",
+    "no_balance",
+    "rank_loads",
+    "imbalance",
+    "plan_hash",
+    "native_available",
+    "moved_samples",
+]
+
+try:  # the C++ core (built by setup.py from custom_ops/planner/planner.cc)
+    from . import _planner as _native  # type: ignore
+except Exception:  # pragma: no cover - depends on the build
+    _native = None
+
+Plan = List[List[Tuple[int, int]]]
+
+_QSCALE = float(2 ** 40)
+
+#: default stopping tolerance of the swap descent (max/mean - 1)
+DEFAULT_TOL = 1e-4
+
+
+def native_available() -> bool:
+    """True when the compiled planner core is importable."""
+    return _native is not None
+
+
+def _flatten(lengths_per_rank) -> Tuple[np.ndarray, np.ndarray]:
+    if isinstance(lengths_per_rank, np.ndarray) and lengths_per_rank.ndim == 2:
+        counts = np.full(lengths_per_rank.shape[0], lengths_per_rank.shape[1], dtype=np.int64)
+        return counts, lengths_per_rank.astype(np.int64).reshape(-1)
+    rows = lengths_per_rank if isinstance(lengths_per_rank, (list, tuple)) else list(lengths_per_rank)
+    if len(rows) == 0:
+        raise ValueError("plan: lengths_per_rank is empty (need at least one rank)")
+    counts_l = [len(r) for r in rows]
+    counts = np.array(counts_l, dtype=np.int64)
+    total = sum(counts_l)
+    if all(isinstance(r, list) for r in rows):
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
+    else:
+        flat = (np.concatenate([np.asarray(r, dtype=np.int64).reshape(-1) for r in rows])
+                if total else np.zeros(0, dtype=np.int64))
+    if np.any(flat < 0):
+        r = int(np.searchsorted(np.cumsum(counts), int(np.argmax(flat < 0)), side="right"))
+        raise ValueError(f"plan: negative sample length on rank {r}")
+    return counts, flat
+
+
+def quantize_costs(lengths, cost=None) -> np.ndarray:
+    """int64 costs of a flat array of lengths (see the module docstring, step 1)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = lengths.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    c = np.asarray(as_cost_fn(cost)(lengths), dtype=np.float64).reshape(-1)
+    if c.shape[0] != n or not np.all(np.isfinite(c)) or np.any(c < 0):
+        raise ValueError("plan: the cost model must return finite costs >= 0 for every length")
+    mx = float(c.max())
+    if mx <= 0.0:
+        return np.zeros(n, dtype=np.int64)
+    scale = _QSCALE / (mx * float(n))
+    return np.rint(c * scale).astype(np.int64)
+
+
+def target_counts(counts: Sequence[int], mode: Union[str, Sequence[int], None] = "equal") -> np.ndarray:
+    """Number of samples each destination rank trains on (module docstring, step 2)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    R, N = len(counts), int(counts.sum())
+    if mode is None or (isinstance(mode, str) and mode == "equal"):
+        base, extra = divmod(N, R)
+        t = np.full(R, base, dtype=np.int64)
+        if extra:
+            order = sorted(range(R), key=lambda r: (-int(counts[r]), r))
+            t[order[:extra]] += 1
+        return t
+    if isinstance(mode, str):
+        if mode == "source":
+            return counts.copy()
+        raise ValueError(f"plan: counts must be 'equal', 'source' or a list of ints, got {mode!r}")
+    t = np.asarray(mode, dtype=np.int64).reshape(-1)
+    if len(t) != R or np.any(t < 0) or int(t.sum()) != N:
+        raise ValueError(f"plan: explicit counts {list(t)} must be {R} non-negative ints summing to {N}")
+    return t
+
+
+def _tol_threshold(q: np.ndarray, tol: float) -> int:
+    total = int(q.sum())
+    if tol is None or tol <= 0:
+        return -1
+    return int(float(tol) * float(total))
+
+
+# ----------------------------------------------------------------------------------------
+# Pure-Python core (mirror of custom_ops/planner/planner.cc; keep the two in step)
+# ----------------------------------------------------------------------------------------
+def _plan_core_py(counts: np.ndarray, q: np.ndarray, targets: np.ndarray, thr: int,
+                  max_swaps: int) -> Tuple[np.ndarray, int]:
+    R = len(counts)
+    N = int(counts.sum())
+    starts = np.zeros(R + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    ql = q.tolist()
+    src_rank = np.repeat(np.arange(R, dtype=np.int64), counts).tolist()
+
+    # step 3: identity, surplus -> deficit
+    members: List[List[int]] = [list(range(int(starts[r]), int(starts[r + 1]))) for r in range(R)]
+    pool: List[int] = []
+    for r in range(R):
+        extra = int(counts[r]) - int(targets[r])
+        if extra > 0:
+            keep = int(targets[r])
+            pool.extend(members[r][keep:])
+            del members[r][keep:]
+    p = 0
+    for r in range(R):
+        need = int(targets[r]) - len(members[r])
+        if need > 0:
+            members[r].extend(pool[p:p + need])
+            p += need
+
+    # per-rank lists sorted by (cost, flat index): flat index order == (src rank, src index)
+    lists: List[List[Tuple[int, int]]] = [sorted((ql[i], i) for i in m) for m in members]
+    loads = [sum(c for c, _ in lst) for lst in lists]
+    total = sum(loads)
+    order = sorted((loads[r], r) for r in range(R))  # ascending (load, rank)
+
+    swaps = 0
+    while swaps < max_swaps and R > 1:
+        # most loaded rank, ties -> lowest rank: max load, then smallest r
+        top = order[-1][0]
+        k = bisect.bisect_left(order, (top, -1))
+        H = order[k][1]
+        LH = top
+        if thr >= 0 and R * LH - total <= thr:
+            break
+        a = lists[H]
+        done = False
+        for LP, P in order:
+            if P == H:
+                continue
+            D = LH - LP
+            if D < 2:
+                break
+            b = lists[P]
+            na, nb = len(a), len(b)
+            i = j = 0
+            best = -1
+            bi = bj = -1
+            while i < na and j < nb:
+                d = a[i][0] - b[j][0]
+                if 0 < d < D:
+                    e = abs(2 * d - D)
+                    if best < 0 or e < best:
+                        best, bi, bj = e, i, j
+                        if e == 0:
+                            break
+                if 2 * d < D:
+                    i += 1
+                else:
+                    j += 1
+            if best < 0:
+                continue
+            # swap a[bi] (H -> P) with b[bj] (P -> H)
+            x = a.pop(bi)
+            y = b.pop(bj)
+            bisect.insort(a, y)
+            bisect.insort(b, x)
+            d = x[0] - y[0]
+            order.pop(bisect.bisect_left(order, (LH, H)))
+            order.pop(bisect.bisect_left(order, (LP, P)))
+            loads[H] = LH - d
+            loads[P] = LP + d
+            bisect.insort(order, (loads[H], H))
+            bisect.insort(order, (loads[P], P))
+            swaps += 1
+            done = True
+            break
+        if not done:
+            break
+
+    dest = np.empty(N, dtype=np.int32)
+    for r in range(R):
+        for _, i in lists[r]:
+            dest[i] = r
+    return dest, swaps
+
+
+def _prepare(lengths_per_rank, cost, counts, tol, max_swaps, backend):
+    cnt, flat = _flatten(lengths_per_rank)
+    q = quantize_costs(flat, cost)
+    targets = target_counts(cnt, counts)
+    thr = _tol_threshold(q, tol)
+    if max_swaps is None:
+        max_swaps = 16 * int(flat.size) + 64
+    if backend not in ("auto", "native", "python"):
+        raise ValueError(f"plan: backend must be 'auto', 'native' or 'python', got {backend!r}")
+    if backend == "native" and _native is None:
+        raise RuntimeError("plan: the C++ planner (paddle_unpad.balance._planner) is not built")
+    use_native = backend == "native" or (backend == "auto" and _native is not None)
+    args = (np.ascontiguousarray(cnt, dtype=np.int64), np.ascontiguousarray(q, dtype=np.int64),
+            np.ascontiguousarray(targets, dtype=np.int64), int(thr), int(max_swaps))
+    return use_native, args
+
+
+def plan_dest(lengths_per_rank, cost=None, counts="equal", tol: float = DEFAULT_TOL,
+              max_swaps: Optional[int] = None, backend: str = "auto"):
+    """Like :func:`plan`, but returns ``(dest, counts_per_source)``: ``dest[i]`` is the
+    destination rank of the i-th sample in (source rank, source index) order (int32)."""
+    use_native, args = _prepare(lengths_per_rank, cost, counts, tol, max_swaps, backend)
+    if use_native:
+        dest = np.asarray(_native.plan_core(*args), dtype=np.int32)
+    else:
+        dest, _ = _plan_core_py(*args)
+    return dest, args[0]
+
+
+def _dest_to_plan(dest: np.ndarray, cnt: np.ndarray, R: int) -> Plan:
+    n = int(cnt.sum())
+    if n == 0:
+        return [[] for _ in range(R)]
+    order = np.argsort(dest, kind="stable")  # stable: (src rank, src index) order kept
+    src_r = np.repeat(np.arange(len(cnt), dtype=np.int64), cnt)
+    starts = np.zeros(len(cnt), dtype=np.int64)
+    np.cumsum(cnt[:-1], out=starts[1:])
+    src_k = np.arange(n, dtype=np.int64) - np.repeat(starts, cnt)
+    pairs = list(zip(src_r[order].tolist(), src_k[order].tolist()))
+    bounds = np.zeros(R + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dest, minlength=R), out=bounds[1:])
+    b = bounds.tolist()
+    return [pairs[b[d]:b[d + 1]] for d in range(R)]
+
+
+def plan(lengths_per_rank, cost=None, counts="equal", tol: float = DEFAULT_TOL,
+         max_swaps: Optional[int] = None, backend: str = "auto") -> Plan:
+    """Balance one global batch across ranks.
+
+    Args:
+        lengths_per_rank: list over ranks of lists of sample lengths (what the
+            all-gather returns); a rank may have zero samples.
+        cost: a :class:`~paddle_unpad.balance.CostModel`, any callable
+            ``length -> float``, ``'tokens'``, or None for the BERT-large FLOP model
+            (linear + quadratic attention term).
+        counts: ``'equal'`` (default; per-rank counts differ by at most one),
+            ``'source'`` (keep each rank's count) or a list of per-rank counts.
+        tol: stop as soon as ``max_load / mean_load - 1 <= tol`` (default 1e-4, i.e.
+            0.01%; 0 runs to a local optimum).  Plans within ``tol`` of each other count
+            as equally good, and the planner then keeps more samples where they are.
+        max_swaps: safety cap on swaps (default ``16 * N + 64``).
+        backend: ``'auto'`` (C++ core when built), ``'native'`` or ``'python'``; both
+            give the identical plan.
+
+    Returns:
+        list over destination ranks of lists of ``(source_rank, source_index)``, each
+        sorted by (source rank, source index).  Same input -> same plan, on every rank.
+    """
+    use_native, args = _prepare(lengths_per_rank, cost, counts, tol, max_swaps, backend)
+    if use_native:
+        # building ~N small tuples would trigger the cyclic GC many times over (it
+        # doubles the time at 1024 x 64); they are acyclic, so pause it meanwhile
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return _native.plan_lists(*args)
+        finally:
+            if was_enabled:
+                gc.enable()
+    dest, _ = _plan_core_py(*args)
+    return _dest_to_plan(dest, args[0], len(args[0]))
+
+
+# ----------------------------------------------------------------------------------------
+# baselines and metrics
+# ----------------------------------------------------------------------------------------
+def no_balance(lengths_per_rank, cost=None) -> Plan:
+    """Every rank keeps its own samples."""
+    return [[(r, k) for k in range(len(row))] for r, row in enumerate(lengths_per_rank)]
+
+
+def sort_and_deal(lengths_per_rank, cost=None) -> Plan:
+    """The paper's / NVIDIA's method: sort the global batch by length (longest first,
+    ties by rank and index) and deal the samples round-robin to the ranks."""
+    R = len(lengths_per_rank)
+    items = [(-int(s), r, k) for r, row in enumerate(lengths_per_rank) for k, s in enumerate(row)]
+    items.sort()
+    out: Plan = [[] for _ in range(R)]
+    for j, (_, r, k) in enumerate(items):
+        out[j % R].append((r, k))
+    for lst in out:
+        lst.sort()
+    return out
+
+
+def rank_loads(plan_: Plan, lengths_per_rank, cost=None) -> np.ndarray:
+    """float64 cost of each destination rank under ``plan_``."""
+    fn = as_cost_fn(cost)
+    loads = np.zeros(len(plan_), dtype=np.float64)
+    for d, lst in enumerate(plan_):
+        if lst:
+            ls = np.array([lengths_per_rank[r][k] for r, k in lst], dtype=np.int64)
+            loads[d] = float(np.sum(fn(ls)))
+    return loads
+
+
+def imbalance(plan_: Plan, lengths_per_rank, cost=None) -> float:
+    """``max rank cost / mean rank cost - 1`` (0 = perfectly balanced)."""
+    loads = rank_loads(plan_, lengths_per_rank, cost)
+    m = loads.mean()
+    return float(loads.max() / m - 1.0) if m > 0 else 0.0
+
+
+def moved_samples(plan_: Plan) -> int:
+    """Number of samples that leave their source rank."""
+    return sum(1 for d, lst in enumerate(plan_) for r, _ in lst if r != d)
+
+
+def plan_hash(plan_: Plan) -> int:
+    """A 63-bit hash of a plan (compare across ranks to prove they agree)."""
+    h = hashlib.blake2b(digest_size=8)
+    for d, lst in enumerate(plan_):
+        arr = np.array(lst, dtype=np.int64).reshape(-1)
+        h.update(np.int64(d).tobytes())
+        h.update(np.int64(len(lst)).tobytes())
+        h.update(arr.tobytes())
+    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)

@@ -1,0 +1,234 @@
+"""Packing collator: a list of variable-length samples -> one packed (unpadded) batch.
+
+A *sample* is a dict of arrays (numpy, lists, or paddle tensors):
+
+* per-token fields, shape ``[s, ...]``: ``input_ids`` (required; its length is the
+  sample's length ``s``), ``token_type_ids``, ``position_ids``, ``labels`` /
+  ``masked_lm_labels`` / ``mlm_labels`` when they are 1-D or more (a 0-d ``labels`` is a
+  per-sample label), and any name listed in ``token_fields``;
+* per-sample fields: everything else (e.g. a classification label, ``next_sentence_label``);
+* the sample id: ``sample_id`` (or ``id`` / ``idx``), an int; when absent, an id is made
+  from the position (``rank << 40 | batch << 20 | index``);
+* ``attention_mask`` (1 = keep), if present, is applied to every per-token field and then
+  dropped, so padded samples can be fed as they are.
+
+The packed batch (dict) has:
+
+=====================  ====================================================================
+``input_ids``          ``[T]`` int64 tensor (``T`` = total tokens)
+``cu_seqlens``         ``[B+1]`` int32 tensor: 0, s0, s0+s1, ..., T
+``cu_seqlens_host``    the same, numpy int32 (host copy: no device->host sync needed)
+``seqlens_host``       ``[B]`` numpy int32
+``max_seqlen``         Python int (0 for an empty batch)
+``position_ids``       ``[T]`` int64: from the samples, else 0..s-1 per sample
+``token_type_ids``     ``[T]`` int64: from the samples, else zeros
+``labels`` ...         per-token fields ``[T, ...]``; per-sample fields ``[B, ...]``
+``sample_ids``         ``[B]`` numpy int64
+``num_samples``        B
+``global_num_samples`` samples in the global batch of this step (B in a single process)
+=====================  ====================================================================
+
+Empty (length-0) samples and samples longer than ``max_seqlen`` raise ``ValueError``
+naming the sample id and the rank.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["PackingCollator", "pack_samples", "normalize_batch", "to_paddle", "sample_list_collate",
+           "DEFAULT_TOKEN_FIELDS", "SampleError"]
+
+DEFAULT_TOKEN_FIELDS = ("input_ids", "token_type_ids", "position_ids", "labels",
+                        "masked_lm_labels", "mlm_labels", "special_tokens_mask")
+_ID_KEYS = ("sample_id", "id", "idx")
+_HOST_KEYS = ("cu_seqlens_host", "seqlens_host", "sample_ids")
+
+
+class SampleError(ValueError):
+    """A sample that cannot be trained on (empty, too long, inconsistent fields)."""
+
+
+def sample_list_collate(batch):
+    """``collate_fn`` for ``paddle.io.DataLoader`` that keeps the list of samples as is
+    (what :func:`paddle_unpad.fleet.distributed_loader` expects)."""
+    return list(batch)
+
+
+def _to_numpy(v):
+    if isinstance(v, np.ndarray):
+        return v
+    if hasattr(v, "numpy") and callable(v.numpy):  # paddle.Tensor
+        return np.asarray(v.numpy())
+    return np.asarray(v)
+
+
+def _sid(sample, pos):
+    for k in _ID_KEYS:
+        if k in sample:
+            v = _to_numpy(sample[k]).reshape(-1)
+            if v.size != 1:
+                raise SampleError(f"sample field {k!r} must be a single int, got shape {v.shape}")
+            return int(v[0])
+    return pos
+
+
+def _is_token_field(name, arr, token_fields):
+    return name in token_fields and arr.ndim >= 1
+
+
+def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
+                    ) -> Tuple[List[Dict[str, np.ndarray]], np.ndarray, np.ndarray]:
+    """Turn what a user's DataLoader yields into ``(samples, lengths, ids)``.
+
+    ``batch`` is a list of sample dicts, or a dict of padded arrays ``[B, S, ...]`` with an
+    ``attention_mask [B, S]``.  Every returned sample is a dict of numpy arrays without
+    id or attention mask; ``lengths`` and ``ids`` are int64 arrays.
+    """
+    if isinstance(batch, Mapping):
+        batch = _split_padded(batch, token_fields)
+    if not isinstance(batch, (list, tuple)):
+        raise TypeError("paddle_unpad: a batch must be a list of sample dicts (use "
+                        "collate_fn=paddle_unpad.data.sample_list_collate) or a dict of padded "
+                        f"arrays with an attention_mask; got {type(batch).__name__}")
+    samples, lengths, ids = [], [], []
+    for k, smp in enumerate(batch):
+        if not isinstance(smp, Mapping):
+            raise TypeError(f"paddle_unpad: sample {k} on rank {rank} is a {type(smp).__name__}, "
+                            "expected a dict with at least 'input_ids'")
+        sid = _sid(smp, (rank << 40) | ((step & 0xFFFFF) << 20) | k)
+        if "input_ids" not in smp:
+            raise SampleError(f"sample id {sid} on rank {rank} has no 'input_ids'")
+        out = {}
+        mask = None
+        if "attention_mask" in smp:
+            mask = _to_numpy(smp["attention_mask"]).reshape(-1).astype(bool)
+        for name, v in smp.items():
+            if name in _ID_KEYS or name == "attention_mask":
+                continue
+            arr = _to_numpy(v)
+            if _is_token_field(name, arr, token_fields) and mask is not None:
+                if arr.shape[0] != mask.shape[0]:
+                    raise SampleError(f"sample id {sid} on rank {rank}: field {name!r} has "
+                                      f"{arr.shape[0]} positions but attention_mask has {mask.shape[0]}")
+                arr = arr[mask]
+            # (np.ascontiguousarray would turn a 0-d label into shape [1])
+            out[name] = arr if arr.flags.c_contiguous else arr.copy(order="C")
+        ids_arr = out["input_ids"]
+        if ids_arr.ndim != 1:
+            raise SampleError(f"sample id {sid} on rank {rank}: input_ids must be 1-D, got shape "
+                              f"{ids_arr.shape}")
+        s = int(ids_arr.shape[0])
+        for name, arr in out.items():
+            if _is_token_field(name, arr, token_fields) and arr.shape[0] != s:
+                raise SampleError(f"sample id {sid} on rank {rank}: per-token field {name!r} has "
+                                  f"{arr.shape[0]} entries, input_ids has {s}")
+        samples.append(out)
+        lengths.append(s)
+        ids.append(sid)
+    return samples, np.array(lengths, dtype=np.int64), np.array(ids, dtype=np.int64)
+
+
+def _split_padded(batch, token_fields):
+    if "attention_mask" not in batch or "input_ids" not in batch:
+        raise TypeError("paddle_unpad: a dict batch must hold padded 'input_ids' [B, S] and "
+                        "'attention_mask' [B, S]")
+    arrs = {k: _to_numpy(v) for k, v in batch.items()}
+    B = arrs["input_ids"].shape[0]
+    out = []
+    for b in range(B):
+        out.append({k: v[b] for k, v in arrs.items()})
+    return out
+
+
+def check_lengths(lengths, ids, rank: int, max_seqlen: Optional[int]):
+    """Raise :class:`SampleError` for an empty or over-long sample."""
+    lengths = np.asarray(lengths)
+    if lengths.size == 0:
+        return
+    bad = np.nonzero((lengths <= 0) | ((lengths > max_seqlen) if max_seqlen else False))[0]
+    if bad.size:
+        k = int(bad[0])
+        s = int(lengths[k])
+        why = "is empty (0 tokens)" if s <= 0 else f"has {s} tokens, more than max_seqlen={max_seqlen}"
+        raise SampleError(f"sample id {int(ids[k])} on rank {rank} {why}")
+
+
+def pack_samples(samples: List[Dict[str, np.ndarray]], lengths, ids,
+                 token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
+                 global_num_samples: Optional[int] = None, schema=None) -> Dict[str, object]:
+    """Pack normalised samples into numpy arrays (see the module docstring).
+
+    ``schema`` (tuple of ``(name, 't'|'s', dtype str, shape tail)``) only matters for an
+    empty batch: its fields are then present, with 0 rows."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    B = len(samples)
+    cu = np.zeros(B + 1, dtype=np.int32)
+    if B:
+        np.cumsum(lengths, out=cu[1:])
+    T = int(cu[-1])
+    out: Dict[str, object] = {}
+    if B == 0:
+        for name, _kind, dt, tail in (schema or (("input_ids", "t", "<i8", ()),)):
+            out[name] = np.zeros((0,) + tuple(tail), dtype=dt)
+    for name in (list(samples[0].keys()) if B else []):
+        vals = [smp[name] for smp in samples]
+        if _is_token_field(name, vals[0], token_fields):
+            out[name] = np.concatenate(vals, axis=0) if B > 1 else vals[0]
+        else:
+            out[name] = np.stack(vals, axis=0)
+    if "position_ids" not in out:
+        out["position_ids"] = (np.arange(T, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+                               if T else np.zeros(0, dtype=np.int64))
+    if "token_type_ids" not in out:
+        out["token_type_ids"] = np.zeros(T, dtype=np.int64)
+    for name in ("input_ids", "position_ids", "token_type_ids"):
+        out[name] = np.ascontiguousarray(out[name], dtype=np.int64)
+    out["cu_seqlens_host"] = cu
+    out["seqlens_host"] = lengths.astype(np.int32)
+    out["max_seqlen"] = int(lengths.max()) if B else 0
+    out["sample_ids"] = np.asarray(ids, dtype=np.int64).reshape(-1)
+    out["num_samples"] = B
+    out["global_num_samples"] = B if global_num_samples is None else int(global_num_samples)
+    return out
+
+
+def to_paddle(packed: Dict[str, object], place=None) -> Dict[str, object]:
+    """numpy arrays of a packed batch -> paddle tensors (host copies stay numpy)."""
+    import paddle
+
+    out = {}
+    for k, v in packed.items():
+        if isinstance(v, np.ndarray) and k not in _HOST_KEYS:
+            out[k] = paddle.to_tensor(v, place=place)
+        else:
+            out[k] = v
+    out["cu_seqlens"] = paddle.to_tensor(packed["cu_seqlens_host"], dtype="int32", place=place)
+    return out
+
+
+class PackingCollator:
+    """``collate_fn`` that packs a list of samples (single process, no balancing).
+
+    ``PackingCollator(max_seqlen=512)(samples)`` -> packed batch of paddle tensors (or of
+    numpy arrays with ``return_tensors="np"``).  ``rank`` only names the rank in errors.
+    """
+
+    def __init__(self, max_seqlen: Optional[int] = 512, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
+                 return_tensors: str = "pd", place=None, rank: int = 0):
+        if return_tensors not in ("pd", "np"):
+            raise ValueError("return_tensors must be 'pd' or 'np'")
+        self.max_seqlen = max_seqlen
+        self.token_fields = tuple(token_fields)
+        self.return_tensors = return_tensors
+        self.place = place
+        self.rank = rank
+        self._step = 0
+
+    def __call__(self, batch):
+        samples, lengths, ids = normalize_batch(batch, self.rank, self._step, self.token_fields)
+        self._step += 1
+        check_lengths(lengths, ids, self.rank, self.max_seqlen)
+        packed = pack_samples(samples, lengths, ids, self.token_fields)
+        return packed if self.return_tensors == "np" else to_paddle(packed, self.place)

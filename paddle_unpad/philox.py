@@ -1,0 +1,72 @@
+"""Philox4x32-10 in numpy, and the attention-dropout mask it defines.
+
+The same generator and counter layout as ``custom_ops/kernels/common/philox.h``; the
+reference implementation of ``fmha`` uses it so that it drops exactly the elements the
+native kernels drop:
+
+    key     = (seed & 0xffffffff, seed >> 32)
+    counter = (j // 4, t, h, offset & 0xffffffff)   # j: key index in its sequence,
+                                                    # t: query row in the packed tensor
+    word    = philox(counter, key)[j % 4]
+    dropped iff word < floor(p * 2**32)             # kept values are scaled by 1/(1-p)
+"""
+import numpy as np
+
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+_LO = np.uint64(0xFFFFFFFF)
+_32 = np.uint64(32)
+
+
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Vectorised Philox4x32-10: counters are broadcastable uint32 arrays, key two ints.
+
+    Returns four uint32 arrays (the output words).
+    """
+    c = [np.asarray(x, dtype=np.uint64) & _LO for x in (c0, c1, c2, c3)]
+    c0, c1, c2, c3 = np.broadcast_arrays(*c)
+    k0, k1 = int(k0) & 0xFFFFFFFF, int(k1) & 0xFFFFFFFF
+    for _ in range(10):
+        p0 = _M0 * c0
+        p1 = _M1 * c2
+        c0, c1, c2, c3 = (
+            (p1 >> _32) ^ c1 ^ np.uint64(k0),
+            p1 & _LO,
+            (p0 >> _32) ^ c3 ^ np.uint64(k1),
+            p0 & _LO,
+        )
+        k0 = (k0 + _W0) & 0xFFFFFFFF
+        k1 = (k1 + _W1) & 0xFFFFFFFF
+    return tuple(x.astype(np.uint32) for x in (c0, c1, c2, c3))
+
+
+def dropout_threshold(p):
+    """32-bit threshold below which a Philox word means "drop" (p in [0, 1))."""
+    t = float(p) * 4294967296.0
+    if t >= 4294967295.0:
+        return 0xFFFFFFFF
+    return max(int(np.floor(t)), 0)
+
+
+def attention_keep_mask(seed, offset, p, t0, seqlen, num_heads):
+    """Keep-mask of attention dropout for one sequence.
+
+    Args:
+        seed, offset: the Philox stream (Python ints; seed as uint64).
+        p: drop probability in [0, 1).
+        t0: row of the sequence's first token in the packed [T, H, D] tensor.
+        seqlen: length of the sequence.
+        num_heads: H.
+    Returns:
+        bool ndarray [num_heads, seqlen (queries), seqlen (keys)], True = kept.
+    """
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    if seqlen == 0:
+        return np.zeros((num_heads, 0, 0), dtype=bool)
+    h = np.arange(num_heads, dtype=np.uint64)[:, None, None]
+    t = (t0 + np.arange(seqlen, dtype=np.uint64))[None, :, None]
+    j = np.arange(seqlen, dtype=np.uint64)[None, None, :]
+    words = philox4x32_10(j >> np.uint64(2), t, h, int(offset) & 0xFFFFFFFF, seed & 0xFFFFFFFF, seed >> 32)
+    lane = (j & np.uint64(3)).astype(np.int64)
+    w = np.choose(np.broadcast_to(lane, words[0].shape), words)
+    return w >= np.uint32(dropout_threshold(p))

@@ -1,0 +1,129 @@
+"""Independent numpy Philox4x32-10 (Random123 style) and the FMHA dropout keep-mask layout.
+
+This is the test suite's own reference, written separately from the package's
+``paddle_unpad/philox.py`` so that the two can be checked against each other.
+
+Philox4x32-10, one round on counter ``(c0, c1, c2, c3)`` and key ``(k0, k1)``::
+
+    (c0, c1, c2, c3) <- (mulhi(M1, c2) ^ c1 ^ k0, mullo(M1, c2),
+                         mulhi(M0, c0) ^ c3 ^ k1, mullo(M0, c0))
+
+with ``M0 = 0xD2511F53``, ``M1 = 0xCD9E8D57``; ten rounds, the key bumped by
+``(W0, W1) = (0x9E3779B9, 0xBB67AE85)`` between rounds (the first round uses the
+unbumped key). All arithmetic is on uint64 arrays holding 32-bit values, so the
+32x32 -> 64-bit products are exact.
+
+Dropout layout used by the FMHA kernels (and checked by ``dropout_keep_mask``):
+
+* key ``(k0, k1) = (seed & 0xffffffff, (seed >> 32) & 0xffffffff)``, seed as uint64;
+* counter ``(j // 4, t, h, offset & 0xffffffff)``: ``t`` the query's global row in the
+  packed ``[T, H, D]`` tensor, ``j`` the key's index inside its sequence, ``h`` the head;
+* random word ``r = out[j % 4]``; threshold ``min(floor(p * 2**32), 2**32 - 1)`` (float64);
+  the element is dropped iff ``r < threshold``; kept elements are scaled by ``1 / (1 - p)``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+M0 = 0xD2511F53
+M1 = 0xCD9E8D57
+W0 = 0x9E3779B9
+W1 = 0xBB67AE85
+MASK32 = 0xFFFFFFFF
+ROUNDS = 10
+
+_U64 = np.uint64
+
+
+def _u32(a):
+    """Any int / array -> uint64 array holding the value mod 2**32."""
+    return np.asarray(a, dtype=np.uint64) & _U64(MASK32)
+
+
+def philox4x32(counter, key, rounds=ROUNDS):
+    """Philox4x32 over many counters at once.
+
+    Args:
+        counter: 4 array-likes (c0, c1, c2, c3) of uint32 values, broadcastable together.
+        key: 2 array-likes (k0, k1) of uint32 values, broadcastable with the counters.
+        rounds: number of rounds (10 for Philox4x32-10).
+
+    Returns:
+        tuple of 4 uint32 numpy arrays (the broadcast shape): the output words.
+    """
+    c0, c1, c2, c3 = np.broadcast_arrays(*[_u32(c) for c in counter])
+    k0, k1 = (_u32(k) for k in key)
+    m0, m1, mask = _U64(M0), _U64(M1), _U64(MASK32)
+    w0, w1 = _U64(W0), _U64(W1)
+    for r in range(rounds):
+        if r:
+            k0 = (k0 + w0) & mask
+            k1 = (k1 + w1) & mask
+        p0 = m0 * c0  # exact: both factors < 2**32
+        p1 = m1 * c2
+        c0, c1, c2, c3 = (
+            (p1 >> _U64(32)) ^ c1 ^ k0,
+            p1 & mask,
+            (p0 >> _U64(32)) ^ c3 ^ k1,
+            p0 & mask,
+        )
+    return tuple(np.asarray(c, dtype=np.uint32) for c in (c0, c1, c2, c3))
+
+
+def dropout_threshold(p):
+    """uint32 threshold: an element whose random word is below it is dropped."""
+    return min(math.floor(float(p) * 2.0**32), 2**32 - 1)
+
+
+def seed_key(seed):
+    """(k0, k1) from a seed taken as uint64."""
+    s = int(seed) & 0xFFFFFFFFFFFFFFFF
+    return s & MASK32, (s >> 32) & MASK32
+
+
+def random_words(seed, offset, t, h, s):
+    """The uint32 words r[h, i, j] for query rows ``t`` (array [n]) and heads ``h`` (array [H]).
+
+    Returns uint32 ``[len(h), len(t), s]``: the word for key index ``j < s``.
+    """
+    k0, k1 = seed_key(seed)
+    t = np.asarray(t, dtype=np.uint64)
+    h = np.asarray(h, dtype=np.uint64)
+    nblk = (s + 3) // 4
+    c0 = np.arange(nblk, dtype=np.uint64)[None, None, :]
+    c1 = t[None, :, None]
+    c2 = h[:, None, None]
+    c3 = _U64(int(offset) & MASK32)
+    out = philox4x32((c0, c1, c2, c3), (k0, k1))  # each [H, n, nblk]
+    words = np.stack(out, axis=-1)  # [H, n, nblk, 4]: word j = out[j % 4] of counter j // 4
+    return words.reshape(words.shape[0], words.shape[1], nblk * 4)[:, :, :s]
+
+
+def dropout_keep_mask(seed, offset, p, cu_seqlens, num_heads):
+    """Per-sequence attention-dropout keep masks, in the FMHA kernels' counter layout.
+
+    Args:
+        seed: int (taken as uint64), offset: int (low 32 bits used), p: drop probability.
+        cu_seqlens: int array-like [B + 1].
+        num_heads: H.
+
+    Returns:
+        list over sequences b of bool ``[H, s_b, s_b]`` arrays, ``[h, i, j]`` True where
+        the attention probability of query i (packed row ``cu_seqlens[b] + i``) to key j
+        is kept.
+    """
+    cu = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)
+    thr = np.uint32(dropout_threshold(p)) if dropout_threshold(p) > 0 else None
+    heads = np.arange(num_heads)
+    masks = []
+    for b in range(cu.shape[0] - 1):
+        start, end = int(cu[b]), int(cu[b + 1])
+        s = end - start
+        if s == 0 or thr is None:
+            masks.append(np.ones((num_heads, s, s), dtype=bool))
+            continue
+        words = random_words(seed, offset, np.arange(start, end), heads, s)
+        masks.append(words >= thr)
+    return masks

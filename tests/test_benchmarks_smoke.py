@@ -1,0 +1,45 @@
+"""Smoke test: benchmarks/bench_attention.py --quick runs and writes a complete JSON."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bench_attention_quick(tmp_path):
+    out = tmp_path / "attention.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_attention.py"), "--quick", "--threads", "1",
+         "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "== forward ==" in r.stdout and "== forward + backward ==" in r.stdout, r.stdout
+    res = json.loads(out.read_text())
+    cfg = res["config"]
+    assert cfg["threads"] == 1 and cfg["quick"] is True
+    assert cfg["fmha_impl"] in ("native", "reference")
+    assert res["matmul_gflops"] > 0
+    names = [s["name"] for s in res["scenarios"]]
+    assert names[0] in ("real", "synthetic") and "pad_0" in names and "pad_50" in names
+    for s in res["scenarios"]:
+        lengths = s["lengths"]
+        assert s["batch"] == len(lengths) and s["max_seqlen"] == max(lengths) and s["tokens"] == sum(lengths)
+        assert 0.0 <= s["padding_ratio"] < 1.0
+        expected_ideal = len(lengths) * max(lengths) ** 2 / sum(x * x for x in lengths)
+        assert abs(s["ideal_ratio"] - expected_ideal) < 1e-9 * expected_ideal
+        # packed and padded attention agree at real tokens
+        assert set(s["max_abs_diff_vs_packed"]) == {"sdpa", "mha"}
+        assert max(s["max_abs_diff_vs_packed"].values()) < 1e-4
+        for mode in ("fwd", "fwd_bwd"):
+            m = s[mode]
+            for method in ("packed", "sdpa", "mha"):
+                assert m[method]["ms"] > 0 and m[method]["useful_gflops"] > 0
+            for base in ("sdpa", "mha"):
+                sp = m[f"speedup_vs_{base}"]
+                assert abs(sp - m[base]["ms"] / m["packed"]["ms"]) < 1e-9 * sp
+                assert abs(m[f"speedup_vs_{base}_over_ideal"] - sp / s["ideal_ratio"]) < 1e-9
+    pad0 = res["scenarios"][names.index("pad_0")]
+    assert pad0["padding_ratio"] == 0.0 and pad0["ideal_ratio"] == 1.0

@@ -1,0 +1,133 @@
+"""Tests of the test suite's Philox reference (tests/philox_ref.py) and of the package's own."""
+import importlib
+
+import numpy as np
+import pytest
+
+import philox_ref as P
+
+# Random123 known-answer vectors for Philox4x32-10: (counter, key, expected output).
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+]
+
+
+@pytest.mark.parametrize("ctr,key,expected", KAT)
+def test_known_answers(ctr, key, expected):
+    out = P.philox4x32(ctr, key)
+    assert tuple(int(w) for w in out) == expected
+    assert all(w.dtype == np.uint32 for w in out)
+
+
+def test_vectorised_matches_scalar():
+    """Many counters at once give the same words as one counter at a time."""
+    rng = np.random.default_rng(0)
+    ctr = rng.integers(0, 2**32, size=(4, 50), dtype=np.uint64)
+    key = (0xA4093822, 0x299F31D0)
+    vec = np.stack(P.philox4x32(tuple(ctr), key))
+    for i in range(ctr.shape[1]):
+        one = P.philox4x32(tuple(int(c) for c in ctr[:, i]), key)
+        assert tuple(int(w) for w in one) == tuple(int(w) for w in vec[:, i])
+    # the third KAT placed in the middle of a batch
+    ctr[:, 17] = KAT[2][0]
+    vec = np.stack(P.philox4x32(tuple(ctr), KAT[2][1]))
+    assert tuple(int(w) for w in vec[:, 17]) == KAT[2][2]
+
+
+def test_threshold():
+    assert P.dropout_threshold(0.0) == 0
+    assert P.dropout_threshold(0.5) == 2**31
+    assert P.dropout_threshold(0.1) == int(np.floor(0.1 * 2.0**32))
+    assert P.dropout_threshold(1.0) == 2**32 - 1
+
+
+def test_seed_key():
+    assert P.seed_key(0x0123456789ABCDEF) == (0x89ABCDEF, 0x01234567)
+    assert P.seed_key(-1) == (0xFFFFFFFF, 0xFFFFFFFF)  # taken as uint64
+
+
+def test_keep_mask_layout_by_hand():
+    """Element [h, i, j] of sequence b uses counter (j // 4, cu[b] + i, h, offset) and word j % 4."""
+    seed, offset, p = 0x1234_5678_9ABC_DEF0, 0x1_0000_0007, 0.3
+    cu = [0, 4, 4, 11]
+    masks = P.dropout_keep_mask(seed, offset, p, cu, num_heads=2)
+    thr = P.dropout_threshold(p)
+    key = (seed & 0xFFFFFFFF, seed >> 32)
+    assert [m.shape for m in masks] == [(2, 4, 4), (2, 0, 0), (2, 7, 7)]
+    for b in range(3):
+        s = cu[b + 1] - cu[b]
+        for h in range(2):
+            for i in range(s):
+                for j in range(s):
+                    words = P.philox4x32((j // 4, cu[b] + i, h, 7), key)  # offset & 0xffffffff == 7
+                    assert masks[b][h, i, j] == (int(words[j % 4]) >= thr)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_drop_fraction(p):
+    masks = P.dropout_keep_mask(seed=2024, offset=3, p=p, cu_seqlens=[0, 100, 300, 301], num_heads=4)
+    kept = np.concatenate([m.ravel() for m in masks])
+    n = kept.size  # 4 * (100^2 + 200^2 + 1)
+    dropped = 1.0 - kept.mean()
+    assert abs(dropped - p) < 5 * np.sqrt(p * (1 - p) / n), (dropped, p, n)
+
+
+def test_zero_p_keeps_everything():
+    masks = P.dropout_keep_mask(seed=1, offset=0, p=0.0, cu_seqlens=[0, 5, 9], num_heads=3)
+    assert all(m.all() for m in masks)
+
+
+def test_streams_differ_by_seed_and_offset():
+    cu = [0, 64]
+    base = P.dropout_keep_mask(7, 0, 0.5, cu, 2)[0]
+    assert (base != P.dropout_keep_mask(8, 0, 0.5, cu, 2)[0]).any()
+    assert (base != P.dropout_keep_mask(7, 1, 0.5, cu, 2)[0]).any()
+    assert (base != P.dropout_keep_mask(7 + 2**32, 0, 0.5, cu, 2)[0]).any()  # high seed word counts
+    assert (base == P.dropout_keep_mask(7, 2**32, 0.5, cu, 2)[0]).all()  # only offset's low 32 bits
+
+
+def _package_philox():
+    try:
+        return importlib.import_module("paddle_unpad.philox")
+    except ImportError as e:  # pragma: no cover - depends on the package state
+        pytest.skip(f"paddle_unpad.philox not importable: {e}")
+
+
+def test_package_philox_known_answers():
+    mod = _package_philox()
+    for ctr, key, expected in KAT:
+        out = mod.philox4x32_10(*ctr, *key)
+        assert tuple(int(np.asarray(w).reshape(())) for w in out) == expected
+
+
+def test_package_philox_agrees_on_random_counters():
+    mod = _package_philox()
+    rng = np.random.default_rng(1)
+    ctr = rng.integers(0, 2**32, size=(4, 1000), dtype=np.uint64).astype(np.uint32)
+    key = tuple(int(x) for x in rng.integers(0, 2**32, size=2, dtype=np.uint64))
+    ours = np.stack(P.philox4x32(tuple(ctr), key))
+    theirs = np.stack(mod.philox4x32_10(*ctr, *key))
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_package_threshold_agrees():
+    mod = _package_philox()
+    for p in (0.0, 1e-12, 0.1, 0.25, 0.5, 0.9, 0.999999999, 1 - 2**-40):
+        assert int(mod.dropout_threshold(p)) == P.dropout_threshold(p), p
+
+
+def test_package_dropout_mask_agrees():
+    mod = _package_philox()
+    cu = np.array([0, 5, 5, 70, 71], dtype=np.int32)
+    for seed, offset, p in [(0, 0, 0.1), (2**40 + 17, 2**33 + 5, 0.3), (12345, 99, 0.9), (2**64 - 3, 1, 0.5)]:
+        ours = P.dropout_keep_mask(seed, offset, p, cu, 3)
+        for b in range(len(cu) - 1):
+            theirs = mod.attention_keep_mask(seed, offset, p, int(cu[b]), int(cu[b + 1] - cu[b]), 3)
+            assert theirs.shape == ours[b].shape, (b, theirs.shape, ours[b].shape)
+            np.testing.assert_array_equal(theirs, ours[b], err_msg=f"sequence {b}, seed {seed}, offset {offset}")

@@ -1,0 +1,254 @@
+"""Tests of paddle_unpad.varlen: unpad_input / pad_input / cu_seqlens helpers."""
+import numpy as np
+import paddle
+import pytest
+
+from paddle_unpad import cu_seqlens_from_lengths, pad_input, unpad_input
+from paddle_unpad.varlen import cu_seqlens_host
+
+
+def _mask_from_lengths(lengths, seqlen):
+    return (np.arange(seqlen)[None, :] < np.asarray(lengths)[:, None]).astype(np.int64)
+
+
+# ---------------------------------------------------------------- hand-checked indices
+
+
+def test_lengths_4_3_6_by_hand():
+    mask = _mask_from_lengths([4, 3, 6], 6)
+    x = paddle.arange(3 * 6 * 2, dtype="float32").reshape([3, 6, 2])
+    packed, indices, cu, max_seqlen = unpad_input(x, paddle.to_tensor(mask))
+    assert indices.dtype == paddle.int64 and cu.dtype == paddle.int32
+    assert indices.numpy().tolist() == [0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 15, 16, 17]
+    assert cu.numpy().tolist() == [0, 4, 7, 13]
+    assert max_seqlen == 6 and isinstance(max_seqlen, int)
+    assert packed.shape == [13, 2]
+    flat = np.arange(36, dtype=np.float32).reshape(18, 2)
+    assert (packed.numpy() == flat[[0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 15, 16, 17]]).all()
+
+    cu2, max2 = cu_seqlens_from_lengths([4, 3, 6])
+    assert cu2.dtype == paddle.int32 and cu2.place.is_cpu_place()
+    assert cu2.numpy().tolist() == [0, 4, 7, 13] and max2 == 6 and isinstance(max2, int)
+    h = cu_seqlens_host([4, 3, 6])
+    assert h.dtype == np.int32 and h.tolist() == [0, 4, 7, 13]
+
+
+def test_not_left_aligned_by_hand():
+    mask = np.array([[0, 1, 0, 1, 1, 0], [1, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0]], dtype=np.int32)
+    x = paddle.arange(18, dtype="float32").reshape([3, 6])
+    packed, indices, cu, max_seqlen = unpad_input(x, paddle.to_tensor(mask))
+    assert indices.numpy().tolist() == [1, 3, 4, 6, 11]
+    assert cu.numpy().tolist() == [0, 3, 5, 5]
+    assert max_seqlen == 3
+    assert packed.numpy().tolist() == [1.0, 3.0, 4.0, 6.0, 11.0]
+    back = pad_input(packed, indices, 3, 6)
+    assert (back.numpy() == np.arange(18, dtype=np.float32).reshape(3, 6) * mask).all()
+
+
+@pytest.mark.parametrize("mask_dtype", ["bool", "int32", "int64", "float32", "float64", "uint8"])
+def test_mask_dtypes(mask_dtype):
+    mask = np.array([[1, 0, 1], [0, 1, 1]])
+    x = paddle.to_tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    packed, indices, cu, m = unpad_input(x, paddle.to_tensor(mask.astype(mask_dtype)))
+    assert indices.numpy().tolist() == [0, 2, 4, 5]
+    assert cu.numpy().tolist() == [0, 2, 4] and m == 2
+    assert packed.numpy().tolist() == [0.0, 2.0, 4.0, 5.0]
+
+
+# ---------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("left_aligned", [True, False])
+@pytest.mark.parametrize("trailing", [(), (5,), (3, 4)])
+def test_round_trip(left_aligned, trailing, rng):
+    B, S = 5, 9
+    lengths = np.array([9, 0, 3, 1, 7])
+    if left_aligned:
+        mask = _mask_from_lengths(lengths, S)
+    else:
+        mask = np.stack([rng.permutation(_mask_from_lengths([l], S)[0]) for l in lengths])
+    x = rng.standard_normal((B, S) + trailing).astype(np.float32)
+    packed, indices, cu, max_seqlen = unpad_input(paddle.to_tensor(x), paddle.to_tensor(mask))
+    assert packed.shape == [int(lengths.sum())] + list(trailing)
+    assert cu.numpy().tolist() == [0] + np.cumsum(lengths).tolist()
+    assert max_seqlen == int(lengths.max())
+    assert indices.numpy().tolist() == np.flatnonzero(mask.reshape(-1)).tolist()
+    back = pad_input(packed, indices, B, S).numpy()
+    m = mask.reshape((B, S) + (1,) * len(trailing))
+    assert back.shape == x.shape
+    assert (back == x * m).all()
+
+
+def test_round_trip_integer_tokens():
+    ids = paddle.to_tensor(np.array([[101, 7, 102, 0], [101, 102, 0, 0]], dtype=np.int64))
+    packed, indices, cu, m = unpad_input(ids, ids != 0)
+    assert packed.dtype == paddle.int64
+    assert packed.numpy().tolist() == [101, 7, 102, 101, 102]
+    assert cu.numpy().tolist() == [0, 3, 5] and m == 3
+    assert (pad_input(packed, indices, 2, 4).numpy() == ids.numpy()).all()
+
+
+def test_pad_input_accepts_int32_indices():
+    packed = paddle.to_tensor([[1.0, 2.0], [3.0, 4.0]])
+    out = pad_input(packed, paddle.to_tensor([3, 0], dtype="int32"), 2, 2)
+    assert out.numpy().tolist() == [[[3.0, 4.0], [0.0, 0.0]], [[0.0, 0.0], [1.0, 2.0]]]
+
+
+# ---------------------------------------------------------------- empty cases
+
+
+def test_zero_length_rows():
+    mask = _mask_from_lengths([0, 2, 0, 0, 1], 3)
+    x = paddle.arange(15, dtype="float32").reshape([5, 3])
+    packed, indices, cu, m = unpad_input(x, paddle.to_tensor(mask))
+    assert indices.numpy().tolist() == [3, 4, 12]
+    assert cu.numpy().tolist() == [0, 0, 2, 2, 2, 3] and m == 2
+    cu2, m2 = cu_seqlens_from_lengths([0, 2, 0, 0, 1])
+    assert cu2.numpy().tolist() == [0, 0, 2, 2, 2, 3] and m2 == 2
+
+
+def test_all_zero_mask():
+    x = paddle.ones([3, 4, 2])
+    packed, indices, cu, m = unpad_input(x, paddle.zeros([3, 4], dtype="int32"))
+    assert packed.shape == [0, 2] and indices.shape == [0]
+    assert cu.numpy().tolist() == [0, 0, 0, 0] and m == 0
+    back = pad_input(packed, indices, 3, 4)
+    assert back.shape == [3, 4, 2] and (back.numpy() == 0).all()
+
+
+def test_empty_batch():
+    x = paddle.ones([0, 4, 2])
+    packed, indices, cu, m = unpad_input(x, paddle.zeros([0, 4], dtype="int32"))
+    assert packed.shape == [0, 2] and indices.shape == [0]
+    assert cu.numpy().tolist() == [0] and cu.dtype == paddle.int32 and m == 0
+    assert pad_input(packed, indices, 0, 4).shape == [0, 4, 2]
+
+    for empty in ([], (), np.zeros(0, dtype=np.int64)):
+        cu, m = cu_seqlens_from_lengths(empty)
+        assert cu.numpy().tolist() == [0] and cu.dtype == paddle.int32 and m == 0
+        assert cu_seqlens_host(empty).tolist() == [0]
+
+
+def test_host_lengths_variants():
+    for lengths in ([3, 1], (3, 1), np.array([3, 1], dtype=np.int32), np.array([3, 1], dtype=np.uint16),
+                    [np.int64(3), np.int32(1)], paddle.to_tensor([3, 1])):
+        cu, m = cu_seqlens_from_lengths(lengths)
+        assert cu.numpy().tolist() == [0, 3, 4] and m == 3 and isinstance(m, int)
+    cu, _ = cu_seqlens_from_lengths([2, 2], place="cpu")
+    assert cu.place.is_cpu_place()
+    cu, _ = cu_seqlens_from_lengths([2, 2], place=paddle.CPUPlace())
+    assert cu.place.is_cpu_place()
+
+
+# ---------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("left_aligned", [True, False])
+def test_unpad_gradient(left_aligned, rng):
+    B, S, H = 4, 7, 3
+    lengths = [7, 0, 2, 5]
+    mask = _mask_from_lengths(lengths, S)
+    if not left_aligned:
+        mask = mask[:, ::-1].copy()
+    x_np = rng.standard_normal((B, S, H)).astype(np.float64)
+    x = paddle.to_tensor(x_np, stop_gradient=False)
+    packed, indices, _, _ = unpad_input(x, paddle.to_tensor(mask))
+    w = rng.standard_normal((int(sum(lengths)), H))
+    (packed * paddle.to_tensor(w)).sum().backward()
+    expected = np.zeros((B * S, H))
+    expected[np.flatnonzero(mask.reshape(-1))] = w
+    np.testing.assert_array_equal(x.grad.numpy(), expected.reshape(B, S, H))
+
+
+@pytest.mark.parametrize("left_aligned", [True, False])
+def test_pad_gradient(left_aligned, rng):
+    B, S, H = 3, 5, 2
+    lengths = [1, 5, 3]
+    mask = _mask_from_lengths(lengths, S)
+    if not left_aligned:
+        mask = np.stack([rng.permutation(r) for r in mask])
+    idx = np.flatnonzero(mask.reshape(-1))
+    packed = paddle.to_tensor(rng.standard_normal((idx.size, H)), stop_gradient=False)
+    out = pad_input(packed, paddle.to_tensor(idx), B, S)
+    g = rng.standard_normal((B, S, H))
+    (out * paddle.to_tensor(g)).sum().backward()
+    np.testing.assert_array_equal(packed.grad.numpy(), g.reshape(B * S, H)[idx])
+
+
+def test_round_trip_gradient(rng):
+    """d/dx of sum(pad(unpad(x)) * g) is g * mask."""
+    B, S = 3, 4
+    mask = np.array([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]])
+    x = paddle.to_tensor(rng.standard_normal((B, S, 2)), stop_gradient=False)
+    packed, indices, _, _ = unpad_input(x, paddle.to_tensor(mask))
+    g = rng.standard_normal((B, S, 2))
+    (pad_input(packed, indices, B, S) * paddle.to_tensor(g)).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), g * mask[:, :, None])
+
+
+# ---------------------------------------------------------------- errors name the argument
+
+
+def test_unpad_errors():
+    with pytest.raises(ValueError, match=r"x .*rank.*\[5\]"):
+        unpad_input(paddle.ones([5]), paddle.ones([5, 1]))
+    with pytest.raises(ValueError, match=r"attention_mask .*\[2, 3, 1\]"):
+        unpad_input(paddle.ones([2, 3]), paddle.ones([2, 3, 1]))
+    with pytest.raises(ValueError, match=r"attention_mask shape \[2, 4\].*x shape \[2, 3, 5\]"):
+        unpad_input(paddle.ones([2, 3, 5]), paddle.ones([2, 4]))
+    with pytest.raises(ValueError, match=r"attention_mask shape \[3, 3\]"):
+        unpad_input(paddle.ones([2, 3, 5]), paddle.ones([3, 3]))
+    with pytest.raises(TypeError, match="attention_mask"):
+        unpad_input(paddle.ones([2, 3]), [[1, 1, 1], [1, 1, 1]])
+    with pytest.raises(TypeError, match="x must be"):
+        unpad_input(np.ones((2, 3)), paddle.ones([2, 3]))
+
+
+def test_pad_errors():
+    packed = paddle.ones([3, 2])
+    idx = paddle.to_tensor([0, 1, 2])
+    with pytest.raises(ValueError, match=r"indices has 2 entries but packed has 3"):
+        pad_input(packed, paddle.to_tensor([0, 1]), 2, 2)
+    with pytest.raises(ValueError, match=r"indices must be 1-D.*\[3, 1\]"):
+        pad_input(packed, idx.reshape([3, 1]), 2, 2)
+    with pytest.raises(ValueError, match=r"indices must be int64 or int32.*float32"):
+        pad_input(packed, idx.astype("float32"), 2, 2)
+    with pytest.raises(ValueError, match=r"batch_size .*-1"):
+        pad_input(packed, idx, -1, 2)
+    with pytest.raises(ValueError, match=r"seqlen .*2\.5"):
+        pad_input(packed, idx, 2, 2.5)
+    with pytest.raises(ValueError, match=r"batch_size .*True"):
+        pad_input(packed, idx, True, 4)
+    with pytest.raises(ValueError, match=r"packed has 3 rows, more than batch_size \* seqlen = 1 \* 2"):
+        pad_input(packed, idx, 1, 2)
+
+
+@pytest.mark.parametrize(
+    "bad,pattern",
+    [
+        ([3, -1, 2], r"lengths.*lengths\[1\] = -1"),
+        (np.array([0, 0, -7]), r"lengths.*lengths\[2\] = -7"),
+        ([3, 2.5], r"lengths.*lengths\[1\] = 2\.5"),
+        ([3.0, 2.0], r"lengths.*lengths\[0\] = 3\.0"),
+        (np.array([1.0, 2.0]), r"lengths.*float64"),
+        ([True, False], r"lengths.*lengths\[0\] = True"),
+        (np.array([[1, 2], [3, 4]]), r"lengths must be 1-D.*\[2, 2\]"),
+        ([[1, 2], [3]], r"lengths must be 1-D.*lengths\[0\] = \[1, 2\]"),
+        (5, r"lengths .*5"),
+        ("123", r"lengths .*'123'"),
+        ([2**31, 1], r"lengths sum to 2147483649"),
+    ],
+)
+def test_lengths_errors(bad, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        cu_seqlens_from_lengths(bad)
+    with pytest.raises(ValueError, match=pattern):
+        cu_seqlens_host(bad)
+
+
+def test_cu_seqlens_from_lengths_does_not_read_device():
+    """A device tensor is refused (reading it would be a device-to-host sync)."""
+    if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
+        pytest.skip("no GPU: device tensors cannot be built here")
+    with pytest.raises(TypeError, match="lengths"):
+        cu_seqlens_from_lengths(paddle.to_tensor([1, 2], place=paddle.CUDAPlace(0)))
