@@ -110,17 +110,22 @@ def _rng_state_tensor(rng_state, q):
     if rng_state is None:
         if paddle.in_dynamic_mode():
             gen = _generator_for(q.place)
-            seed = gen.random() & 0x7FFFFFFFFFFFFFFF
-            offset = gen.random() & 0xFFFFFFFF
-            return paddle.to_tensor([seed, offset], dtype="int64", place=paddle.CPUPlace())
+            seed, offset = gen.random(), gen.random() & 0xFFFFFFFF
+            return paddle.to_tensor([_as_int64(seed), offset], dtype="int64", place=paddle.CPUPlace())
         # Traced programs draw a fresh state on every run.
         return paddle.randint(0, 2**62, shape=[2], dtype="int64")
     if _is_tensor(rng_state):
         return rng_state
     seed, offset = rng_state
     return paddle.to_tensor(
-        [int(seed) & 0x7FFFFFFFFFFFFFFF, int(offset) & 0xFFFFFFFF], dtype="int64", place=paddle.CPUPlace()
+        [_as_int64(seed), int(offset) & 0xFFFFFFFF], dtype="int64", place=paddle.CPUPlace()
     )
+
+
+def _as_int64(seed):
+    """The seed is a uint64 (all 64 bits key Philox); store its bits in an int64."""
+    s = int(seed) & 0xFFFFFFFFFFFFFFFF
+    return s - (1 << 64) if s >= (1 << 63) else s
 
 
 def _call_native(name, *args):

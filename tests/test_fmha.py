@@ -384,6 +384,25 @@ def test_dropout_mask_layout_exact(impl, p, request):
     assert abs(frac - p) < 5 * math.sqrt(p * (1 - p) / n), (frac, p, n)
 
 
+@pytest.mark.parametrize("impl", ["public", "reference"])
+@pytest.mark.parametrize("seed", [2**63 + 5, 2**64 - 1, -1], ids=["bit63", "all_ones", "minus_one"])
+def test_seed_is_taken_as_uint64(impl, seed, request):
+    """The Philox key is (seed & 0xffffffff, (seed >> 32) & 0xffffffff) of the seed as uint64:
+    seeds with the top bit set (or negative ints, two's complement) keep all their bits."""
+    fn = _impl(impl, request)
+    s, H = 64, 1
+    cu = cu_seqlens_host([s])
+    q = np.zeros((s, H, s), np.float32)
+    v = np.eye(s, dtype=np.float32)[:, None, :]
+    keep = run(fn, q, q, v, cu, s, dropout=0.5, rng_state=(seed, 3))[:, 0, :] != 0  # [i, j]
+    expected = philox_ref.dropout_keep_mask(seed, 3, 0.5, cu, H)[0][0]
+    assert (keep == expected).all(), (
+        f"rng_state seed {seed:#x}: {(keep != expected).sum()} of {keep.size} mask elements differ from "
+        f"the uint64 key layout (same as seed & 0x7fffffffffffffff: "
+        f"{(keep == philox_ref.dropout_keep_mask(seed & (2**63 - 1), 3, 0.5, cu, H)[0][0]).all()})"
+    )
+
+
 def test_dropout_changes_output_and_rate_with_paddle_seed():
     lengths, H, D = [100, 128], 4, 128
     cu = cu_seqlens_host(lengths)
@@ -408,7 +427,8 @@ def test_dropout_changes_output_and_rate_with_paddle_seed():
 # ------------------------------------------------------------------------- static graph export
 
 
-def test_to_static_save_load(tmp_path):
+def test_to_static_save_load(tmp_path, native_ops):
+    """Export needs the compiled op (the reference reads cu_seqlens on the host)."""
     H, D, max_seqlen = 2, 32, 50
 
     class Attn(paddle.nn.Layer):

@@ -384,6 +384,7 @@ class _ExchangeIterator:
         R, me = o.world, o.rank
         step = 0
         it = None
+        exhausted = False
         try:
             try:
                 it = iter(o.loader)
@@ -398,6 +399,8 @@ class _ExchangeIterator:
                     status, msg = ABORT, "its training loop stopped iterating (break, exception or Ctrl-C)"
                 elif it_exc is not None:
                     status, local_exc = ERROR, it_exc
+                elif exhausted:  # never call next() again on a finished iterator
+                    status = END
                 else:
                     try:
                         batch = next(it)
@@ -405,7 +408,7 @@ class _ExchangeIterator:
                         if samples:
                             sch = _schema(samples, o.token_fields, me)
                     except StopIteration:
-                        status = END
+                        status, exhausted = END, True
                     except BaseException as e:  # noqa: BLE001 - reported to every rank
                         status, local_exc = ERROR, e
                 if local_exc is not None:

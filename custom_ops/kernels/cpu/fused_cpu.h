@@ -1,0 +1,63 @@
+// Fused element-wise / row-wise encoder operators, CPU, fp32. Framework-free: raw
+// pointers and sizes only (the Paddle glue lives in custom_ops/paddle/fused_ops.cc).
+//
+// Every tensor is a dense row-major [rows, cols] matrix (leading dimensions of the
+// framework tensor flattened into rows); the per-feature vectors are [cols].
+//
+// bias_gelu                      y = gelu(x + bias), gelu(u) = u * Phi(u) (exact, erf form)
+//   forward   x [rows, cols], bias [cols]               -> y [rows, cols]
+//   backward  x, bias, dy [rows, cols]                  -> dx [rows, cols], dbias [cols]
+//
+// bias_dropout_residual_layer_norm (post-LN residual block of BERT)
+//   z = residual + dropout(x + bias);  y = (z - mean(z)) * rstd * ln_weight + ln_bias,
+//   rstd = 1 / sqrt(var(z) + epsilon), mean / biased variance over each row.
+//   forward   x, residual [rows, cols], bias, ln_weight, ln_bias [cols]
+//             -> y [rows, cols], mean [rows], rstd [rows]
+//   backward  x, bias, residual, ln_weight, mean, rstd, dy
+//             -> dx, dresidual [rows, cols], dbias, dln_weight, dln_bias [cols]
+//   The dropout mask is regenerated from (seed, offset) by Philox (common/philox.h,
+//   "row-wise dropout" layout), never stored.
+//
+// Determinism: a row is always computed by one work item with a fixed order of
+// operations; column sums (dbias, dln_weight, dln_bias) are reduced per fixed chunk of
+// rows (its size depends on cols only) and the chunk partials are added in chunk order.
+// So results are bitwise independent of the thread count.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace paddle_unpad {
+
+void bias_gelu_fwd_cpu(int64_t rows, int64_t cols, const float* x, const float* bias, float* y);
+
+void bias_gelu_bwd_cpu(int64_t rows, int64_t cols, const float* x, const float* bias,
+                       const float* dy, float* dx, float* dbias);
+
+struct BdrlnProblem {
+  int64_t rows = 0;       // N (all leading dimensions), < 2^32
+  int64_t cols = 0;       // F, the normalised size, >= 1
+  float dropout = 0.0f;   // drop probability of (x + bias), 0 = off
+  float epsilon = 1e-12f; // added to the variance
+  uint64_t seed = 0;      // Philox key
+  uint64_t offset = 0;    // Philox counter word 3 (low 32 bits used)
+};
+
+// Returns an empty string when the problem is supported, else why not (in words).
+std::string bdrln_cpu_unsupported(const BdrlnProblem& p);
+
+void bdrln_fwd_cpu(const BdrlnProblem& p, const float* x, const float* bias,
+                   const float* residual, const float* ln_weight, const float* ln_bias, float* y,
+                   float* mean, float* rstd);
+
+void bdrln_bwd_cpu(const BdrlnProblem& p, const float* x, const float* bias,
+                   const float* residual, const float* ln_weight, const float* mean,
+                   const float* rstd, const float* dy, float* dx, float* dresidual, float* dbias,
+                   float* dln_weight, float* dln_bias);
+
+// Rows per reduction chunk of the backward passes (a function of cols only).
+int64_t fused_rows_per_chunk(int64_t cols);
+
+// Name of the instruction set the fused kernels dispatched to ("avx512", "avx2", "sse2").
+const char* fused_cpu_isa();
+
+}  // namespace paddle_unpad

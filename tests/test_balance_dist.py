@@ -1,0 +1,109 @@
+"""Multi-process acceptance tests of the sample exchange (issue 5), on CPU ranks (gloo).
+
+Each test launches ``tests/dist/balance_worker.py`` under
+``python -m paddle.distributed.launch --nproc_per_node N`` with a timeout, and requires
+every rank to print ``ALL OK``; on failure the worker logs are printed.
+
+Known environment flake, handled here: creating a gloo process group on these machines
+now and then fails with ``pair.cc ... connect ... Connection refused`` (or hangs) inside
+``ProcessGroupGloo`` -- in ``fleet.init`` as well as in ``new_group`` -- before any of our
+code runs its checks.  A launch that fails that way, with no check failed, is retried
+(at most twice); any other failure fails the test at once.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "dist", "balance_worker.py")
+FLAKE = "gloo/transport/tcp/pair.cc"
+
+
+def _logs(log_dir):
+    out = {}
+    if os.path.isdir(log_dir):
+        for name in sorted(os.listdir(log_dir)):
+            if name.startswith("workerlog."):
+                with open(os.path.join(log_dir, name), errors="replace") as f:
+                    out[name] = f.read()
+    return out
+
+
+def launch(tmp_path, nproc, scenario, timeout=150, retries=2):
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("PADDLE_TRAINER_ENDPOINTS", None)
+    attempts = []
+    for attempt in range(retries + 1):
+        log_dir = str(tmp_path / f"log_{scenario}_{nproc}_{attempt}")
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
+               "--log_dir", log_dir, WORKER, scenario]
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+            rc, out = p.returncode, p.stdout + p.stderr
+        except subprocess.TimeoutExpired as e:
+            raw = e.stdout or b""
+            rc, out = "timeout", raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        logs = _logs(log_dir)
+        ok = rc == 0 and len(logs) == nproc and all("ALL OK" in t for t in logs.values())
+        if ok:
+            return logs
+        attempts.append((rc, out, logs))
+        failed_check = any("FAILED" in line for t in logs.values() for line in t.splitlines()
+                           if "CHECK " in line)
+        started = any("CHECK fleet hook enabled" in t or "CHECK over-long" in t for t in logs.values())
+        flaky = not failed_check and (any(FLAKE in t for t in logs.values()) or (rc == "timeout" and not started))
+        if not flaky:
+            break
+    rc, out, logs = attempts[-1]
+    text = [f"launch of {scenario} with {nproc} ranks failed (rc={rc}, {len(attempts)} attempt(s))",
+            "--- launcher output (tail) ---", out[-3000:]]
+    for name, t in logs.items():
+        text += [f"--- {name} (tail) ---", t[-6000:]]
+    pytest.fail("\n".join(text))
+
+
+def _checks(logs):
+    return {line.split("CHECK ", 1)[1].rsplit(" OK", 1)[0]
+            for t in logs.values() for line in t.splitlines() if "CHECK " in line and line.endswith(" OK")}
+
+
+TRAIN_CHECKS = {
+    "fleet hook enabled the exchange",
+    "each step's global batch is the same set as without exchange",
+    "nothing lost or duplicated over the epoch",
+    "same plan hash on every rank at every step",
+    "samples were actually exchanged",
+    "same parameters as one-process training (allclose 1e-5)",
+    "thread stopped at end of epoch 0",
+    "thread stopped after break",
+    "thread stopped after RuntimeError in the training loop",
+    "thread stopped after KeyboardInterrupt in the training loop",
+    "a full epoch still works after early stops",
+}
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_exchange_training_matches_single_process(tmp_path, nproc):
+    logs = launch(tmp_path, nproc, "train")
+    missing = TRAIN_CHECKS - _checks(logs)
+    assert not missing, missing
+    if nproc == 3:
+        assert "some rank has zero samples in the last step" in _checks(logs)
+
+
+def test_exchange_error_paths(tmp_path):
+    logs = launch(tmp_path, 2, "errors")
+    checks = _checks(logs)
+    for name in ["over-long sample: clear error naming sample id and rank",
+                 "empty sample: clear error naming sample id and rank",
+                 "raising rank sees its own exception",
+                 "peer of a raising rank fails with a clear error",
+                 "rank that stopped early shut its thread down",
+                 "peer of a rank that stopped early fails with a clear error",
+                 "a stalled rank makes every rank fail within the timeout"]:
+        assert name in checks, name
