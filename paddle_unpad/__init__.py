@@ -10,7 +10,8 @@ Public API (see docs/api.md)::
 Importing this package never needs compiled code: when the native operators are
 missing, every op runs its plain-Paddle reference and ``ops_available()`` says so.
 """
-from . import balance, ops, varlen  # noqa: F401
+from . import balance, data, fleet, ops, varlen  # noqa: F401
+from .models import convert, revert  # noqa: E402  (paddlenlp is imported only when convert() runs)
 from .ops import fmha, ops_available
 from .varlen import cu_seqlens_from_lengths, pad_input, unpad_input
 
@@ -19,10 +20,14 @@ __version__ = "0.1.0"
 __all__ = [
     "fmha",
     "ops_available",
+    "convert",
+    "revert",
     "unpad_input",
     "pad_input",
     "cu_seqlens_from_lengths",
     "balance",
+    "data",
+    "fleet",
     "ops",
     "varlen",
 ]

@@ -59,17 +59,26 @@ def test_as_cost_fn_accepts_callables_and_names():
 
 
 def test_calibrate_recovers_known_coefficients():
-    a_true, b_true = 6e-5, 1.2e-7  # 512 tokens: 31 ms linear + 31 ms quadratic
+    a_true, b_true, c_true = 6e-5, 1.2e-7, 1e-3
+    clock = [0.0]
+    noise = iter(np.random.default_rng(0).uniform(-0.02, 0.02, size=100))
 
-    def step(s):
-        time.sleep(1e-3 + a_true * s + b_true * s * s)
-        return 1
+    def step(s):  # advances a fake clock by a known cost (+-2% noise), 2 sequences per call
+        clock[0] += 2 * (c_true + a_true * s + b_true * s * s) * (1 + next(noise))
+        return 2
 
-    cm = balance.calibrate(step=step, lengths=(64, 128, 256, 384, 512), repeats=3, warmup=0)
-    assert abs(cm.a - a_true) / a_true < 0.25, cm
-    assert abs(cm.b - b_true) / b_true < 0.25, cm
-    assert cm.c == 0.0 and cm.intercept > 0
+    cm = balance.calibrate(step=step, lengths=(64, 128, 256, 384, 512), repeats=3, warmup=1,
+                           timer=lambda: clock[0])
+    assert abs(cm.a - a_true) / a_true < 0.1, cm
+    assert abs(cm.b - b_true) / b_true < 0.1, cm
+    assert cm.c == 0.0 and abs(cm.intercept - c_true) / c_true < 0.5
     assert len(cm.samples) == 5
+    # a purely linear workload fits b = 0 (non-negative least squares)
+    lin = balance.calibrate(step=lambda s: clock.__setitem__(0, clock[0] + 1e-5 * s),
+                            lengths=(64, 256, 512), repeats=1, warmup=0, timer=lambda: clock[0])
+    assert lin.b < 1e-12 and abs(lin.a - 1e-5) < 1e-7
+    with pytest.raises(ValueError):
+        balance.calibrate()
 
 
 def test_calibrate_on_a_paddle_layer():
@@ -211,18 +220,10 @@ def test_length_distribution_shape():
     assert 330 < L.mean() < 430
 
 
-def test_speed_1024_ranks_x_64(native_planner):
+def test_quality_1024_ranks_x_64(native_planner):
+    # Its speed (target < 10 ms) is measured by benchmarks/bench_balance.py, not here.
     rows = balance.global_batches(1, 1024, 64, seed=2)[0]
-    balance.plan(rows)
-    best = min(_timed(lambda: balance.plan(rows)) for _ in range(7))
-    assert best < 0.010, f"plan for 1024 x 64 took {best * 1e3:.2f} ms (target < 10 ms)"
     assert balance.imbalance(balance.plan(rows), rows) <= 2e-4
-
-
-def _timed(f):
-    t = time.perf_counter()
-    f()
-    return time.perf_counter() - t
 
 
 def test_native_releases_the_gil(native_planner):

@@ -140,7 +140,8 @@ def _fit(lengths: np.ndarray, times: np.ndarray):
 def calibrate(model=None, lengths: Sequence[int] = (32, 64, 128, 192, 256, 384, 512),
               tokens_per_call: int = 2048, repeats: int = 3, warmup: int = 1,
               backward: bool = True, step: Optional[Callable[[int], None]] = None,
-              vocab_size: int = 100, keep_intercept: bool = False) -> CostModel:
+              vocab_size: int = 100, keep_intercept: bool = False,
+              timer: Callable[[], float] = time.perf_counter) -> CostModel:
     """Fit ``a`` and ``b`` of :class:`CostModel` from a short timing run on this device.
 
     Either pass ``model`` (a ``paddle.nn.Layer`` taking ``input_ids [n, s]`` int64, like
@@ -152,6 +153,7 @@ def calibrate(model=None, lengths: Sequence[int] = (32, 64, 128, 192, 256, 384, 
     squares to ``c + a*s + b*s^2``.  The per-call constant is dropped unless
     ``keep_intercept`` (a step's fixed cost does not depend on which rank a sample is
     on).  The fit is attached as ``.samples`` (list of (s, seconds per sequence)).
+    ``timer`` is the clock (``time.perf_counter``).
     """
     if model is None and step is None:
         raise ValueError("calibrate: pass a model or a step callable")
@@ -183,9 +185,9 @@ def calibrate(model=None, lengths: Sequence[int] = (32, 64, 128, 192, 256, 384, 
             step(s)
         ts = []
         for _ in range(max(1, repeats)):
-            t0 = time.perf_counter()
+            t0 = timer()
             n = step(s)
-            ts.append((time.perf_counter() - t0) / (n or 1))
+            ts.append((timer() - t0) / (n or 1))
         samples.append((s, float(np.median(ts))))
     arr = np.array(samples)
     a, b, c, resid = _fit(arr[:, 0], arr[:, 1])

@@ -278,6 +278,7 @@ class BalancedLoader:
             self.group = group if group is not None else dist.new_group(list(range(self.world)))
             self.pair_groups = _Comm.make_pair_groups(self.world, self.group)
         self._active = None
+        self.stats = {"steps": 0, "thread_cpu_s": 0.0, "moved_in": 0}  # of the latest epoch
         self._schema_state = {"hash": 0, "schema": None}  # agreed across ranks, kept over epochs
 
     def __len__(self):
@@ -317,6 +318,10 @@ class _ExchangeIterator:
         self.stop = threading.Event()
         self.finished = False
         self.steps_done = 0
+        # exchange-thread CPU seconds (time.thread_time: waits in collectives and in the
+        # queue do not count) and steps produced; see BalancedLoader.stats
+        self.stats = {"steps": 0, "thread_cpu_s": 0.0, "moved_in": 0}
+        owner.stats = self.stats
         self.comm = _Comm(owner.group, owner.rank, owner.world, owner.pair_groups)
         self.thread = threading.Thread(target=self._run, name=f"paddle_unpad-exchange-r{owner.rank}",
                                        daemon=True)
@@ -393,6 +398,7 @@ class _ExchangeIterator:
             else:
                 it_exc = None
             while True:
+                cpu0 = time.thread_time()
                 status, msg, local_exc = OK, "", None
                 samples, lengths, ids, sch = [], np.zeros(0, np.int64), np.zeros(0, np.int64), None
                 if self.stop.is_set():
@@ -492,6 +498,9 @@ class _ExchangeIterator:
                 packed["plan_hash"] = phash
                 packed["moved_in"] = int(sum(len(s) for s in recv_sel.values()))
                 out = to_paddle(packed, o.place)
+                self.stats["thread_cpu_s"] += time.thread_time() - cpu0
+                self.stats["steps"] += 1
+                self.stats["moved_in"] += packed["moved_in"]
                 step += 1
                 if not self._put(out):
                     continue  # closing: the loop top sends the ABORT header
