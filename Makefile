@@ -41,7 +41,7 @@ test: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) -m pytest -q -rs tests
 
 demo: setup
-	OMP_NUM_THREADS=$(THREADS) $(VPY) examples/demo_fmha.py
+	$(VPY) examples/run_demo.py
 
 bench: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_attention.py --threads $(THREADS)

@@ -137,7 +137,8 @@ def nvcc_flags():
     ]
     for a in cuda_archs():
         flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
-    flags += ["-isystem" + i for i in incs]
+    for i in incs:  # nvcc wants "-isystem DIR" as two arguments
+        flags += ["-isystem", i]
     return flags
 
 
@@ -150,7 +151,7 @@ def link_flags(with_cuda):
     flags += ["-Wl,--no-as-needed", "-l:" + core, "-Wl,--as-needed"]
     if with_cuda:
         nvcc = find_nvcc()
-        cuda_lib = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "lib64")
+        cuda_lib = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "lib64")
         flags += ["-L" + cuda_lib, "-Wl,-rpath," + cuda_lib, "-lcudart"]
     return flags
 

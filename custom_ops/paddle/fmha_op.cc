@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "fmha_gpu.h"  // GPU half (fmha_gpu.cu), declared only with PADDLE_WITH_CUDA
 #include "kernels/cpu/fmha_cpu.h"
 #include "paddle/extension.h"
 
@@ -81,11 +82,12 @@ void read_rng_state(const paddle::optional<Tensor>& rng, paddle_unpad::FmhaProbl
   if (p->dropout <= 0.0f) return;
   PD_CHECK(rng.is_initialized(), "fmha: dropout = ", p->dropout,
            " needs rng_state ([seed, offset] int64), got none");
-  const Tensor& r = *rng;
+  // The GPU kernels take the state by value too: a device copy (a traced program's
+  // paddle.randint) is read back once here.
+  const Tensor r = rng->is_cpu() ? *rng : rng->copy_to(paddle::CPUPlace(), true);
   PD_CHECK(r.dtype() == DataType::INT64 && r.numel() == 2,
            "fmha: rng_state must be int64 with 2 elements [seed, offset], got dtype ", r.dtype(),
            " with ", r.numel(), " elements");
-  PD_CHECK(r.is_cpu(), "fmha: rng_state must be on the CPU for the CPU kernel, got ", place_name(r));
   p->seed = static_cast<uint64_t>(r.data<int64_t>()[0]);
   p->offset = static_cast<uint64_t>(r.data<int64_t>()[1]);
 }
@@ -109,6 +111,10 @@ std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& 
     const Tensor qc = dense(q), kc = dense(k), vc = dense(v);
     paddle_unpad::fmha_fwd_cpu(p, qc.data<float>(), kc.data<float>(), vc.data<float>(),
                                out.data<float>(), lse.data<float>());
+#if defined(PADDLE_WITH_CUDA)
+  } else if (q.is_gpu()) {
+    paddle_unpad::FmhaForwardGpu(p, q, k, v, &out, &lse);
+#endif
   } else {
     PD_THROW("fmha: no kernel for tensors on ", place_name(q),
              " in this build (paddle_unpad was built without CUDA kernels)");
@@ -133,6 +139,10 @@ std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor&
     paddle_unpad::fmha_bwd_cpu(p, qc.data<float>(), kc.data<float>(), vc.data<float>(),
                                out.data<float>(), lse.data<float>(), g.data<float>(),
                                dq.data<float>(), dk.data<float>(), dv.data<float>());
+#if defined(PADDLE_WITH_CUDA)
+  } else if (q.is_gpu()) {
+    paddle_unpad::FmhaBackwardGpu(p, q, k, v, out, lse, dout, &dq, &dk, &dv);
+#endif
   } else {
     PD_THROW("fmha: no kernel for tensors on ", place_name(q),
              " in this build (paddle_unpad was built without CUDA kernels)");

@@ -1,4 +1,4 @@
-// Philox4x32-10 counter-based generator and the attention-dropout counter layout.
+// Philox4x32-10 counter-based generator and the dropout counter layouts built on it.
 //
 // Shared by the CPU and CUDA kernels (and mirrored by paddle_unpad/philox.py) so that
 // a given (seed, offset) drops the same attention elements on every device. The mask
@@ -10,6 +10,16 @@
 //   counter = (j / 4, t, h, offset & 0xffffffff)
 //   word    = philox(counter, key)[j % 4]
 //   dropped iff word < threshold, threshold = min(floor(p * 2^32), 2^32 - 1)
+//
+// Layout for row-wise dropout in the fused encoder ops (bias_dropout_residual_layer_norm:
+// element (r, j) of the [N, F] tensor, r = row with all leading dimensions flattened,
+// j = column, r < 2^32):
+//   key     = (seed & 0xffffffff, seed >> 32)
+//   counter = (j / 4, r, 0xffffffff, offset & 0xffffffff)
+//   word    = philox(counter, key)[j % 4]
+//   dropped iff word < threshold (as above); kept values are scaled by 1 / (1 - p)
+// Counter word 2 is 0xffffffff, a value the attention layout never uses (it holds the
+// head index there), so the two layouts never share a counter under one (seed, offset).
 #pragma once
 #include <cstdint>
 
@@ -35,7 +45,7 @@ PU_HOST_DEVICE Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint
                                      uint32_t k0, uint32_t k1) {
   const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
   const uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)  // device pass only: the host compiler warns on it
 #pragma unroll
 #endif
   for (int r = 0; r < 10; ++r) {

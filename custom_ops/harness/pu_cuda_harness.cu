@@ -1,0 +1,104 @@
+// C ABI over the framework-free CUDA kernels, for checks on a GPU machine without Paddle
+// (tests/gpu load it with ctypes; tensors are torch/CuPy device buffers). Raw device
+// pointers, sizes and a cudaStream_t (NULL = legacy default stream); host cu_seqlens.
+//
+// Every function returns 0 on success, else a non-zero code; pu_harness_last_error()
+// then says why (per thread). dtype: 0 = float16, 1 = bfloat16.
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/fmha_cuda.cuh"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+int fail(const std::string& why) {
+  g_last_error = why;
+  return 1;
+}
+
+int from_cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) {
+    g_last_error.clear();
+    return 0;
+  }
+  return fail(std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+paddle_unpad::cuda::FmhaCudaProblem problem(const int32_t* cu, int64_t batch, int64_t total,
+                                            int64_t heads, int64_t head_dim, int dtype,
+                                            float scale, float dropout, uint64_t seed,
+                                            uint64_t offset) {
+  paddle_unpad::cuda::FmhaCudaProblem p;
+  p.cu_seqlens = cu;
+  p.batch = batch;
+  p.total = total;
+  p.heads = heads;
+  p.head_dim = head_dim;
+  p.scale = scale;
+  p.dropout = dropout;
+  p.seed = seed;
+  p.offset = offset;
+  p.dtype = dtype == 0 ? paddle_unpad::cuda::DType::kFloat16
+                       : (dtype == 1 ? paddle_unpad::cuda::DType::kBFloat16
+                                     : paddle_unpad::cuda::DType::kFloat32);
+  return p;
+}
+
+paddle_unpad::cuda::FmhaLaunchOptions options(int grouping, int num_streams) {
+  paddle_unpad::cuda::FmhaLaunchOptions o;
+  o.grouping = grouping != 0;
+  o.num_streams = num_streams < 1 ? 1 : num_streams;
+  return o;
+}
+
+}  // namespace
+
+extern "C" {
+
+int pu_harness_abi_version() { return 1; }
+
+const char* pu_harness_last_error() { return g_last_error.c_str(); }
+
+int pu_fmha_fwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, int64_t heads,
+                int64_t head_dim, int dtype, float scale, float dropout, uint64_t seed,
+                uint64_t offset, int grouping, int num_streams, const void* q, const void* k,
+                const void* v, void* out, float* lse, void* stream) {
+  const auto p = problem(cu_seqlens_host, batch, total, heads, head_dim, dtype, scale, dropout,
+                         seed, offset);
+  const std::string why = paddle_unpad::cuda::fmha_cuda_unsupported(p);
+  if (!why.empty()) return fail("fmha: " + why);
+  const void* ptrs[] = {q, k, v, out, lse};
+  const char* names[] = {"q", "k", "v", "out", "lse"};
+  const std::string mis = paddle_unpad::cuda::fmha_cuda_misaligned(ptrs, names, 5);
+  if (!mis.empty()) return fail("fmha: " + mis);
+  return from_cuda(paddle_unpad::cuda::fmha_cuda_fwd(p, options(grouping, num_streams), q, k, v,
+                                                     out, lse, static_cast<cudaStream_t>(stream)),
+                   "fmha forward");
+}
+
+int64_t pu_fmha_bwd_workspace_bytes(int64_t total, int64_t heads) {
+  return static_cast<int64_t>(paddle_unpad::cuda::fmha_cuda_bwd_workspace_bytes(total, heads));
+}
+
+int pu_fmha_bwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, int64_t heads,
+                int64_t head_dim, int dtype, float scale, float dropout, uint64_t seed,
+                uint64_t offset, int grouping, int num_streams, const void* q, const void* k,
+                const void* v, const void* out, const float* lse, const void* dout, void* dq,
+                void* dk, void* dv, void* workspace, void* stream) {
+  const auto p = problem(cu_seqlens_host, batch, total, heads, head_dim, dtype, scale, dropout,
+                         seed, offset);
+  const std::string why = paddle_unpad::cuda::fmha_cuda_unsupported(p);
+  if (!why.empty()) return fail("fmha: " + why);
+  const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv, workspace};
+  const char* names[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "workspace"};
+  const std::string mis = paddle_unpad::cuda::fmha_cuda_misaligned(ptrs, names, 10);
+  if (!mis.empty()) return fail("fmha: " + mis);
+  return from_cuda(paddle_unpad::cuda::fmha_cuda_bwd(p, options(grouping, num_streams), q, k, v,
+                                                     out, lse, dout, dq, dk, dv, workspace,
+                                                     static_cast<cudaStream_t>(stream)),
+                   "fmha backward");
+}
+
+}  // extern "C"

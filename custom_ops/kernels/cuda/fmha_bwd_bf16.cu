@@ -1,0 +1,9 @@
+// Backward FMHA kernels instantiated for __nv_bfloat16 (all head sizes).
+#include "kernels/cuda/fmha_bwd.cuh"
+
+namespace paddle_unpad {
+namespace cuda {
+template cudaError_t launch_fmha_bwd_delta<__nv_bfloat16>(const FmhaParams&, int64_t, cudaStream_t);
+template cudaError_t launch_fmha_bwd<__nv_bfloat16>(const FmhaParams&, cudaStream_t);
+}  // namespace cuda
+}  // namespace paddle_unpad

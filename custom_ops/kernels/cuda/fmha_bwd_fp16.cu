@@ -1,0 +1,9 @@
+// Backward FMHA kernels instantiated for __half (all head sizes).
+#include "kernels/cuda/fmha_bwd.cuh"
+
+namespace paddle_unpad {
+namespace cuda {
+template cudaError_t launch_fmha_bwd_delta<__half>(const FmhaParams&, int64_t, cudaStream_t);
+template cudaError_t launch_fmha_bwd<__half>(const FmhaParams&, cudaStream_t);
+}  // namespace cuda
+}  // namespace paddle_unpad

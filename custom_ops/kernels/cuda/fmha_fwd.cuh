@@ -1,0 +1,264 @@
+// FMHA forward kernel (flash-attention-2 style), included by fmha_fwd_{fp16,bf16}.cu.
+//
+// One thread block = one (query block, sequence, head); kWarps warps, each owning 16
+// query rows. Q of the block is loaded once (cp.async -> shared -> registers); K and V
+// tiles of kFwdBlockN keys stream through shared memory: the V load of step j overlaps
+// Q K_j^T, the K load of step j+1 overlaps P_j V_j. Scores live in registers (mma.sync
+// accumulators), the softmax is online (running max m and sum l per row), and the
+// probabilities go from the accumulators straight into the A operand of P V.
+//
+// Per row the result does not depend on the tile configuration (kWarps): every row sees
+// the same key blocks in the same order with the same instructions.
+#pragma once
+#include "kernels/common/philox.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fmha_params.cuh"
+
+namespace paddle_unpad {
+namespace cuda {
+
+// Dropout multipliers of two adjacent keys j, j + 1 (j even) for query row t: the
+// Philox counter layout of kernels/common/philox.h.
+__device__ __forceinline__ void dropout_pair(const FmhaParams& p, uint32_t j, uint32_t t,
+                                             uint32_t h, float* z0, float* z1) {
+  const Philox4 r = philox4x32_10(j >> 2, t, h, p.offset, p.seed_lo, p.seed_hi);
+  const bool hi = (j & 2u) != 0u;
+  const uint32_t w0 = hi ? r.v[2] : r.v[0];
+  const uint32_t w1 = hi ? r.v[3] : r.v[1];
+  *z0 = w0 < p.drop_threshold ? 0.0f : p.keep_scale;
+  *z1 = w1 < p.drop_threshold ? 0.0f : p.keep_scale;
+}
+
+// Dropout multiplier of one (query row t, key j).
+__device__ __forceinline__ float dropout_one(const FmhaParams& p, uint32_t j, uint32_t t,
+                                             uint32_t h) {
+  const Philox4 r = philox4x32_10(j >> 2, t, h, p.offset, p.seed_lo, p.seed_hi);
+  const uint32_t q = j & 3u;
+  const uint32_t w = q == 0u ? r.v[0] : (q == 1u ? r.v[1] : (q == 2u ? r.v[2] : r.v[3]));
+  return w < p.drop_threshold ? 0.0f : p.keep_scale;
+}
+
+template <typename T, int D, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
+    fmha_fwd_kernel(const __grid_constant__ FmhaParams p) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kBlockM = 16 * kWarps;
+  constexpr int kBlockN = kFwdBlockN;
+  constexpr int kStride = D + 8;
+  constexpr int kKT = D / 16;       // k-steps of Q K^T
+  constexpr int kNT = kBlockN / 8;  // 8-wide score tiles per row block
+  constexpr int kDT = D / 8;        // 8-wide output tiles
+  using Tr = ElemTraits<T>;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + kBlockM * kStride;
+  T* sV = sK + kBlockN * kStride;
+
+  const SeqSpan seq = p.seqs[blockIdx.y];
+  const int s = seq.len;
+  const int q0 = static_cast<int>(blockIdx.x) * kBlockM;
+  if (q0 >= s) return;
+  const int h = static_cast<int>(blockIdx.z);
+  const int64_t ld = static_cast<int64_t>(p.heads) * D;
+  const int64_t base = static_cast<int64_t>(seq.start) * ld + static_cast<int64_t>(h) * D;
+  const T* gq = static_cast<const T*>(p.q) + base;
+  const T* gk = static_cast<const T*>(p.k) + base;
+  const T* gv = static_cast<const T*>(p.v) + base;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, c = lane % 4;
+
+  load_rows_async<T, D, kBlockM, kThreads>(sQ, gq, q0, s, ld);
+  load_rows_async<T, D, kBlockN, kThreads>(sK, gk, 0, s, ld);
+  cp_async_commit();
+
+  uint32_t qf[kKT][4];
+  float o[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  // Philox row counter of this thread's rows g and g + 8 (packed row index t).
+  const uint32_t t_row = static_cast<uint32_t>(seq.start + q0 + warp * 16 + g);
+
+  const int nkb = (s + kBlockN - 1) / kBlockN;
+  for (int kb = 0; kb < nkb; ++kb) {
+    const int j0 = kb * kBlockN;
+    cp_async_wait<0>();
+    __syncthreads();  // K_kb (and Q) landed; every warp is done with V_{kb-1}
+    if (kb == 0) {
+#pragma unroll
+      for (int kk = 0; kk < kKT; ++kk)
+        ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8);
+    }
+    load_rows_async<T, D, kBlockN, kThreads>(sV, gv, j0, s, ld);
+    cp_async_commit();
+
+    // S = Q K^T for this warp's 16 rows and kBlockN keys.
+    float sc[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+#pragma unroll
+      for (int n2 = 0; n2 < kNT / 2; ++n2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, sK + (n2 * 16 + (lane & 7) + (lane >> 4) * 8) * kStride + kk * 16 +
+                           ((lane >> 3) & 1) * 8);
+        mma16816<T>(sc[2 * n2], qf[kk], b[0], b[1]);
+        mma16816<T>(sc[2 * n2 + 1], qf[kk], b[2], b[3]);
+      }
+    }
+
+    // Online softmax in base 2: x = scale * log2(e) * s; keys past the end are -inf.
+    const int valid = s - j0;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + 2 * c + (e & 1);
+        const float x = col < valid ? sc[nt][e] * p.scale_log2 : -INFINITY;
+        sc[nt][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float mn = fmaxf(m[i], quad_max(mx[i]));  // finite: every block has a valid key
+      alpha[i] = fast_exp2(m[i] - mn);                 // 0 on the first block (m = -inf)
+      m[i] = mn;
+    }
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pv = fast_exp2(sc[nt][e] - m[e >> 1]);
+        sc[nt][e] = pv;
+        rs[e >> 1] += pv;
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];  // thread-partial sums
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[dt][e] *= alpha[e >> 1];
+    if (p.dropout) {  // after the row sum: l normalises the undropped probabilities
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float z0, z1;
+          dropout_pair(p, static_cast<uint32_t>(j0 + nt * 8 + 2 * c), t_row + 8u * i,
+                       static_cast<uint32_t>(h), &z0, &z1);
+          sc[nt][2 * i] *= z0;
+          sc[nt][2 * i + 1] *= z1;
+        }
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // V_kb landed; every warp is done with K_kb
+    if (kb + 1 < nkb) {
+      load_rows_async<T, D, kBlockN, kThreads>(sK, gk, j0 + kBlockN, s, ld);
+      cp_async_commit();
+    }
+
+    // O += P V_kb: two score tiles form one A fragment (16 keys).
+#pragma unroll
+    for (int kt = 0; kt < kBlockN / 16; ++kt) {
+      uint32_t a[4];
+      a[0] = Tr::pack(sc[2 * kt][0], sc[2 * kt][1]);
+      a[1] = Tr::pack(sc[2 * kt][2], sc[2 * kt][3]);
+      a[2] = Tr::pack(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
+      a[3] = Tr::pack(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
+#pragma unroll
+      for (int d2 = 0; d2 < D / 16; ++d2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, sV + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride +
+                                 d2 * 16 + (lane >> 4) * 8);
+        mma16816<T>(o[2 * d2], a, b[0], b[1]);
+        mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Epilogue: normalise, stage this warp's 16 rows in its own rows of sQ (no other warp
+  // reads them), then 16-byte stores of the rows that exist.
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    inv[i] = 1.0f / l[i];
+  }
+  T* so = sQ + warp * 16 * kStride;
+  __syncwarp();
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      *reinterpret_cast<uint32_t*>(so + (g + 8 * i) * kStride + dt * 8 + 2 * c) =
+          Tr::pack(o[dt][2 * i] * inv[i], o[dt][2 * i + 1] * inv[i]);
+  __syncwarp();
+  T* gout = static_cast<T*>(p.out) + base;
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int it = 0; it < 16 * kChunks / 32; ++it) {
+    const int idx = it * 32 + lane;
+    const int r = idx / kChunks, ch = idx % kChunks;
+    const int row = q0 + warp * 16 + r;
+    if (row < s)
+      *reinterpret_cast<uint4*>(gout + static_cast<int64_t>(row) * ld + ch * 8) =
+          *reinterpret_cast<const uint4*>(so + r * kStride + ch * 8);
+  }
+  if (c == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = q0 + warp * 16 + g + 8 * i;
+      if (row < s)
+        p.lse[static_cast<int64_t>(seq.start + row) * p.heads + h] = (m[i] + log2f(l[i])) * kLn2;
+    }
+  }
+}
+
+template <typename T, int D, int kWarps>
+cudaError_t launch_fwd_config(const FmhaParams& p, cudaStream_t stream) {
+  constexpr int kBlockM = 16 * kWarps;
+  constexpr size_t kSmem = static_cast<size_t>(kBlockM + 2 * kFwdBlockN) * (D + 8) * sizeof(T);
+  auto kernel = fmha_fwd_kernel<T, D, kWarps>;
+  if (kSmem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid((p.max_len + kBlockM - 1) / kBlockM, p.num_seqs, p.heads);
+  kernel<<<grid, kWarps * 32, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t launch_fwd_dim(const FmhaParams& p, int tile, cudaStream_t stream) {
+  return tile == kFwdTileM64 ? launch_fwd_config<T, D, 4>(p, stream)
+                             : launch_fwd_config<T, D, 8>(p, stream);
+}
+
+template <typename T>
+cudaError_t launch_fmha_fwd(const FmhaParams& p, int tile, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 32:
+      return launch_fwd_dim<T, 32>(p, tile, stream);
+    case 64:
+      return launch_fwd_dim<T, 64>(p, tile, stream);
+    case 128:
+      return launch_fwd_dim<T, 128>(p, tile, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace cuda
+}  // namespace paddle_unpad

@@ -1,0 +1,67 @@
+// Launch parameters shared by the FMHA host code (fmha_cuda.cu) and the kernels
+// (fmha_fwd.cuh, fmha_bwd.cuh). Internal to kernels/cuda.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace paddle_unpad {
+namespace cuda {
+
+struct SeqSpan {
+  int32_t start;  // first packed row of the sequence
+  int32_t len;    // its length (> 0: empty sequences are never launched)
+};
+
+// The sequences of one launch travel in the kernel's parameter block (4 KB limit):
+// no device copy of cu_seqlens and no host-to-device transfer is needed.
+constexpr int kMaxSeqsPerLaunch = 440;
+
+struct FmhaParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;       // [T, H]
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  float* delta;     // [T, H] backward workspace: rowsum(dout * out)
+  int heads;        // row stride of every [T, H, D] tensor is heads * head_dim
+  int head_dim;
+  float scale;       // of q k^T
+  float scale_log2;  // scale * log2(e)
+  int dropout;       // 0 or 1
+  uint32_t drop_threshold;  // Philox word < threshold => dropped
+  float keep_scale;         // 1 / (1 - p)
+  uint32_t seed_lo, seed_hi, offset;
+  int num_seqs;  // entries used in seqs
+  int max_len;   // longest sequence of this launch (sizes the grid)
+  SeqSpan seqs[kMaxSeqsPerLaunch];
+};
+static_assert(sizeof(FmhaParams) <= 4000, "FmhaParams must fit the 4 KB kernel parameter limit");
+
+// Forward tile configurations (query rows per block); the host picks one per group.
+enum FwdTile : int { kFwdTileM64 = 0, kFwdTileM128 = 1 };
+constexpr int fwd_tile_rows(int tile) { return tile == kFwdTileM64 ? 64 : 128; }
+constexpr int kFwdBlockN = 64;  // keys per step of the forward kernel (every tile)
+
+// Backward blocking, per head size: the dK/dV kernel owns kBwdKeysPerBlock keys and
+// walks query blocks; the dQ kernel owns kBwdQueriesPerBlock queries and walks keys.
+constexpr int kBwdKeysPerBlock = 64;
+constexpr int kBwdQueriesPerBlock = 64;
+
+template <typename T>
+cudaError_t launch_fmha_fwd(const FmhaParams& p, int tile, cudaStream_t stream);
+
+// delta[r] = sum_d dout[r, d] * out[r, d] over all rows r < rows (= T * H).
+template <typename T>
+cudaError_t launch_fmha_bwd_delta(const FmhaParams& p, int64_t rows, cudaStream_t stream);
+
+// dK, dV and dQ of the sequences in p (delta must be ready on the stream).
+template <typename T>
+cudaError_t launch_fmha_bwd(const FmhaParams& p, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace paddle_unpad

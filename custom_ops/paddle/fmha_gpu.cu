@@ -1,0 +1,90 @@
+// GPU kernels of the pu_fmha operator: Paddle tensors -> raw pointers and the tensor's
+// stream -> kernels/cuda/fmha_cuda.cuh. Argument checks shared with the CPU path are
+// done by fmha_op.cc before these functions are called.
+//
+// Launch options come from the environment (read per call): PADDLE_UNPAD_FMHA_GROUPING=0
+// launches the whole batch at once instead of by length bucket; PADDLE_UNPAD_FMHA_STREAMS
+// sets the size of the stream pool (default 4).
+#include "fmha_gpu.h"
+
+#include <string>
+
+#include "kernels/cuda/fmha_cuda.cuh"
+
+namespace paddle_unpad {
+namespace {
+
+using paddle::DataType;
+using paddle::Tensor;
+
+Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+cuda::FmhaCudaProblem to_cuda_problem(const FmhaProblem& p, const Tensor& q) {
+  cuda::FmhaCudaProblem c;
+  c.cu_seqlens = p.cu_seqlens;
+  c.batch = p.batch;
+  c.total = p.total;
+  c.heads = p.heads;
+  c.head_dim = p.head_dim;
+  c.scale = p.scale;
+  c.dropout = p.dropout;
+  c.seed = p.seed;
+  c.offset = p.offset;
+  if (q.dtype() == DataType::FLOAT16) {
+    c.dtype = cuda::DType::kFloat16;
+  } else if (q.dtype() == DataType::BFLOAT16) {
+    c.dtype = cuda::DType::kBFloat16;
+  } else {
+    PD_THROW("fmha: q/k/v dtype ", q.dtype(),
+             " is not supported on GPU (supported: float16, bfloat16)");
+  }
+  const std::string why = cuda::fmha_cuda_unsupported(c);
+  PD_CHECK(why.empty(), "fmha: ", why);
+  return c;
+}
+
+void check_aligned(const std::vector<const void*>& ptrs, const std::vector<const char*>& names) {
+  const std::string why =
+      cuda::fmha_cuda_misaligned(ptrs.data(), names.data(), static_cast<int>(ptrs.size()));
+  PD_CHECK(why.empty(), "fmha: ", why);
+}
+
+}  // namespace
+
+void FmhaForwardGpu(const FmhaProblem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                    Tensor* out, Tensor* lse) {
+  const cuda::FmhaCudaProblem c = to_cuda_problem(p, q);
+  if (p.total == 0) return;
+  const Tensor qc = dense(q), kc = dense(k), vc = dense(v);
+  check_aligned({qc.data(), kc.data(), vc.data(), out->data(), lse->data()},
+                {"q", "k", "v", "out", "lse"});
+  const cudaError_t e =
+      cuda::fmha_cuda_fwd(c, cuda::FmhaLaunchOptions::from_env(), qc.data(), kc.data(), vc.data(),
+                          out->data(), lse->data<float>(), q.stream());
+  PD_CHECK(e == cudaSuccess, "fmha: CUDA forward launch failed: ", cudaGetErrorName(e), ": ",
+           cudaGetErrorString(e));
+}
+
+void FmhaBackwardGpu(const FmhaProblem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor* dq,
+                     Tensor* dk, Tensor* dv) {
+  const cuda::FmhaCudaProblem c = to_cuda_problem(p, q);
+  if (p.total == 0) return;
+  PD_CHECK(dout.dtype() == q.dtype(), "fmha: grad of out has dtype ", dout.dtype(),
+           ", expected ", q.dtype());
+  const Tensor qc = dense(q), kc = dense(k), vc = dense(v), oc = dense(out), lc = dense(lse),
+               g = dense(dout);
+  const int64_t ws_floats =
+      static_cast<int64_t>(cuda::fmha_cuda_bwd_workspace_bytes(p.total, p.heads) / sizeof(float));
+  Tensor ws = paddle::empty({ws_floats}, DataType::FLOAT32, q.place());
+  check_aligned({qc.data(), kc.data(), vc.data(), oc.data(), lc.data(), g.data(), dq->data(),
+                 dk->data(), dv->data(), ws.data()},
+                {"q", "k", "v", "out", "lse", "grad of out", "dq", "dk", "dv", "workspace"});
+  const cudaError_t e = cuda::fmha_cuda_bwd(
+      c, cuda::FmhaLaunchOptions::from_env(), qc.data(), kc.data(), vc.data(), oc.data(),
+      lc.data<float>(), g.data(), dq->data(), dk->data(), dv->data(), ws.data(), q.stream());
+  PD_CHECK(e == cudaSuccess, "fmha: CUDA backward launch failed: ", cudaGetErrorName(e), ": ",
+           cudaGetErrorString(e));
+}
+
+}  // namespace paddle_unpad
