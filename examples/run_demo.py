@@ -23,6 +23,8 @@ def run(mode, args, workdir):
            "--json-out", out, "--seed", str(args.seed), "--batch-size", str(args.batch_size)]
     if not args.full:
         cmd += ["--max-train", str(args.max_train)]
+    if args.max_dev:
+        cmd += ["--max-dev", str(args.max_dev)]
     if mode == "padded":
         cmd.append("--no-unpad")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_rank))
@@ -44,6 +46,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--full", action="store_true", help="a whole epoch (about 11k snippets) instead of a slice")
     p.add_argument("--max-train", type=int, default=3200, help="training snippets of the slice")
+    p.add_argument("--max-dev", type=int, default=0, help="evaluate on the first N dev snippets (0: all)")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--threads-per-rank", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32)

@@ -77,3 +77,20 @@ def test_usable_as_dataloader_collate_fn():
     batches = list(dl)
     assert [b["sample_ids"].tolist() for b in batches] == [[11, 12], [13]]
     assert batches[0]["cu_seqlens_host"].tolist() == [0, 3, 4]
+
+
+def test_mlm_labels_give_packed_masked_positions_on_the_host():
+    from paddle_unpad.data import PackingCollator
+
+    samples = [
+        {"input_ids": np.arange(4), "mlm_labels": np.array([-1, 7, -1, 9])},
+        {"input_ids": np.arange(3), "mlm_labels": np.array([-100, -1, -1])},
+        {"input_ids": np.arange(2), "mlm_labels": np.array([5, -1])},
+    ]
+    b = PackingCollator(return_tensors="np")(samples)
+    # rows 1 and 3 of sample 0; none of sample 1 (starts at row 4); row 0 of sample 2 (row 7)
+    assert b["masked_positions"].tolist() == [1, 3, 7]
+    assert b["masked_labels"].tolist() == [7, 9, 5]
+    assert b["masked_positions"].dtype == np.int64
+    pd = PackingCollator()(samples)
+    assert pd["masked_positions"].numpy().tolist() == [1, 3, 7]

@@ -23,6 +23,9 @@ The packed batch (dict) has:
 ``position_ids``       ``[T]`` int64: from the samples, else 0..s-1 per sample
 ``token_type_ids``     ``[T]`` int64: from the samples, else zeros
 ``labels`` ...         per-token fields ``[T, ...]``; per-sample fields ``[B, ...]``
+``masked_positions``   ``[M]`` int64: packed rows whose MLM label (``masked_lm_labels`` /
+                       ``mlm_labels``, per token) is >= 0 -- only with such a field
+``masked_labels``      ``[M]`` int64: those labels, so an MLM head computes only M rows
 ``sample_ids``         ``[B]`` numpy int64
 ``num_samples``        B
 ``global_num_samples`` samples in the global batch of this step (B in a single process)
@@ -44,6 +47,8 @@ DEFAULT_TOKEN_FIELDS = ("input_ids", "token_type_ids", "position_ids", "labels",
                         "masked_lm_labels", "mlm_labels", "special_tokens_mask")
 _ID_KEYS = ("sample_id", "id", "idx")
 _HOST_KEYS = ("cu_seqlens_host", "seqlens_host", "sample_ids")
+#: per-token MLM labels (negative = not masked) from which masked rows are listed
+MLM_LABEL_FIELDS = ("masked_lm_labels", "mlm_labels")
 
 
 class SampleError(ValueError):
@@ -185,6 +190,13 @@ def pack_samples(samples: List[Dict[str, np.ndarray]], lengths, ids,
         out["token_type_ids"] = np.zeros(T, dtype=np.int64)
     for name in ("input_ids", "position_ids", "token_type_ids"):
         out[name] = np.ascontiguousarray(out[name], dtype=np.int64)
+    for name in MLM_LABEL_FIELDS:
+        if name in out:  # listed on the host: the device never has to find the masked rows
+            lab = np.asarray(out[name]).reshape(-1)
+            pos = np.nonzero(lab >= 0)[0].astype(np.int64)
+            out["masked_positions"] = pos
+            out["masked_labels"] = lab[pos].astype(np.int64)
+            break
     out["cu_seqlens_host"] = cu
     out["seqlens_host"] = lengths.astype(np.int32)
     out["max_seqlen"] = int(lengths.max()) if B else 0
