@@ -94,3 +94,17 @@ def test_mlm_labels_give_packed_masked_positions_on_the_host():
     assert b["masked_positions"].dtype == np.int64
     pd = PackingCollator()(samples)
     assert pd["masked_positions"].numpy().tolist() == [1, 3, 7]
+
+
+def test_sample_list_collate_survives_paddle_dataloader_with_python_lists():
+    # tokenizers return lists; paddle's DataLoader silently yields nothing for raw lists
+    import paddle
+
+    from paddle_unpad.data import PackingCollator, sample_list_collate
+
+    ds = [{"input_ids": list(range(1, n + 2)), "labels": n % 2} for n in range(5)]
+    batches = list(paddle.io.DataLoader(ds, batch_size=2, collate_fn=sample_list_collate))
+    assert len(batches) == 3
+    packed = PackingCollator(return_tensors="np")(batches[0])
+    assert packed["input_ids"].tolist() == [1, 1, 2]
+    assert packed["labels"].tolist() == [0, 1]

@@ -41,12 +41,15 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["PackingCollator", "pack_samples", "normalize_batch", "to_paddle", "sample_list_collate",
-           "DEFAULT_TOKEN_FIELDS", "SampleError"]
+           "DEFAULT_TOKEN_FIELDS", "BATCH_BOOKKEEPING_KEYS", "SampleError"]
 
 DEFAULT_TOKEN_FIELDS = ("input_ids", "token_type_ids", "position_ids", "labels",
                         "masked_lm_labels", "mlm_labels", "special_tokens_mask")
 _ID_KEYS = ("sample_id", "id", "idx")
 _HOST_KEYS = ("cu_seqlens_host", "seqlens_host", "sample_ids")
+#: keys of a packed batch that describe it rather than feed the model (models ignore them)
+BATCH_BOOKKEEPING_KEYS = ("seqlens_host", "sample_ids", "num_samples", "global_num_samples", "step",
+                          "plan_hash", "moved_in")
 #: per-token MLM labels (negative = not masked) from which masked rows are listed
 MLM_LABEL_FIELDS = ("masked_lm_labels", "mlm_labels")
 
@@ -56,9 +59,19 @@ class SampleError(ValueError):
 
 
 def sample_list_collate(batch):
-    """``collate_fn`` for ``paddle.io.DataLoader`` that keeps the list of samples as is
-    (what :func:`paddle_unpad.fleet.distributed_loader` expects)."""
-    return list(batch)
+    """``collate_fn`` for ``paddle.io.DataLoader`` that keeps the list of samples (what
+    :func:`paddle_unpad.fleet.distributed_loader` expects), each field as a numpy array.
+
+    Why arrays: a DataLoader whose collate output holds Python lists of ints stops at
+    once, silently (paddle 3.3.1) -- and tokenizers return lists.
+    """
+    out = []
+    for smp in batch:
+        if isinstance(smp, Mapping):
+            smp = {k: (v if isinstance(v, np.ndarray) or hasattr(v, "numpy") else np.asarray(v))
+                   for k, v in smp.items()}
+        out.append(smp)
+    return out
 
 
 def _to_numpy(v):

@@ -1,0 +1,511 @@
+"""Shared machinery of the converted (unpadded) PaddleNLP models.
+
+A converted model keeps its class name, its sub-layers and its parameters; only the
+``forward`` of the model (and of its base model, encoder and encoder layers) changes.
+The forward:
+
+1. works out which tokens are real -- from packed inputs (``cu_seqlens``: nothing to
+   read), or from the padded inputs' attention mask (one host read of the mask per
+   forward; a mask that is not a pure padding mask is refused);
+2. gathers the real tokens of ``input_ids`` / ``token_type_ids`` / ``position_ids`` into
+   ``[T]`` tensors (position ids are those the original model would use: ``0..`` per
+   sequence for BERT/ERNIE, ``pad_token_id + 1 ..`` for RoBERTa);
+3. runs the embeddings and the encoder on ``[T, hidden]``
+   (:func:`paddle_unpad.layers.encoder_forward`);
+4. gives every head only the rows it reads (CLS rows at ``cu_seqlens[:-1]``, masked rows),
+   and pads back to ``[B, S, ...]`` only outputs the caller receives in that shape.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from .. import layers as _layers
+from ..varlen import pad_input
+
+__all__ = ["UnsupportedInput", "Packing", "FamilySpec", "options_of"]
+
+# Options of convert(); stored on the converted top-level model and its base model.
+OPTIONS_ATTR = "_paddle_unpad_options"
+DEFAULT_OPTIONS = {"on_unsupported": "raise"}
+# Keys of a paddle_unpad packed batch that the model does not need (accepted, ignored).
+from ..data.collate import BATCH_BOOKKEEPING_KEYS  # noqa: E402
+
+COLLATOR_EXTRAS = frozenset(BATCH_BOOKKEEPING_KEYS)
+# Arguments of the converted forwards that the original forwards do not have.
+PACKED_ARGS_ALL = ("cu_seqlens", "max_seqlen", "cu_seqlens_host")
+# Additive mask values at or below this count as "masked" (exp underflows to exactly 0 in fp32).
+MASKED_BELOW = -1.0e3
+# Logit given to padding positions of outputs over the sequence axis (QA start/end logits).
+PAD_LOGIT = -1.0e4
+
+
+class UnsupportedInput(NotImplementedError):
+    """An input or option the unpadded forward cannot honour. The message names it."""
+
+
+_warned = set()
+
+
+def warn_once(key, msg):
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(msg, UserWarning, stacklevel=4)
+
+
+def options_of(model):
+    return model.__dict__.get(OPTIONS_ATTR, DEFAULT_OPTIONS)
+
+
+def is_tensor(x):
+    if isinstance(x, paddle.Tensor):
+        return True
+    pir = getattr(paddle, "pir", None)
+    return pir is not None and isinstance(x, pir.Value)
+
+
+def _dynamic():
+    return paddle.in_dynamic_mode()
+
+
+# ---- packing ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Packing:
+    """Where the real tokens of a batch are.
+
+    packed: the caller passed packed inputs (outputs stay packed).
+    batch, seqlen: B and S of the padded inputs (``seqlen`` = max_seqlen when packed).
+    indices: int64 ``[T]`` flat indices into ``B * S`` of the real tokens (padded inputs).
+    cu_host: numpy int32 ``[B + 1]`` when known on the host, else None (static graphs).
+    cu_cpu: int32 ``[B + 1]`` CPU tensor for ``fmha``; cu_dev: the same on the data's device.
+    max_seqlen: Python int for ``fmha`` (an upper bound in static graphs).
+    total: T (Python int in eager mode; a 0-D tensor in static graphs).
+    """
+
+    packed: bool
+    batch: Any
+    seqlen: Any
+    indices: Any
+    cu_host: Optional[np.ndarray]
+    cu_cpu: Any
+    cu_dev: Any
+    max_seqlen: int
+    total: Any
+    place: Any = None
+    _seg: Any = None
+
+    def segment_ids(self):
+        """int64 ``[T]``: the sequence each packed token belongs to."""
+        if self._seg is None:
+            if self.cu_host is not None:
+                seg = np.repeat(np.arange(len(self.cu_host) - 1, dtype=np.int64), np.diff(self.cu_host))
+                self._seg = paddle.to_tensor(seg, place=self.place)
+            else:
+                ar = paddle.arange(self.total, dtype="int32")
+                self._seg = paddle.searchsorted(self.cu_dev[1:], ar, right=True)
+        return self._seg
+
+    def offsets_in_sequence(self):
+        """int64 ``[T]``: position of each packed token inside its sequence (0-based)."""
+        if self.cu_host is not None:
+            cu = self.cu_host.astype(np.int64)
+            pos = np.arange(cu[-1], dtype=np.int64) - np.repeat(cu[:-1], np.diff(cu))
+            return paddle.to_tensor(pos, place=self.place)
+        ar = paddle.arange(self.total, dtype="int64")
+        return ar - paddle.gather(self.cu_dev.astype("int64"), self.segment_ids())
+
+    def flat_index(self, seqlen):
+        """int64 ``[T]``: flat index of each packed token in a ``[B, seqlen]`` layout."""
+        if not self.packed:
+            return self.indices
+        return self.segment_ids() * seqlen + self.offsets_in_sequence()
+
+    def to_padded(self, x, fill=0.0):
+        """``[T, ...]`` -> ``[B, S, ...]`` (``S`` = max_seqlen for packed inputs); ``fill`` at pads."""
+        seqlen = self.seqlen
+        idx = self.flat_index(seqlen)
+        if _dynamic():
+            out = pad_input(x, idx, int(self.batch), int(seqlen))
+        else:
+            rest = list(x.shape[1:])
+            n = self.batch * seqlen
+            out = paddle.scatter(paddle.zeros([n] + rest, dtype=x.dtype), idx, x, overwrite=True)
+            out = out.reshape([self.batch, seqlen] + rest)
+        if fill != 0.0:
+            ones = paddle.ones([x.shape[0]] + [1] * (len(x.shape) - 1), dtype=x.dtype)
+            if _dynamic():
+                real = pad_input(ones, idx, int(self.batch), int(seqlen))
+            else:
+                real = paddle.scatter(paddle.zeros([self.batch * seqlen] + [1] * (len(x.shape) - 1), dtype=x.dtype),
+                                      idx, ones, overwrite=True).reshape([self.batch, seqlen] + [1] * (len(x.shape) - 1))
+            out = out + (1.0 - real) * fill
+        return out
+
+    def gather_tokens(self, t):
+        """Per-token input ``[B, S, ...]`` (or already packed ``[T, ...]``) -> ``[T, ...]``."""
+        if t is None:
+            return None
+        if self.packed:
+            return t
+        flat = t.reshape([-1] + list(t.shape[2:]))
+        return paddle.gather(flat, self.indices, axis=0)
+
+    def rows_of_positions(self, positions):
+        """Flat positions into ``B * S`` (e.g. ``masked_positions``) -> packed row indices."""
+        positions = positions.reshape([-1])
+        if self.packed:
+            return positions
+        n = self.batch * self.seqlen
+        rows = paddle.arange(self.total, dtype="int64")
+        inv = paddle.scatter(paddle.zeros([n], dtype="int64"), self.indices, rows, overwrite=True)
+        return paddle.gather(inv, positions.astype("int64"))
+
+    def cls_rows(self, x):
+        """Rows of the first token of every sequence: ``x[cu_seqlens[:-1]]`` -> ``[B, ...]``."""
+        idx = self.cu_dev[:-1]
+        if self.cu_host is None:  # static graph: guard an empty last sequence
+            idx = paddle.minimum(idx, paddle.full_like(idx, 0) + (paddle.shape(x)[0] - 1).astype(idx.dtype))
+        return paddle.gather(x, idx, axis=0)
+
+
+def _place_of(t):
+    try:
+        return t.place
+    except Exception:  # static Value
+        return None
+
+
+def _cpu_int32(cu):
+    if isinstance(cu, np.ndarray):
+        return paddle.to_tensor(cu.astype(np.int32), place=paddle.CPUPlace())
+    return cu
+
+
+def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_positions):
+    """Packing for inputs that are already packed (``[T]`` ids + ``cu_seqlens``). No device sync
+    when ``cu_seqlens`` (or ``cu_seqlens_host``) is a host array / CPU tensor and ``max_seqlen`` an int."""
+    place = _place_of(ref)
+    if not _dynamic():
+        cu = cu_seqlens if is_tensor(cu_seqlens) else paddle.to_tensor(np.asarray(cu_seqlens, np.int32))
+        if cu.dtype != paddle.int32:
+            cu = cu.astype("int32")
+        b = paddle.shape(cu)[0] - 1
+        return Packing(True, b, int(max_positions), None, None, cu, cu, int(max_positions),
+                       paddle.shape(ref)[0], place)
+    host = None
+    if cu_seqlens_host is not None:
+        host = np.asarray(cu_seqlens_host.numpy() if is_tensor(cu_seqlens_host) else cu_seqlens_host, np.int32)
+    elif isinstance(cu_seqlens, (np.ndarray, list, tuple)):
+        host = np.asarray(cu_seqlens, np.int32)
+    elif is_tensor(cu_seqlens) and cu_seqlens.place.is_cpu_place():
+        host = cu_seqlens.numpy().astype(np.int32, copy=False)
+    elif is_tensor(cu_seqlens):  # device tensor and no host copy: one device-to-host read
+        host = cu_seqlens.numpy().astype(np.int32, copy=False)
+    else:
+        raise TypeError(f"paddle_unpad: cu_seqlens must be a paddle.Tensor or numpy array, got {type(cu_seqlens).__name__}")
+    if host.ndim != 1 or host.size < 1:
+        raise ValueError(f"paddle_unpad: cu_seqlens must be 1-D [batch + 1], got shape {list(host.shape)}")
+    total = int(ref.shape[0])
+    if int(host[-1]) != total:
+        raise ValueError(f"paddle_unpad: cu_seqlens[-1] = {int(host[-1])} must equal the number of packed tokens "
+                         f"({total}, the length of input_ids)")
+    longest = int(np.diff(host).max()) if host.size > 1 else 0
+    if max_seqlen is None:
+        max_seqlen = longest
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (int, np.integer)):
+        raise TypeError(f"paddle_unpad: max_seqlen must be a Python int, got {type(max_seqlen).__name__}")
+    max_seqlen = int(max_seqlen)
+    if max_seqlen < longest:
+        raise ValueError(f"paddle_unpad: max_seqlen = {max_seqlen} is smaller than the longest sequence in "
+                         f"cu_seqlens ({longest})")
+    if is_tensor(cu_seqlens) and cu_seqlens.dtype == paddle.int32 and cu_seqlens.place.is_cpu_place():
+        cu_cpu = cu_seqlens
+    else:
+        cu_cpu = paddle.to_tensor(host, dtype="int32", place=paddle.CPUPlace())
+    if place is None or place.is_cpu_place():
+        cu_dev = cu_cpu
+    elif is_tensor(cu_seqlens) and not cu_seqlens.place.is_cpu_place():
+        cu_dev = cu_seqlens.astype("int32")
+    else:
+        cu_dev = paddle.to_tensor(host, dtype="int32", place=place)
+    return Packing(True, host.size - 1, max_seqlen, None, host, cu_cpu, cu_dev, max_seqlen, total, place)
+
+
+def _classify_mask(mask_np, attention_mask_dtype, ndim):
+    """numpy mask values -> bool keep [B', S] or raise UnsupportedInput."""
+    if ndim == 4:
+        vals = mask_np[:, 0, 0, :]
+    else:
+        vals = mask_np
+    if vals.dtype == np.bool_:
+        return vals.copy()
+    if ndim == 2 or np.issubdtype(vals.dtype, np.integer):
+        # 2-D masks of any dtype (PaddleNLP: (1 - m) * -1e4) and 4-D int masks ((m - 1) * 1e9): 1 keep, 0 pad
+        ok = (vals == 0) | (vals == 1)
+        if not ok.all():
+            bad = vals[~ok].flat[0]
+            raise UnsupportedInput(
+                f"paddle_unpad: attention_mask holds {bad!r}; only a padding mask (1 = keep, 0 = pad) can run "
+                "unpadded (a soft or custom mask would silently change the result)")
+        return vals == 1
+    # 4-D float: additive, 0 = keep, very negative (-1e4, -1e9, -inf, finfo.min) = pad
+    vals = vals.astype(np.float64)
+    keep = vals == 0
+    masked = vals <= MASKED_BELOW
+    ok = keep | masked
+    if not ok.all():
+        bad = vals[~ok].flat[0]
+        raise UnsupportedInput(
+            f"paddle_unpad: additive attention_mask holds {bad!r}; only a padding mask (0 = keep, <= -1e3 or -inf "
+            "= pad) can run unpadded (a soft or custom mask would silently change the result)")
+    return keep
+
+
+def pack_from_mask(ref, input_ids, attention_mask, pad_token_id, needs_cls, max_positions, who="model"):
+    """Packing for padded inputs ``[B, S]``. One host read of the mask (or of the pad positions)."""
+    place = _place_of(ref)
+    if not _dynamic():
+        return _pack_from_mask_static(ref, input_ids, attention_mask, pad_token_id, max_positions, place)
+    B, S = int(ref.shape[0]), int(ref.shape[1])
+    if attention_mask is None:
+        if input_ids is None:
+            keep = np.ones([B, S], dtype=bool)
+        else:
+            keep = (input_ids != pad_token_id).numpy()
+    else:
+        if not is_tensor(attention_mask):
+            attention_mask = paddle.to_tensor(attention_mask)
+        shape = [int(d) for d in attention_mask.shape]
+        nd = len(shape)
+        if nd == 2:
+            if shape != [B, S]:
+                raise ValueError(f"paddle_unpad: attention_mask of shape {shape} does not match input shape [{B}, {S}]")
+        elif nd == 4:
+            if shape[1] != 1 or shape[2] != 1 or shape[3] != S or shape[0] not in (1, B):
+                raise UnsupportedInput(
+                    f"paddle_unpad: attention_mask of shape {shape} is not a padding mask ([B, S] or [B, 1, 1, S]); "
+                    "per-query masks (e.g. [B, 1, S, S], [B, H, S, S]) cannot run unpadded")
+        else:
+            raise UnsupportedInput(
+                f"paddle_unpad: attention_mask of shape {shape} is not a padding mask ([B, S] or [B, 1, 1, S])")
+        keep = _classify_mask(attention_mask.numpy(), attention_mask.dtype, nd)
+        if keep.shape[0] != B:
+            keep = np.broadcast_to(keep, (B, S))
+    lengths = keep.sum(axis=1)
+    if B and (lengths == 0).any():
+        b = int(np.flatnonzero(lengths == 0)[0])
+        raise UnsupportedInput(f"paddle_unpad: attention_mask row {b} keeps no token (an empty sequence); "
+                               "the original model would still produce outputs for it")
+    if B and not keep[:, 0].all():
+        b = int(np.flatnonzero(~keep[:, 0])[0])
+        msg = (f"paddle_unpad: attention_mask row {b} masks its first position (left padding?); the pooler of "
+               "the original model reads position 0 (a padding token there) while the unpadded model reads the "
+               "first real token. Pad on the right (tokenizer padding_side='right') or pass packed inputs.")
+        if needs_cls:
+            raise UnsupportedInput(msg)
+        warn_once(("left-padding", who), msg + " pooler_output differs from the original for such rows.")
+    indices = np.flatnonzero(keep.reshape(-1)).astype(np.int64)
+    cu = np.zeros(B + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    max_seqlen = int(lengths.max()) if B else 0
+    cu_cpu = paddle.to_tensor(cu, dtype="int32", place=paddle.CPUPlace())
+    if place is None or place.is_cpu_place():
+        cu_dev = cu_cpu
+        idx = paddle.to_tensor(indices, dtype="int64", place=paddle.CPUPlace())
+    else:
+        cu_dev = paddle.to_tensor(cu, dtype="int32", place=place)
+        idx = paddle.to_tensor(indices, dtype="int64", place=place)
+    return Packing(False, B, S, idx, cu, cu_cpu, cu_dev, max_seqlen, int(cu[-1]), place)
+
+
+def _pack_from_mask_static(ref, input_ids, attention_mask, pad_token_id, max_positions, place):
+    shape = paddle.shape(ref)
+    B, S = shape[0], shape[1]
+    if attention_mask is None:
+        if input_ids is None:
+            keep = paddle.ones([B, S], dtype="bool")
+        else:
+            keep = input_ids != pad_token_id
+    elif len(attention_mask.shape) == 2:
+        keep = attention_mask.astype("bool") if attention_mask.dtype != paddle.bool else attention_mask
+    else:
+        raise UnsupportedInput(
+            "paddle_unpad: inside paddle.jit.to_static only a [B, S] attention_mask (1 = keep), none, or packed "
+            "inputs (cu_seqlens) are accepted: a 4-D additive mask cannot be checked to be a padding mask there")
+    indices = paddle.nonzero(keep.flatten()).flatten()
+    seqlens = keep.astype("int32").sum(axis=1)
+    cu = paddle.concat([paddle.zeros([1], dtype="int32"), paddle.cumsum(seqlens, axis=0).astype("int32")])
+    total = paddle.shape(indices)[0]
+    return Packing(False, B, S, indices, None, cu, cu, int(max_positions), total, place)
+
+
+# ---- model families ----------------------------------------------------------------------------------
+
+
+@dataclass
+class FamilySpec:
+    """What differs between BERT, ERNIE and RoBERTa for the shared forward."""
+
+    name: str
+    base_class: Any  # e.g. paddlenlp BertModel
+    base_attr: str  # attribute of the base model in heads: "bert" / "ernie" / "roberta"
+    roberta_positions: bool = False  # position ids start at pad_token_id + 1 (RoBERTa)
+    config_defaults: bool = False  # BERT base: None -> config.output_* / use_cache
+    embed_extras: tuple = ()  # extra per-token embedding inputs (ERNIE: task_type_ids)
+    has_inputs_embeds: bool = True
+
+
+def _default_positions(spec, base, pk, input_ids, S):
+    """Position ids [T] the original model would use when none are given."""
+    if not spec.roberta_positions:
+        if pk.packed:
+            return pk.offsets_in_sequence()
+        return pk.indices % S if _dynamic() else pk.indices % S.astype("int64")
+    pad = int(base.embeddings.padding_idx)
+    if input_ids is None:  # from inputs_embeds: pad + 1 + position
+        if pk.packed:
+            return pk.offsets_in_sequence() + (pad + 1)
+        return pk.indices % S + (pad + 1)
+    if not pk.packed:
+        from paddlenlp.transformers.roberta.modeling import create_position_ids_from_input_ids
+
+        pos = create_position_ids_from_input_ids(input_ids, padding_idx=pad, past_key_values_length=0)
+        return paddle.gather(pos.reshape([-1]), pk.indices)
+    # packed: cumulative count of non-pad tokens inside each sequence (RoBERTa's rule)
+    m = (input_ids != pad).astype("int64")
+    c = paddle.cumsum(m)
+    start = paddle.gather(paddle.concat([paddle.zeros([1], dtype="int64"), c]), pk.cu_dev[:-1].astype("int64"))
+    return (c - paddle.gather(start, pk.segment_ids())) * m + pad
+
+
+def resolve_flags(spec, config, output_hidden_states, output_attentions, use_cache):
+    if spec.config_defaults:
+        if output_hidden_states is None:
+            output_hidden_states = config.output_hidden_states
+        if output_attentions is None:
+            output_attentions = config.output_attentions
+        if use_cache is None:
+            use_cache = config.use_cache
+    return bool(output_hidden_states), bool(output_attentions), bool(use_cache)
+
+
+def check_unsupported(output_attentions=False, past_key_values=None, use_cache=False):
+    if output_attentions:
+        raise UnsupportedInput("paddle_unpad: output_attentions=True is not supported by the unpadded model "
+                               "(fmha never materialises attention probabilities)")
+    if past_key_values is not None:
+        raise UnsupportedInput("paddle_unpad: past_key_values (incremental decoding caches) are not supported by the "
+                               "unpadded model")
+    if use_cache:
+        raise UnsupportedInput("paddle_unpad: use_cache=True is not supported by the unpadded model")
+
+
+def encode(spec, base, input_ids=None, token_type_ids=None, position_ids=None, attention_mask=None,
+           inputs_embeds=None, extras=None, cu_seqlens=None, max_seqlen=None, cu_seqlens_host=None,
+           output_hidden_states=False, needs_cls=False, want_pooled=True):
+    """Embeddings + encoder on packed tokens.
+
+    Returns ``(pk, sequence [T, H], pooled [B, H] or None, hidden_states list of [T, H] or None)``.
+    """
+    if input_ids is not None and inputs_embeds is not None:
+        raise ValueError("You cannot specify both input_ids and inputs_embeds at the same time.")
+    ref = input_ids if input_ids is not None else inputs_embeds
+    if ref is None:
+        raise ValueError("paddle_unpad: input_ids (or inputs_embeds) is required")
+    config = base.config
+    max_positions = int(getattr(config, "max_position_embeddings", 512))
+    extras = extras or {}
+    if cu_seqlens is not None:
+        if attention_mask is not None:
+            raise ValueError("paddle_unpad: attention_mask cannot be combined with cu_seqlens (packed inputs have "
+                             "no padding)")
+        tok_rank = 1 if input_ids is not None else 2
+        if len(ref.shape) != tok_rank:
+            raise ValueError(f"paddle_unpad: with cu_seqlens, input_ids must be packed 1-D [T] (inputs_embeds [T, H]), "
+                             f"got shape {list(ref.shape)}")
+        pk = pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_positions)
+        S = pk.seqlen
+    else:
+        if len(ref.shape) != (2 if input_ids is not None else 3):
+            raise ValueError(f"paddle_unpad: padded input_ids must be [batch, seqlen] (or pass packed [T] ids with "
+                             f"cu_seqlens and max_seqlen), got shape {list(ref.shape)}")
+        pk = pack_from_mask(ref, input_ids, attention_mask, base.pad_token_id, needs_cls, max_positions,
+                            who=type(base).__name__)
+        S = pk.seqlen
+    ids_t = pk.gather_tokens(input_ids)
+    emb_t = pk.gather_tokens(inputs_embeds)
+    if position_ids is not None:
+        pos_t = pk.gather_tokens(position_ids)
+    else:
+        pos_t = _default_positions(spec, base, pk, ids_t if pk.packed else input_ids, S)
+    pos_t.stop_gradient = True
+    kwargs = {"input_ids": ids_t, "position_ids": pos_t, "token_type_ids": pk.gather_tokens(token_type_ids)}
+    if spec.has_inputs_embeds:
+        kwargs["inputs_embeds"] = emb_t
+    for name in spec.embed_extras:
+        kwargs[name] = pk.gather_tokens(extras.get(name))
+    x = base.embeddings(**kwargs)
+    x, hidden = _layers.encoder_forward(base.encoder, x, pk.cu_cpu, pk.max_seqlen, output_hidden_states)
+    pooled = None
+    if want_pooled and getattr(base, "pooler", None) is not None:
+        pooled = base.pooler(pk.cls_rows(x).unsqueeze(1))
+    return pk, x, pooled, hidden
+
+
+def outputs_for_caller(pk, t, fill=0.0):
+    """A per-token output ``[T, ...]`` in the layout the caller passed: packed stays packed."""
+    if t is None or pk.packed:
+        return t
+    return pk.to_padded(t, fill)
+
+
+def hidden_for_caller(pk, hidden):
+    if hidden is None:
+        return None
+    return tuple(outputs_for_caller(pk, h) for h in hidden)
+
+
+def token_labels(pk, labels):
+    """Per-token labels ``[B, S]`` (or packed ``[T]``) -> ``[T]`` at the real tokens."""
+    if labels is None:
+        return None
+    if pk.packed:
+        return labels.reshape([-1])
+    return paddle.gather(labels.reshape([-1]), pk.indices)
+
+
+def cross_entropy_mean(logits, labels, num_classes):
+    loss_fct = paddle.nn.CrossEntropyLoss()
+    return loss_fct(logits.reshape((-1, num_classes)), labels.reshape((-1,)))
+
+
+def token_cross_entropy(pk, logits_t, labels_t, num_classes):
+    """The original models' per-token loss ``CrossEntropyLoss()(logits [B*S, C], labels [B*S])``
+    computed on the real tokens only.
+
+    Paddle's mean cross entropy with the default ``ignore_index=-100`` (a negative index)
+    divides by *all* rows, ignored ones included (it divides by the non-ignored count only
+    for ``ignore_index >= 0``). So the original loss is ``sum over labelled tokens / (B*S)``;
+    the same divisor is used here, which makes the two equal whenever the labels at padding
+    are -100. Packed inputs have no padding: the divisor is T.
+    """
+    total = F.cross_entropy(logits_t.reshape((-1, num_classes)), labels_t.reshape((-1,)), reduction="sum")
+    if pk.packed:
+        rows = logits_t.shape[0] if _dynamic() else paddle.shape(logits_t)[0]
+    else:
+        rows = pk.batch * pk.seqlen
+    if _dynamic():
+        return total / float(max(int(rows), 1))
+    return total / paddle.maximum(rows, paddle.ones_like(rows)).astype(total.dtype)
+
+
+__all__ += ["encode", "outputs_for_caller", "hidden_for_caller", "token_labels", "check_unsupported",
+            "resolve_flags", "pack_from_mask", "pack_from_cu_seqlens", "F"]

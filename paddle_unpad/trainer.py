@@ -1,0 +1,136 @@
+"""PaddleNLP ``Trainer`` on packed, load-balanced batches.
+
+Two changed lines in a PaddleNLP Trainer script::
+
+    from paddle_unpad.trainer import UnpadTrainer     # 1
+    trainer = UnpadTrainer(model=model, args=training_args,   # 2: was Trainer(...)
+                           train_dataset=train_ds, eval_dataset=dev_ds, ...)
+
+``UnpadTrainer`` converts the model (``paddle_unpad.convert``, in place), packs every
+training batch (no padding is built at all), and, under fleetrun with more than one rank,
+balances the training samples across ranks with the exchange of
+``paddle_unpad.fleet.distributed_loader``. Evaluation and prediction batches are padded
+(with an attention mask, which the converted model unpads internally): the Trainer's
+evaluation loop gathers predictions across ranks by batch shape, which packed tensors
+(``[T, ...]``, T differing per rank) would break. Datasets yield samples as dicts of
+unpadded fields (``input_ids``, ``token_type_ids``, ``labels``, ...), as they do for the
+stock Trainer before its padding collator. Checkpoints are unchanged: ``save_model`` /
+``save_pretrained`` output loads in unmodified PaddleNLP.
+"""
+from . import models as _models
+import numpy as np
+
+from .data import sample_list_collate
+from .data.collate import BATCH_BOOKKEEPING_KEYS, DEFAULT_TOKEN_FIELDS, normalize_batch
+
+__all__ = ["UnpadTrainer", "PadCollator"]
+
+
+def _trainer_base():
+    from paddlenlp.trainer import Trainer
+
+    return Trainer
+
+
+class PadCollator:
+    """Pads a list of samples to the batch maximum: ``[B, S]`` tensors plus an
+    ``attention_mask``; per-token labels are padded with ``label_pad`` (ignored by
+    PaddleNLP's losses), per-sample fields are stacked."""
+
+    def __init__(self, pad_token_id=0, label_pad=-100):
+        self.pad_token_id, self.label_pad = pad_token_id, label_pad
+
+    def __call__(self, batch):
+        import paddle
+
+        samples, lengths, _ = normalize_batch(list(batch))
+        B, S = len(samples), int(lengths.max()) if len(samples) else 0
+        out = {"attention_mask": np.zeros((B, S), np.int64)}
+        for b, n in enumerate(lengths):
+            out["attention_mask"][b, :n] = 1
+        for name in samples[0] if B else ():
+            vals = [smp[name] for smp in samples]
+            if name in DEFAULT_TOKEN_FIELDS and vals[0].ndim >= 1:
+                fill = self.pad_token_id if name == "input_ids" else (
+                    self.label_pad if "label" in name else 0)
+                arr = np.full((B, S) + vals[0].shape[1:], fill, dtype=vals[0].dtype)
+                for b, v in enumerate(vals):
+                    arr[b, : len(v)] = v
+                out[name] = arr
+            else:
+                out[name] = np.stack(vals)
+        return {k: paddle.to_tensor(v) for k, v in out.items()}
+
+
+class _BalancedTrainLoader:
+    """The balanced loader, seen by the Trainer as its DataLoader (``batch_sampler`` etc.)."""
+
+    def __init__(self, balanced, loader):
+        self._balanced, self._loader = balanced, loader
+
+    def __iter__(self):
+        return iter(self._balanced)
+
+    def __len__(self):
+        return len(self._balanced)
+
+    def __getattr__(self, name):  # batch_sampler (set_epoch), dataset, ...
+        return getattr(self._loader, name)
+
+
+def _make_class():
+    Trainer = _trainer_base()
+
+    class UnpadTrainer(Trainer):
+        """``paddlenlp.trainer.Trainer`` that trains the unpadded model on packed batches.
+
+        Extra keyword arguments:
+            unpad_configs: dict of balancer settings (see
+                ``paddle_unpad.fleet.DEFAULT_UNPAD_CONFIGS``); ``{"balance": False}`` packs
+                each rank's own batches without exchanging samples.
+            max_seqlen: longest legal sample (default: the model's max positions).
+        """
+
+        def __init__(self, model=None, *args, unpad_configs=None, max_seqlen=None, **kwargs):
+            if model is None:
+                raise ValueError("UnpadTrainer: model is required (it is converted in place)")
+            _models.convert(model)
+            cfg = dict(unpad_configs or {})
+            self._unpad_balance = bool(cfg.pop("balance", True))
+            if max_seqlen is None:
+                config = getattr(model, "config", None) or getattr(getattr(model, "bert", None), "config", None)
+                max_seqlen = getattr(config, "max_position_embeddings", 512)
+            cfg.setdefault("max_seqlen", max_seqlen)
+            self._unpad_configs = cfg
+            if kwargs.get("data_collator") is None:  # eval / predict batches (see module doc)
+                pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
+                kwargs["data_collator"] = PadCollator(pad_token_id=pad_id)
+            super().__init__(model, *args, **kwargs)
+
+        def get_train_dataloader(self):
+            from .balance.exchange import BalancedLoader
+
+            eval_collator = self.data_collator
+            self.data_collator = sample_list_collate  # the exchange packs after balancing
+            try:
+                loader = super().get_train_dataloader()
+            finally:
+                self.data_collator = eval_collator
+            balanced = BalancedLoader(loader, enabled=self._unpad_balance, **self._unpad_configs)
+            return _BalancedTrainLoader(balanced, loader)
+
+        def compute_loss(self, model, inputs, return_outputs=False):
+            # a packed batch carries bookkeeping the model does not read
+            for k in BATCH_BOOKKEEPING_KEYS:
+                inputs.pop(k, None)
+            return super().compute_loss(model, inputs, return_outputs=return_outputs)
+
+    return UnpadTrainer
+
+
+def __getattr__(name):  # paddlenlp is imported only when the Trainer is asked for
+    if name == "UnpadTrainer":
+        cls = _make_class()
+        globals()["UnpadTrainer"] = cls
+        return cls
+    raise AttributeError(name)
