@@ -11,7 +11,7 @@ import numpy as np
 import paddle
 
 from . import _native
-from .philox import attention_keep_mask
+from .philox import attention_keep_mask, rowwise_keep_mask
 
 __all__ = ["fmha", "fmha_reference", "ops_available", "FMHA_SUPPORT", "FMHA_TOLERANCE"]
 
@@ -32,7 +32,7 @@ def ops_available():
         runs its plain-Paddle reference there. ``paddle_unpad._native.info()`` says why.
     """
     cpu = _native.has_op("pu_fmha")
-    return {"fmha": {"cpu": cpu, "gpu": cpu and _native.has_cuda_kernels()}}
+    return {"fmha": {"cpu": cpu, "gpu": cpu and _native.has_cuda_kernels()}, **_fused_ops_available()}
 
 
 class _OpError(ValueError):
@@ -112,8 +112,8 @@ def _rng_state_tensor(rng_state, q):
             gen = _generator_for(q.place)
             seed, offset = gen.random(), gen.random() & 0xFFFFFFFF
             return paddle.to_tensor([_as_int64(seed), offset], dtype="int64", place=paddle.CPUPlace())
-        # Traced programs draw a fresh state on every run.
-        return paddle.randint(0, 2**62, shape=[2], dtype="int64")
+        # Traced programs draw a fresh state on every run (randint takes 32-bit bounds).
+        return paddle.randint(0, 2**31 - 1, shape=[2], dtype="int64")
     if _is_tensor(rng_state):
         return rng_state
     seed, offset = rng_state
@@ -128,13 +128,18 @@ def _as_int64(seed):
     return s - (1 << 64) if s >= (1 << 63) else s
 
 
+# PD_CHECK messages of the custom ops start with the op's public name.
+_OP_ERROR_PREFIXES = ("fmha:", "bias_gelu:", "bias_dropout_residual_layer_norm:")
+
+
 def _call_native(name, *args):
     try:
         return paddle._C_ops._run_custom_op(name, *args)
     except OSError as e:  # Paddle reports PD_CHECK failures of custom ops as OSError
         msg = str(e)
-        if "fmha:" in msg:
-            raise _OpError(msg[msg.index("fmha:"):].split("\n")[0].strip()) from None
+        hits = [msg.index(prefix) for prefix in _OP_ERROR_PREFIXES if prefix in msg]
+        if hits:
+            raise _OpError(msg[min(hits):].split("\n")[0].strip()) from None
         raise
 
 
@@ -234,3 +239,243 @@ def _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng):
     if not outs:
         return q * 0.0
     return paddle.concat(outs, axis=0)
+
+
+# ----------------------------------------------------------------------------- fused encoder ops
+#
+# bias_gelu and bias_dropout_residual_layer_norm: the element-/row-wise pieces of a BERT
+# encoder layer between its GEMMs, one pass over memory each (native op), or the same
+# math as a short sequence of plain Paddle ops (``*_reference``).
+
+__all__ += [
+    "bias_gelu",
+    "bias_gelu_reference",
+    "bias_dropout_residual_layer_norm",
+    "bias_dropout_residual_layer_norm_reference",
+    "FUSED_OPS_SUPPORT",
+    "FUSED_OPS_TOLERANCE",
+]
+
+# Public op name -> registered custom op.
+_FUSED_OPS = {
+    "bias_gelu": "pu_bias_gelu",
+    "bias_dropout_residual_layer_norm": "pu_bias_dropout_residual_layer_norm",
+}
+# What the fused kernels accept, as data (the checks below read it).
+FUSED_OPS_SUPPORT = {"cpu": {"dtypes": ("float32",)}}
+# Max abs error allowed against a float64 reference, relative to the reference's max abs.
+FUSED_OPS_TOLERANCE = {"float32": 1e-5}
+
+
+def _fused_ops_available():
+    gpu = _native.has_cuda_kernels()
+    out = {}
+    for name, op in _FUSED_OPS.items():
+        cpu = _native.has_op(op)
+        out[name] = {"cpu": cpu, "gpu": cpu and gpu}
+    return out
+
+
+def _known(d):
+    return d is not None and d >= 0
+
+
+def _same_place(a, b):
+    if not paddle.in_dynamic_mode():
+        return True
+    return str(a.place) == str(b.place)
+
+
+@_host_only
+def _check_feature_vector(op, name, t, x):
+    """t must be a 1-D [F] tensor (F = x.shape[-1]) with x's dtype and place."""
+    if not _is_tensor(t):
+        raise TypeError(f"{op}: {name} must be a paddle.Tensor or None, got {type(t).__name__}")
+    f = x.shape[-1]
+    if len(t.shape) != 1 or (_known(f) and _known(t.shape[0]) and t.shape[0] != f):
+        raise ValueError(f"{op}: {name} must be 1-D [{f}] (F = x.shape[-1]), got shape {list(t.shape)}")
+    if t.dtype != x.dtype:
+        raise TypeError(f"{op}: {name} dtype {_dtype_name(t)} differs from x dtype {_dtype_name(x)}")
+    if not _same_place(t, x):
+        raise ValueError(f"{op}: {name} is on {t.place} but x is on {x.place}")
+
+
+@_host_only
+def _check_x(op, x):
+    if not _is_tensor(x):
+        raise TypeError(f"{op}: x must be a paddle.Tensor, got {type(x).__name__}")
+    if len(x.shape) < 1:
+        raise ValueError(f"{op}: x must have at least 1 dimension [..., F], got shape {list(x.shape)}")
+    if _on_cpu(x) and _dtype_name(x) not in FUSED_OPS_SUPPORT["cpu"]["dtypes"]:
+        raise TypeError(
+            f"{op}: x dtype {_dtype_name(x)} is not supported on CPU "
+            f"(supported: {', '.join(FUSED_OPS_SUPPORT['cpu']['dtypes'])})"
+        )
+
+
+@_host_only
+def _filled_vector(x, value):
+    """A [F] tensor of x's dtype and place holding `value` (stands in for a None vector)."""
+    f = x.shape[-1]
+    if not _known(f):
+        raise ValueError("the last dimension of x must be known to use a None bias / ln_weight / ln_bias")
+    return paddle.full([f], value, dtype=x.dtype)
+
+
+@_host_only
+def _native_ok(op, x):
+    return _native.has_op(op) and (_on_cpu(x) or _native.has_cuda_kernels())
+
+
+@_host_only
+def _check_bias_gelu_args(x, bias):
+    _check_x("bias_gelu", x)
+    if bias is not None:
+        _check_feature_vector("bias_gelu", "bias", bias, x)
+
+
+@_host_only
+def bias_gelu(x, bias):
+    """``gelu(x + bias)`` with the exact (erf) GELU that BERT uses, fused in one pass.
+
+    ``gelu(u) = 0.5 * u * (1 + erf(u / sqrt(2)))``, as ``paddle.nn.functional.gelu(u,
+    approximate=False)`` and PaddleNLP's ``hidden_act="gelu"``.
+
+    Args:
+        x: [..., F] float32 on CPU (typically the packed ``[T, intermediate_size]``
+            output of the first FFN GEMM, without its bias). ``T = 0`` is allowed.
+        bias: [F], same dtype and device as x; ``None`` means no bias.
+    Returns:
+        y: same shape and dtype as x. Differentiable w.r.t. x and bias (the bias gradient
+        is a column sum reduced in a fixed order: reruns and thread counts give
+        bitwise-identical results).
+    Raises:
+        TypeError / ValueError naming the argument and value for bad input.
+    """
+    _check_bias_gelu_args(x, bias)
+    if bias is None:
+        bias = _filled_vector(x, 0.0)
+    if _native_ok("pu_bias_gelu", x):
+        return _call_native("pu_bias_gelu", x, bias)[0]
+    return _bias_gelu_reference(x, bias)
+
+
+def bias_gelu_reference(x, bias):
+    """Plain-Paddle ``bias_gelu``: ``paddle.nn.functional.gelu(x + bias, approximate=False)``."""
+    _check_bias_gelu_args(x, bias)
+    if bias is None:
+        bias = _filled_vector(x, 0.0)
+    return _bias_gelu_reference(x, bias)
+
+
+def _bias_gelu_reference(x, bias):
+    return paddle.nn.functional.gelu(x + bias, approximate=False)
+
+
+@_host_only
+def _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon):
+    op = "bias_dropout_residual_layer_norm"
+    _check_x(op, x)
+    if not _is_tensor(residual):
+        raise TypeError(f"{op}: residual must be a paddle.Tensor, got {type(residual).__name__}")
+    rs, xs = list(residual.shape), list(x.shape)
+    if len(rs) != len(xs) or any(_known(a) and _known(b) and a != b for a, b in zip(rs, xs)):
+        raise ValueError(f"{op}: residual shape {rs} differs from x shape {xs}")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"{op}: residual dtype {_dtype_name(residual)} differs from x dtype {_dtype_name(x)}")
+    if not _same_place(residual, x):
+        raise ValueError(f"{op}: residual is on {residual.place} but x is on {x.place}")
+    for name, t in (("bias", bias), ("ln_weight", ln_weight), ("ln_bias", ln_bias)):
+        if t is not None:
+            _check_feature_vector(op, name, t, x)
+    if _known(x.shape[-1]) and x.shape[-1] < 1:
+        raise ValueError(f"{op}: the normalised size x.shape[-1] must be at least 1, got {x.shape[-1]}")
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not (0.0 <= float(dropout) < 1.0):
+        raise ValueError(f"{op}: dropout must be a number in [0, 1), got {dropout!r}")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not (
+        math.isfinite(float(epsilon)) and float(epsilon) > 0.0
+    ):
+        raise ValueError(f"{op}: epsilon must be a finite number > 0, got {epsilon!r}")
+
+
+@_host_only
+def bias_dropout_residual_layer_norm(
+    x, bias, residual, ln_weight, ln_bias, dropout=0.0, epsilon=1e-12, training=True, *, rng_state=None
+):
+    """Post-LN residual block of a BERT layer, fused in one pass over each row:
+
+        y = LayerNorm(residual + dropout(x + bias)) * ln_weight + ln_bias
+
+    over the last dimension (biased variance, ``epsilon`` inside the square root), i.e.
+    ``norm(residual + dropout(linear(h)))`` of ``paddle.nn.TransformerEncoderLayer`` with
+    ``normalize_before=False`` when x is the GEMM output without its bias. The mean and
+    1/std of each row are saved for the backward pass; the dropout mask is not stored
+    but regenerated from ``rng_state`` (Philox, the row-wise layout of
+    ``paddle_unpad.philox.rowwise_keep_mask``).
+
+    Args:
+        x: [..., F] float32 on CPU (typically ``[T, hidden]``). ``T = 0`` is allowed.
+        bias: [F] or None (no bias), same dtype and device as x.
+        residual: same shape, dtype and device as x.
+        ln_weight, ln_bias: [F] or None (ones / zeros), the LayerNorm affine parameters.
+        dropout: drop probability of ``x + bias`` in [0, 1), applied when ``training``;
+            kept values are scaled by ``1 / (1 - dropout)`` (``upscale_in_train``).
+        epsilon: > 0, added to the variance; PaddleNLP BERT uses 1e-12.
+        training: dropout is applied only when True.
+        rng_state: ``(seed, offset)`` ints or a [2] int64 CPU tensor fixing the dropout
+            mask; default: drawn from Paddle's generator (``paddle.seed(n)`` makes runs
+            reproducible), as for :func:`fmha`.
+    Returns:
+        y: same shape and dtype as x. Differentiable w.r.t. x, bias, residual, ln_weight
+        and ln_bias (vector gradients are column sums reduced in a fixed order).
+    Raises:
+        TypeError / ValueError naming the argument and value for bad input.
+    """
+    _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon)
+    bias = _filled_vector(x, 0.0) if bias is None else bias
+    ln_weight = _filled_vector(x, 1.0) if ln_weight is None else ln_weight
+    ln_bias = _filled_vector(x, 0.0) if ln_bias is None else ln_bias
+    p = float(dropout) if training else 0.0
+    rng = _rng_state_tensor(rng_state, x) if p > 0.0 else None
+    if _native_ok("pu_bias_dropout_residual_layer_norm", x):
+        y, _mean, _rstd = _call_native(
+            "pu_bias_dropout_residual_layer_norm", x, bias, residual, ln_weight, ln_bias, rng, p, float(epsilon)
+        )
+        return y
+    if p > 0.0 and not paddle.in_dynamic_mode():
+        raise RuntimeError(
+            "bias_dropout_residual_layer_norm: the compiled operator is needed for dropout inside "
+            "paddle.jit.to_static (the reference builds its mask on the host); see paddle_unpad._native.info()"
+        )
+    return _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, float(epsilon), rng)
+
+
+def bias_dropout_residual_layer_norm_reference(
+    x, bias, residual, ln_weight, ln_bias, dropout=0.0, epsilon=1e-12, training=True, *, rng_state=None
+):
+    """Plain-Paddle ``bias_dropout_residual_layer_norm``: add, dropout with the same Philox
+    mask (built by numpy in ``paddle_unpad.philox``), add, ``paddle.nn.functional.layer_norm``.
+
+    Same arguments and result as :func:`bias_dropout_residual_layer_norm`. With dropout,
+    eager mode only.
+    """
+    _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon)
+    bias = _filled_vector(x, 0.0) if bias is None else bias
+    ln_weight = _filled_vector(x, 1.0) if ln_weight is None else ln_weight
+    ln_bias = _filled_vector(x, 0.0) if ln_bias is None else ln_bias
+    p = float(dropout) if training else 0.0
+    rng = _rng_state_tensor(rng_state, x) if p > 0.0 else None
+    return _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, float(epsilon), rng)
+
+
+def _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, epsilon, rng):
+    h = x + bias
+    if p > 0.0:
+        seed, offset = (int(v) for v in rng.numpy())
+        f = x.shape[-1]
+        rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+        keep = rowwise_keep_mask(seed, offset, p, rows, f).reshape(x.shape)
+        h = h * paddle.to_tensor(keep.astype(np.float32) / np.float32(1.0 - p), dtype=h.dtype, place=x.place)
+    return paddle.nn.functional.layer_norm(
+        residual + h, [x.shape[-1]], weight=ln_weight, bias=ln_bias, epsilon=epsilon
+    )

@@ -9,6 +9,14 @@ native kernels drop:
                                                     # t: query row in the packed tensor
     word    = philox(counter, key)[j % 4]
     dropped iff word < floor(p * 2**32)             # kept values are scaled by 1/(1-p)
+
+The fused ``bias_dropout_residual_layer_norm`` drops element (r, j) of its [N, F] input
+(r: row, all leading dimensions flattened; j: column) with the row-wise layout
+
+    counter = (j // 4, r, 0xffffffff, offset & 0xffffffff)  # same key, word, threshold
+
+(see ``rowwise_keep_mask``); counter word 2 = 0xffffffff is never a head index, so it
+never shares a counter with the attention layout.
 """
 import numpy as np
 
@@ -69,4 +77,30 @@ def attention_keep_mask(seed, offset, p, t0, seqlen, num_heads):
     words = philox4x32_10(j >> np.uint64(2), t, h, int(offset) & 0xFFFFFFFF, seed & 0xFFFFFFFF, seed >> 32)
     lane = (j & np.uint64(3)).astype(np.int64)
     w = np.choose(np.broadcast_to(lane, words[0].shape), words)
+    return w >= np.uint32(dropout_threshold(p))
+
+
+ROWWISE_COUNTER_WORD2 = 0xFFFFFFFF
+
+
+def rowwise_keep_mask(seed, offset, p, num_rows, num_cols):
+    """Keep-mask of the row-wise dropout of ``bias_dropout_residual_layer_norm``.
+
+    Args:
+        seed, offset: the Philox stream (Python ints; seed as uint64).
+        p: drop probability in [0, 1).
+        num_rows: N, the rows of the op's input with leading dimensions flattened (< 2**32).
+        num_cols: F, the normalised size.
+    Returns:
+        bool ndarray [num_rows, num_cols], True = kept.
+    """
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    if num_rows == 0 or num_cols == 0:
+        return np.ones((num_rows, num_cols), dtype=bool)
+    r = np.arange(num_rows, dtype=np.uint64)[:, None]
+    blocks = np.arange((num_cols + 3) // 4, dtype=np.uint64)[None, :]  # counter word 0 = j // 4
+    words = philox4x32_10(
+        blocks, r, ROWWISE_COUNTER_WORD2, int(offset) & 0xFFFFFFFF, seed & 0xFFFFFFFF, seed >> 32
+    )
+    w = np.stack(words, axis=-1).reshape(num_rows, -1)[:, :num_cols]  # column j = word j % 4
     return w >= np.uint32(dropout_threshold(p))

@@ -62,7 +62,8 @@ def test_jit_fallback_builds_into_cache_when_library_missing(tmp_path):
 
 def test_import_without_native_code_falls_back_with_one_warning():
     out = _probe({"PADDLE_UNPAD_DISABLE_NATIVE": "1"}, cwd=ROOT)
-    assert out["avail"] == {"fmha": {"cpu": False, "gpu": False}}
+    assert "fmha" in out["avail"]
+    assert all(dev is False for op in out["avail"].values() for dev in op.values()), out["avail"]
     assert out["info"]["error"] == "PADDLE_UNPAD_DISABLE_NATIVE=1"
 
 

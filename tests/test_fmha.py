@@ -508,3 +508,24 @@ def test_input_errors(case):
 def test_head_dim_256_accepted():
     out = _call(D=256, q=paddle.ones([6, 2, 256]), k=paddle.ones([6, 2, 256]), v=paddle.ones([6, 2, 256]))
     assert np.allclose(out.numpy(), 1.0)
+
+
+def test_to_static_dropout_draws_a_fresh_state_per_run(native_ops, tmp_path):
+    """Traced dropout: the Philox state is drawn inside the program, so two runs differ
+    (and both differ from no dropout)."""
+    H, D = 2, 16
+
+    class Attn(paddle.nn.Layer):
+        def forward(self, q, cu_seqlens):
+            return paddle_unpad.fmha(q, q, q, cu_seqlens, 40, dropout=0.5, training=True)
+
+    spec = [paddle.static.InputSpec([None, H, D], "float32"), paddle.static.InputSpec([None], "int32")]
+    fn = paddle.jit.to_static(Attn(), input_spec=spec, full_graph=True)
+    q, _, _, _, cu = make_inputs([40, 7], H, D, seed=3)
+    a = fn(paddle.to_tensor(q), paddle.to_tensor(cu)).numpy()
+    b = fn(paddle.to_tensor(q), paddle.to_tensor(cu)).numpy()
+    plain = paddle_unpad.fmha(paddle.to_tensor(q), paddle.to_tensor(q), paddle.to_tensor(q),
+                              paddle.to_tensor(cu), 40, dropout=0.0).numpy()
+    assert np.isfinite(a).all() and np.isfinite(b).all()
+    assert not np.array_equal(a, b)
+    assert not np.array_equal(a, plain)

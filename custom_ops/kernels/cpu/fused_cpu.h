@@ -20,7 +20,8 @@
 //
 // Determinism: a row is always computed by one work item with a fixed order of
 // operations; column sums (dbias, dln_weight, dln_bias) are reduced per fixed chunk of
-// rows (its size depends on cols only) and the chunk partials are added in chunk order.
+// rows (its size depends on the shape only) and the chunk partials are added in chunk
+// order.
 // So results are bitwise independent of the thread count.
 #pragma once
 #include <cstdint>
@@ -54,8 +55,9 @@ void bdrln_bwd_cpu(const BdrlnProblem& p, const float* x, const float* bias,
                    const float* rstd, const float* dy, float* dx, float* dresidual, float* dbias,
                    float* dln_weight, float* dln_bias);
 
-// Rows per reduction chunk of the backward passes (a function of cols only).
-int64_t fused_rows_per_chunk(int64_t cols);
+// Rows per work item, and per reduction chunk of the backward passes: a function of the
+// shape only, never of the thread count.
+int64_t fused_rows_per_chunk(int64_t rows, int64_t cols);
 
 // Name of the instruction set the fused kernels dispatched to ("avx512", "avx2", "sse2").
 const char* fused_cpu_isa();

@@ -1,0 +1,304 @@
+// Paddle registration of the fused encoder operators: input checks, dispatch by place
+// and dtype, shape/dtype inference. The math lives in custom_ops/kernels/cpu/fused_cpu*.
+//
+//   pu_bias_gelu(X [..., F], Bias [F]) -> Y [..., F]          y = gelu_erf(x + bias)
+//
+//   pu_bias_dropout_residual_layer_norm(X [..., F], Bias [F], Residual [..., F],
+//       LnWeight [F], LnBias [F], RngState [2] int64 (optional: seed, offset))
+//     attrs: dropout (float), epsilon (float)
+//     -> Y [..., F], Mean [N], Rstd [N] float32 (N = product of the leading dims)
+//     y = LayerNorm(residual + dropout(x + bias)) * ln_weight + ln_bias
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+#include "kernels/cpu/fused_cpu.h"
+#include "paddle/extension.h"
+
+namespace {
+
+using paddle::DataType;
+using paddle::Tensor;
+
+std::string place_name(const Tensor& t) { return t.is_cpu() ? "CPU" : (t.is_gpu() ? "GPU" : "other"); }
+
+// Strided views (slices, transposes, autograd's grads) are copied once; the kernels
+// index rows densely.
+Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+// The 1-D per-feature vector `name` of op `op` must be [F] with x's dtype and place.
+void check_vector(const char* op, const char* name, const Tensor& t, const Tensor& x) {
+  const int64_t F = x.shape().back();
+  PD_CHECK(t.shape().size() == 1 && t.shape()[0] == F, op, ": ", name, " must be 1-D [", F,
+           "] (F = x.shape[-1]), got shape ", shape_str(t.shape()));
+  PD_CHECK(t.dtype() == x.dtype(), op, ": ", name, " dtype ", t.dtype(), " differs from x dtype ",
+           x.dtype());
+  PD_CHECK(t.place() == x.place(), op, ": ", name, " is on ", place_name(t), " but x is on ",
+           place_name(x));
+}
+
+void check_x(const char* op, const Tensor& x) {
+  PD_CHECK(x.shape().size() >= 1, op, ": x must have at least 1 dimension [..., F], got a 0-D tensor");
+}
+
+void check_cpu_float32(const char* op, const Tensor& x) {
+  PD_CHECK(x.dtype() == DataType::FLOAT32, op, ": x dtype ", x.dtype(),
+           " is not supported on CPU (supported: float32)");
+}
+
+int64_t rows_of(const Tensor& x) {
+  const int64_t F = x.shape().back();
+  int64_t n = 1;
+  for (size_t i = 0; i + 1 < x.shape().size(); ++i) n *= x.shape()[i];
+  return F > 0 ? n : 0;
+}
+
+// ------------------------------------------------------------------------------ bias_gelu
+
+constexpr const char* kGelu = "bias_gelu";
+
+std::vector<Tensor> BiasGeluForward(const Tensor& x, const Tensor& bias) {
+  check_x(kGelu, x);
+  check_vector(kGelu, "bias", bias, x);
+  Tensor y = paddle::empty(x.shape(), x.dtype(), x.place());
+  if (x.is_cpu()) {
+    check_cpu_float32(kGelu, x);
+    const Tensor xc = dense(x), bc = dense(bias);
+    paddle_unpad::bias_gelu_fwd_cpu(rows_of(x), x.shape().back(), xc.data<float>(),
+                                    bc.data<float>(), y.data<float>());
+  } else {
+    PD_THROW("bias_gelu: no kernel for tensors on ", place_name(x),
+             " in this build (paddle_unpad was built without CUDA kernels)");
+  }
+  return {y};
+}
+
+std::vector<Tensor> BiasGeluBackward(const Tensor& x, const Tensor& bias, const Tensor& dy) {
+  check_x(kGelu, x);
+  check_vector(kGelu, "bias", bias, x);
+  Tensor dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
+  if (!x.is_cpu())
+    PD_THROW("bias_gelu: no kernel for tensors on ", place_name(x),
+             " in this build (paddle_unpad was built without CUDA kernels)");
+  check_cpu_float32(kGelu, x);
+  if (!dy.initialized()) {  // y does not reach the loss
+    std::fill_n(dx.data<float>(), dx.numel(), 0.0f);
+    std::fill_n(dbias.data<float>(), dbias.numel(), 0.0f);
+    return {dx, dbias};
+  }
+  PD_CHECK(dy.shape() == x.shape(), "bias_gelu: grad of y has shape ", shape_str(dy.shape()),
+           ", expected ", shape_str(x.shape()));
+  const Tensor xc = dense(x), bc = dense(bias), g = dense(dy);
+  paddle_unpad::bias_gelu_bwd_cpu(rows_of(x), x.shape().back(), xc.data<float>(), bc.data<float>(),
+                                  g.data<float>(), dx.data<float>(), dbias.data<float>());
+  return {dx, dbias};
+}
+
+std::vector<std::vector<int64_t>> BiasGeluInferShape(const std::vector<int64_t>& x,
+                                                     const std::vector<int64_t>& bias) {
+  return {x};
+}
+
+std::vector<DataType> BiasGeluInferDtype(DataType x, DataType bias) { return {x}; }
+
+std::vector<std::vector<int64_t>> BiasGeluGradInferShape(const std::vector<int64_t>& x,
+                                                         const std::vector<int64_t>& bias,
+                                                         const std::vector<int64_t>& dy) {
+  return {x, bias};
+}
+
+std::vector<DataType> BiasGeluGradInferDtype(DataType x, DataType bias, DataType dy) {
+  return {x, bias};
+}
+
+// ------------------------------------------------------------ bias_dropout_residual_layer_norm
+
+constexpr const char* kLn = "bias_dropout_residual_layer_norm";
+
+paddle_unpad::BdrlnProblem check_and_describe_ln(const Tensor& x, const Tensor& bias,
+                                                 const Tensor& residual, const Tensor& ln_weight,
+                                                 const Tensor& ln_bias, float dropout,
+                                                 float epsilon) {
+  check_x(kLn, x);
+  PD_CHECK(residual.shape() == x.shape(), kLn, ": residual shape ", shape_str(residual.shape()),
+           " differs from x shape ", shape_str(x.shape()));
+  PD_CHECK(residual.dtype() == x.dtype(), kLn, ": residual dtype ", residual.dtype(),
+           " differs from x dtype ", x.dtype());
+  PD_CHECK(residual.place() == x.place(), kLn, ": residual is on ", place_name(residual),
+           " but x is on ", place_name(x));
+  check_vector(kLn, "bias", bias, x);
+  check_vector(kLn, "ln_weight", ln_weight, x);
+  check_vector(kLn, "ln_bias", ln_bias, x);
+  PD_CHECK(x.shape().back() >= 1, kLn, ": the normalised size x.shape[-1] must be at least 1, got ",
+           x.shape().back());
+  PD_CHECK(dropout >= 0.0f && dropout < 1.0f, kLn, ": dropout must be in [0, 1), got ", dropout);
+  PD_CHECK(epsilon > 0.0f && std::isfinite(epsilon), kLn,
+           ": epsilon must be a finite number > 0, got ", epsilon);
+  paddle_unpad::BdrlnProblem p;
+  p.rows = rows_of(x);
+  p.cols = x.shape().back();
+  p.dropout = dropout;
+  p.epsilon = epsilon;
+  return p;
+}
+
+void read_rng_state(const paddle::optional<Tensor>& rng, paddle_unpad::BdrlnProblem* p) {
+  if (p->dropout <= 0.0f) return;
+  PD_CHECK(rng.is_initialized(), kLn, ": dropout = ", p->dropout,
+           " needs rng_state ([seed, offset] int64), got none");
+  const Tensor& r = *rng;
+  PD_CHECK(r.dtype() == DataType::INT64 && r.numel() == 2, kLn,
+           ": rng_state must be int64 with 2 elements [seed, offset], got dtype ", r.dtype(), " with ",
+           r.numel(), " elements");
+  PD_CHECK(r.is_cpu(), kLn, ": rng_state must be on the CPU for the CPU kernel, got ", place_name(r));
+  p->seed = static_cast<uint64_t>(r.data<int64_t>()[0]);
+  p->offset = static_cast<uint64_t>(r.data<int64_t>()[1]);
+}
+
+void check_ln_cpu(const Tensor& x, const paddle_unpad::BdrlnProblem& p) {
+  check_cpu_float32(kLn, x);
+  const std::string why = paddle_unpad::bdrln_cpu_unsupported(p);
+  PD_CHECK(why.empty(), kLn, ": ", why);
+}
+
+std::vector<Tensor> BdrlnForward(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                                 const Tensor& ln_weight, const Tensor& ln_bias,
+                                 const paddle::optional<Tensor>& rng, float dropout, float epsilon) {
+  auto p = check_and_describe_ln(x, bias, residual, ln_weight, ln_bias, dropout, epsilon);
+  read_rng_state(rng, &p);
+  Tensor y = paddle::empty(x.shape(), x.dtype(), x.place());
+  Tensor mean = paddle::empty({p.rows}, DataType::FLOAT32, x.place());
+  Tensor rstd = paddle::empty({p.rows}, DataType::FLOAT32, x.place());
+  if (x.is_cpu()) {
+    check_ln_cpu(x, p);
+    const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
+                 lbc = dense(ln_bias);
+    paddle_unpad::bdrln_fwd_cpu(p, xc.data<float>(), bc.data<float>(), rc.data<float>(),
+                                wc.data<float>(), lbc.data<float>(), y.data<float>(),
+                                mean.data<float>(), rstd.data<float>());
+  } else {
+    PD_THROW(kLn, ": no kernel for tensors on ", place_name(x),
+             " in this build (paddle_unpad was built without CUDA kernels)");
+  }
+  return {y, mean, rstd};
+}
+
+std::vector<Tensor> BdrlnBackward(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                                  const Tensor& ln_weight, const paddle::optional<Tensor>& rng,
+                                  const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                                  float dropout, float epsilon) {
+  // ln_bias does not enter the backward; ln_weight stands in for it in the shape checks.
+  auto p = check_and_describe_ln(x, bias, residual, ln_weight, ln_weight, dropout, epsilon);
+  read_rng_state(rng, &p);
+  Tensor dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  Tensor dres = paddle::empty(x.shape(), x.dtype(), x.place());
+  Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
+  Tensor dw = paddle::empty(ln_weight.shape(), ln_weight.dtype(), ln_weight.place());
+  Tensor db = paddle::empty(ln_weight.shape(), ln_weight.dtype(), ln_weight.place());
+  if (!x.is_cpu())
+    PD_THROW(kLn, ": no kernel for tensors on ", place_name(x),
+             " in this build (paddle_unpad was built without CUDA kernels)");
+  check_ln_cpu(x, p);
+  if (!dy.initialized()) {  // y does not reach the loss
+    for (Tensor* t : {&dx, &dres, &dbias, &dw, &db})
+      std::fill_n(t->data<float>(), t->numel(), 0.0f);
+    return {dx, dbias, dres, dw, db};
+  }
+  PD_CHECK(dy.shape() == x.shape(), kLn, ": grad of y has shape ", shape_str(dy.shape()),
+           ", expected ", shape_str(x.shape()));
+  PD_CHECK(mean.numel() == p.rows && rstd.numel() == p.rows, kLn, ": saved mean/rstd have ",
+           mean.numel(), "/", rstd.numel(), " elements, expected ", p.rows);
+  const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
+               g = dense(dy);
+  paddle_unpad::bdrln_bwd_cpu(p, xc.data<float>(), bc.data<float>(), rc.data<float>(),
+                              wc.data<float>(), mean.data<float>(), rstd.data<float>(),
+                              g.data<float>(), dx.data<float>(), dres.data<float>(),
+                              dbias.data<float>(), dw.data<float>(), db.data<float>());
+  return {dx, dbias, dres, dw, db};
+}
+
+int64_t rows_of_shape(const std::vector<int64_t>& x) {
+  if (x.empty()) return 1;
+  int64_t n = 1;
+  for (size_t i = 0; i + 1 < x.size(); ++i) {
+    if (x[i] < 0) return -1;  // unknown while tracing
+    n *= x[i];
+  }
+  return n;
+}
+
+std::vector<std::vector<int64_t>> BdrlnInferShape(
+    const std::vector<int64_t>& x, const std::vector<int64_t>& bias,
+    const std::vector<int64_t>& residual, const std::vector<int64_t>& ln_weight,
+    const std::vector<int64_t>& ln_bias, const paddle::optional<std::vector<int64_t>>& rng) {
+  const int64_t n = rows_of_shape(x);
+  return {x, {n}, {n}};
+}
+
+std::vector<DataType> BdrlnInferDtype(DataType x, DataType bias, DataType residual,
+                                      DataType ln_weight, DataType ln_bias,
+                                      const paddle::optional<DataType>& rng) {
+  return {x, DataType::FLOAT32, DataType::FLOAT32};
+}
+
+std::vector<std::vector<int64_t>> BdrlnGradInferShape(
+    const std::vector<int64_t>& x, const std::vector<int64_t>& bias,
+    const std::vector<int64_t>& residual, const std::vector<int64_t>& ln_weight,
+    const paddle::optional<std::vector<int64_t>>& rng, const std::vector<int64_t>& mean,
+    const std::vector<int64_t>& rstd, const std::vector<int64_t>& dy) {
+  return {x, bias, residual, ln_weight, ln_weight};
+}
+
+std::vector<DataType> BdrlnGradInferDtype(DataType x, DataType bias, DataType residual,
+                                          DataType ln_weight,
+                                          const paddle::optional<DataType>& rng, DataType mean,
+                                          DataType rstd, DataType dy) {
+  return {x, bias, residual, ln_weight, ln_weight};
+}
+
+}  // namespace
+
+PD_BUILD_OP(pu_bias_gelu)
+    .Inputs({"X", "Bias"})
+    .Outputs({"Y"})
+    .SetKernelFn(PD_KERNEL(BiasGeluForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(BiasGeluInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(BiasGeluInferDtype));
+
+PD_BUILD_GRAD_OP(pu_bias_gelu)
+    .Inputs({"X", "Bias", paddle::Grad("Y")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Bias")})
+    .SetKernelFn(PD_KERNEL(BiasGeluBackward))
+    .SetInferShapeFn(PD_INFER_SHAPE(BiasGeluGradInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(BiasGeluGradInferDtype));
+
+PD_BUILD_OP(pu_bias_dropout_residual_layer_norm)
+    .Inputs({"X", "Bias", "Residual", "LnWeight", "LnBias", paddle::Optional("RngState")})
+    .Outputs({"Y", "Mean", "Rstd"})
+    .Attrs({"dropout: float", "epsilon: float"})
+    .SetKernelFn(PD_KERNEL(BdrlnForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(BdrlnInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(BdrlnInferDtype));
+
+PD_BUILD_GRAD_OP(pu_bias_dropout_residual_layer_norm)
+    .Inputs({"X", "Bias", "Residual", "LnWeight", paddle::Optional("RngState"), "Mean", "Rstd",
+             paddle::Grad("Y")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Bias"), paddle::Grad("Residual"),
+              paddle::Grad("LnWeight"), paddle::Grad("LnBias")})
+    .Attrs({"dropout: float", "epsilon: float"})
+    .SetKernelFn(PD_KERNEL(BdrlnBackward))
+    .SetInferShapeFn(PD_INFER_SHAPE(BdrlnGradInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(BdrlnGradInferDtype));
+
+// Instruction set the fused CPU kernels dispatch to on this machine (read with ctypes).
+extern "C" const char* paddle_unpad_fused_cpu_isa() { return paddle_unpad::fused_cpu_isa(); }
