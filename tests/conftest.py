@@ -22,8 +22,7 @@ except ImportError:
     sys.path.insert(0, _ROOT)
 
 
-def in_ci():
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+from testutil import in_ci  # noqa: E402
 
 
 def _native_status():

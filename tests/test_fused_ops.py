@@ -22,7 +22,7 @@ import paddle_unpad
 from paddle_unpad import ops
 
 import philox_ref
-from conftest import in_ci
+from testutil import in_ci
 
 RTOL_MAX = 1e-5  # fp32: max abs error <= RTOL_MAX * max abs value of the reference (per tensor)
 SEED, OFFSET = 2**40 + 4321, 11  # a seed with both key words non-zero
