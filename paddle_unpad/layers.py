@@ -73,7 +73,7 @@ def _first(r):
 
 def bias_act(x, bias, activation):
     """``activation(x + bias)``; exact GELU goes through ``ops.bias_gelu`` when present."""
-    if activation is F.gelu and bias is not None:
+    if activation is F.gelu and bias is not None and bias.dtype == x.dtype:
         fn = _fused("bias_gelu")
         if fn is not None:
             return _first(fn(x, bias))
@@ -86,7 +86,8 @@ def bias_dropout_residual_layer_norm(x, bias, residual, ln_weight, ln_bias, drop
     """``LayerNorm(residual + dropout(x + bias))`` over the last axis (upscale-in-train dropout)."""
     p = float(dropout) if training else 0.0
     fn = _fused("bias_dropout_residual_layer_norm")
-    if fn is not None and bias is not None and ln_weight is not None and ln_bias is not None:
+    if fn is not None and all(t is None or t.dtype == x.dtype for t in (residual, bias, ln_weight, ln_bias)):
+        # (mixed dtypes, e.g. under AMP, take the plain path below, which Paddle's AMP casts)
         return _first(fn(x, bias, residual, ln_weight, ln_bias, dropout=p, epsilon=float(epsilon), training=bool(training)))
     y = x + bias if bias is not None else x
     if p > 0.0:
@@ -245,8 +246,9 @@ def swap_class(obj, mixin, name=None):
     ``config.architectures``) unless ``name`` is given. Returns ``obj``. No-op when already
     swapped.
     """
-    if _ORIG_CLASS_ATTR in obj.__dict__:
+    if is_swapped(obj):
         return obj
+    obj.__dict__.pop(_ORIG_CLASS_ATTR, None)  # stale marker (e.g. an unpickled copy)
     cls = type(obj)
     key = (mixin, cls, name)
     sub = _SWAP_CACHE.get(key)
@@ -262,16 +264,18 @@ def swap_class(obj, mixin, name=None):
 
 def unswap_class(obj):
     """Undo :func:`swap_class`. Returns whether ``obj`` was swapped."""
-    cls = obj.__dict__.get(_ORIG_CLASS_ATTR)
-    if cls is None:
+    if not is_swapped(obj):
+        obj.__dict__.pop(_ORIG_CLASS_ATTR, None)
         return False
+    cls = obj.__dict__[_ORIG_CLASS_ATTR]
     obj.__class__ = cls
     object.__delattr__(obj, _ORIG_CLASS_ATTR)
     return True
 
 
 def is_swapped(obj):
-    return _ORIG_CLASS_ATTR in obj.__dict__
+    """Whether ``obj`` was converted in place by :func:`swap_class`."""
+    return _ORIG_CLASS_ATTR in obj.__dict__ and getattr(type(obj), "_paddle_unpad_mixin", None) is not None
 
 
 def convert_encoder(encoder):

@@ -11,25 +11,16 @@
 #include "fmha_gpu.h"  // GPU half (fmha_gpu.cu), declared only with PADDLE_WITH_CUDA
 #include "kernels/cpu/fmha_cpu.h"
 #include "paddle/extension.h"
+#include "op_common.h"  // same folder
 
 namespace {
 
 using paddle::DataType;
 using paddle::Tensor;
 
-std::string place_name(const Tensor& t) { return t.is_cpu() ? "CPU" : (t.is_gpu() ? "GPU" : "other"); }
-
-// Strided views (slices, transposes, autograd's grads) are copied once; the kernels
-// index rows densely.
-Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
-  o << "]";
-  return o.str();
-}
+using paddle_unpad::glue::dense;
+using paddle_unpad::glue::place_name;
+using paddle_unpad::glue::shape_str;
 
 // Checks shared by forward and backward; returns the problem description.
 paddle_unpad::FmhaProblem check_and_describe(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -239,7 +239,7 @@ def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_posit
     return Packing(True, host.size - 1, max_seqlen, None, host, cu_cpu, cu_dev, max_seqlen, total, place)
 
 
-def _classify_mask(mask_np, attention_mask_dtype, ndim):
+def _classify_mask(mask_np, ndim):
     """numpy mask values -> bool keep [B', S] or raise UnsupportedInput."""
     if ndim == 4:
         vals = mask_np[:, 0, 0, :]
@@ -296,7 +296,7 @@ def pack_from_mask(ref, input_ids, attention_mask, pad_token_id, needs_cls, max_
         else:
             raise UnsupportedInput(
                 f"paddle_unpad: attention_mask of shape {shape} is not a padding mask ([B, S] or [B, 1, 1, S])")
-        keep = _classify_mask(attention_mask.numpy(), attention_mask.dtype, nd)
+        keep = _classify_mask(attention_mask.numpy(), nd)
         if keep.shape[0] != B:
             keep = np.broadcast_to(keep, (B, S))
     lengths = keep.sum(axis=1)
@@ -508,4 +508,4 @@ def token_cross_entropy(pk, logits_t, labels_t, num_classes):
 
 
 __all__ += ["encode", "outputs_for_caller", "hidden_for_caller", "token_labels", "check_unsupported",
-            "resolve_flags", "pack_from_mask", "pack_from_cu_seqlens", "F"]
+            "resolve_flags", "pack_from_mask", "pack_from_cu_seqlens", "token_cross_entropy", "cross_entropy_mean"]

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace paddle_unpad {
@@ -32,19 +33,12 @@ struct Isa {
   decltype(&sse2::bwd_item) bwd;
 };
 
-// PADDLE_UNPAD_CPU_ISA=avx512|avx2|sse2 forces a narrower path (tests use it to run
-// every variant on one machine); a path the CPU cannot run is never chosen.
 Isa pick_isa() {
-  __builtin_cpu_init();
-  const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
-  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char* want = std::getenv("PADDLE_UNPAD_CPU_ISA");
-  std::string w = want ? want : "";
-  if (has512 && (w.empty() || w == "avx512")) return {"avx512", avx512::fwd_item, avx512::bwd_item};
-  if (has2 && (w.empty() || w == "avx512" || w == "avx2"))
-    return {"avx2", avx2::fwd_item, avx2::bwd_item};
-  return {"sse2", sse2::fwd_item, sse2::bwd_item};
+  switch (pick_cpu_isa()) {
+    case CpuIsa::kAvx512: return {"avx512", avx512::fwd_item, avx512::bwd_item};
+    case CpuIsa::kAvx2: return {"avx2", avx2::fwd_item, avx2::bwd_item};
+    default: return {"sse2", sse2::fwd_item, sse2::bwd_item};
+  }
 }
 
 const Isa& isa() {

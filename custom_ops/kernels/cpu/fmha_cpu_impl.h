@@ -35,47 +35,9 @@ constexpr int NV = FMHA_NV;  // vectors per register-tile row
 constexpr int64_t kBr = 64;
 constexpr int64_t kBc = 128;
 
-typedef float vf __attribute__((vector_size(V * 4)));
-typedef int32_t vi __attribute__((vector_size(V * 4)));
-typedef float vf_u __attribute__((vector_size(V * 4), aligned(4)));
+#include "kernels/cpu/simd.h"
 
-static inline vf vload(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
-static inline void vstore(float* p, vf x) { *reinterpret_cast<vf_u*>(p) = x; }
-// A constructor with V equal elements is a broadcast (vbroadcastss from memory). Not
-// vf{} + a: adding +0 is not an identity for -0, so a real add would stay in the
-// GEMM's inner loop; nor a loop of element stores, which becomes masked broadcasts.
-template <size_t... I>
-static inline vf vsplat_impl(float a, std::index_sequence<I...>) {
-  return vf{((void)I, a)...};
-}
-static inline vf vsplat(float a) { return vsplat_impl(a, std::make_index_sequence<V>{}); }
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// exp(x) for x <= 0 (scores minus their running maximum), ~1 ulp: Cody-Waite
-// reduction x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial (truncation
-// error < 6e-9 relative), 2^n through the exponent bits. Inputs below -87 give a
-// tiny positive number, never a denormal or NaN.
-static inline vf vexp(vf x) {
-  const vf lo = vsplat(-87.0f), hi = vsplat(88.0f);
-  x = x < lo ? lo : x;
-  x = x > hi ? hi : x;
-  const vf magic = vsplat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  vf t = x * 1.44269504088896341f + magic;
-  vf n = t - magic;
-  vi ni = (vi)t - 0x4B400000;  // the integer n, read from t's mantissa
-  vf r = x - n * 0.693145751953125f;
-  r = r - n * 1.428606765330187045e-06f;
-  vf p = vsplat(1.0f / 5040.0f);
-  p = p * r + (1.0f / 720.0f);
-  p = p * r + (1.0f / 120.0f);
-  p = p * r + (1.0f / 24.0f);
-  p = p * r + (1.0f / 6.0f);
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  vi bits = (ni + 127) << 23;
-  return p * (vf)bits;
-}
 
 template <int R, int NVT>
 static inline void gemm_tile(int64_t K, const float* A, int64_t sam, int64_t sak,

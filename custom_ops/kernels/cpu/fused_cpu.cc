@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace paddle_unpad {
@@ -40,20 +41,14 @@ struct Isa {
   decltype(&sse2::ln_bwd_chunk) ln_bwd;
 };
 
-// Same rule as the FMHA kernels: PADDLE_UNPAD_CPU_ISA=avx512|avx2|sse2 forces a narrower
-// path; a path the CPU cannot run is never chosen.
 Isa pick_isa() {
-  __builtin_cpu_init();
-  const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
-  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char* want = std::getenv("PADDLE_UNPAD_CPU_ISA");
-  std::string w = want ? want : "";
 #define PU_ISA(isa) \
   Isa { #isa, isa::gelu_fwd_rows, isa::gelu_bwd_chunk, isa::ln_fwd_rows, isa::ln_bwd_chunk }
-  if (has512 && (w.empty() || w == "avx512")) return PU_ISA(avx512);
-  if (has2 && (w.empty() || w == "avx512" || w == "avx2")) return PU_ISA(avx2);
-  return PU_ISA(sse2);
+  switch (pick_cpu_isa()) {
+    case CpuIsa::kAvx512: return PU_ISA(avx512);
+    case CpuIsa::kAvx2: return PU_ISA(avx2);
+    default: return PU_ISA(sse2);
+  }
 #undef PU_ISA
 }
 

@@ -31,15 +31,12 @@ namespace FUSED_ISA {
 constexpr int V = FUSED_VLEN;
 constexpr int L = V / 2;  // 64-bit lanes per vector: Philox blocks generated at once
 
-typedef float vf __attribute__((vector_size(V * 4)));
-typedef int32_t vi __attribute__((vector_size(V * 4)));
+#include "kernels/cpu/simd.h"
+
 typedef uint32_t vu __attribute__((vector_size(V * 4)));
 typedef uint64_t vu64 __attribute__((vector_size(V * 4)));
-typedef float vf_u __attribute__((vector_size(V * 4), aligned(4)));
 typedef uint32_t vu_u __attribute__((vector_size(V * 4), aligned(4)));
 
-static inline vf vload(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
-static inline void vstore(float* p, vf x) { *reinterpret_cast<vf_u*>(p) = x; }
 static inline vu vloadu(const uint32_t* p) { return *reinterpret_cast<const vu_u*>(p); }
 // The first n (< V) elements of p, zeros after them; and the store of those n only.
 static inline vf vload_n(const float* p, int64_t n) {
@@ -50,12 +47,6 @@ static inline vf vload_n(const float* p, int64_t n) {
 static inline void vstore_n(float* p, vf x, int64_t n) {
   for (int64_t e = 0; e < n; ++e) p[e] = x[e];
 }
-template <size_t... I>
-static inline vf vsplat_impl(float a, std::index_sequence<I...>) {
-  return vf{((void)I, a)...};
-}
-// Broadcast (a constructor with V equal elements; vf{} + a is not an identity for -0).
-static inline vf vsplat(float a) { return vsplat_impl(a, std::make_index_sequence<V>{}); }
 // Lanes [0, n) = 1, the rest 0.
 static inline vf vprefix(int64_t n) {
   vf m = vf{};
@@ -69,28 +60,7 @@ static inline float hsum(vf a) {
   return s;
 }
 
-// exp(x) for x in [-87, 0] (larger arguments are not needed here), ~1 ulp: x = n ln2 + r
-// with |r| <= ln2/2 (ln2 split in two for an exact product n * ln2_hi), Taylor
-// polynomial of degree 7 (truncation < 6e-9 relative), 2^n through the exponent field.
-static inline vf vexp_neg(vf x) {
-  const vf lo = vsplat(-87.0f);
-  x = x < lo ? lo : x;
-  const vf shifter = vsplat(12582912.0f);  // 1.5 * 2^23: the sum rounds x*log2(e) to an integer
-  const vf t = x * 1.44269504088896341f + shifter;
-  const vf n = t - shifter;
-  const vi ni = (vi)t - 0x4B400000;
-  vf r = x - n * 0.693145751953125f;
-  r = r - n * 1.428606765330187045e-06f;
-  vf q = vsplat(1.0f / 5040.0f);
-  q = q * r + (1.0f / 720.0f);
-  q = q * r + (1.0f / 120.0f);
-  q = q * r + (1.0f / 24.0f);
-  q = q * r + (1.0f / 6.0f);
-  q = q * r + 0.5f;
-  q = q * r + 1.0f;
-  q = q * r + 1.0f;
-  return q * (vf)((ni + 127) << 23);
-}
+static inline vf vexp_neg(vf x) { return vexp(x); }  // x <= 0 here
 
 // The pieces of gelu(u) = u * Phi(u) and gelu'(u) = Phi(u) + u * phi(u).
 //   z = |u| / sqrt(2);  erfc(z) = exp(-z^2) * erfcx(z);  Phi(-|u|) = erfc(z) / 2.
