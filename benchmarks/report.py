@@ -16,6 +16,34 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 OUT = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
+IMG = os.path.join(os.path.dirname(HERE), "docs", "img")
+
+
+def _plot(name, title, xlabel, ylabel, series, ideal=None):
+    """One PNG under docs/img/; returns the markdown line that shows it (or nothing
+    without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    os.makedirs(IMG, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for label, xs, ys in series:
+        ax.plot(xs, ys, marker="o", label=label)
+    if ideal is not None:
+        ax.plot(ideal[0], ideal[1], linestyle="--", color="gray", label="ideal (FLOP ratio)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, name), dpi=100)
+    plt.close(fig)
+    return [f"![{title}](img/{name})", ""]
 
 
 def _load(name):
@@ -74,6 +102,12 @@ def attention():
                          f"{100 * m['packed_fraction_of_matmul_peak']:.0f}%"])
     lines += _table(["scenario", "pass", "padding", "ideal", "fmha ms", "sdpa ms", "mha ms", "speedup vs sdpa",
                      "speedup / ideal", "fmha useful GFLOP/s", "% of matmul"], rows)
+    sweep = [x for x in d["scenarios"] if x["name"].startswith("pad_")]
+    xs = [100 * x["padding_ratio"] for x in sweep]
+    lines += _plot("attention_speedup.png", "fmha speedup over padded SDPA vs padding (fwd+bwd)", "padding (%)",
+                   "speedup (x)", [("fwd+bwd", xs, [x["fwd_bwd"]["speedup_vs_sdpa"] for x in sweep]),
+                                   ("fwd", xs, [x["fwd"]["speedup_vs_sdpa"] for x in sweep])],
+                   ideal=(xs, [x["ideal_ratio"] for x in sweep]))
     lines += ["The padded paths are far below the ideal ratio's prediction because Paddle's CPU "
               "softmax and masking run at a few GFLOP/s; `fmha` fuses them into the tiles.", ""]
     return lines
@@ -128,9 +162,33 @@ def encoder():
     d, when = _load("encoder.json")
     if d is None:
         return []
+    c = d["config"]
     lines = _header("Encoder training step: converted vs original PaddleNLP model",
-                    "OMP_NUM_THREADS=2 python benchmarks/bench_encoder.py", when)
-    lines += ["```", json.dumps(d.get("summary", d), indent=1)[:4000], "```", ""]
+                    "OMP_NUM_THREADS=2 python benchmarks/bench_encoder.py", when,
+                    f"Threads {c['threads']} on both sides.")
+    lines += [f"One training step (forward, backward, AdamW) of {c['model']} ({c['head']}, {c['weights']}, "
+              f"dropout {c['dropout']}), batch {c['batch']}, max length {c['max_len']}; lengths: "
+              f"{c['length_distribution']}. Original = PaddleNLP padded to the batch maximum; ideal = "
+              "the FLOP ratio padded / real (per layer 24*T*h^2 + 4*h*sum(s_i^2)). Memory: Paddle's "
+              "allocator peak during one step, and the RSS peak of one step (each side alone in a fresh "
+              "process).", ""]
+    rows = []
+    for r in d["summary"]["rows"]:
+        rss = r.get("rss_step_peak_mib")
+        rows.append([r["scenario"], f"{r['padding_pct']:.0f}%", r["tok_s_unpadded"], r["tok_s_batch_max"],
+                     f"{r['speedup_vs_batch_max']:.2f}x", f"{r['ideal_vs_batch_max']:.2f}",
+                     f"{r['speedup_over_ideal_vs_batch_max']:.2f}",
+                     f"{r['alloc_peak_mib']['unpadded']} / {r['alloc_peak_mib']['batch_max']}",
+                     f"{rss['unpadded']} / {rss['batch_max']}" if rss else "-"])
+    lines += _table(["scenario", "padding", "tokens/s converted", "tokens/s original", "speedup", "ideal",
+                     "speedup / ideal", "alloc peak MiB (conv / orig)", "RSS step peak MiB (conv / orig)"], rows)
+    sweep = [r for r in d["summary"]["rows"] if r["scenario"].startswith("pad_")]
+    xs = [r["padding_pct"] for r in sweep]
+    lines += _plot("encoder_speedup.png", "Training step speedup, converted vs original (MiniLM-L6)",
+                   "padding (%)", "speedup (x)", [("measured", xs, [r["speedup_vs_batch_max"] for r in sweep])],
+                   ideal=(xs, [r["ideal_vs_batch_max"] for r in sweep]))
+    lines += ["Most of the excess over the ideal ratio is not padding: Paddle's CPU attention on "
+              "[B, H, S, S] is several times slower than `fmha` even without padding (row pad_0).", ""]
     return lines
 
 
@@ -141,6 +199,10 @@ def demo():
     lines = _header("The main job: fleetrun fine-tuning (make demo)",
                     "python examples/run_demo.py --json-out benchmarks/results/demo.json", when)
     pad, unp = d["padded"], d["unpadded"]
+    lines += [f"MiniLM-L6 (pretrained) fine-tuned on {unp['train_samples']} Rotten Tomatoes snippets across "
+              f"{unp['ranks']} fleetrun ranks, then evaluated on {unp['dev_samples']} dev snippets; stock = "
+              f"PaddleNLP padded to the batch maximum; paddle_unpad = {unp['path']}. Both paths see the same "
+              f"samples ({unp['train_tokens']} real tokens).", ""]
     rows = []
     for label, key in (("samples/s", "samples_per_s"), ("tokens/s", "tokens_per_s"),
                        ("dev accuracy", "dev_accuracy"), ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0"),
