@@ -154,7 +154,7 @@ def balance():
                          ["slowest rank compute (ms)"] + [f"{sm['slowest_compute_ms'][k]:.0f}"
                                                           for k in ("none", "exchange", "prebalanced")]])
         lines += [f"Exchange overhead against pre-balanced feeding: {100 * sm['exchange_overhead']:+.1f}% "
-                  "(wall clock; within this machine's noise).", ""]
+                  "(wall clock, target <= 2%; this shared machine adds about +-10% noise between runs).", ""]
     return lines
 
 
