@@ -35,7 +35,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from paddle_unpad import balance  # noqa: E402
-from paddle_unpad.balance import planner as P  # noqa: E402
 
 COSTS = {"tokens": balance.TokenCost(), "quadratic": balance.DEFAULT_COST}
 

@@ -13,9 +13,7 @@ optimizer is LAMB, as MLPerf BERT uses: Paddle's ``Lamb`` (on GPUs with
 """
 import argparse
 import json
-import math
 import os
-import sys
 import time
 
 import numpy as np

@@ -22,30 +22,15 @@ except ImportError:
     sys.path.insert(0, _ROOT)
 
 
-from testutil import in_ci  # noqa: E402
-
-
-def _native_status():
-    import paddle_unpad
-
-    avail = paddle_unpad.ops_available()
-    ok = bool(avail.get("fmha", {}).get("cpu", False))
-    return ok, avail
+from testutil import require_native  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def native_ops():
     """ops_available() when the native CPU fmha op is loaded; skip locally / fail in CI otherwise."""
-    ok, avail = _native_status()
-    if not ok:
-        msg = (
-            f"native fmha CPU op is not loaded (ops_available() = {avail}); "
-            "build it with `pip install --no-build-isolation -e .` (or `make setup`)"
-        )
-        if in_ci():
-            pytest.fail("CI=true: " + msg)
-        pytest.skip(msg)
-    return avail
+    import paddle_unpad
+
+    return require_native(paddle_unpad.ops_available(), ("fmha",), "fmha")
 
 
 @pytest.fixture

@@ -1,5 +1,4 @@
 """Cost model and planner (issue 5, deliverables 1 and 2)."""
-import os
 import time
 
 import numpy as np
@@ -7,10 +6,7 @@ import pytest
 
 from paddle_unpad import balance
 from paddle_unpad.balance import planner as planner_mod
-
-
-def in_ci():
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+from testutil import in_ci
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from paddle_unpad import ops
 from paddle_unpad.varlen import cu_seqlens_host
 
 import philox_ref
+import testutil
 
 RTOL_MAX = 1e-5  # fp32: max abs error <= RTOL_MAX * max abs value of the reference (per tensor)
 SEED, OFFSET = 2**40 + 12345, 7  # a seed with both key words non-zero
@@ -75,21 +76,7 @@ def run(fn, q, k, v, cu, max_seqlen, dout=None, **kw):
 
 
 def assert_close(name, got, ref, rtol_max=RTOL_MAX):
-    got = np.asarray(got, dtype=np.float64)
-    assert got.shape == ref.shape, (name, got.shape, ref.shape)
-    assert np.isfinite(got).all(), f"{name}: non-finite values at {np.argwhere(~np.isfinite(got))[:5].tolist()}"
-    if ref.size == 0:
-        return
-    err = np.abs(got - ref)
-    ref_max = float(np.abs(ref).max())
-    tol = rtol_max * max(ref_max, 1e-30)
-    if err.max() > tol:
-        where = np.unravel_index(int(err.argmax()), err.shape)
-        pytest.fail(
-            f"{name}: max abs err {err.max():.3e} > tol {tol:.3e} (max |ref| {ref_max:.3e}); "
-            f"mean abs err {err.mean():.3e}; worst at {tuple(int(i) for i in where)}: "
-            f"got {got[where]:.7g}, ref {ref[where]:.7g}"
-        )
+    testutil.assert_close(name, got, ref, rtol_max)
 
 
 # ------------------------------------------------------------------------- the grid

@@ -22,7 +22,7 @@ import paddle_unpad
 from paddle_unpad import ops
 
 import philox_ref
-from testutil import in_ci
+import testutil
 
 RTOL_MAX = 1e-5  # fp32: max abs error <= RTOL_MAX * max abs value of the reference (per tensor)
 SEED, OFFSET = 2**40 + 4321, 11  # a seed with both key words non-zero
@@ -36,17 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="session")
 def fused_native():
     """Skip locally / fail in CI when the native fused ops are not loaded."""
-    avail = paddle_unpad.ops_available()
-    ok = all(avail.get(op, {}).get("cpu", False) for op in ("bias_gelu", "bias_dropout_residual_layer_norm"))
-    if not ok:
-        msg = (
-            f"native fused CPU ops are not loaded (ops_available() = {avail}); "
-            "build them with `pip install --no-build-isolation -e .` (or `make setup`)"
-        )
-        if in_ci():
-            pytest.fail("CI=true: " + msg)
-        pytest.skip(msg)
-    return avail
+    return testutil.require_native(paddle_unpad.ops_available(), ("bias_gelu", "bias_dropout_residual_layer_norm"),
+                                   "fused")
 
 
 def _impl(name, request, op):
@@ -105,22 +96,7 @@ def ln_reference(x, bias, res, w, b, dy, p, keep, eps=EPS):
 
 
 def assert_close(name, got, ref, rtol_max=RTOL_MAX):
-    got = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert got.shape == ref.shape, (name, got.shape, ref.shape)
-    assert np.isfinite(got).all(), f"{name}: non-finite values at {np.argwhere(~np.isfinite(got))[:5].tolist()}"
-    if ref.size == 0:
-        return
-    err = np.abs(got - ref)
-    ref_max = float(np.abs(ref).max())
-    tol = rtol_max * max(ref_max, 1e-30)
-    if err.max() > tol:
-        where = np.unravel_index(int(err.argmax()), err.shape)
-        pytest.fail(
-            f"{name}: max abs err {err.max():.3e} > tol {tol:.3e} (max |ref| {ref_max:.3e}); "
-            f"mean abs err {err.mean():.3e}; worst at {tuple(int(i) for i in where)}: "
-            f"got {got[where]:.7g}, ref {ref[where]:.7g}"
-        )
+    testutil.assert_close(name, got, ref, rtol_max)
 
 
 # ------------------------------------------------------------------------- inputs

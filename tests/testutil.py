@@ -6,3 +6,41 @@ import os
 def in_ci():
     """True under CI (env CI = true/1/yes/on): tests of native code fail there instead of skipping."""
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def assert_close(name, got, ref, rtol_max):
+    """max |got - ref| <= rtol_max * max |ref| (per tensor), got finite; on failure the
+    message gives max and mean error and the worst element."""
+    import numpy as np
+    import pytest
+
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, (name, got.shape, ref.shape)
+    assert np.isfinite(got).all(), f"{name}: non-finite values at {np.argwhere(~np.isfinite(got))[:5].tolist()}"
+    if ref.size == 0:
+        return
+    err = np.abs(got - ref)
+    ref_max = float(np.abs(ref).max())
+    tol = rtol_max * max(ref_max, 1e-30)
+    if err.max() > tol:
+        where = np.unravel_index(int(err.argmax()), err.shape)
+        pytest.fail(
+            f"{name}: max abs err {err.max():.3e} > tol {tol:.3e} (max |ref| {ref_max:.3e}); "
+            f"mean abs err {err.mean():.3e}; worst at {tuple(int(i) for i in where)}: "
+            f"got {got[where]:.7g}, ref {ref[where]:.7g}"
+        )
+
+
+def require_native(ops_available, names, what):
+    """Skip locally / fail under CI unless the native CPU kernels of every op in names are loaded."""
+    import pytest
+
+    ok = all(ops_available.get(op, {}).get("cpu", False) for op in names)
+    if not ok:
+        msg = (f"native {what} CPU op(s) not loaded (ops_available() = {ops_available}); "
+               "build them with `pip install --no-build-isolation -e .` (or `make setup`)")
+        if in_ci():
+            pytest.fail("CI=true: " + msg)
+        pytest.skip(msg)
+    return ops_available

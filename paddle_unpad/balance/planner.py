@@ -145,7 +145,6 @@ def _plan_core_py(counts: np.ndarray, q: np.ndarray, targets: np.ndarray, thr: i
     starts = np.zeros(R + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     ql = q.tolist()
-    src_rank = np.repeat(np.arange(R, dtype=np.int64), counts).tolist()
 
     # step 3: identity, surplus -> deficit
     members: List[List[int]] = [list(range(int(starts[r]), int(starts[r + 1]))) for r in range(R)]
