@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include <immintrin.h>
+
 #include "kernels/common/philox.h"
 #include "kernels/cpu/fmha_cpu.h"
 

@@ -36,6 +36,8 @@ constexpr int64_t kBr = 64;
 constexpr int64_t kBc = 128;
 
 #include "kernels/cpu/simd.h"
+#define PU_SIMD_VLEN FMHA_VLEN
+#include "kernels/cpu/philox_simd.h"
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -121,72 +123,21 @@ static inline float exp_row(float* s, int64_t n, int64_t n_pad, float m) {
   return sum;
 }
 
-typedef uint32_t vu32 __attribute__((vector_size(V * 4)));
-typedef uint64_t vu64h __attribute__((vector_size(V * 4)));  // same register, V/2 lanes
-
-// 32x32->64 products of all V lanes without leaving the register: even lanes multiply
-// in place (the widening multiply reads the low halves), odd lanes after a shift.
-static inline void vmulhilo(vu32 a, uint32_t m, vu32* hi, vu32* lo) {
-  const vu64h lo32 = vu64h{} + 0xFFFFFFFFull;
-  const vu64h x = (vu64h)a;
-  const vu64h pe = (x & lo32) * static_cast<uint64_t>(m);
-  const vu64h po = (x >> 32) * static_cast<uint64_t>(m);
-  *lo = (vu32)((pe & lo32) | (po << 32));
-  *hi = (vu32)((pe >> 32) | (po & ~lo32));
-}
-
-// Philox4x32-10 (common/philox.h) on V counters at once; lane L has c0 = c0_base + L.
-static inline void vphilox(uint32_t c0_base, uint32_t c1s, uint32_t c2s, uint32_t c3s, uint32_t k0,
-                           uint32_t k1, vu32 out[4]) {
-  vu32 c0 = vu32{}, c1, c2, c3;
-  for (int e = 0; e < V; ++e) c0[e] = c0_base + static_cast<uint32_t>(e);
-  c1 = vu32{} + c1s;
-  c2 = vu32{} + c2s;
-  c3 = vu32{} + c3s;
-  for (int r = 0; r < 10; ++r) {
-    vu32 hi0, lo0, hi1, lo1;
-    vmulhilo(c0, 0xD2511F53u, &hi0, &lo0);
-    vmulhilo(c2, 0xCD9E8D57u, &hi1, &lo1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  out[0] = c0;
-  out[1] = c1;
-  out[2] = c2;
-  out[3] = c3;
-}
-
 // Dropout multipliers (0 or 1/(1-p)) of one query row t against keys [j0, j0 + n),
-// j0 % 4 == 0: Philox call c covers keys 4c .. 4c + 3 (word e -> key 4c + e).
+// j0 % 4 == 0: Philox block j/4 of counter (j / 4, t, h, offset) covers keys 4c .. 4c + 3.
 static inline void dropout_row(float* z, const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
                                int64_t n, uint32_t threshold, float keep_scale) {
-  const uint32_t k0 = static_cast<uint32_t>(P.seed), k1 = static_cast<uint32_t>(P.seed >> 32);
-  const uint32_t c3 = static_cast<uint32_t>(P.offset);
-  const int64_t calls = (n + 3) / 4;
-  for (int64_t c = 0; c < calls; c += V) {
-    vu32 w[4];
-    vphilox(static_cast<uint32_t>((j0 >> 2) + c), static_cast<uint32_t>(t),
-            static_cast<uint32_t>(h), c3, k0, k1, w);
-    // Multipliers per output word, then a 4 x V transpose through memory into key order.
-    alignas(64) float m[4][V];
-    const vf keep = vsplat(keep_scale), drop = vf{};
-    const vu32 thr = vu32{} + threshold;
-    for (int e = 0; e < 4; ++e) vstore(m[e], w[e] < thr ? drop : keep);
-    const int64_t lanes = std::min<int64_t>(V, calls - c);
-    float* zc = z + 4 * c;
-    if (4 * (c + lanes) <= n) {
-      for (int64_t L = 0; L < lanes; ++L)
-        for (int e = 0; e < 4; ++e) zc[4 * L + e] = m[e][L];
-    } else {
-      for (int64_t L = 0; L < lanes; ++L)
-        for (int e = 0; e < 4; ++e)
-          if (4 * (c + L) + e < n) zc[4 * L + e] = m[e][L];
-    }
-  }
+  thread_local std::vector<uint32_t> buf;
+  const int64_t nblocks = round_up((n + 3) / 4, L);
+  if (buf.size() < static_cast<size_t>(4 * nblocks)) buf.resize(4 * nblocks);
+  uint32_t* words = buf.data();
+  philox_words(words, static_cast<uint64_t>(j0 >> 2), nblocks, static_cast<uint32_t>(t),
+               static_cast<uint32_t>(h), static_cast<uint32_t>(P.offset), P.seed);
+  const vf keep = vsplat(keep_scale), drop = vf{};
+  const vu thr = vu{} + threshold;
+  int64_t j = 0;
+  for (; j + V <= n; j += V) vstore(z + j, (vi)(vloadu(words + j) < thr) ? drop : keep);
+  for (; j < n; ++j) z[j] = words[j] < threshold ? 0.0f : keep_scale;
 }
 
 static inline float* scratch(std::vector<float>& buf, size_t n) {
@@ -286,7 +237,7 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
   float* dOp = Qs + s * Dp;
   float* dQ = dOp + s * Dp;
   float* delta = dQ + s * Dp;
-  float* L = delta + s;
+  float* lse_s = delta + s;  // this sequence's LSE rows
   float* Kt = scratch(blk_buf, 2 * D * kBc + 3 * kBc * Dp + 3 * kBr * kBc);
   float* Vt = Kt + D * kBc;
   float* Kp = Vt + D * kBc;
@@ -309,7 +260,7 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
     }
     for (int64_t d = D; d < Dp; ++d) Qs[i * Dp + d] = dOp[i * Dp + d] = 0.0f;
     delta[i] = dlt;
-    L[i] = lse[t * H + h];
+    lse_s[i] = lse[t * H + h];
   }
   std::memset(dQ, 0, sizeof(float) * s * Dp);
 
@@ -335,7 +286,7 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
       const float* Qb = Qs + i0 * Dp;
       const float* dOb = dOp + i0 * Dp;
       gemm(br, bcp, D, Qb, Dp, 1, Kt, kBc, Pm, kBc, false);
-      for (int64_t i = 0; i < br; ++i) exp_row(Pm + i * kBc, bc, bcp, L[i0 + i]);
+      for (int64_t i = 0; i < br; ++i) exp_row(Pm + i * kBc, bc, bcp, lse_s[i0 + i]);
       if (dropout) {
         for (int64_t i = 0; i < br; ++i) {
           float* z = Pd + i * kBc;

@@ -13,7 +13,5 @@
 
 #pragma GCC target("avx2,fma,bmi2")
 #define FUSED_ISA avx2
-// (v)pmuludq: with a constant factor GCC would expand the portable form into shifts and adds.
-#define FUSED_MUL_EPU32(a, b) ((vu64)_mm256_mul_epu32((__m256i)(a), (__m256i)(b)))
 #define FUSED_VLEN 8
 #include "kernels/cpu/fused_cpu_impl.h"

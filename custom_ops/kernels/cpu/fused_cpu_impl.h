@@ -3,10 +3,6 @@
 // Included by fused_cpu_<isa>.cc after `#pragma GCC target(...)` with
 //   FUSED_ISA         namespace name (avx512, avx2, sse2)
 //   FUSED_VLEN        floats per vector register
-//   FUSED_MUL_EPU32   (optional) expression multiplying the low 32 bits of the 64-bit
-//                     lanes of two vu64 vectors a, b into 64-bit products ((v)pmuludq);
-//                     the portable fallback is correct but GCC may expand it into a
-//                     64x64-bit multiply or, for a constant factor, shifts and adds.
 // GCC vector extensions keep one source for every ISA. fused_cpu.cc schedules rows and
 // chunks of rows over the thread pool and reduces the column partials.
 //
@@ -29,15 +25,11 @@ namespace paddle_unpad {
 namespace FUSED_ISA {
 
 constexpr int V = FUSED_VLEN;
-constexpr int L = V / 2;  // 64-bit lanes per vector: Philox blocks generated at once
 
 #include "kernels/cpu/simd.h"
+#define PU_SIMD_VLEN FUSED_VLEN
+#include "kernels/cpu/philox_simd.h"
 
-typedef uint32_t vu __attribute__((vector_size(V * 4)));
-typedef uint64_t vu64 __attribute__((vector_size(V * 4)));
-typedef uint32_t vu_u __attribute__((vector_size(V * 4), aligned(4)));
-
-static inline vu vloadu(const uint32_t* p) { return *reinterpret_cast<const vu_u*>(p); }
 // The first n (< V) elements of p, zeros after them; and the store of those n only.
 static inline vf vload_n(const float* p, int64_t n) {
   vf v = vf{};
@@ -146,78 +138,6 @@ void gelu_bwd_chunk(int64_t r0, int64_t r1, int64_t cols, const float* x, const 
 
 // ---------------------------------------------------------------------------- dropout words
 
-static inline vu64 mul_lo32(vu64 a, vu64 b) {
-#ifdef FUSED_MUL_EPU32
-  return FUSED_MUL_EPU32(a, b);
-#else
-  const vu64 lo = vu64{} + 0xffffffffull;
-  return (a & lo) * (b & lo);
-#endif
-}
-
-typedef int64_t vi64 __attribute__((vector_size(V * 4)));
-
-// Lane k of the result takes lane first + k/2 of a (k even) or of b (k odd).
-static inline vi64 interleave_mask(int first) {
-  vi64 m = vi64{};
-  for (int k = 0; k < L; ++k) m[k] = first + k / 2 + (k % 2 ? L : 0);
-  return m;
-}
-
-// G groups of L Philox blocks, blocks b0 .. b0 + G*L - 1 of one row, written to
-// words[4 * b0 ..] in element order. G independent dependency chains per round keep the
-// multiplier busy (one chain is latency-bound: mul -> shift -> xor -> next mul).
-template <int G>
-static inline void philox_groups(uint32_t* words, int64_t b0, uint64_t row, uint64_t seed,
-                                 uint64_t offset) {
-  const vu64 m0 = vu64{} + 0xD2511F53ull, m1 = vu64{} + 0xCD9E8D57ull;
-  const vu64 lo32 = vu64{} + 0xffffffffull;
-  vu64 lane = vu64{};
-  for (int e = 0; e < L; ++e) lane[e] = static_cast<uint64_t>(e);
-  vu64 c0[G], c1[G], c2[G], c3[G];
-  for (int g = 0; g < G; ++g) {
-    c0[g] = lane + static_cast<uint64_t>(b0 + g * L);
-    c1[g] = vu64{} + (row & 0xffffffffull);
-    c2[g] = vu64{} + 0xffffffffull;
-    c3[g] = vu64{} + (offset & 0xffffffffull);
-  }
-  uint64_t k0 = seed & 0xffffffffull, k1 = seed >> 32;
-  // The high halves of the lanes may hold garbage inside the rounds: the multiplies
-  // read the low 32 bits only, and the words are masked at the end.
-  for (int round = 0; round < 10; ++round) {
-    for (int g = 0; g < G; ++g) {
-      const vu64 p0 = mul_lo32(c0[g], m0);
-      const vu64 p1 = mul_lo32(c2[g], m1);
-      c0[g] = (p1 >> 32) ^ c1[g] ^ k0;
-      c1[g] = p1;
-      c2[g] = (p0 >> 32) ^ c3[g] ^ k1;
-      c3[g] = p0;
-    }
-    k0 = (k0 + 0x9E3779B9u) & 0xffffffffull;
-    k1 = (k1 + 0xBB67AE85u) & 0xffffffffull;
-  }
-  for (int g = 0; g < G; ++g) {
-    // Interleave to element order: (c1 << 32 | c0) holds words 0, 1 of each block and
-    // (c3 << 32 | c2) words 2, 3 (little-endian); alternating their 64-bit lanes gives
-    // block e's four words at 4e.. (one two-source permute per half).
-    const vu64 w01 = (c1[g] << 32) | (c0[g] & lo32), w23 = (c3[g] << 32) | (c2[g] & lo32);
-    vu_u* w = reinterpret_cast<vu_u*>(words + (b0 + g * L) * 4);
-    w[0] = (vu)__builtin_shuffle(w01, w23, interleave_mask(0));
-    w[1] = (vu)__builtin_shuffle(w01, w23, interleave_mask(L / 2));
-  }
-}
-
-// The Philox words of row `row` for columns [0, nblocks * 4): words[j] = word j % 4 of
-// counter (j / 4, row, 0xffffffff, offset) under key (seed lo, seed hi) (the row-wise
-// dropout layout of common/philox.h). nblocks % L == 0.
-static void row_words(uint32_t* words, int64_t nblocks, uint64_t row, uint64_t seed,
-                      uint64_t offset) {
-  constexpr int G = 4;
-  int64_t b0 = 0;
-  for (; b0 + G * L <= nblocks; b0 += G * L) philox_groups<G>(words, b0, row, seed, offset);
-  for (; b0 < nblocks; b0 += L) philox_groups<1>(words, b0, row, seed, offset);
-}
-
 // Per-row state of the dropout: its words and the multipliers they select.
 struct RowDropout {
   bool on;
@@ -248,7 +168,8 @@ static RowDropout row_dropout(const BdrlnProblem& P, int64_t row, std::vector<ui
   if (!d.on) return d;
   const int64_t nblocks = ((P.cols + 4 * L - 1) / (4 * L)) * L;  // whole groups of L blocks
   uint32_t* words = scratch(buf, nblocks * 4);
-  row_words(words, nblocks, static_cast<uint64_t>(row), P.seed, P.offset);
+  // the row-wise layout of common/philox.h: counter (j / 4, row, 0xffffffff, offset)
+  philox_words(words, 0, nblocks, static_cast<uint32_t>(row), 0xffffffffu, static_cast<uint32_t>(P.offset), P.seed);
   d.words = words;
   d.threshold = vu{} + dropout_threshold(P.dropout);
   d.keep_scale = vsplat(1.0f / (1.0f - P.dropout));

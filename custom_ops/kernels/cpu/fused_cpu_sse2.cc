@@ -13,7 +13,5 @@
 
 // baseline x86-64 (SSE2): no target pragma
 #define FUSED_ISA sse2
-// (v)pmuludq: with a constant factor GCC would expand the portable form into shifts and adds.
-#define FUSED_MUL_EPU32(a, b) ((vu64)_mm_mul_epu32((__m128i)(a), (__m128i)(b)))
 #define FUSED_VLEN 4
 #include "kernels/cpu/fused_cpu_impl.h"

@@ -1,0 +1,90 @@
+// Philox4x32-10 (common/philox.h) on vectors: the dropout words of the CPU kernels.
+//
+// Included INSIDE a kernel's per-ISA namespace after simd.h (needs V), with PU_SIMD_VLEN
+// defined to the same width; <immintrin.h> must be included before the file's
+// `#pragma GCC target`. The 32x32->64-bit multiply is (v)pmuludq picked by that width
+// (16: AVX-512, 8: AVX2, 4: SSE2): the portable form would become a 64x64-bit multiply or,
+// for a constant factor, shifts and adds.
+#pragma once
+
+constexpr int L = V / 2;  // 64-bit lanes per vector: Philox blocks generated at once
+
+typedef uint32_t vu __attribute__((vector_size(V * 4)));
+typedef uint64_t vu64 __attribute__((vector_size(V * 4)));
+typedef int64_t vi64 __attribute__((vector_size(V * 4)));
+typedef uint32_t vu_u __attribute__((vector_size(V * 4), aligned(4)));
+
+static inline vu vloadu(const uint32_t* p) { return *reinterpret_cast<const vu_u*>(p); }
+
+// Low 32 bits of each 64-bit lane of a times those of b, as 64-bit products.
+static inline vu64 mul_lo32(vu64 a, vu64 b) {
+#if PU_SIMD_VLEN == 16  // maskz: plain _mm512_mul_epu32 trips a GCC 12 -Wmaybe-uninitialized
+  return (vu64)_mm512_maskz_mul_epu32((__mmask8)0xff, (__m512i)a, (__m512i)b);
+#elif PU_SIMD_VLEN == 8
+  return (vu64)_mm256_mul_epu32((__m256i)a, (__m256i)b);
+#elif PU_SIMD_VLEN == 4
+  return (vu64)_mm_mul_epu32((__m128i)a, (__m128i)b);
+#else
+#error "PU_SIMD_VLEN must be 16, 8 or 4"
+#endif
+}
+
+// Lane k of the result takes lane first + k/2 of a (k even) or of b (k odd).
+static inline vi64 interleave_mask(int first) {
+  vi64 m = vi64{};
+  for (int k = 0; k < L; ++k) m[k] = first + k / 2 + (k % 2 ? L : 0);
+  return m;
+}
+
+// G groups of L Philox blocks with counters (c0 + i, c1, c2, c3), i in [0, G*L), written
+// to words[4 * i ..] in element order. G independent dependency chains per round keep
+// the multiplier busy (one chain is latency-bound: mul -> shift -> xor -> next mul).
+template <int G>
+static inline void philox_groups(uint32_t* words, uint64_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                 uint64_t seed) {
+  const vu64 m0 = vu64{} + 0xD2511F53ull, m1 = vu64{} + 0xCD9E8D57ull;
+  const vu64 lo32 = vu64{} + 0xffffffffull;
+  vu64 lane = vu64{};
+  for (int e = 0; e < L; ++e) lane[e] = static_cast<uint64_t>(e);
+  vu64 x0[G], x1[G], x2[G], x3[G];
+  for (int g = 0; g < G; ++g) {
+    x0[g] = lane + (c0 + static_cast<uint64_t>(g * L));
+    x1[g] = vu64{} + static_cast<uint64_t>(c1);
+    x2[g] = vu64{} + static_cast<uint64_t>(c2);
+    x3[g] = vu64{} + static_cast<uint64_t>(c3);
+  }
+  uint64_t k0 = seed & 0xffffffffull, k1 = seed >> 32;
+  // The high halves of the lanes may hold garbage inside the rounds: the multiplies
+  // read the low 32 bits only, and the words are masked at the end.
+  for (int round = 0; round < 10; ++round) {
+    for (int g = 0; g < G; ++g) {
+      const vu64 p0 = mul_lo32(x0[g], m0);
+      const vu64 p1 = mul_lo32(x2[g], m1);
+      x0[g] = (p1 >> 32) ^ x1[g] ^ k0;
+      x1[g] = p1;
+      x2[g] = (p0 >> 32) ^ x3[g] ^ k1;
+      x3[g] = p0;
+    }
+    k0 = (k0 + 0x9E3779B9u) & 0xffffffffull;
+    k1 = (k1 + 0xBB67AE85u) & 0xffffffffull;
+  }
+  for (int g = 0; g < G; ++g) {
+    // Interleave to element order: (x1 << 32 | x0) holds words 0, 1 of each block and
+    // (x3 << 32 | x2) words 2, 3 (little-endian); alternating their 64-bit lanes gives
+    // block e's four words at 4e.. (one two-source permute per half).
+    const vu64 w01 = (x1[g] << 32) | (x0[g] & lo32), w23 = (x3[g] << 32) | (x2[g] & lo32);
+    vu_u* w = reinterpret_cast<vu_u*>(words + g * L * 4);
+    w[0] = (vu)__builtin_shuffle(w01, w23, interleave_mask(0));
+    w[1] = (vu)__builtin_shuffle(w01, w23, interleave_mask(L / 2));
+  }
+}
+
+// The words of blocks with counters (c0 + i, c1, c2, c3), i in [0, nblocks), in element
+// order: words[4 i + e] = word e of block i. nblocks % L == 0.
+static inline void philox_words(uint32_t* words, uint64_t c0, int64_t nblocks, uint32_t c1, uint32_t c2,
+                                uint32_t c3, uint64_t seed) {
+  constexpr int G = 4;
+  int64_t i = 0;
+  for (; i + G * L <= nblocks; i += G * L) philox_groups<G>(words + 4 * i, c0 + i, c1, c2, c3, seed);
+  for (; i < nblocks; i += L) philox_groups<1>(words + 4 * i, c0 + i, c1, c2, c3, seed);
+}
