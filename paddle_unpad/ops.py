@@ -172,7 +172,7 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
     rng = _rng_state_tensor(rng_state, q) if p > 0.0 else None
-    if _native.has_op("pu_fmha") and (_on_cpu(q) or _native.has_cuda_kernels()):
+    if _native_ok("pu_fmha", q):
         out, _lse = _call_native("pu_fmha", q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p)
         return out
     if not paddle.in_dynamic_mode():
@@ -431,12 +431,8 @@ def bias_dropout_residual_layer_norm(
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
-    _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon)
-    bias = _filled_vector(x, 0.0) if bias is None else bias
-    ln_weight = _filled_vector(x, 1.0) if ln_weight is None else ln_weight
-    ln_bias = _filled_vector(x, 0.0) if ln_bias is None else ln_bias
-    p = float(dropout) if training else 0.0
-    rng = _rng_state_tensor(rng_state, x) if p > 0.0 else None
+    bias, ln_weight, ln_bias, p, rng = _bdrln_prepare(
+        x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state)
     if _native_ok("pu_bias_dropout_residual_layer_norm", x):
         y, _mean, _rstd = _call_native(
             "pu_bias_dropout_residual_layer_norm", x, bias, residual, ln_weight, ln_bias, rng, p, float(epsilon)
@@ -459,13 +455,21 @@ def bias_dropout_residual_layer_norm_reference(
     Same arguments and result as :func:`bias_dropout_residual_layer_norm`. With dropout,
     eager mode only.
     """
+    bias, ln_weight, ln_bias, p, rng = _bdrln_prepare(
+        x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state)
+    return _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, float(epsilon), rng)
+
+
+@_host_only
+def _bdrln_prepare(x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state):
+    """Checks, default vectors (None: zeros / ones / zeros), effective p and the Philox state."""
     _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon)
     bias = _filled_vector(x, 0.0) if bias is None else bias
     ln_weight = _filled_vector(x, 1.0) if ln_weight is None else ln_weight
     ln_bias = _filled_vector(x, 0.0) if ln_bias is None else ln_bias
     p = float(dropout) if training else 0.0
     rng = _rng_state_tensor(rng_state, x) if p > 0.0 else None
-    return _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, float(epsilon), rng)
+    return bias, ln_weight, ln_bias, p, rng
 
 
 def _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, epsilon, rng):

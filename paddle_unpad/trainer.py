@@ -21,7 +21,7 @@ from . import models as _models
 import numpy as np
 
 from .data import sample_list_collate
-from .data.collate import BATCH_BOOKKEEPING_KEYS, DEFAULT_TOKEN_FIELDS, normalize_batch
+from .data.collate import DEFAULT_TOKEN_FIELDS, normalize_batch
 
 __all__ = ["UnpadTrainer", "PadCollator"]
 
@@ -118,12 +118,6 @@ def _make_class():
                 self.data_collator = eval_collator
             balanced = BalancedLoader(loader, enabled=self._unpad_balance, **self._unpad_configs)
             return _BalancedTrainLoader(balanced, loader)
-
-        def compute_loss(self, model, inputs, return_outputs=False):
-            # a packed batch carries bookkeeping the model does not read
-            for k in BATCH_BOOKKEEPING_KEYS:
-                inputs.pop(k, None)
-            return super().compute_loss(model, inputs, return_outputs=return_outputs)
 
     return UnpadTrainer
 

@@ -205,9 +205,7 @@ def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_posit
         host = np.asarray(cu_seqlens_host.numpy() if is_tensor(cu_seqlens_host) else cu_seqlens_host, np.int32)
     elif isinstance(cu_seqlens, (np.ndarray, list, tuple)):
         host = np.asarray(cu_seqlens, np.int32)
-    elif is_tensor(cu_seqlens) and cu_seqlens.place.is_cpu_place():
-        host = cu_seqlens.numpy().astype(np.int32, copy=False)
-    elif is_tensor(cu_seqlens):  # device tensor and no host copy: one device-to-host read
+    elif is_tensor(cu_seqlens):  # a device tensor without a host copy costs one device-to-host read
         host = cu_seqlens.numpy().astype(np.int32, copy=False)
     else:
         raise TypeError(f"paddle_unpad: cu_seqlens must be a paddle.Tensor or numpy array, got {type(cu_seqlens).__name__}")

