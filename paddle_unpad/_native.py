@@ -59,42 +59,50 @@ def _jit_library():
 
 def load():
     """Registers the operators once per process; returns True when they are usable."""
+    if _state["tried"]:  # every op call asks: answer without taking the lock
+        return _state["path"] is not None
     with _lock:
         if _state["tried"]:
             return _state["path"] is not None
-        _state["tried"] = True
-        if os.environ.get("PADDLE_UNPAD_DISABLE_NATIVE", "") == "1":
-            _state["error"] = "PADDLE_UNPAD_DISABLE_NATIVE=1"
-            return False
         try:
-            path = None if os.environ.get("PADDLE_UNPAD_FORCE_JIT", "") == "1" else _installed_library()
-            if path is None and os.environ.get("PADDLE_UNPAD_JIT", "1") != "0":
-                path = _jit_library()
-            if path is None:
-                raise FileNotFoundError(
-                    "no compiled library (run `make setup` or `pip install --no-build-isolation -e .`)"
-                )
-            from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
+            return _load_locked()
+        finally:
+            _state["tried"] = True  # only now: the lock-free check above must not see a half-load
 
-            ops = load_op_meta_info_and_register_op(path)
-            lib = ctypes.CDLL(path)
-            lib.paddle_unpad_cpu_isa.restype = ctypes.c_char_p
-            _state.update(
-                path=path,
-                ops=tuple(ops),
-                flags=int(lib.paddle_unpad_build_flags()),
-                isa=lib.paddle_unpad_cpu_isa().decode(),
+
+def _load_locked():
+    if os.environ.get("PADDLE_UNPAD_DISABLE_NATIVE", "") == "1":
+        _state["error"] = "PADDLE_UNPAD_DISABLE_NATIVE=1"
+        return False
+    try:
+        path = None if os.environ.get("PADDLE_UNPAD_FORCE_JIT", "") == "1" else _installed_library()
+        if path is None and os.environ.get("PADDLE_UNPAD_JIT", "1") != "0":
+            path = _jit_library()
+        if path is None:
+            raise FileNotFoundError(
+                "no compiled library (run `make setup` or `pip install --no-build-isolation -e .`)"
             )
-        except Exception as e:  # import must never fail because of native code
-            _state["error"] = f"{type(e).__name__}: {e}"
-            warnings.warn(
-                "paddle_unpad: native operators unavailable, using the plain-Paddle reference "
-                f"implementations (slower). Reason: {_state['error']}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return False
-        return True
+        from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
+
+        ops = load_op_meta_info_and_register_op(path)
+        lib = ctypes.CDLL(path)
+        lib.paddle_unpad_cpu_isa.restype = ctypes.c_char_p
+        _state.update(
+            path=path,
+            ops=tuple(ops),
+            flags=int(lib.paddle_unpad_build_flags()),
+            isa=lib.paddle_unpad_cpu_isa().decode(),
+        )
+    except Exception as e:  # import must never fail because of native code
+        _state["error"] = f"{type(e).__name__}: {e}"
+        warnings.warn(
+            "paddle_unpad: native operators unavailable, using the plain-Paddle reference "
+            f"implementations (slower). Reason: {_state['error']}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return False
+    return True
 
 
 def has_op(name):
