@@ -44,12 +44,14 @@ demo: setup
 	$(VPY) examples/run_demo.py
 
 # Every benchmark prints both sides of its comparison and writes benchmarks/results/*.json;
-# report.py regenerates docs/performance.md from those files.
+# report.py regenerates docs/performance.md and docs/img/*.png from those files.
+# The sizes are chosen so that the whole suite takes under 15 minutes on 2 cores.
 bench: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_attention.py --threads $(THREADS)
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_fused_ops.py
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_encoder.py
 	OMP_NUM_THREADS=1 $(VPY) benchmarks/bench_balance.py
+	$(VPY) benchmarks/bench_e2e.py
 	$(VPY) examples/run_demo.py --json-out benchmarks/results/demo.json
 	$(VPY) benchmarks/report.py
 

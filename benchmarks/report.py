@@ -19,7 +19,7 @@ OUT = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
 IMG = os.path.join(os.path.dirname(HERE), "docs", "img")
 
 
-def _plot(name, title, xlabel, ylabel, series, ideal=None):
+def _plot(name, title, xlabel, ylabel, series, ideal=None, xticks=None):
     """One PNG under docs/img/; returns the markdown line that shows it (or nothing
     without matplotlib)."""
     try:
@@ -32,7 +32,13 @@ def _plot(name, title, xlabel, ylabel, series, ideal=None):
     os.makedirs(IMG, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.4))
     for label, xs, ys in series:
-        ax.plot(xs, ys, marker="o", label=label)
+        if xticks is None:
+            ax.plot(xs, ys, marker="o", label=label)
+        else:  # categorical x axis: bars
+            ax.bar(xs, ys, label=label)
+    if xticks is not None:
+        ax.set_xticks(range(len(xticks)))
+        ax.set_xticklabels(xticks, fontsize=8)
     if ideal is not None:
         ax.plot(ideal[0], ideal[1], linestyle="--", color="gray", label="ideal (FLOP ratio)")
     ax.set_xlabel(xlabel)
@@ -158,37 +164,271 @@ def balance():
     return lines
 
 
+def _enc_pts(d, sweep):
+    """The points of one sweep of encoder.json, sorted by their x value (empty if the sweep was not run)."""
+    s = d.get("sweeps", {}).get(sweep)
+    return sorted(s["points"], key=lambda p: p["x"]) if s else []
+
+
+def _enc_mib(p, side):
+    b = p["paddle_alloc_step_peak_bytes"][side]
+    return None if b is None else b / 2**20
+
+
+def _enc_sweep_table(pts, first_col):
+    rows = []
+    for p in pts:
+        u, o = p["sides"]["unpadded"], p["sides"]["batch_max"]
+        mu, mo = _enc_mib(p, "unpadded"), _enc_mib(p, "batch_max")
+        rows.append([first_col(p), p["batch"], p["max_seqlen"], f"{100 * p['padding_ratio']:.0f}%", p["tokens"],
+                     f"{u['tokens_per_s']:.0f}", f"{o['tokens_per_s']:.0f}", f"{p['speedup_vs_batch_max']:.2f}x",
+                     f"{p['ideal_vs_batch_max']:.2f}", f"{p['speedup_over_ideal_vs_batch_max']:.2f}",
+                     f"{u['useful_gflops']:.1f} / {o['useful_gflops']:.1f}",
+                     "-" if mu is None else f"{mu:.0f} / {mo:.0f}"])
+    return _table(["", "B", "S max", "padding", "real tokens", "tokens/s converted", "tokens/s original", "speedup",
+                   "ideal", "speedup / ideal", "useful GFLOP/s (conv / orig)", "alloc peak MiB (conv / orig)"], rows)
+
+
+def _enc_sentence(text):
+    return text[:1].upper() + text[1:] + "."
+
+
+def _enc_change(a, b):
+    """'x1.23' for the change from a to b."""
+    return f"x{b / a:.2f}" if a else "-"
+
+
+def _enc_padding(d):
+    pts = _enc_pts(d, "padding")
+    if not pts:
+        return []
+    sw = d["sweeps"]["padding"]
+    lines = ["#### Padding ratio", "", _enc_sentence(sw["description"]), ""]
+    lines += _enc_sweep_table(pts, lambda p: f"{p['x']:.0f}%")
+    xs = [p["x"] for p in pts]
+    tok = lambda side: [p["sides"][side]["tokens_per_s"] for p in pts]  # noqa: E731
+    lines += _plot("encoder_padding_tokens.png", "Training step tokens/s vs padding ratio", "padding (%)",
+                   "real tokens/s", [("converted (unpadded)", xs, tok("unpadded")),
+                                     ("original, padded to batch max", xs, tok("batch_max"))])
+    lines += _plot("encoder_speedup.png", "Training step speedup, converted vs original, vs padding", "padding (%)",
+                   "speedup (x)", [("measured", xs, [p["speedup_vs_batch_max"] for p in pts])],
+                   ideal=(xs, [p["ideal_vs_batch_max"] for p in pts]))
+    a, b = pts[0], pts[-1]
+    txt = (f"From {a['x']:.0f}% to {b['x']:.0f}% padding the original's tokens/s changes "
+           f"{_enc_change(a['sides']['batch_max']['tokens_per_s'], b['sides']['batch_max']['tokens_per_s'])} "
+           f"(it computes the padded shape) and the converted model's "
+           f"{_enc_change(a['sides']['unpadded']['tokens_per_s'], b['sides']['unpadded']['tokens_per_s'])}; "
+           f"the speedup goes from {a['speedup_vs_batch_max']:.2f}x to {b['speedup_vs_batch_max']:.2f}x against an "
+           f"ideal of {a['ideal_vs_batch_max']:.2f} to {b['ideal_vs_batch_max']:.2f}.")
+    part = d.get("summary", {}).get("acceptance", {}).get("padding_part_over_ideal")
+    if part and a["name"] == "pad_0":
+        vals = [v for k, v in part.items() if k != a["name"]]
+        if vals:
+            rng = f"{min(vals):.2f}" if min(vals) == max(vals) else f"{min(vals):.2f}-{max(vals):.2f}"
+            txt += (f" The {a['speedup_vs_batch_max']:.2f}x at no padding is the layers' efficiency alone; divided "
+                    f"out, the part of the speedup that comes from removing padding is {rng} of the ideal.")
+    return lines + [txt, ""]
+
+
+def _enc_max_len(d):
+    pts = _enc_pts(d, "max_len")
+    if not pts:
+        return []
+    sw = d["sweeps"]["max_len"]
+    lines = ["#### Max sequence length", "", _enc_sentence(sw["description"]), ""]
+    lines += _enc_sweep_table(pts, lambda p: f"L={p['x']}")
+    xs = [p["x"] for p in pts]
+    tok = lambda side: [p["sides"][side]["tokens_per_s"] for p in pts]  # noqa: E731
+    lines += _plot("encoder_maxlen_tokens.png", "Training step tokens/s vs max sequence length", "max length L",
+                   "real tokens/s", [("converted (unpadded)", xs, tok("unpadded")),
+                                     ("original, padded to batch max", xs, tok("batch_max"))])
+    if all(_enc_mib(p, "unpadded") is not None for p in pts):
+        lines += _plot("encoder_maxlen_memory.png", "Paddle allocator peak per training step vs max length",
+                       "max length L", "MiB", [("converted (unpadded)", xs, [_enc_mib(p, "unpadded") for p in pts]),
+                                               ("original, padded to batch max", xs,
+                                                [_enc_mib(p, "batch_max") for p in pts])])
+    a, b = pts[0], pts[-1]
+    to, tu = tok("batch_max"), tok("unpadded")
+    txt = (f"From L={a['x']} to L={b['x']} the original's tokens/s changes {_enc_change(to[0], to[-1])} and the "
+           f"converted model's {_enc_change(tu[0], tu[-1])}; "
+           f"the speedup goes from {a['speedup_vs_batch_max']:.2f}x to {b['speedup_vs_batch_max']:.2f}x (ideal "
+           f"{a['ideal_vs_batch_max']:.2f} to {b['ideal_vs_batch_max']:.2f}).")
+    if _enc_mib(a, "unpadded") is not None:
+        txt += (f" Allocator peak per step: original {_enc_mib(a, 'batch_max'):.0f} -> {_enc_mib(b, 'batch_max'):.0f} "
+                f"MiB, converted {_enc_mib(a, 'unpadded'):.0f} -> {_enc_mib(b, 'unpadded'):.0f} MiB.")
+    return lines + [txt, ""]
+
+
+def _enc_hidden(d):
+    pts = _enc_pts(d, "hidden")
+    if not pts:
+        return []
+    sw = d["sweeps"]["hidden"]
+    lines = ["#### Hidden size", "", _enc_sentence(sw["description"]), ""]
+    lines += _enc_sweep_table(pts, lambda p: f"h={p['x']} ({p['heads']} heads)")
+    xs = [p["x"] for p in pts]
+    lines += _plot("encoder_hidden_speedup.png", "Training step speedup vs hidden size", "hidden size",
+                   "speedup (x)", [("measured", xs, [p["speedup_vs_batch_max"] for p in pts])],
+                   ideal=(xs, [p["ideal_vs_batch_max"] for p in pts]))
+    a, b = pts[0], pts[-1]
+    so = [p["speedup_over_ideal_vs_batch_max"] for p in pts]
+    lines += [f"From h={a['x']} to h={b['x']} on the same lengths (ideal {a['ideal_vs_batch_max']:.2f} to "
+              f"{b['ideal_vs_batch_max']:.2f}) the speedup goes from {a['speedup_vs_batch_max']:.2f}x to "
+              f"{b['speedup_vs_batch_max']:.2f}x ({min(so):.2f}-{max(so):.2f} of the ideal); useful GFLOP/s: converted "
+              f"{a['sides']['unpadded']['useful_gflops']:.1f} -> {b['sides']['unpadded']['useful_gflops']:.1f}, "
+              f"original {a['sides']['batch_max']['useful_gflops']:.1f} -> "
+              f"{b['sides']['batch_max']['useful_gflops']:.1f}.", ""]
+    return lines
+
+
+def _enc_fit(d):
+    f = d.get("fits")
+    if not f:
+        return []
+    lines = ["#### Does the cost follow the real work?", ""]
+    if "unpadded" not in f:
+        return lines + [f"No fit: {f.get('skipped')}.", ""]
+    r2s = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    groups = [g for g in f["unpadded"]["real_work"].get("r2_within_sweep", {})  # sweeps with >= 2 points
+              if any(f[sd][k]["r2_within_sweep"][g] is not None for sd in ("unpadded", "batch_max")
+                     for k in ("real_work", "padded_shape"))]
+    rows = []
+    for side, label in (("unpadded", "converted (unpadded)"), ("batch_max", "original (batch max)")):
+        for key, feats in (("real_work", "T, sum(s_i^2)"), ("padded_shape", "B*S, B*S^2")):
+            e = f[side][key]
+            rows.append([label, feats, f"{e['a_ms_per_token']:.4f}", f"{e['b_ms_per_sq_token']:.3g}",
+                         f"{e['c_ms']:.0f}", r2s(e["r2"])] + [r2s(e["r2_within_sweep"][g]) for g in groups]
+                        + [f"{e['max_abs_residual_pct']:.0f}%"])
+    lines += [f"Least squares of the step time, ms = a*x1 + b*x2 + c, over the {f['n']} sweep points of the "
+              f"{f['model']} (padding, max-length and hidden-size points of that size): on the real work "
+              "(T real tokens, sum of squared lengths) and on the padded shape (B*S, B*S^2, S = batch max).", ""]
+    lines += _table(["side", "x1, x2", "a (ms / token)", "b (ms / token^2)", "c (ms)", "R^2"]
+                    + [f"R^2 within {g} sweep" for g in groups] + ["largest residual"], rows)
+    u, o = f["unpadded"], f["batch_max"]
+    ru, rus = u["real_work"]["r2"], u["padded_shape"]["r2"]
+    ro, ros = o["real_work"]["r2"], o["padded_shape"]["r2"]
+    if ru is not None and rus is not None:
+        if ru >= 0.9 and ru - rus >= 0.05:
+            verdict = "follows the real tokens and squared lengths, not the padded shape"
+        elif ru > rus:
+            verdict = "fits the real work only slightly better than the padded shape in this run"
+        else:
+            verdict = "is not explained better by the real work than by the padded shape in this run"
+        txt = (f"The converted model's step time {verdict}: R^2 {ru:.3f} on the real work vs {rus:.3f} on the "
+               "padded shape")
+        if ro is not None and ros is not None:
+            txt += f"; the original's: {ros:.3f} on its padded shape vs {ro:.3f} on the real work"
+        txt += "."
+        wu = u["real_work"].get("r2_within_sweep", {}).get("padding")
+        ws = u["padded_shape"].get("r2_within_sweep", {}).get("padding")
+        pad = _enc_pts(d, "padding")
+        if wu is not None and ws is not None and pad:
+            ts = [p["tokens"] for p in pad]
+            txt += (f" Within the padding sweep (one padded shape, {min(ts)}-{max(ts)} real tokens) the real-work fit "
+                    f"explains R^2 {wu:.3f} of the converted model's variation, the padded-shape fit {ws:.3f} (it "
+                    "predicts one time for every padding ratio).")
+        lines += [txt, ""]
+    return lines
+
+
 def encoder():
     d, when = _load("encoder.json")
     if d is None:
         return []
     c = d["config"]
+    sw = c.get("sweep")
+    wall = c.get("wall_s", {})
+    load = c.get("loadavg_1min")
+    load = "/".join("-" if x is None else f"{x:.1f}" for x in load) if load else "not recorded"
     lines = _header("Encoder training step: converted vs original PaddleNLP model",
                     "OMP_NUM_THREADS=2 python benchmarks/bench_encoder.py", when,
-                    f"Threads {c['threads']} on both sides.")
-    lines += [f"One training step (forward, backward, AdamW) of {c['model']} ({c['head']}, {c['weights']}, "
-              f"dropout {c['dropout']}), batch {c['batch']}, max length {c['max_len']}; lengths: "
-              f"{c['length_distribution']}. Original = PaddleNLP padded to the batch maximum; ideal = "
-              "the FLOP ratio padded / real (per layer 24*T*h^2 + 4*h*sum(s_i^2)). Memory: Paddle's "
-              "allocator peak during one step, and the RSS peak of one step (each side alone in a fresh "
-              "process).", ""]
+                    f"Threads {c['threads']} on both sides; 1-min load average at start/end {load}"
+                    + (f"; whole run {wall['total']:.0f} s." if "total" in wall else "."))
+    lines += [f"One training step (forward, backward, AdamW; {c['head']}, dropout {c['dropout']}), the converted "
+              "model on the packed batch vs the original PaddleNLP model padded to the batch maximum, sides "
+              "interleaved, same weights. Ideal = the FLOP ratio padded / real (per layer "
+              "24*T*h^2 + 4*h*sum(s_i^2)); useful GFLOP/s = 3x the real-token encoder forward FLOPs per second. "
+              "Memory: Paddle's allocator peak during one step, and the RSS peak of one step (each side alone in "
+              "a fresh process).", ""]
+    if d["summary"]["rows"]:
+        lines += [f"Main model: {c['model']} ({c['weights']}), batch {c['batch']}, max length {c['max_len']}, "
+                  f"median of {c['repeats']} steps; lengths: {c['length_distribution']}.", ""]
+        rows = []
+        for r in d["summary"]["rows"]:
+            rss = r.get("rss_step_peak_mib")
+            rows.append([r["scenario"], f"{r['padding_pct']:.0f}%", r["tok_s_unpadded"], r["tok_s_batch_max"],
+                         f"{r['speedup_vs_batch_max']:.2f}x", f"{r['ideal_vs_batch_max']:.2f}",
+                         f"{r['speedup_over_ideal_vs_batch_max']:.2f}",
+                         f"{r['alloc_peak_mib']['unpadded']} / {r['alloc_peak_mib']['batch_max']}",
+                         f"{rss['unpadded']} / {rss['batch_max']}" if rss else "-"])
+        lines += _table(["scenario", "padding", "tokens/s converted", "tokens/s original", "speedup", "ideal",
+                         "speedup / ideal", "alloc peak MiB (conv / orig)", "RSS step peak MiB (conv / orig)"], rows)
+    if sw and d.get("sweeps"):
+        lines += ["### Scaling sweeps", "",
+                  f"Sweep model: {sw['model']}, median of {sw['repeats']} steps after "
+                  f"{sw['warmup']} warm-up per point; lengths from the same distribution. Every sweep batch holds a "
+                  "sample of the maximum length, so padding to max_len is padding to the batch maximum.", ""]
+        for part in (_enc_padding, _enc_max_len, _enc_hidden, _enc_fit):
+            lines += part(d)
+    return lines
+
+
+def e2e():
+    d, when = _load("e2e.json")
+    if d is None:
+        return []
+    c, ways = d["config"], d["ways"]
+    lines = _header("End-to-end fleetrun training, four ways side by side", "python benchmarks/bench_e2e.py",
+                    c.get("date", when), f"{c['world']} ranks x {c['threads_per_rank']} thread(s) on {c['device']}; "
+                    f"load average at the end {c.get('loadavg_1min') or 0:.2f}.")
+    lines += [f"{c['model']}, {c['weights']}; {c['batch_per_rank']} samples per rank and step, {c['steps']} timed "
+              f"steps per way after {c['warmup']} warm-up, the ways interleaved step by step in one job. Lengths: "
+              f"{c['length_distribution']}. Wait = time a rank waits at the gradient all-reduce for the slowest rank; "
+              f"comm = the all-reduce itself (gloo on CPU); MFU = useful (real-token) training FLOPs per second per "
+              f"rank over the {c['mfu_against']} ({', '.join(f'{x:.0f}' for x in c['matmul_gflops_per_rank'])} "
+              f"GFLOP/s); alloc peak = peak of live Paddle tensors during a step (the ways share a process, so "
+              f"RSS per way is in the encoder section, measured in separate processes).", ""]
     rows = []
-    for r in d["summary"]["rows"]:
-        rss = r.get("rss_step_peak_mib")
-        rows.append([r["scenario"], f"{r['padding_pct']:.0f}%", r["tok_s_unpadded"], r["tok_s_batch_max"],
-                     f"{r['speedup_vs_batch_max']:.2f}x", f"{r['ideal_vs_batch_max']:.2f}",
-                     f"{r['speedup_over_ideal_vs_batch_max']:.2f}",
-                     f"{r['alloc_peak_mib']['unpadded']} / {r['alloc_peak_mib']['batch_max']}",
-                     f"{rss['unpadded']} / {rss['batch_max']}" if rss else "-"])
-    lines += _table(["scenario", "padding", "tokens/s converted", "tokens/s original", "speedup", "ideal",
-                     "speedup / ideal", "alloc peak MiB (conv / orig)", "RSS step peak MiB (conv / orig)"], rows)
-    sweep = [r for r in d["summary"]["rows"] if r["scenario"].startswith("pad_")]
-    xs = [r["padding_pct"] for r in sweep]
-    lines += _plot("encoder_speedup.png", "Training step speedup, converted vs original (MiniLM-L6)",
-                   "padding (%)", "speedup (x)", [("measured", xs, [r["speedup_vs_batch_max"] for r in sweep])],
-                   ideal=(xs, [r["ideal_vs_batch_max"] for r in sweep]))
-    lines += ["Most of the excess over the ideal ratio is not padding: Paddle's CPU attention on "
-              "[B, H, S, S] is several times slower than `fmha` even without padding (row pad_0).", ""]
+    sp = d["speedup"].get("padded_batch_max", {})
+    for w, x in ways.items():
+        comp = "/".join(f"{v:.0f}" for v in x["compute_ms_per_rank"])
+        rows.append([w, f"{x['samples_per_s']:.2f}", f"{x['tokens_per_s']:.0f}", f"{x['step_ms']:.0f}", comp,
+                     f"{x['wait_ms']:.0f}", f"{x['comm_ms']:.0f}", f"{x['padding_computed_pct']:.0f}%",
+                     f"{100 * x['mfu']:.1f}%", "-" if x["alloc_peak_mib"] is None else f"{x['alloc_peak_mib']:.0f}",
+                     f"{sp[w]:.2f}x" if w in sp else "-"])
+    lines += _table(["way", "samples/s", "tokens/s", "step ms", "compute ms per rank", "wait ms", "comm ms",
+                     "padding computed", "MFU", "alloc peak MiB", "vs batch-max"], rows)
+    a = d["acceptance"]
+    if "ideal_vs_batch_max" in a:
+        lines += [f"Unpadded + balanced vs stock padded to the batch max: **{a['balanced_speedup_vs_batch_max']:.2f}x** "
+                  f"tokens/s; the ideal FLOP ratio of these batches is {a['ideal_vs_batch_max']:.2f}, so the "
+                  f"measured speedup is {a['speedup_over_ideal']:.2f}x the ideal (target >= 0.85).", ""]
+    if "wait_ms_balanced" in a:
+        lines += [f"Waiting at the all-reduce: {a['wait_ms_unbalanced']:.0f} ms per step and rank without balancing, "
+                  f"{a['wait_ms_balanced']:.0f} ms with it "
+                  f"({'lower' if a['wait_lower_with_balancing'] else 'NOT lower'} with balancing).", ""]
+    lines += _plot("e2e_throughput.png", "End-to-end tokens/s per way (real tokens)", "way", "tokens/s",
+                   [("tokens/s", list(range(len(ways))), [x["tokens_per_s"] for x in ways.values()])],
+                   xticks=list(ways)) if ways else []
+    p = d.get("profile")
+    if p:
+        lines += ["### Where the time goes (unpadded + balanced)", "",
+                  f"Paddle's profiler over {p['steps_per_rank']} more steps on every rank (exclusive time per "
+                  f"operator, mean of ranks; {p['profiled_step_ms']:.0f} ms per profiled step, "
+                  f"{p['timer_step_ms']:.0f} ms by the step timer of the same steps; the profiler adds some "
+                  "overhead per op).", ""]
+        lines += _table(["category", "ms per step", "share"],
+                        [[k, f"{p['ms_per_step'][k]:.1f}", f"{100 * v:.1f}%"] for k, v in p["shares"].items()])
+        lines += ["The three largest costs, and what would reduce them:", ""]
+        ach = p.get("achieved", {})
+
+        def rate(cat):
+            a = ach.get(cat)
+            return (f" It runs at {a['useful_gflops']:.0f} useful GFLOP/s, {100 * a['of_matmul']:.0f}% of the "
+                    "measured fp32 matmul." if a else "")
+
+        lines += [f"{i + 1}. **{t['category']}** ({100 * t['share']:.0f}%).{rate(t['category'])} To reduce it: "
+                  f"{t['reduce_by']}." for i, t in enumerate(p["top3"])] + [""]
     return lines
 
 
@@ -214,9 +454,17 @@ def demo():
 def main():
     parts = ["# Performance", "",
              "Generated by `python benchmarks/report.py` from `benchmarks/results/*.json`; do not edit by hand. "
-             "Each benchmark runs both sides of its comparison in one process, interleaved, with the same "
-             "thread count; absolute times on these shared 2-core machines are noise, ratios are the result.", ""]
-    for section in (demo, attention, fused, encoder, balance):
+             "`make bench` reruns every benchmark below in this size (under 15 minutes on 2 cores) and then "
+             "this report. Each benchmark runs both sides of its comparison in one process (or one fleetrun "
+             "job), interleaved, with the same thread count; absolute times on these shared 2-core machines "
+             "are noise, ratios are the result.", "",
+             "Sections: [the main job](#the-main-job-fleetrun-fine-tuning-make-demo), "
+             "[end-to-end training four ways + profile](#end-to-end-fleetrun-training-four-ways-side-by-side), "
+             "[attention](#attention-fmha-packed-vs-paddles-padded-attention), "
+             "[fused ops](#fused-encoder-ops-vs-the-unfused-paddle-sequence), "
+             "[encoder step and scaling](#encoder-training-step-converted-vs-original-paddlenlp-model), "
+             "[load balance](#load-balance), [GPU](#gpu).", ""]
+    for section in (demo, e2e, attention, fused, encoder, balance):
         parts += section()
     parts += ["## GPU", "", "No GPU figures yet: the CUDA kernels compile in CI but have not run on a GPU "
               "(see [gpu.md](gpu.md); `benchmarks/gpu_check.sh` produces them on one).", ""]

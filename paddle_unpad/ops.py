@@ -143,8 +143,14 @@ def _call_native(name, *args):
         raise
 
 
+def _check_grouping(grouping):
+    if not isinstance(grouping, (bool, np.bool_)):
+        raise TypeError(f"fmha: grouping must be a bool, got {type(grouping).__name__} {grouping!r}")
+
+
 @_host_only
-def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None):
+def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
+         grouping=True):
     """Fused multi-head attention over packed variable-length sequences.
 
     Each of the B sequences attends only to itself (no masking inside a sequence); no
@@ -162,18 +168,29 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
         rng_state: ``(seed, offset)`` ints or a [2] int64 CPU tensor fixing the Philox
             stream of the dropout mask; default: drawn from Paddle's generator, so
             ``paddle.seed(n)`` makes runs reproducible.
+        grouping: how the GPU kernels are launched (the CPU kernel ignores it). True:
+            the sequences are bucketed by length and each bucket is launched with the
+            tile configuration that suits it, on a small pool of CUDA streams joined back
+            into the caller's stream (fewer padded tiles for ragged batches). False: one
+            launch over the whole batch on the caller's stream. Both compute the same bits
+            per row by design; only the speed differs. The environment variable
+            ``PADDLE_UNPAD_FMHA_GROUPING=0|1``, when set, overrides this argument (to
+            switch a whole model for a comparison without editing it).
     Returns:
         out: [T, H, D], same dtype as q. Differentiable w.r.t. q, k and v.
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)
+    _check_grouping(grouping)
     d = q.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
     rng = _rng_state_tensor(rng_state, q) if p > 0.0 else None
     if _native_ok("pu_fmha", q):
-        out, _lse = _call_native("pu_fmha", q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p)
+        out, _lse = _call_native(
+            "pu_fmha", q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p, bool(grouping)
+        )
         return out
     if not paddle.in_dynamic_mode():
         raise RuntimeError(
@@ -183,13 +200,16 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
 
 
-def fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None):
+def fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
+                   grouping=True):
     """Plain-Paddle ``fmha``: a loop over sequences of matmul-softmax-matmul.
 
     Same arguments, result and dropout mask as :func:`fmha` (the mask comes from the
-    numpy Philox in ``paddle_unpad.philox``). Eager mode only.
+    numpy Philox in ``paddle_unpad.philox``; ``grouping`` is accepted and has no effect).
+    Eager mode only.
     """
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)
+    _check_grouping(grouping)
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
     rng = _rng_state_tensor(rng_state, q) if p > 0.0 else None
@@ -261,10 +281,16 @@ _FUSED_OPS = {
     "bias_gelu": "pu_bias_gelu",
     "bias_dropout_residual_layer_norm": "pu_bias_dropout_residual_layer_norm",
 }
-# What the fused kernels accept, as data (the checks below read it).
-FUSED_OPS_SUPPORT = {"cpu": {"dtypes": ("float32",)}}
-# Max abs error allowed against a float64 reference, relative to the reference's max abs.
-FUSED_OPS_TOLERANCE = {"float32": 1e-5}
+# What the fused kernels accept, as data (the checks below read it). GPU kernels exist
+# in builds with CUDA (see ops_available()); they compute in fp32 whatever the dtype.
+FUSED_OPS_SUPPORT = {
+    "cpu": {"dtypes": ("float32",)},
+    "gpu": {"dtypes": ("float16", "bfloat16", "float32")},
+}
+# Max abs error allowed against a float64 reference, relative to the reference's max abs
+# (float16 / bfloat16: the rounding of the result, against a reference fed the same
+# rounded inputs).
+FUSED_OPS_TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
 def _fused_ops_available():
@@ -306,10 +332,13 @@ def _check_x(op, x):
         raise TypeError(f"{op}: x must be a paddle.Tensor, got {type(x).__name__}")
     if len(x.shape) < 1:
         raise ValueError(f"{op}: x must have at least 1 dimension [..., F], got shape {list(x.shape)}")
-    if _on_cpu(x) and _dtype_name(x) not in FUSED_OPS_SUPPORT["cpu"]["dtypes"]:
+    device = "cpu" if _on_cpu(x) else "gpu"
+    if device == "gpu" and not _native.has_cuda_kernels():
+        return  # the plain-Paddle reference runs there: any dtype Paddle supports
+    if _dtype_name(x) not in FUSED_OPS_SUPPORT[device]["dtypes"]:
         raise TypeError(
-            f"{op}: x dtype {_dtype_name(x)} is not supported on CPU "
-            f"(supported: {', '.join(FUSED_OPS_SUPPORT['cpu']['dtypes'])})"
+            f"{op}: x dtype {_dtype_name(x)} is not supported on {device.upper()} "
+            f"(supported: {', '.join(FUSED_OPS_SUPPORT[device]['dtypes'])})"
         )
 
 
@@ -342,8 +371,9 @@ def bias_gelu(x, bias):
     approximate=False)`` and PaddleNLP's ``hidden_act="gelu"``.
 
     Args:
-        x: [..., F] float32 on CPU (typically the packed ``[T, intermediate_size]``
-            output of the first FFN GEMM, without its bias). ``T = 0`` is allowed.
+        x: [..., F] float32 on CPU; float16, bfloat16 or float32 on GPU (builds with
+            CUDA; fp32 arithmetic). Typically the packed ``[T, intermediate_size]``
+            output of the first FFN GEMM, without its bias. ``T = 0`` is allowed.
         bias: [F], same dtype and device as x; ``None`` means no bias.
     Returns:
         y: same shape and dtype as x. Differentiable w.r.t. x and bias (the bias gradient
@@ -414,7 +444,9 @@ def bias_dropout_residual_layer_norm(
     ``paddle_unpad.philox.rowwise_keep_mask``).
 
     Args:
-        x: [..., F] float32 on CPU (typically ``[T, hidden]``). ``T = 0`` is allowed.
+        x: [..., F] float32 on CPU; float16, bfloat16 or float32 on GPU (builds with
+            CUDA; fp32 arithmetic, mean and 1/std kept in fp32). Typically ``[T, hidden]``.
+            ``T = 0`` is allowed.
         bias: [F] or None (no bias), same dtype and device as x.
         residual: same shape, dtype and device as x.
         ln_weight, ln_bias: [F] or None (ones / zeros), the LayerNorm affine parameters.

@@ -411,6 +411,40 @@ def test_dropout_changes_output_and_rate_with_paddle_seed():
     assert abs(frac - 0.1) < 5 * math.sqrt(0.09 / n), frac
 
 
+# ------------------------------------------------------------------------- grouping
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_grouping_argument_changes_no_bits(native_ops, p):
+    """``grouping`` chooses how the GPU kernels are launched; the CPU kernel ignores it, and
+    the reference accepts it: every combination gives the same bits (forward and grads)."""
+    lengths = [10, 0, 50, 3]
+    q, k, v, dout, cu = make_inputs(lengths, 2, 32, seed=31)
+    kw = dict(dropout=p, rng_state=(SEED, OFFSET))
+    grouped = run(paddle_unpad.fmha, q, k, v, cu, 50, dout, grouping=True, **kw)
+    single = run(paddle_unpad.fmha, q, k, v, cu, 50, dout, grouping=False, **kw)
+    for a, b in zip(grouped, single):
+        np.testing.assert_array_equal(a, b)
+    ref = run(paddle_unpad.ops.fmha_reference, q, k, v, cu, 50, grouping=False, **kw)
+    np.testing.assert_allclose(ref, grouped[0], rtol=1e-5, atol=1e-5)
+
+
+def test_grouping_is_an_attribute_of_the_saved_program(tmp_path, native_ops):
+    """grouping=False travels into a traced, saved and reloaded program as the op's attribute."""
+    H, D = 2, 16
+
+    class Attn(paddle.nn.Layer):
+        def forward(self, q, cu_seqlens):
+            return paddle_unpad.fmha(q, q, q, cu_seqlens, 40, training=False, grouping=False)
+
+    spec = [paddle.static.InputSpec([None, H, D], "float32"), paddle.static.InputSpec([None], "int32")]
+    path = str(tmp_path / "attn_ungrouped")
+    paddle.jit.save(paddle.jit.to_static(Attn(), input_spec=spec, full_graph=True), path)
+    q, _, _, _, cu = make_inputs([40, 7], H, D, seed=4)
+    args = [paddle.to_tensor(q), paddle.to_tensor(cu)]
+    np.testing.assert_array_equal(paddle.jit.load(path)(*args).numpy(), Attn()(*args).numpy())
+
+
 # ------------------------------------------------------------------------- static graph export
 
 
@@ -479,6 +513,7 @@ ERRORS = {
         ["257"],
     ),
     "dropout_range": (dict(dropout=1.5), ["dropout", r"1\.5"]),
+    "grouping_int": (dict(grouping=1), ["grouping", "int"]),
 }
 
 

@@ -3,11 +3,16 @@
 // pointers, sizes and a cudaStream_t (NULL = legacy default stream); host cu_seqlens.
 //
 // Every function returns 0 on success, else a non-zero code; pu_harness_last_error()
-// then says why (per thread). dtype: 0 = float16, 1 = bfloat16.
+// then says why (per thread). dtype: 0 = float16, 1 = bfloat16, 2 = float32.
+//
+// Fused ops (bias_gelu, bdrln = bias_dropout_residual_layer_norm): rows x cols tensors,
+// `path` bit 0 forces element-wise loads (no 16-byte vectors), bit 1 the general (wide)
+// bdrln path; 0 = what the Paddle op runs.
 #include <cstdint>
 #include <string>
 
 #include "kernels/cuda/fmha_cuda.cuh"
+#include "kernels/cuda/fused_cuda.cuh"
 
 namespace {
 
@@ -46,6 +51,35 @@ paddle_unpad::cuda::FmhaCudaProblem problem(const int32_t* cu, int64_t batch, in
   return p;
 }
 
+paddle_unpad::cuda::FusedCudaOptions fused_options(int path) {
+  paddle_unpad::cuda::FusedCudaOptions o;
+  o.vectorized = (path & 1) == 0;
+  o.force_wide = (path & 2) != 0;
+  return o;
+}
+
+paddle_unpad::cuda::BiasGeluCudaProblem gelu_problem(int64_t rows, int64_t cols, int dtype) {
+  paddle_unpad::cuda::BiasGeluCudaProblem p;
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = static_cast<paddle_unpad::cuda::DType>(dtype);
+  return p;
+}
+
+paddle_unpad::cuda::BdrlnCudaProblem bdrln_problem(int64_t rows, int64_t cols, int dtype,
+                                                   float dropout, float epsilon, uint64_t seed,
+                                                   uint64_t offset) {
+  paddle_unpad::cuda::BdrlnCudaProblem p;
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = static_cast<paddle_unpad::cuda::DType>(dtype);
+  p.dropout = dropout;
+  p.epsilon = epsilon;
+  p.seed = seed;
+  p.offset = offset;
+  return p;
+}
+
 paddle_unpad::cuda::FmhaLaunchOptions options(int grouping, int num_streams) {
   paddle_unpad::cuda::FmhaLaunchOptions o;
   o.grouping = grouping != 0;
@@ -57,7 +91,7 @@ paddle_unpad::cuda::FmhaLaunchOptions options(int grouping, int num_streams) {
 
 extern "C" {
 
-int pu_harness_abi_version() { return 1; }
+int pu_harness_abi_version() { return 2; }  // 2: fused ops added
 
 const char* pu_harness_last_error() { return g_last_error.c_str(); }
 
@@ -99,6 +133,70 @@ int pu_fmha_bwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, in
                                                      out, lse, dout, dq, dk, dv, workspace,
                                                      static_cast<cudaStream_t>(stream)),
                    "fmha backward");
+}
+
+// ----------------------------------------------------------------------------- bias_gelu
+
+int pu_bias_gelu_fwd(int64_t rows, int64_t cols, int dtype, int path, const void* x,
+                     const void* bias, void* y, void* stream) {
+  const auto p = gelu_problem(rows, cols, dtype);
+  const std::string why = paddle_unpad::cuda::bias_gelu_cuda_unsupported(p);
+  if (!why.empty()) return fail("bias_gelu: " + why);
+  return from_cuda(paddle_unpad::cuda::bias_gelu_cuda_fwd(p, x, bias, y,
+                                                          static_cast<cudaStream_t>(stream),
+                                                          fused_options(path)),
+                   "bias_gelu forward");
+}
+
+int64_t pu_bias_gelu_bwd_workspace_bytes(int64_t rows, int64_t cols) {
+  return static_cast<int64_t>(paddle_unpad::cuda::bias_gelu_cuda_bwd_workspace_bytes(rows, cols));
+}
+
+int pu_bias_gelu_bwd(int64_t rows, int64_t cols, int dtype, int path, const void* x,
+                     const void* bias, const void* dy, void* dx, void* dbias, void* workspace,
+                     void* stream) {
+  const auto p = gelu_problem(rows, cols, dtype);
+  const std::string why = paddle_unpad::cuda::bias_gelu_cuda_unsupported(p);
+  if (!why.empty()) return fail("bias_gelu: " + why);
+  return from_cuda(paddle_unpad::cuda::bias_gelu_cuda_bwd(p, x, bias, dy, dx, dbias, workspace,
+                                                          static_cast<cudaStream_t>(stream),
+                                                          fused_options(path)),
+                   "bias_gelu backward");
+}
+
+// ----------------------------------------------------------------------------- bdrln
+
+int pu_bdrln_fwd(int64_t rows, int64_t cols, int dtype, float dropout, float epsilon,
+                 uint64_t seed, uint64_t offset, int path, const void* x, const void* bias,
+                 const void* residual, const void* ln_weight, const void* ln_bias, void* y,
+                 float* mean, float* rstd, void* stream) {
+  const auto p = bdrln_problem(rows, cols, dtype, dropout, epsilon, seed, offset);
+  const std::string why = paddle_unpad::cuda::bdrln_cuda_unsupported(p);
+  if (!why.empty()) return fail("bias_dropout_residual_layer_norm: " + why);
+  return from_cuda(paddle_unpad::cuda::bdrln_cuda_fwd(p, x, bias, residual, ln_weight, ln_bias, y,
+                                                      mean, rstd, static_cast<cudaStream_t>(stream),
+                                                      fused_options(path)),
+                   "bias_dropout_residual_layer_norm forward");
+}
+
+int64_t pu_bdrln_bwd_workspace_bytes(int64_t rows, int64_t cols) {
+  return static_cast<int64_t>(paddle_unpad::cuda::bdrln_cuda_bwd_workspace_bytes(rows, cols));
+}
+
+int pu_bdrln_bwd(int64_t rows, int64_t cols, int dtype, float dropout, float epsilon,
+                 uint64_t seed, uint64_t offset, int path, const void* x, const void* bias,
+                 const void* residual, const void* ln_weight, const float* mean,
+                 const float* rstd, const void* dy, void* dx, void* dresidual, void* dbias,
+                 void* dln_weight, void* dln_bias, void* workspace, void* stream) {
+  const auto p = bdrln_problem(rows, cols, dtype, dropout, epsilon, seed, offset);
+  const std::string why = paddle_unpad::cuda::bdrln_cuda_unsupported(p);
+  if (!why.empty()) return fail("bias_dropout_residual_layer_norm: " + why);
+  return from_cuda(paddle_unpad::cuda::bdrln_cuda_bwd(p, x, bias, residual, ln_weight, mean, rstd,
+                                                      dy, dx, dresidual, dbias, dln_weight,
+                                                      dln_bias, workspace,
+                                                      static_cast<cudaStream_t>(stream),
+                                                      fused_options(path)),
+                   "bias_dropout_residual_layer_norm backward");
 }
 
 }  // extern "C"

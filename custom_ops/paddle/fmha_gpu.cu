@@ -2,9 +2,10 @@
 // stream -> kernels/cuda/fmha_cuda.cuh. Argument checks shared with the CPU path are
 // done by fmha_op.cc before these functions are called.
 //
-// Launch options come from the environment (read per call): PADDLE_UNPAD_FMHA_GROUPING=0
-// launches the whole batch at once instead of by length bucket; PADDLE_UNPAD_FMHA_STREAMS
-// sets the size of the stream pool (default 4).
+// Launch options: grouping comes from the op's `grouping` attribute (pu.fmha(...,
+// grouping=)); the environment, read per call, overrides it: PADDLE_UNPAD_FMHA_GROUPING=0|1
+// wins over the attribute, PADDLE_UNPAD_FMHA_STREAMS sets the size of the stream pool
+// (default 4).
 #include "fmha_gpu.h"
 
 #include <string>
@@ -51,23 +52,23 @@ void check_aligned(const std::vector<const void*>& ptrs, const std::vector<const
 
 }  // namespace
 
-void FmhaForwardGpu(const FmhaProblem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                    Tensor* out, Tensor* lse) {
+void FmhaForwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const Tensor& k,
+                    const Tensor& v, Tensor* out, Tensor* lse) {
   const cuda::FmhaCudaProblem c = to_cuda_problem(p, q);
   if (p.total == 0) return;
   const Tensor qc = dense(q), kc = dense(k), vc = dense(v);
   check_aligned({qc.data(), kc.data(), vc.data(), out->data(), lse->data()},
                 {"q", "k", "v", "out", "lse"});
   const cudaError_t e =
-      cuda::fmha_cuda_fwd(c, cuda::FmhaLaunchOptions::from_env(), qc.data(), kc.data(), vc.data(),
-                          out->data(), lse->data<float>(), q.stream());
+      cuda::fmha_cuda_fwd(c, cuda::FmhaLaunchOptions::from_env(grouping), qc.data(), kc.data(),
+                          vc.data(), out->data(), lse->data<float>(), q.stream());
   PD_CHECK(e == cudaSuccess, "fmha: CUDA forward launch failed: ", cudaGetErrorName(e), ": ",
            cudaGetErrorString(e));
 }
 
-void FmhaBackwardGpu(const FmhaProblem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor* dq,
-                     Tensor* dk, Tensor* dv) {
+void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                     Tensor* dq, Tensor* dk, Tensor* dv) {
   const cuda::FmhaCudaProblem c = to_cuda_problem(p, q);
   if (p.total == 0) return;
   PD_CHECK(dout.dtype() == q.dtype(), "fmha: grad of out has dtype ", dout.dtype(),
@@ -81,7 +82,7 @@ void FmhaBackwardGpu(const FmhaProblem& p, const Tensor& q, const Tensor& k, con
                  dk->data(), dv->data(), ws.data()},
                 {"q", "k", "v", "out", "lse", "grad of out", "dq", "dk", "dv", "workspace"});
   const cudaError_t e = cuda::fmha_cuda_bwd(
-      c, cuda::FmhaLaunchOptions::from_env(), qc.data(), kc.data(), vc.data(), oc.data(),
+      c, cuda::FmhaLaunchOptions::from_env(grouping), qc.data(), kc.data(), vc.data(), oc.data(),
       lc.data<float>(), g.data(), dq->data(), dk->data(), dv->data(), ws.data(), q.stream());
   PD_CHECK(e == cudaSuccess, "fmha: CUDA backward launch failed: ", cudaGetErrorName(e), ": ",
            cudaGetErrorString(e));

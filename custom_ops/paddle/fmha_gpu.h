@@ -9,14 +9,17 @@
 namespace paddle_unpad {
 
 // Fills out [T, H, D] (q's dtype) and lse [T, H] fp32, both already allocated on q's GPU.
-void FmhaForwardGpu(const FmhaProblem& p, const paddle::Tensor& q, const paddle::Tensor& k,
-                    const paddle::Tensor& v, paddle::Tensor* out, paddle::Tensor* lse);
+// grouping: the op's attribute (length-bucketed multi-stream launch, or one launch);
+// PADDLE_UNPAD_FMHA_GROUPING, when set, overrides it.
+void FmhaForwardGpu(const FmhaProblem& p, bool grouping, const paddle::Tensor& q,
+                    const paddle::Tensor& k, const paddle::Tensor& v, paddle::Tensor* out,
+                    paddle::Tensor* lse);
 
 // Fills dq, dk, dv [T, H, D], already allocated on q's GPU.
-void FmhaBackwardGpu(const FmhaProblem& p, const paddle::Tensor& q, const paddle::Tensor& k,
-                     const paddle::Tensor& v, const paddle::Tensor& out, const paddle::Tensor& lse,
-                     const paddle::Tensor& dout, paddle::Tensor* dq, paddle::Tensor* dk,
-                     paddle::Tensor* dv);
+void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, const paddle::Tensor& q,
+                     const paddle::Tensor& k, const paddle::Tensor& v, const paddle::Tensor& out,
+                     const paddle::Tensor& lse, const paddle::Tensor& dout, paddle::Tensor* dq,
+                     paddle::Tensor* dk, paddle::Tensor* dv);
 
 }  // namespace paddle_unpad
 #endif

@@ -1,5 +1,7 @@
 // Paddle registration of the fused encoder operators: input checks, dispatch by place
-// and dtype, shape/dtype inference. The math lives in custom_ops/kernels/cpu/fused_cpu*.
+// and dtype, shape/dtype inference. The math lives in custom_ops/kernels/cpu/fused_cpu*
+// (CPU, float32) and custom_ops/kernels/cuda/fused_cuda* (GPU, float16 / bfloat16 /
+// float32; glue in fused_gpu.cu, compiled when PADDLE_WITH_CUDA).
 //
 //   pu_bias_gelu(X [..., F], Bias [F]) -> Y [..., F]          y = gelu_erf(x + bias)
 //
@@ -13,6 +15,7 @@
 #include <sstream>
 #include <vector>
 
+#include "fused_gpu.h"  // GPU half (fused_gpu.cu), declared only with PADDLE_WITH_CUDA
 #include "kernels/cpu/fused_cpu.h"
 #include "paddle/extension.h"
 #include "op_common.h"  // same folder
@@ -53,6 +56,18 @@ int64_t rows_of(const Tensor& x) {
   return F > 0 ? n : 0;
 }
 
+[[noreturn]] void no_kernel(const char* op, const Tensor& x) {
+#if defined(PADDLE_WITH_CUDA)
+  PD_THROW(op, ": no kernel for tensors on ", place_name(x), " (kernels exist for CPU and GPU)");
+#else
+  PD_THROW(op, ": no kernel for tensors on ", place_name(x),
+           " in this build (paddle_unpad was built without CUDA kernels)");
+#endif
+}
+
+// The gradient of a tensor when y does not reach the loss (dy uninitialised): zeros.
+Tensor zero_grad_like(const Tensor& t) { return paddle::full(t.shape(), 0.0, t.dtype(), t.place()); }
+
 // ------------------------------------------------------------------------------ bias_gelu
 
 constexpr const char* kGelu = "bias_gelu";
@@ -66,9 +81,12 @@ std::vector<Tensor> BiasGeluForward(const Tensor& x, const Tensor& bias) {
     const Tensor xc = dense(x), bc = dense(bias);
     paddle_unpad::bias_gelu_fwd_cpu(rows_of(x), x.shape().back(), xc.data<float>(),
                                     bc.data<float>(), y.data<float>());
+#if defined(PADDLE_WITH_CUDA)
+  } else if (x.is_gpu()) {
+    paddle_unpad::BiasGeluForwardGpu(x, bias, &y);
+#endif
   } else {
-    PD_THROW("bias_gelu: no kernel for tensors on ", place_name(x),
-             " in this build (paddle_unpad was built without CUDA kernels)");
+    no_kernel(kGelu, x);
   }
   return {y};
 }
@@ -76,22 +94,23 @@ std::vector<Tensor> BiasGeluForward(const Tensor& x, const Tensor& bias) {
 std::vector<Tensor> BiasGeluBackward(const Tensor& x, const Tensor& bias, const Tensor& dy) {
   check_x(kGelu, x);
   check_vector(kGelu, "bias", bias, x);
-  Tensor dx = paddle::empty(x.shape(), x.dtype(), x.place());
-  Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
-  if (!x.is_cpu())
-    PD_THROW("bias_gelu: no kernel for tensors on ", place_name(x),
-             " in this build (paddle_unpad was built without CUDA kernels)");
-  check_cpu_float32(kGelu, x);
-  if (!dy.initialized()) {  // y does not reach the loss
-    std::fill_n(dx.data<float>(), dx.numel(), 0.0f);
-    std::fill_n(dbias.data<float>(), dbias.numel(), 0.0f);
-    return {dx, dbias};
-  }
+  if (x.is_cpu()) check_cpu_float32(kGelu, x);
+  if (!dy.initialized()) return {zero_grad_like(x), zero_grad_like(bias)};  // y does not reach the loss
   PD_CHECK(dy.shape() == x.shape(), "bias_gelu: grad of y has shape ", shape_str(dy.shape()),
            ", expected ", shape_str(x.shape()));
-  const Tensor xc = dense(x), bc = dense(bias), g = dense(dy);
-  paddle_unpad::bias_gelu_bwd_cpu(rows_of(x), x.shape().back(), xc.data<float>(), bc.data<float>(),
-                                  g.data<float>(), dx.data<float>(), dbias.data<float>());
+  Tensor dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
+  if (x.is_cpu()) {
+    const Tensor xc = dense(x), bc = dense(bias), g = dense(dy);
+    paddle_unpad::bias_gelu_bwd_cpu(rows_of(x), x.shape().back(), xc.data<float>(), bc.data<float>(),
+                                    g.data<float>(), dx.data<float>(), dbias.data<float>());
+#if defined(PADDLE_WITH_CUDA)
+  } else if (x.is_gpu()) {
+    paddle_unpad::BiasGeluBackwardGpu(x, bias, dy, &dx, &dbias);
+#endif
+  } else {
+    no_kernel(kGelu, x);
+  }
   return {dx, dbias};
 }
 
@@ -147,15 +166,17 @@ void read_rng_state(const paddle::optional<Tensor>& rng, paddle_unpad::BdrlnProb
   if (p->dropout <= 0.0f) return;
   PD_CHECK(rng.is_initialized(), kLn, ": dropout = ", p->dropout,
            " needs rng_state ([seed, offset] int64), got none");
-  const Tensor& r = *rng;
+  // The kernels take the state by value: a device copy (a traced program's
+  // paddle.randint on a GPU) is read back once here.
+  const Tensor r = rng->is_cpu() ? *rng : rng->copy_to(paddle::CPUPlace(), true);
   PD_CHECK(r.dtype() == DataType::INT64 && r.numel() == 2, kLn,
            ": rng_state must be int64 with 2 elements [seed, offset], got dtype ", r.dtype(), " with ",
            r.numel(), " elements");
-  PD_CHECK(r.is_cpu(), kLn, ": rng_state must be on the CPU for the CPU kernel, got ", place_name(r));
   p->seed = static_cast<uint64_t>(r.data<int64_t>()[0]);
   p->offset = static_cast<uint64_t>(r.data<int64_t>()[1]);
 }
 
+// CPU-only limits (the GPU path checks its own in fused_gpu.cu).
 void check_ln_cpu(const Tensor& x, const paddle_unpad::BdrlnProblem& p) {
   check_cpu_float32(kLn, x);
   const std::string why = paddle_unpad::bdrln_cpu_unsupported(p);
@@ -177,9 +198,12 @@ std::vector<Tensor> BdrlnForward(const Tensor& x, const Tensor& bias, const Tens
     paddle_unpad::bdrln_fwd_cpu(p, xc.data<float>(), bc.data<float>(), rc.data<float>(),
                                 wc.data<float>(), lbc.data<float>(), y.data<float>(),
                                 mean.data<float>(), rstd.data<float>());
+#if defined(PADDLE_WITH_CUDA)
+  } else if (x.is_gpu()) {
+    paddle_unpad::BdrlnForwardGpu(p, x, bias, residual, ln_weight, ln_bias, &y, &mean, &rstd);
+#endif
   } else {
-    PD_THROW(kLn, ": no kernel for tensors on ", place_name(x),
-             " in this build (paddle_unpad was built without CUDA kernels)");
+    no_kernel(kLn, x);
   }
   return {y, mean, rstd};
 }
@@ -191,30 +215,34 @@ std::vector<Tensor> BdrlnBackward(const Tensor& x, const Tensor& bias, const Ten
   // ln_bias does not enter the backward; ln_weight stands in for it in the shape checks.
   auto p = check_and_describe_ln(x, bias, residual, ln_weight, ln_weight, dropout, epsilon);
   read_rng_state(rng, &p);
+  if (x.is_cpu()) check_ln_cpu(x, p);
+  if (!dy.initialized())  // y does not reach the loss
+    return {zero_grad_like(x), zero_grad_like(bias), zero_grad_like(x), zero_grad_like(ln_weight),
+            zero_grad_like(ln_weight)};
+  PD_CHECK(dy.shape() == x.shape(), kLn, ": grad of y has shape ", shape_str(dy.shape()),
+           ", expected ", shape_str(x.shape()));
+  PD_CHECK(mean.numel() == p.rows && rstd.numel() == p.rows, kLn, ": saved mean/rstd have ",
+           mean.numel(), "/", rstd.numel(), " elements, expected ", p.rows);
   Tensor dx = paddle::empty(x.shape(), x.dtype(), x.place());
   Tensor dres = paddle::empty(x.shape(), x.dtype(), x.place());
   Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
   Tensor dw = paddle::empty(ln_weight.shape(), ln_weight.dtype(), ln_weight.place());
   Tensor db = paddle::empty(ln_weight.shape(), ln_weight.dtype(), ln_weight.place());
-  if (!x.is_cpu())
-    PD_THROW(kLn, ": no kernel for tensors on ", place_name(x),
-             " in this build (paddle_unpad was built without CUDA kernels)");
-  check_ln_cpu(x, p);
-  if (!dy.initialized()) {  // y does not reach the loss
-    for (Tensor* t : {&dx, &dres, &dbias, &dw, &db})
-      std::fill_n(t->data<float>(), t->numel(), 0.0f);
-    return {dx, dbias, dres, dw, db};
+  if (x.is_cpu()) {
+    const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
+                 g = dense(dy);
+    paddle_unpad::bdrln_bwd_cpu(p, xc.data<float>(), bc.data<float>(), rc.data<float>(),
+                                wc.data<float>(), mean.data<float>(), rstd.data<float>(),
+                                g.data<float>(), dx.data<float>(), dres.data<float>(),
+                                dbias.data<float>(), dw.data<float>(), db.data<float>());
+#if defined(PADDLE_WITH_CUDA)
+  } else if (x.is_gpu()) {
+    paddle_unpad::BdrlnBackwardGpu(p, x, bias, residual, ln_weight, mean, rstd, dy, &dx, &dres,
+                                   &dbias, &dw, &db);
+#endif
+  } else {
+    no_kernel(kLn, x);
   }
-  PD_CHECK(dy.shape() == x.shape(), kLn, ": grad of y has shape ", shape_str(dy.shape()),
-           ", expected ", shape_str(x.shape()));
-  PD_CHECK(mean.numel() == p.rows && rstd.numel() == p.rows, kLn, ": saved mean/rstd have ",
-           mean.numel(), "/", rstd.numel(), " elements, expected ", p.rows);
-  const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
-               g = dense(dy);
-  paddle_unpad::bdrln_bwd_cpu(p, xc.data<float>(), bc.data<float>(), rc.data<float>(),
-                              wc.data<float>(), mean.data<float>(), rstd.data<float>(),
-                              g.data<float>(), dx.data<float>(), dres.data<float>(),
-                              dbias.data<float>(), dw.data<float>(), db.data<float>());
   return {dx, dbias, dres, dw, db};
 }
 

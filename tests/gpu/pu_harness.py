@@ -1,6 +1,7 @@
 """ctypes wrapper of custom_ops/harness/libpu_cuda_harness.so for torch CUDA tensors.
 
-Used by tests/gpu and benchmarks/bench_gpu_fmha.py on a GPU machine (no Paddle needed).
+Used by tests/gpu, benchmarks/bench_gpu_fmha.py and benchmarks/bench_gpu_fused.py on a
+GPU machine (no Paddle needed).
 ``load()`` finds the library (env ``PU_CUDA_HARNESS``, else the harness build folder) and
 builds it with ``make`` when it is missing and nvcc is available.
 """
@@ -17,6 +18,12 @@ DEFAULT_LIB = os.path.join(HARNESS_DIR, "build", "libpu_cuda_harness.so")
 
 _i64, _i32, _f32, _u64, _vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_uint64, ctypes.c_void_p
 _PROBLEM = [_vp, _i64, _i64, _i64, _i64, _i32, _f32, _f32, _u64, _u64, _i32, _i32]
+_GELU = [_i64, _i64, _i32, _i32]  # rows, cols, dtype, path
+_BDRLN = [_i64, _i64, _i32, _f32, _f32, _u64, _u64, _i32]  # + dropout, epsilon, seed, offset
+ABI_VERSION = 2
+
+# `path` of the fused-op entries: bit 0 = element-wise loads, bit 1 = general (wide) bdrln path.
+PATH_DEFAULT, PATH_ELEMENTWISE, PATH_WIDE = 0, 1, 2
 
 
 class HarnessError(RuntimeError):
@@ -52,8 +59,19 @@ class Harness:
         lib.pu_fmha_bwd.restype = _i32
         lib.pu_fmha_bwd_workspace_bytes.argtypes = [_i64, _i64]
         lib.pu_fmha_bwd_workspace_bytes.restype = _i64
+        version = lib.pu_harness_abi_version()
+        if version != ABI_VERSION:
+            raise HarnessError(f"{path}: harness ABI {version}, expected {ABI_VERSION} (rebuild it: "
+                               "make -C custom_ops/harness clean all)")
+        for name, args in (("pu_bias_gelu_fwd", _GELU + [_vp] * 3), ("pu_bias_gelu_bwd", _GELU + [_vp] * 6),
+                           ("pu_bdrln_fwd", _BDRLN + [_vp] * 8), ("pu_bdrln_bwd", _BDRLN + [_vp] * 13)):
+            fn = getattr(lib, name)
+            fn.argtypes = args + [_vp]  # + stream
+            fn.restype = _i32
+        for name in ("pu_bias_gelu_bwd_workspace_bytes", "pu_bdrln_bwd_workspace_bytes"):
+            getattr(lib, name).argtypes = [_i64, _i64]
+            getattr(lib, name).restype = _i64
         self.lib = lib
-        assert lib.pu_harness_abi_version() == 1
 
     def _check(self, rc):
         if rc != 0:
@@ -114,6 +132,92 @@ class Harness:
                                          self._ptr(workspace), ctypes.c_void_p(st)))
         del keep
         return dq, dk, dv
+
+    # ------------------------------------------------------------------------ fused ops
+    # x, residual, dy, ...: [..., F] contiguous (views of a bigger buffer are fine);
+    # vectors [F]; all one dtype (float16, bfloat16 or float32).
+
+    @staticmethod
+    def _fused_dtype_code(t):
+        import torch
+
+        codes = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+        if t.dtype not in codes:
+            raise HarnessError(f"fused ops: dtype {t.dtype} has no harness code (float16, bfloat16, float32)")
+        return codes[t.dtype]
+
+    @staticmethod
+    def _rows_cols(x):
+        cols = x.shape[-1]
+        return (x.numel() // cols if cols else 0), cols
+
+    @staticmethod
+    def _stream(stream):
+        import torch
+
+        return ctypes.c_void_p((stream or torch.cuda.current_stream()).cuda_stream)
+
+    def bias_gelu_fwd(self, x, bias, y=None, path=PATH_DEFAULT, stream=None):
+        import torch
+
+        rows, cols = self._rows_cols(x)
+        y = torch.empty_like(x) if y is None else y
+        self._check(self.lib.pu_bias_gelu_fwd(rows, cols, self._fused_dtype_code(x), path, self._ptr(x),
+                                              self._ptr(bias), self._ptr(y), self._stream(stream)))
+        return y
+
+    def bias_gelu_bwd(self, x, bias, dy, dx=None, dbias=None, workspace=None, path=PATH_DEFAULT, stream=None):
+        import torch
+
+        rows, cols = self._rows_cols(x)
+        dx = torch.empty_like(x) if dx is None else dx
+        dbias = torch.empty_like(bias) if dbias is None else dbias
+        if workspace is None:
+            nbytes = self.lib.pu_bias_gelu_bwd_workspace_bytes(rows, cols)
+            workspace = torch.empty((nbytes + 3) // 4, dtype=torch.float32, device=x.device)
+        self._check(self.lib.pu_bias_gelu_bwd(rows, cols, self._fused_dtype_code(x), path, self._ptr(x),
+                                              self._ptr(bias), self._ptr(dy), self._ptr(dx), self._ptr(dbias),
+                                              self._ptr(workspace), self._stream(stream)))
+        return dx, dbias
+
+    def bdrln_fwd(self, x, bias, residual, ln_weight, ln_bias, dropout=0.0, epsilon=1e-12, seed=0, offset=0,
+                  y=None, mean=None, rstd=None, path=PATH_DEFAULT, stream=None):
+        """y (x's dtype), mean, rstd ([rows] fp32)."""
+        import torch
+
+        rows, cols = self._rows_cols(x)
+        y = torch.empty_like(x) if y is None else y
+        mean = torch.empty(rows, dtype=torch.float32, device=x.device) if mean is None else mean
+        rstd = torch.empty(rows, dtype=torch.float32, device=x.device) if rstd is None else rstd
+        self._check(self.lib.pu_bdrln_fwd(
+            rows, cols, self._fused_dtype_code(x), float(dropout), float(epsilon),
+            int(seed) & 0xFFFFFFFFFFFFFFFF, int(offset) & 0xFFFFFFFFFFFFFFFF, path,
+            *(self._ptr(t) for t in (x, bias, residual, ln_weight, ln_bias, y, mean, rstd)),
+            self._stream(stream)))
+        return y, mean, rstd
+
+    def bdrln_bwd(self, x, bias, residual, ln_weight, mean, rstd, dy, dropout=0.0, epsilon=1e-12, seed=0,
+                  offset=0, dx=None, dresidual=None, dbias=None, dln_weight=None, dln_bias=None,
+                  workspace=None, path=PATH_DEFAULT, stream=None):
+        """dx, dresidual, dbias, dln_weight, dln_bias."""
+        import torch
+
+        rows, cols = self._rows_cols(x)
+        dx = torch.empty_like(x) if dx is None else dx
+        dresidual = torch.empty_like(x) if dresidual is None else dresidual
+        dbias = torch.empty_like(bias) if dbias is None else dbias
+        dln_weight = torch.empty_like(ln_weight) if dln_weight is None else dln_weight
+        dln_bias = torch.empty_like(ln_weight) if dln_bias is None else dln_bias
+        if workspace is None:
+            nbytes = self.lib.pu_bdrln_bwd_workspace_bytes(rows, cols)
+            workspace = torch.empty((nbytes + 3) // 4, dtype=torch.float32, device=x.device)
+        self._check(self.lib.pu_bdrln_bwd(
+            rows, cols, self._fused_dtype_code(x), float(dropout), float(epsilon),
+            int(seed) & 0xFFFFFFFFFFFFFFFF, int(offset) & 0xFFFFFFFFFFFFFFFF, path,
+            *(self._ptr(t) for t in (x, bias, residual, ln_weight, mean, rstd, dy, dx, dresidual, dbias,
+                                     dln_weight, dln_bias, workspace)),
+            self._stream(stream)))
+        return dx, dresidual, dbias, dln_weight, dln_bias
 
 
 _loaded = {}

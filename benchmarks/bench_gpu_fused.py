@@ -1,0 +1,154 @@
+"""GPU benchmark of the fused CUDA encoder kernels (C-ABI harness) against unfused PyTorch.
+
+Runs on a GPU machine with PyTorch (no Paddle): ``benchmarks/gpu_check.sh`` calls it.
+BERT-base / BERT-large shapes on a packed batch (rows = tokens), bf16 and fp16, timed with
+CUDA events (median of --iters after warm-up), forward and forward+backward:
+
+* ``bias_gelu``  ours vs ``gelu(x + bias)`` (torch: two kernels, autograd backward)
+* ``bdrln``      ours (dropout 0.1) vs ``layer_norm(residual + dropout(x + bias))``
+                 (torch: dropout with its own generator, so only the speed is comparable)
+
+GB/s count the bytes a fused kernel must move at least (each tensor read or written
+once; vectors and mean/rstd ignored), for both sides, so the ratio is a time ratio.
+Writes JSON (--out).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "gpu"))
+
+from bench_gpu_fmha import timeit  # noqa: E402  (same CUDA-event timing)
+
+CASES = [
+    # name, rows (packed tokens), hidden, intermediate
+    ("bert-base", 16384, 768, 3072),
+    ("bert-large", 16384, 1024, 4096),
+]
+P_DROP = 0.1
+
+
+def gelu_case(torch, harness, rows, cols, dt, warmup, iters):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, dy = (torch.randn(rows, cols, device="cuda", generator=g).to(dt) for _ in range(2))
+    bias = torch.randn(cols, device="cuda", generator=g).to(dt)
+    y, dx, dbias = torch.empty_like(x), torch.empty_like(x), torch.empty_like(bias)
+    ws = torch.empty(harness.lib.pu_bias_gelu_bwd_workspace_bytes(rows, cols) // 4 + 1, device="cuda")
+    elem = x.element_size()
+    fwd_bytes, fb_bytes = 2 * rows * cols * elem, 5 * rows * cols * elem  # fwd x,y; bwd x,dy,dx
+
+    def ours_f():
+        harness.bias_gelu_fwd(x, bias, y=y)
+
+    def ours_fb():
+        harness.bias_gelu_fwd(x, bias, y=y)
+        harness.bias_gelu_bwd(x, bias, dy, dx=dx, dbias=dbias, workspace=ws)
+
+    xt, bt = x.detach().clone().requires_grad_(), bias.detach().clone().requires_grad_()
+
+    def torch_f():
+        with torch.no_grad():
+            torch.nn.functional.gelu(xt + bt)
+
+    def torch_fb():
+        xt.grad = bt.grad = None
+        torch.nn.functional.gelu(xt + bt).backward(dy)
+
+    return compare(torch, {"ours": (ours_f, ours_fb), "torch_unfused": (torch_f, torch_fb)},
+                   fwd_bytes, fb_bytes, warmup, iters)
+
+
+def bdrln_case(torch, harness, rows, cols, dt, warmup, iters):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x, res, dy = (torch.randn(rows, cols, device="cuda", generator=g).to(dt) for _ in range(3))
+    bias, w, b = (torch.randn(cols, device="cuda", generator=g).to(dt) for _ in range(3))
+    y, dx, dres = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    mean, rstd = torch.empty(rows, device="cuda"), torch.empty(rows, device="cuda")
+    db, dw, dlb = torch.empty_like(bias), torch.empty_like(bias), torch.empty_like(bias)
+    ws = torch.empty(harness.lib.pu_bdrln_bwd_workspace_bytes(rows, cols) // 4 + 1, device="cuda")
+    elem = x.element_size()
+    # fwd: x, residual, y; bwd: x, residual, dy, dx, dresidual
+    fwd_bytes, fb_bytes = 3 * rows * cols * elem, 8 * rows * cols * elem
+    kw = dict(dropout=P_DROP, epsilon=1e-12, seed=1234, offset=5)
+
+    def ours_f():
+        harness.bdrln_fwd(x, bias, res, w, b, y=y, mean=mean, rstd=rstd, **kw)
+
+    def ours_fb():
+        harness.bdrln_fwd(x, bias, res, w, b, y=y, mean=mean, rstd=rstd, **kw)
+        harness.bdrln_bwd(x, bias, res, w, mean, rstd, dy, dx=dx, dresidual=dres, dbias=db,
+                          dln_weight=dw, dln_bias=dlb, workspace=ws, **kw)
+
+    leaves = [t.detach().clone().requires_grad_() for t in (x, bias, res, w, b)]
+
+    def torch_y():
+        xt, bt, rt, wt, lbt = leaves
+        h = torch.nn.functional.dropout(xt + bt, P_DROP, training=True)
+        return torch.nn.functional.layer_norm(rt + h, (cols,), wt, lbt, 1e-12)
+
+    def torch_f():
+        with torch.no_grad():
+            torch_y()
+
+    def torch_fb():
+        for t in leaves:
+            t.grad = None
+        torch_y().backward(dy)
+
+    return compare(torch, {"ours": (ours_f, ours_fb), "torch_unfused": (torch_f, torch_fb)},
+                   fwd_bytes, fb_bytes, warmup, iters)
+
+
+def compare(torch, methods, fwd_bytes, fb_bytes, warmup, iters):
+    res = {}
+    for name, (f, fb) in methods.items():
+        try:
+            f_ms, fb_ms = timeit(torch, f, warmup, iters), timeit(torch, fb, warmup, iters)
+            res[name] = {"fwd_ms": f_ms, "fwd_gbs": fwd_bytes / f_ms / 1e6,
+                         "fwdbwd_ms": fb_ms, "fwdbwd_gbs": fb_bytes / fb_ms / 1e6}
+        except Exception as e:  # noqa: BLE001
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
+    try:
+        res["ratios"] = {k: res["ours"][k] / res["torch_unfused"][k] for k in ("fwd_ms", "fwdbwd_ms")}
+    except Exception:  # noqa: BLE001
+        res["ratios"] = None
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+
+    import torch
+
+    import pu_harness
+
+    harness = pu_harness.load()
+    t0 = time.time()
+    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "cuda": torch.version.cuda, "harness": harness.path,
+              "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
+              "bytes": "minimal traffic of a fused kernel (each [rows, cols] tensor once)", "cases": {}}
+    for name, rows, hidden, inter in CASES:
+        for dtype in ("bfloat16", "float16"):
+            dt = getattr(torch, dtype)
+            key = f"{name}/{dtype}"
+            result["cases"][key] = {
+                "rows": rows, "hidden": hidden, "intermediate": inter,
+                "bias_gelu": gelu_case(torch, harness, rows, inter, dt, args.warmup, args.iters),
+                "bdrln": bdrln_case(torch, harness, rows, hidden, dt, args.warmup, args.iters),
+            }
+            print(json.dumps({key: result["cases"][key]}, indent=1), flush=True)
+    result["seconds"] = time.time() - t0
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+// GPU kernels of the fused encoder operators: Paddle tensors -> raw pointers and the
+// tensor's stream -> kernels/cuda/fused_cuda.cuh. Argument checks shared with the CPU
+// path (shapes, places, dropout, epsilon) are done by fused_ops.cc before these
+// functions are called; here: the dtype, and what only the GPU kernels refuse.
+#include "fused_gpu.h"
+
+#include <string>
+
+#include "kernels/cuda/fused_cuda.cuh"
+#include "op_common.h"  // same folder
+
+namespace paddle_unpad {
+namespace {
+
+using paddle::DataType;
+using paddle::Tensor;
+using glue::dense;
+
+constexpr const char* kGelu = "bias_gelu";
+constexpr const char* kLn = "bias_dropout_residual_layer_norm";
+
+cuda::DType gpu_dtype(const char* op, const Tensor& x) {
+  const DataType t = x.dtype();
+  PD_CHECK(t == DataType::FLOAT16 || t == DataType::BFLOAT16 || t == DataType::FLOAT32, op,
+           ": x dtype ", t, " is not supported on GPU (supported: float16, bfloat16, float32)");
+  if (t == DataType::FLOAT16) return cuda::DType::kFloat16;
+  return t == DataType::BFLOAT16 ? cuda::DType::kBFloat16 : cuda::DType::kFloat32;
+}
+
+int64_t rows_of(const Tensor& x) {
+  int64_t n = 1;
+  for (size_t i = 0; i + 1 < x.shape().size(); ++i) n *= x.shape()[i];
+  return x.shape().back() > 0 ? n : 0;
+}
+
+void check_launch(const char* op, const char* pass, cudaError_t e) {
+  PD_CHECK(e == cudaSuccess, op, ": CUDA ", pass, " launch failed: ", cudaGetErrorName(e), ": ",
+           cudaGetErrorString(e));
+}
+
+void check_grad_dtype(const char* op, const Tensor& dy, const Tensor& x) {
+  PD_CHECK(dy.dtype() == x.dtype(), op, ": grad of y has dtype ", dy.dtype(), ", expected ", x.dtype());
+}
+
+Tensor workspace(size_t bytes, const Tensor& x) {
+  return paddle::empty({static_cast<int64_t>((bytes + 3) / 4)}, DataType::FLOAT32, x.place());
+}
+
+cuda::BiasGeluCudaProblem gelu_problem(const Tensor& x) {
+  cuda::BiasGeluCudaProblem c;
+  c.rows = rows_of(x);
+  c.cols = x.shape().back();
+  c.dtype = gpu_dtype(kGelu, x);
+  const std::string why = cuda::bias_gelu_cuda_unsupported(c);
+  PD_CHECK(why.empty(), kGelu, ": ", why);
+  return c;
+}
+
+cuda::BdrlnCudaProblem ln_problem(const BdrlnProblem& p, const Tensor& x) {
+  cuda::BdrlnCudaProblem c;
+  c.rows = p.rows;
+  c.cols = p.cols;
+  c.dropout = p.dropout;
+  c.epsilon = p.epsilon;
+  c.seed = p.seed;
+  c.offset = p.offset;
+  c.dtype = gpu_dtype(kLn, x);
+  const std::string why = cuda::bdrln_cuda_unsupported(c);
+  PD_CHECK(why.empty(), kLn, ": ", why);
+  return c;
+}
+
+}  // namespace
+
+void BiasGeluForwardGpu(const Tensor& x, const Tensor& bias, Tensor* y) {
+  const cuda::BiasGeluCudaProblem c = gelu_problem(x);
+  const Tensor xc = dense(x), bc = dense(bias);
+  check_launch(kGelu, "forward",
+               cuda::bias_gelu_cuda_fwd(c, xc.data(), bc.data(), y->data(), x.stream()));
+}
+
+void BiasGeluBackwardGpu(const Tensor& x, const Tensor& bias, const Tensor& dy, Tensor* dx,
+                         Tensor* dbias) {
+  const cuda::BiasGeluCudaProblem c = gelu_problem(x);
+  check_grad_dtype(kGelu, dy, x);
+  const Tensor xc = dense(x), bc = dense(bias), g = dense(dy);
+  Tensor ws = workspace(cuda::bias_gelu_cuda_bwd_workspace_bytes(c.rows, c.cols), x);
+  check_launch(kGelu, "backward",
+               cuda::bias_gelu_cuda_bwd(c, xc.data(), bc.data(), g.data(), dx->data(), dbias->data(),
+                                        ws.data(), x.stream()));
+}
+
+void BdrlnForwardGpu(const BdrlnProblem& p, const Tensor& x, const Tensor& bias,
+                     const Tensor& residual, const Tensor& ln_weight, const Tensor& ln_bias,
+                     Tensor* y, Tensor* mean, Tensor* rstd) {
+  const cuda::BdrlnCudaProblem c = ln_problem(p, x);
+  const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
+               lbc = dense(ln_bias);
+  check_launch(kLn, "forward",
+               cuda::bdrln_cuda_fwd(c, xc.data(), bc.data(), rc.data(), wc.data(), lbc.data(), y->data(),
+                                    mean->data<float>(), rstd->data<float>(), x.stream()));
+}
+
+void BdrlnBackwardGpu(const BdrlnProblem& p, const Tensor& x, const Tensor& bias,
+                      const Tensor& residual, const Tensor& ln_weight, const Tensor& mean,
+                      const Tensor& rstd, const Tensor& dy, Tensor* dx, Tensor* dresidual,
+                      Tensor* dbias, Tensor* dln_weight, Tensor* dln_bias) {
+  const cuda::BdrlnCudaProblem c = ln_problem(p, x);
+  check_grad_dtype(kLn, dy, x);
+  PD_CHECK(mean.dtype() == DataType::FLOAT32 && rstd.dtype() == DataType::FLOAT32, kLn,
+           ": saved mean/rstd must be float32, got ", mean.dtype(), "/", rstd.dtype());
+  const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
+               mc = dense(mean), sc = dense(rstd), g = dense(dy);
+  Tensor ws = workspace(cuda::bdrln_cuda_bwd_workspace_bytes(c.rows, c.cols), x);
+  check_launch(kLn, "backward",
+               cuda::bdrln_cuda_bwd(c, xc.data(), bc.data(), rc.data(), wc.data(), mc.data<float>(),
+                                    sc.data<float>(), g.data(), dx->data(), dresidual->data(),
+                                    dbias->data(), dln_weight->data(), dln_bias->data(), ws.data(),
+                                    x.stream()));
+}
+
+}  // namespace paddle_unpad

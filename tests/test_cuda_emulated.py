@@ -1,0 +1,245 @@
+"""The fused CUDA kernels (custom_ops/kernels/cuda: bias_gelu, bias_dropout_residual_layer_norm),
+run on the CPU under a small emulation of the CUDA execution model (tests/cuda_emu/emu.h:
+a block's threads are std::threads, __shared__ is static, barriers and warp shuffles are
+emulated), through the C-ABI harness, against the float64 references of the CPU tests.
+
+This is not a GPU run. It checks what does not depend on the hardware: indexing, the
+vector / element and register / general paths, row chunks and the ordered column sums,
+NaN-filled neighbours (nothing read or written outside a buffer), the row-wise Philox
+dropout layout (forward and backward masks vs tests/philox_ref.py), zero rows. Precision
+of the device math, speed and real concurrency are for tests/gpu on a GPU machine.
+
+Skips when g++ (C++20 <barrier>) or the CUDA headers are missing.
+"""
+import ctypes
+import functools
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import test_fused_ops as cpu_tests  # float64 references, the philox_ref row-wise mask, seeds
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPS = os.path.join(ROOT, "custom_ops")
+EMU = os.path.join(ROOT, "tests", "cuda_emu")
+SOURCES = ["kernels/cuda/bias_gelu_cuda.cu", "kernels/cuda/bdrln_fwd_cuda.cu", "kernels/cuda/bdrln_bwd_cuda.cu",
+           "kernels/cuda/fused_cuda.cu", "harness/pu_cuda_harness.cu"]
+CODE = {"float16": 0, "bfloat16": 1, "float32": 2}
+STORAGE = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32}
+TOL = {"float32": 3e-5, "float16": 4e-3, "bfloat16": 2.5e-2}  # max abs err / max |ref|
+PAD = 8  # NaN elements / rows around every buffer (keeps 16-byte alignment)
+ELEMENTWISE, WIDE = 1, 2  # `path` bits of the harness
+
+
+def _cuda_include():
+    from paddle_unpad import _build_config as cfg
+
+    nvcc = cfg.find_nvcc()
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+                 nvcc and os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "/usr/local/cuda"):
+        if home and os.path.exists(os.path.join(home, "include", "cuda_fp16.h")):
+            return os.path.join(home, "include")
+    return None
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    """Builds the emulated harness (kernel launches rewritten to emu::launch) with g++."""
+    inc = _cuda_include()
+    if shutil.which("g++") is None or inc is None:
+        pytest.skip("g++ or the CUDA headers (cuda_fp16.h) not found: CUDA emulation skipped")
+    out = tmp_path_factory.mktemp("cuda_emu")
+    launch = re.compile(r"^(\s*)(.+?)<<<(.+?)>>>\((.*)\);$", re.M)
+    flags = ["-std=c++20", "-O1", "-fPIC", "-pthread", "-I" + EMU, "-I" + OPS, "-isystem", inc,
+             "-Wno-deprecated-declarations"]
+    cmds = []
+    for rel in SOURCES:
+        with open(os.path.join(OPS, rel)) as f:
+            text = '#include "emu.h"\n' + launch.sub(r"\1emu::launch(\2, \3, \4);", f.read())
+        src = out / (os.path.basename(rel) + ".cpp")
+        src.write_text(text)
+        cmds.append(["g++", *flags, "-c", str(src), "-o", str(src) + ".o"])
+    stubs = os.path.join(EMU, "runtime_stubs.cpp")
+    cmds.append(["g++", *flags, "-c", stubs, "-o", str(out / "runtime_stubs.o")])
+
+    def run(cmd):
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        procs = list(pool.map(run, cmds))
+    failed = [p for p in procs if p.returncode != 0]
+    if failed and "barrier" in failed[0].stderr and "No such file" in failed[0].stderr:
+        pytest.skip("g++ has no C++20 <barrier>: CUDA emulation skipped")
+    assert not failed, failed[0].stderr[-4000:]
+    so = out / "libpu_fused_emulated.so"
+    link = run(["g++", "-shared", "-pthread", *[c[-1] for c in cmds], "-o", str(so)])
+    assert link.returncode == 0, link.stderr[-4000:]
+    lib = ctypes.CDLL(str(so))
+    i64, i32, f32, u64, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_uint64, ctypes.c_void_p
+    gelu, ln = [i64, i64, i32, i32], [i64, i64, i32, f32, f32, u64, u64, i32]
+    for name, args in (("pu_bias_gelu_fwd", gelu + [vp] * 4), ("pu_bias_gelu_bwd", gelu + [vp] * 7),
+                       ("pu_bdrln_fwd", ln + [vp] * 9), ("pu_bdrln_bwd", ln + [vp] * 14)):
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = i32
+    for name in ("pu_bias_gelu_bwd_workspace_bytes", "pu_bdrln_bwd_workspace_bytes"):
+        getattr(lib, name).argtypes = [i64, i64]
+        getattr(lib, name).restype = i64
+    lib.pu_harness_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+# ------------------------------------------------------------------------- host buffers
+
+
+def to_storage(a, dt):
+    """float values -> (storage array of dt, the float64 values it holds)."""
+    a = np.asarray(a, np.float32)
+    if dt == "bfloat16":  # round to nearest even, keep the top 16 bits
+        b = a.view(np.uint32).astype(np.uint64)
+        s = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    else:
+        s = a.astype(STORAGE[dt])
+    return s, from_storage(s, dt)
+
+
+def from_storage(s, dt):
+    if dt == "bfloat16":
+        return (s.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return s.astype(np.float64)
+
+
+class Buffer:
+    """A NaN-filled array with PAD rows (elements) on each side; .view is the inside."""
+
+    def __init__(self, shape, dt, fill=None):
+        self.dt = dt
+        self.full = np.empty((shape[0] + 2 * PAD, *shape[1:]), STORAGE[dt])
+        self.full[...] = 0x7FC0 if dt == "bfloat16" else np.nan
+        self.view = self.full[PAD : PAD + shape[0]]
+        if fill is not None:
+            self.view[...] = fill
+
+    @property
+    def ptr(self):
+        return ctypes.c_void_p(self.view.ctypes.data)
+
+    def values(self):
+        return from_storage(self.view, self.dt)
+
+    def check(self, name):
+        f = from_storage(self.full, self.dt)
+        assert np.isnan(f[:PAD]).all() and np.isnan(f[len(f) - PAD :]).all(), f"{name}: written outside"
+        assert np.isfinite(f[PAD : len(f) - PAD]).all(), f"{name}: non-finite (unwritten, or a neighbour read)"
+
+
+def call(lib, rc, what):
+    assert rc == 0, f"{what}: {lib.pu_harness_last_error().decode()}"
+
+
+def assert_close(dt, what, got, ref):
+    ref = np.asarray(ref, np.float64)
+    if ref.size:
+        err = np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-6)
+        assert err <= TOL[dt], f"{what}: max err / max |ref| = {err:.3e} > {TOL[dt]:.1e}"
+
+
+@functools.lru_cache(maxsize=None)
+def values(rows, cols, seed):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((rows, cols)) * 2, "residual": rng.standard_normal((rows, cols)),
+            "dy": rng.standard_normal((rows, cols)), "bias": rng.standard_normal(cols) * 0.5,
+            "ln_weight": 1 + rng.standard_normal(cols) * 0.2, "ln_bias": rng.standard_normal(cols) * 0.2}
+
+
+# ------------------------------------------------------------------------- runs
+
+
+def run_gelu(lib, rows, cols, dt, path=0):
+    v = {k: to_storage(a, dt) for k, a in values(rows, cols, 1).items()}
+    x, bias, dy = (Buffer(v[k][0].shape, dt, v[k][0]) for k in ("x", "bias", "dy"))
+    y, dx, dbias = Buffer((rows, cols), dt), Buffer((rows, cols), dt), Buffer((cols,), dt)
+    ws = np.zeros(lib.pu_bias_gelu_bwd_workspace_bytes(rows, cols) // 4 + 1, np.float32)
+    head = (rows, cols, CODE[dt], path)
+    call(lib, lib.pu_bias_gelu_fwd(*head, x.ptr, bias.ptr, y.ptr, None), "bias_gelu forward")
+    call(lib, lib.pu_bias_gelu_bwd(*head, x.ptr, bias.ptr, dy.ptr, dx.ptr, dbias.ptr,
+                                   ctypes.c_void_p(ws.ctypes.data), None), "bias_gelu backward")
+    ref = cpu_tests.gelu_reference(v["x"][1], v["bias"][1], v["dy"][1])
+    for name, buf, r in zip(("y", "dx", "dbias"), (y, dx, dbias), ref):
+        buf.check(name)
+        assert_close(dt, f"bias_gelu {name}", buf.values(), r)
+
+
+def run_bdrln(lib, rows, cols, dt, p, path=0, seed=cpu_tests.SEED, offset=cpu_tests.OFFSET):
+    v = {k: to_storage(a, dt) for k, a in values(rows, cols, 2).items()}
+    ins = {k: Buffer(s.shape, dt, s) for k, (s, _) in v.items()}
+    outs = {k: Buffer((rows, cols), dt) for k in ("y", "dx", "dresidual")}
+    outs.update({k: Buffer((cols,), dt) for k in ("dbias", "dln_weight", "dln_bias")})
+    mean, rstd = Buffer((rows,), "float32"), Buffer((rows,), "float32")
+    ws = np.zeros(lib.pu_bdrln_bwd_workspace_bytes(rows, cols) // 4 + 1, np.float32)
+    head = (rows, cols, CODE[dt], p, cpu_tests.EPS, seed & (2**64 - 1), offset, path)
+    call(lib, lib.pu_bdrln_fwd(*head, *(ins[k].ptr for k in ("x", "bias", "residual", "ln_weight", "ln_bias")),
+                               outs["y"].ptr, mean.ptr, rstd.ptr, None), "bdrln forward")
+    call(lib, lib.pu_bdrln_bwd(*head, *(ins[k].ptr for k in ("x", "bias", "residual", "ln_weight")), mean.ptr,
+                               rstd.ptr, ins["dy"].ptr,
+                               *(outs[k].ptr for k in ("dx", "dresidual", "dbias", "dln_weight", "dln_bias")),
+                               ctypes.c_void_p(ws.ctypes.data), None), "bdrln backward")
+    keep = cpu_tests.rowwise_keep(seed, offset, p, rows, cols) if p > 0 else None
+    f = {k: s[1] for k, s in v.items()}
+    y, dx, dbias, dres, dw, db = cpu_tests.ln_reference(f["x"], f["bias"], f["residual"], f["ln_weight"],
+                                                        f["ln_bias"], f["dy"], p, keep)
+    z = f["residual"] + (f["x"] + f["bias"]) * (keep / (1 - p) if p > 0 else 1.0)
+    ref = {"y": y, "dx": dx, "dresidual": dres, "dbias": dbias, "dln_weight": dw, "dln_bias": db}
+    for name, buf in outs.items():
+        buf.check(name)
+        assert_close(dt, f"bdrln {name}", buf.values(), ref[name])
+    mean.check("mean")
+    rstd.check("rstd")
+    assert_close("float32", "bdrln mean", mean.values(), z.mean(-1) if rows else np.zeros(0))
+    if p > 0 and rows:  # the backward drops what the forward dropped: dx = 0 there, else dz / (1 - p)
+        live = outs["dresidual"].values() != 0
+        np.testing.assert_array_equal((outs["dx"].values() != 0)[live], keep[live])
+
+
+# ------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("path", [0, ELEMENTWISE])
+@pytest.mark.parametrize("rows,cols", [(0, 384), (1, 8), (7, 771), (70, 384)])
+@pytest.mark.parametrize("dt", list(CODE))
+def test_bias_gelu(lib, dt, rows, cols, path):
+    run_gelu(lib, rows, cols, dt, path)
+
+
+@pytest.mark.parametrize("path", [0, ELEMENTWISE, WIDE, WIDE | ELEMENTWISE])
+@pytest.mark.parametrize("rows,cols,p", [(0, 32, 0.1), (1, 384, 0.0), (7, 771, 0.1), (40, 32, 0.1)])
+@pytest.mark.parametrize("dt", list(CODE))
+def test_bdrln(lib, dt, rows, cols, p, path):
+    run_bdrln(lib, rows, cols, dt, p, path)
+
+
+@pytest.mark.parametrize("dt,cols", [("float32", 1031), ("bfloat16", 8200)])
+def test_bdrln_long_rows_take_the_general_path(lib, dt, cols):
+    run_bdrln(lib, 3, cols, dt, 0.1)
+
+
+def test_column_sums_over_many_chunks(lib):
+    run_bdrln(lib, 300, 64, "float32", 0.1)  # 19 chunks of 16 rows
+    run_bdrln(lib, 300, 64, "float32", 0.1, path=WIDE)
+    run_gelu(lib, 300, 40, "float32")  # 5 chunks of 64 rows
+
+
+def test_dropout_layout_with_a_high_seed(lib):
+    run_bdrln(lib, 33, 96, "float16", 0.2, seed=2**63 + 5, offset=2**32 + 9)
+
+
+def test_refusals_name_the_argument(lib):
+    head = (4, 8, CODE["float32"], 0.0, 0.0, 0, 0, 0)  # epsilon = 0
+    assert lib.pu_bdrln_fwd(*head, *([None] * 8), None) != 0
+    assert "epsilon" in lib.pu_harness_last_error().decode()
+    assert lib.pu_bias_gelu_fwd(4, 8, 7, 0, None, None, None, None) != 0
+    assert "dtype" in lib.pu_harness_last_error().decode()
