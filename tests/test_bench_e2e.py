@@ -25,7 +25,7 @@ def quick_run(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e.py"), "--quick", "--out", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    assert r.returncode == 0, r.stdout[-3000:] + "\n--- stderr:\n" + r.stderr[:8000]
     return json.loads(out.read_text()), r.stdout
 
 
