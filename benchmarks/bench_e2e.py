@@ -98,12 +98,19 @@ def parse_args(argv=None):
     return args
 
 
-def layer_flops(lengths, h, ffn, padded_to=None):
-    """Forward FLOPs of one encoder layer: GEMMs 2*T*(4h^2 + 2*h*ffn) + attention 4*h*sum(s^2)."""
-    if padded_to is not None:
-        lengths = [padded_to] * len(lengths)
-    T = sum(lengths)
-    return 2 * T * (4 * h * h + 2 * h * ffn) + 4 * h * sum(s * s for s in lengths)
+def gemm_flops(tokens, h, ffn):
+    """Forward FLOPs of one encoder layer's GEMMs (QKV, out, FFN): 2*T*(4h^2 + 2*h*ffn)."""
+    return 2 * tokens * (4 * h * h + 2 * h * ffn)
+
+
+def attention_flops(sumsq, h):
+    """Forward FLOPs of one encoder layer's attention: 4*h*sum(s^2)."""
+    return 4 * h * sumsq
+
+
+def layer_flops(tokens, sumsq, h, ffn):
+    """Forward FLOPs of one encoder layer."""
+    return gemm_flops(tokens, h, ffn) + attention_flops(sumsq, h)
 
 
 # ----------------------------------------------------------------------------- profile
@@ -209,38 +216,19 @@ def profile_breakdown(trace_path, thread_id):
 # ----------------------------------------------------------------------------- worker (one rank)
 
 
-def _sync(paddle):
-    if paddle.device.get_device().startswith("gpu"):
-        paddle.device.synchronize()
-
-
-def _matmul_gflops(paddle, h, ffn, repeats=8):
+def _matmul_gflops(paddle, sync, h, ffn, repeats=8):
     """fp32 GEMM throughput of this rank: the model's FFN shape [2048, h] x [h, ffn], best of repeats."""
     a = paddle.randn([2048, h], dtype="float32")
     b = paddle.randn([h, ffn], dtype="float32")
     paddle.matmul(a, b)
     best = float("inf")
     for _ in range(repeats):
-        _sync(paddle)
+        sync()
         t = time.perf_counter()
         paddle.matmul(a, b)
-        _sync(paddle)
+        sync()
         best = min(best, time.perf_counter() - t)
     return 2.0 * 2048 * h * ffn / best / 1e9
-
-
-def _pad_batch(paddle, samples, S):
-    import numpy as np
-
-    B = len(samples)
-    ids, types, mask = (np.zeros((B, S), np.int64) for _ in range(3))
-    for b, s in enumerate(samples):
-        n = len(s["input_ids"])
-        ids[b, :n], types[b, :n], mask[b, :n] = s["input_ids"], s["token_type_ids"], 1
-    return {"input_ids": paddle.to_tensor(ids), "token_type_ids": paddle.to_tensor(types),
-            "attention_mask": paddle.to_tensor(mask),
-            "labels": paddle.to_tensor(np.array([s["labels"] for s in samples], np.int64)),
-            "num_samples": B, "lengths": [len(s["input_ids"]) for s in samples]}
 
 
 class _Window:
@@ -270,6 +258,7 @@ def worker(args):
     import paddle_unpad as pu
     from paddle_unpad import ops as pu_ops
     from paddle_unpad.data import corpora
+    from paddle_unpad.trainer import PadCollator
 
     setter = getattr(paddle, "set_num_threads", None) or getattr(paddle.base.core, "set_num_threads", None)
     if setter is not None:
@@ -280,6 +269,7 @@ def worker(args):
     fleet.init(is_collective=True, strategy=strategy)
     rank, world = dist.get_rank(), dist.get_world_size()
     on_gpu = paddle.device.get_device().startswith("gpu")
+    sync = paddle.device.synchronize if on_gpu else (lambda: None)
     log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
 
     # ---- data: every rank builds the same sample list, then takes its shard
@@ -326,6 +316,9 @@ def worker(args):
         models[w] = m
         opts[w] = paddle.optimizer.AdamW(1e-5, parameters=m.parameters(), weight_decay=0.01)
 
+    # stock padding: to the batch maximum (DataCollatorWithPadding) or to max_len
+    pad = {"padded_batch_max": PadCollator(), "padded_max_len": PadCollator(pad_to=args.max_len)}
+
     # the ways compute the same model: eval-mode loss on this rank's first batch
     check = {}
     for w, m in models.items():
@@ -334,8 +327,7 @@ def worker(args):
             if w.startswith("unpadded"):
                 b = pu.data.PackingCollator(max_seqlen=args.max_len)(batches[0])
             else:
-                b = _pad_batch(paddle, batches[0], args.max_len if w == "padded_max_len" else
-                               max(len(s["input_ids"]) for s in batches[0]))
+                b = pad[w](batches[0])
             logits = m(**_model_inputs(b))
             logits = logits[0] if isinstance(logits, (tuple, list)) else logits
             check[w] = float(paddle.nn.functional.cross_entropy(logits, b["labels"]))
@@ -348,12 +340,12 @@ def worker(args):
             loaders[w] = pu.fleet.distributed_loader(_Window(batches), enabled=False, max_seqlen=args.max_len)
         elif w == "unpadded_balanced":
             loaders[w] = pu.fleet.distributed_loader(_Window(batches), strategy=strategy)
-        else:
-            S = args.max_len if w == "padded_max_len" else None
-            loaders[w] = [_pad_batch(paddle, b, S or max(len(s["input_ids"]) for s in b)) for b in batches]
+        else:  # padded beforehand; the lengths ride along for the bookkeeping
+            loaders[w] = [(pad[w](b), [len(s["input_ids"]) for s in b]) for b in batches]
     iters = {w: iter(ld) for w, ld in loaders.items()}
 
     params = {w: [p for p in m.parameters() if not p.stop_gradient] for w, m in models.items()}
+    sizes = {w: [int(np.prod(p.shape)) for p in ps] for w, ps in params.items()}
     flag = paddle.zeros([1])
     core = paddle.base.core
     has_stat = hasattr(core, "host_memory_stat_peak_value") and not on_gpu
@@ -363,7 +355,7 @@ def worker(args):
 
     def train_step(w):
         m, opt = models[w], opts[w]
-        _sync(paddle)
+        sync()
         t0 = time.perf_counter()
         with span("waiting for the batch"):
             batch = next(iters[w])
@@ -377,52 +369,52 @@ def worker(args):
             if reset is not None:
                 reset()
         if w.startswith("unpadded"):
-            lengths = np.diff(np.asarray(batch["cu_seqlens_host"])).tolist()
-            n_global = int(batch.get("global_num_samples", len(lengths) * world))
+            lengths = batch["seqlens_host"].tolist()
         else:
-            lengths = batch["lengths"]
-            n_global = batch["num_samples"] * world
+            batch, lengths = batch
+        # without balancing every rank holds --batch samples; the balancer counts them for us (its
+        # local path's global_num_samples is the rank's own count)
+        n_global = int(batch["global_num_samples"]) if w == "unpadded_balanced" else len(lengths) * world
         logits = m(**_model_inputs(batch))
         logits = logits[0] if isinstance(logits, (tuple, list)) else logits
         # sum / global count: data parallel's mean even when ranks hold different sample counts
         loss = paddle.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum") * (world / n_global)
         loss.backward()
-        _sync(paddle)
+        sync()
         t2 = time.perf_counter()
         with span("waiting at the all-reduce"):
             dist.all_reduce(flag)  # returns when the slowest rank arrives
-            _sync(paddle)
+            sync()
         t3 = time.perf_counter()
         with span("gradient all-reduce"):
             ps = params[w]
             flat = paddle.concat([p.grad.reshape([-1]) for p in ps])
             dist.all_reduce(flat)
             flat = flat * (1.0 / world)
-            for p, g in zip(ps, paddle.split(flat, [int(np.prod(p.shape)) for p in ps])):
+            for p, g in zip(ps, paddle.split(flat, sizes[w])):
                 p.grad.set_value(g.reshape(p.shape))
-            _sync(paddle)
+            sync()
         t4 = time.perf_counter()
         opt.step()
         opt.clear_grad()
-        _sync(paddle)
+        sync()
         t5 = time.perf_counter()
         peak = None
         if has_stat:
             peak = int(core.host_memory_stat_peak_value("Allocated", 0) - before)
         elif on_gpu:
             peak = int(paddle.device.cuda.max_memory_allocated() - before)
-        S = max(lengths) if lengths else 0
-        padded = len(lengths) * (args.max_len if w == "padded_max_len" else S) if w.startswith("padded") \
-            else sum(lengths)
+        # the length every sample is computed at: its own (unpadded) or the padded batch's
+        padded_to = {"padded_max_len": args.max_len, "padded_batch_max": max(lengths, default=0)}.get(w)
         return {"step": t5 - t0, "fetch": t1 - t0, "compute": t2 - t1, "wait": t3 - t2, "comm": t4 - t3,
                 "opt": t5 - t4, "samples": len(lengths), "tokens": int(sum(lengths)),
-                "computed_tokens": int(padded), "sumsq": int(sum(s * s for s in lengths)),
-                "padded_to": args.max_len if w == "padded_max_len" else S, "alloc_peak": peak,
+                "computed_tokens": int(len(lengths) * padded_to if padded_to else sum(lengths)),
+                "sumsq": int(sum(s * s for s in lengths)), "padded_to": padded_to, "alloc_peak": peak,
                 "loss": float(loss) / world, "lengths": [int(x) for x in lengths]}
 
     # ---- matmul throughput (all ranks at once, as during training)
     dist.barrier()
-    mm = _matmul_gflops(paddle, h, ffn)
+    mm = _matmul_gflops(paddle, sync, h, ffn)
     log(f"fp32 matmul [2048,{h}]x[{h},{ffn}]: {mm:.1f} GFLOP/s on rank 0")
 
     rec = {w: [] for w in args.ways}
@@ -599,13 +591,13 @@ def summarize(raw, args):
         per_rank = []
         for r in ranks:
             recs = r["records"][w]
-            lengths_flops = [3 * L * (2 * x["tokens"] * (4 * h * h + 2 * h * ffn) + 4 * h * x["sumsq"]) for x in recs]
+            useful = [3 * L * layer_flops(x["tokens"], x["sumsq"], h, ffn) for x in recs]  # fwd + bwd
             per_rank.append({
                 "rank": r["rank"], **{f"{k}_ms": float(np.mean([x[k] for x in recs]) * 1e3)
                                       for k in ("step", "fetch", "compute", "wait", "comm", "opt")},
                 "samples": int(sum(x["samples"] for x in recs)), "tokens": int(sum(x["tokens"] for x in recs)),
                 "computed_tokens": int(sum(x["computed_tokens"] for x in recs)),
-                "useful_flops": float(sum(lengths_flops)),
+                "useful_flops": float(sum(useful)),
                 "alloc_peak_mib": None if recs[0]["alloc_peak"] is None else
                 round(max(x["alloc_peak"] for x in recs) / 2 ** 20, 1),
                 "loss_first_last": [recs[0]["loss"], recs[-1]["loss"]],
@@ -631,16 +623,12 @@ def summarize(raw, args):
         }
     # ideal FLOP ratios from the samples themselves (same samples in every way)
     ideal = {}
-    for base, key in (("padded_batch_max", "padded_to"), ("padded_max_len", "padded_to")):
+    for base in ("padded_batch_max", "padded_max_len"):
         if base not in args.ways:
             continue
-        pad_f = real_f = 0.0
-        for r in ranks:
-            for x in r["records"][base]:
-                B = x["samples"]
-                S = x[key]
-                pad_f += 2 * B * S * (4 * h * h + 2 * h * ffn) + 4 * h * B * S * S
-                real_f += 2 * x["tokens"] * (4 * h * h + 2 * h * ffn) + 4 * h * x["sumsq"]
+        recs = [x for r in ranks for x in r["records"][base]]
+        pad_f = sum(layer_flops(x["computed_tokens"], x["computed_tokens"] * x["padded_to"], h, ffn) for x in recs)
+        real_f = sum(layer_flops(x["tokens"], x["sumsq"], h, ffn) for x in recs)
         ideal[base] = pad_f / real_f
     speedup = {}
     for base in ideal:
@@ -667,8 +655,8 @@ def summarize(raw, args):
         # achieved rates of the two big compute categories, on useful FLOPs (fwd+bwd: GEMMs 3x the
         # forward, attention 3.5x: 2 matmuls forward, 5 in the backward with the recompute)
         achieved = {}
-        for cat, flops in (("GEMM", lambda p: 3 * L * 2 * p["tokens"] * (4 * h * h + 2 * h * ffn)),
-                           ("attention", lambda p: 3.5 * L * 4 * h * p["sumsq"])):
+        for cat, flops in (("GEMM", lambda p: 3 * L * gemm_flops(p["tokens"], h, ffn)),
+                           ("attention", lambda p: 3.5 * L * attention_flops(p["sumsq"], h))):
             rates = [flops(p) / (p["categories_us"][cat] * 1e-6) / 1e9 for p in profs if p["categories_us"].get(cat)]
             if rates:
                 g = float(np.mean(rates))

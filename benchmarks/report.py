@@ -198,6 +198,18 @@ def _enc_change(a, b):
     return f"x{b / a:.2f}" if a else "-"
 
 
+def _enc_tok(pts, side):
+    return [p["sides"][side]["tokens_per_s"] for p in pts]
+
+
+def _enc_tokens_plot(pts, png, title, xlabel):
+    """Tokens/s of both sides over a sweep's x."""
+    xs = [p["x"] for p in pts]
+    return _plot(png, title, xlabel, "real tokens/s", [("converted (unpadded)", xs, _enc_tok(pts, "unpadded")),
+                                                       ("original, padded to batch max", xs,
+                                                        _enc_tok(pts, "batch_max"))])
+
+
 def _enc_padding(d):
     pts = _enc_pts(d, "padding")
     if not pts:
@@ -206,10 +218,8 @@ def _enc_padding(d):
     lines = ["#### Padding ratio", "", _enc_sentence(sw["description"]), ""]
     lines += _enc_sweep_table(pts, lambda p: f"{p['x']:.0f}%")
     xs = [p["x"] for p in pts]
-    tok = lambda side: [p["sides"][side]["tokens_per_s"] for p in pts]  # noqa: E731
-    lines += _plot("encoder_padding_tokens.png", "Training step tokens/s vs padding ratio", "padding (%)",
-                   "real tokens/s", [("converted (unpadded)", xs, tok("unpadded")),
-                                     ("original, padded to batch max", xs, tok("batch_max"))])
+    lines += _enc_tokens_plot(pts, "encoder_padding_tokens.png", "Training step tokens/s vs padding ratio",
+                              "padding (%)")
     lines += _plot("encoder_speedup.png", "Training step speedup, converted vs original, vs padding", "padding (%)",
                    "speedup (x)", [("measured", xs, [p["speedup_vs_batch_max"] for p in pts])],
                    ideal=(xs, [p["ideal_vs_batch_max"] for p in pts]))
@@ -238,17 +248,15 @@ def _enc_max_len(d):
     lines = ["#### Max sequence length", "", _enc_sentence(sw["description"]), ""]
     lines += _enc_sweep_table(pts, lambda p: f"L={p['x']}")
     xs = [p["x"] for p in pts]
-    tok = lambda side: [p["sides"][side]["tokens_per_s"] for p in pts]  # noqa: E731
-    lines += _plot("encoder_maxlen_tokens.png", "Training step tokens/s vs max sequence length", "max length L",
-                   "real tokens/s", [("converted (unpadded)", xs, tok("unpadded")),
-                                     ("original, padded to batch max", xs, tok("batch_max"))])
+    lines += _enc_tokens_plot(pts, "encoder_maxlen_tokens.png", "Training step tokens/s vs max sequence length",
+                              "max length L")
     if all(_enc_mib(p, "unpadded") is not None for p in pts):
         lines += _plot("encoder_maxlen_memory.png", "Paddle allocator peak per training step vs max length",
                        "max length L", "MiB", [("converted (unpadded)", xs, [_enc_mib(p, "unpadded") for p in pts]),
                                                ("original, padded to batch max", xs,
                                                 [_enc_mib(p, "batch_max") for p in pts])])
     a, b = pts[0], pts[-1]
-    to, tu = tok("batch_max"), tok("unpadded")
+    to, tu = _enc_tok(pts, "batch_max"), _enc_tok(pts, "unpadded")
     txt = (f"From L={a['x']} to L={b['x']} the original's tokens/s changes {_enc_change(to[0], to[-1])} and the "
            f"converted model's {_enc_change(tu[0], tu[-1])}; "
            f"the speedup goes from {a['speedup_vs_batch_max']:.2f}x to {b['speedup_vs_batch_max']:.2f}x (ideal "

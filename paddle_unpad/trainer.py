@@ -35,16 +35,23 @@ def _trainer_base():
 class PadCollator:
     """Pads a list of samples to the batch maximum: ``[B, S]`` tensors plus an
     ``attention_mask``; per-token labels are padded with ``label_pad`` (ignored by
-    PaddleNLP's losses), per-sample fields are stacked."""
+    PaddleNLP's losses), per-sample fields are stacked. ``pad_to``: pad every batch to
+    this length instead (PaddleNLP's ``padding="max_length"``)."""
 
-    def __init__(self, pad_token_id=0, label_pad=-100):
-        self.pad_token_id, self.label_pad = pad_token_id, label_pad
+    def __init__(self, pad_token_id=0, label_pad=-100, pad_to=None):
+        if pad_to is not None and (not isinstance(pad_to, int) or pad_to < 1):
+            raise ValueError(f"PadCollator: pad_to must be a positive int or None, got {pad_to!r}")
+        self.pad_token_id, self.label_pad, self.pad_to = pad_token_id, label_pad, pad_to
 
     def __call__(self, batch):
         import paddle
 
         samples, lengths, _ = normalize_batch(list(batch))
         B, S = len(samples), int(lengths.max()) if len(samples) else 0
+        if self.pad_to is not None:
+            if S > self.pad_to:
+                raise ValueError(f"PadCollator: a sample of length {S} is longer than pad_to={self.pad_to}")
+            S = self.pad_to
         out = {"attention_mask": np.zeros((B, S), np.int64)}
         for b, n in enumerate(lengths):
             out["attention_mask"][b, :n] = 1

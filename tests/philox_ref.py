@@ -127,3 +127,17 @@ def dropout_keep_mask(seed, offset, p, cu_seqlens, num_heads):
         words = random_words(seed, offset, np.arange(start, end), heads, s)
         masks.append(words >= thr)
     return masks
+
+
+def rowwise_keep(seed, offset, p, rows, cols):
+    """bool [rows, cols] keep mask of the fused ops' row-wise dropout layout: element (r, j)
+    uses word j % 4 of counter (j // 4, r, 0xffffffff, offset)."""
+    thr = dropout_threshold(p)
+    if thr == 0 or rows == 0:
+        return np.ones((rows, cols), dtype=bool)
+    nblk = (cols + 3) // 4
+    c0 = np.arange(nblk, dtype=np.uint64)[None, :]
+    c1 = np.arange(rows, dtype=np.uint64)[:, None]
+    words = philox4x32((c0, c1, 0xFFFFFFFF, offset), seed_key(seed))
+    w = np.stack(words, axis=-1).reshape(rows, nblk * 4)[:, :cols]
+    return w >= np.uint32(thr)

@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-import test_fused_ops as cpu_tests  # float64 references, the philox_ref row-wise mask, seeds
+import philox_ref
+import test_fused_ops as cpu_tests  # float64 references, seeds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = os.path.join(ROOT, "custom_ops")
@@ -188,7 +189,7 @@ def run_bdrln(lib, rows, cols, dt, p, path=0, seed=cpu_tests.SEED, offset=cpu_te
                                rstd.ptr, ins["dy"].ptr,
                                *(outs[k].ptr for k in ("dx", "dresidual", "dbias", "dln_weight", "dln_bias")),
                                ctypes.c_void_p(ws.ctypes.data), None), "bdrln backward")
-    keep = cpu_tests.rowwise_keep(seed, offset, p, rows, cols) if p > 0 else None
+    keep = philox_ref.rowwise_keep(seed, offset, p, rows, cols) if p > 0 else None
     f = {k: s[1] for k, s in v.items()}
     y, dx, dbias, dres, dw, db = cpu_tests.ln_reference(f["x"], f["bias"], f["residual"], f["ln_weight"],
                                                         f["ln_bias"], f["dy"], p, keep)

@@ -64,19 +64,6 @@ def gelu_reference(x, bias, dy):
     return y, dx, dx.reshape(-1, u.shape[-1]).sum(axis=0)
 
 
-def rowwise_keep(seed, offset, p, rows, cols):
-    """bool [rows, cols] keep mask of the row-wise dropout layout, from philox_ref."""
-    thr = philox_ref.dropout_threshold(p)
-    if thr == 0 or rows == 0:
-        return np.ones((rows, cols), dtype=bool)
-    nblk = (cols + 3) // 4
-    c0 = np.arange(nblk, dtype=np.uint64)[None, :]
-    c1 = np.arange(rows, dtype=np.uint64)[:, None]
-    words = philox_ref.philox4x32((c0, c1, 0xFFFFFFFF, offset), philox_ref.seed_key(seed))
-    w = np.stack(words, axis=-1).reshape(rows, nblk * 4)[:, :cols]
-    return w >= np.uint32(thr)
-
-
 def ln_reference(x, bias, res, w, b, dy, p, keep, eps=EPS):
     """float64 y, dx, dbias, dresidual, dln_weight, dln_bias of the fused LayerNorm block."""
     x, bias, res, w, b, dy = (np.asarray(a, np.float64) for a in (x, bias, res, w, b, dy))
@@ -133,7 +120,7 @@ def ln_inputs(T, F, seed=0):
 
 @functools.lru_cache(maxsize=2)
 def keep_mask(T, F, p):
-    return rowwise_keep(SEED, OFFSET, p, T, F) if p > 0 else None
+    return philox_ref.rowwise_keep(SEED, OFFSET, p, T, F) if p > 0 else None
 
 
 def run_gelu(fn, x, bias, dy=None):
@@ -213,7 +200,7 @@ def test_odd_shapes(shape, p, fused_native):
     for name, g, r in zip(("y", "dx", "dbias"), got, gelu_reference(x, bias, dy)):
         assert_close(f"gelu {shape}/{name}", g, r)
     rows = int(np.prod(shape[:-1]))
-    keep = rowwise_keep(SEED, OFFSET, p, rows, F) if p > 0 else None
+    keep = philox_ref.rowwise_keep(SEED, OFFSET, p, rows, F) if p > 0 else None
     ref = ln_reference(x, bias, res, w, b, dy, p, keep)
     got = run_ln(ops.bias_dropout_residual_layer_norm, x, bias, res, w, b, dy, p=p)
     for name, g, r in zip(LN_NAMES, got, ref):
@@ -281,7 +268,7 @@ def test_dropout_mask_layout_exact(impl, p, request):
     x, bias, res, w, b, dy = (a.reshape(shape) if a.ndim == 2 else a for a in ln_inputs(rows, F, seed=5))
     got = run_ln(fn, x, bias, res, w, b, dy, p=p)
     kept = got[1].reshape(rows, F) != 0
-    want = rowwise_keep(SEED, OFFSET, p, rows, F)
+    want = philox_ref.rowwise_keep(SEED, OFFSET, p, rows, F)
     mism = np.argwhere(kept != want)
     assert mism.size == 0, f"{len(mism)} of {want.size} keep-mask elements differ, first [row, col] = {mism[:5].tolist()}"
     np.testing.assert_array_equal(want, paddle_unpad.philox.rowwise_keep_mask(SEED, OFFSET, p, rows, F))
@@ -292,7 +279,7 @@ def test_dropout_mask_layout_exact(impl, p, request):
 def test_dropout_stream_differs_from_attention_stream():
     """Counter word 2 = 0xffffffff: never one of fmha's heads, so no counter is shared."""
     rows, F = 64, 64
-    rw = rowwise_keep(SEED, OFFSET, 0.5, rows, F)
+    rw = philox_ref.rowwise_keep(SEED, OFFSET, 0.5, rows, F)
     att = philox_ref.dropout_keep_mask(SEED, OFFSET, 0.5, [0, rows], 1)[0][0]  # head 0, [rows, rows]
     assert rw.shape == att.shape and not np.array_equal(rw, att)
 
@@ -340,7 +327,7 @@ def test_nan_around_inputs_is_never_read(p, fused_native):
     T, F, pad = 37, 100, 5
     x, bias, res, w, b, dy = ln_inputs(T, F, seed=3)
     gx, gbias, gdy = gelu_inputs(T, F, seed=3)
-    keep = rowwise_keep(SEED, OFFSET, p, T, F) if p > 0 else None
+    keep = philox_ref.rowwise_keep(SEED, OFFSET, p, T, F) if p > 0 else None
 
     def matrix(a):
         buf = np.full((pad + T + pad, F + 7), np.nan, dtype=np.float32)
@@ -389,7 +376,7 @@ def test_nan_row_stays_in_its_row(fused_native):
     x, bias, res, w, b, dy = ln_inputs(T, F, seed=4)
     x = x.copy()
     x[6, 50] = np.nan
-    ref = ln_reference(np.nan_to_num(x), bias, res, w, b, dy, 0.1, rowwise_keep(SEED, OFFSET, 0.1, T, F))
+    ref = ln_reference(np.nan_to_num(x), bias, res, w, b, dy, 0.1, philox_ref.rowwise_keep(SEED, OFFSET, 0.1, T, F))
     got = run_ln(ops.bias_dropout_residual_layer_norm, x, bias, res, w, b, dy, p=0.1)
     others = np.r_[0:6, 7:T]
     for name, g, r in zip(("y", "dx"), (got[0], got[1]), (ref[0], ref[1])):
@@ -529,7 +516,7 @@ def test_isa_variants(isa, fused_native):
 def test_partial_gradients(fused_native):
     """Only residual and ln_weight require grad; only x for bias_gelu."""
     x, bias, res, w, b, dy = ln_inputs(50, 64)
-    ref = ln_reference(x, bias, res, w, b, dy, 0.1, rowwise_keep(SEED, OFFSET, 0.1, 50, 64))
+    ref = ln_reference(x, bias, res, w, b, dy, 0.1, philox_ref.rowwise_keep(SEED, OFFSET, 0.1, 50, 64))
     tx, tbias, tb = (paddle.to_tensor(a) for a in (x, bias, b))
     tres, tw = (paddle.to_tensor(a, stop_gradient=False) for a in (res, w))
     y = ops.bias_dropout_residual_layer_norm(tx, tbias, tres, tw, tb, dropout=0.1, rng_state=(SEED, OFFSET))

@@ -48,3 +48,24 @@ def test_unpad_trainer_two_ranks(tmp_path):
     s = json.load(open(js))
     assert s["unpad"] is True and s["world_size"] == 2 and s["steps"] == 3
     assert 0.0 < s["train_loss"] < 5.0 and 0.0 <= s["eval_accuracy"] <= 1.0
+
+
+def test_pad_collator_pads_to_batch_max_or_pad_to():
+    import numpy as np
+
+    from paddle_unpad.trainer import PadCollator
+
+    samples = [{"input_ids": np.array([5, 6, 7]), "token_type_ids": np.array([0, 0, 1]), "labels": np.int64(1)},
+               {"input_ids": np.array([8]), "token_type_ids": np.array([0]), "labels": np.int64(0)}]
+    b = PadCollator()(samples)
+    assert b["input_ids"].numpy().tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert b["attention_mask"].numpy().tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert b["labels"].numpy().tolist() == [1, 0]
+    b = PadCollator(pad_to=5)(samples)
+    assert b["input_ids"].numpy().tolist() == [[5, 6, 7, 0, 0], [8, 0, 0, 0, 0]]
+    assert b["token_type_ids"].numpy().tolist() == [[0, 0, 1, 0, 0], [0, 0, 0, 0, 0]]
+    assert b["attention_mask"].numpy().sum(1).tolist() == [3, 1]
+    with pytest.raises(ValueError, match="longer than pad_to=2"):
+        PadCollator(pad_to=2)(samples)
+    with pytest.raises(ValueError, match="pad_to must be a positive int"):
+        PadCollator(pad_to=0)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import philox_ref
+from torch_checks import check_neighbours, poisoned, rel_err
 
 LENGTHS = (0, 1, 127, 129, 1000, 2048)  # ragged, with an empty sequence
 HEADS = 2
@@ -37,26 +38,6 @@ def tdtype(torch, name):
     return getattr(torch, name)
 
 
-def poisoned(torch, shape, dtype, fill=None):
-    """(full, view): view = rows [PAD, PAD + n) of a NaN-filled buffer."""
-    full = torch.full((shape[0] + 2 * PAD, *shape[1:]), float("nan"), dtype=dtype, device="cuda")
-    view = full[PAD : PAD + shape[0]]
-    if fill is not None:
-        view.copy_(fill)
-    return full, view
-
-
-def check_neighbours(torch, full, name):
-    n = full.shape[0] - 2 * PAD
-    assert torch.isnan(full[:PAD].float()).all() and torch.isnan(full[PAD + n :].float()).all(), (
-        f"{name}: a kernel wrote outside its rows"
-    )
-    bad = (~torch.isfinite(full[PAD : PAD + n].float())).sum().item()
-    assert bad == 0, f"{name}: {bad} non-finite values (unwritten rows or a NaN read from a neighbour)"
-
-
-def rel_err(torch, a, ref):
-    return ((a.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
 
 
 def reference(torch, q, k, v, dout, lengths, scale, p, masks, compute_dtype):
@@ -100,16 +81,16 @@ def run_ours(torch, harness, q, k, v, dout, lengths, scale, p, seed=SEED, offset
     """Forward + backward with every buffer NaN-poisoned around; returns out, lse, dq, dk, dv."""
     T, H, D = q.shape
     cu = cu_of(lengths)
-    ins = [poisoned(torch, x.shape, x.dtype, x)[1] for x in (q, k, v, dout)]
-    bufs = {n: poisoned(torch, (T, H, D), q.dtype) for n in ("out", "dq", "dk", "dv")}
-    bufs["lse"] = poisoned(torch, (T, H), torch.float32)
+    ins = [poisoned(torch, x.shape, x.dtype, PAD, x)[1] for x in (q, k, v, dout)]
+    bufs = {n: poisoned(torch, (T, H, D), q.dtype, PAD) for n in ("out", "dq", "dk", "dv")}
+    bufs["lse"] = poisoned(torch, (T, H), torch.float32, PAD)
     harness.fwd(ins[0], ins[1], ins[2], cu, scale, p, seed, offset, out=bufs["out"][1],
                 lse=bufs["lse"][1], **kw)
     harness.bwd(ins[0], ins[1], ins[2], bufs["out"][1], bufs["lse"][1], ins[3], cu, scale, p, seed,
                 offset, dq=bufs["dq"][1], dk=bufs["dk"][1], dv=bufs["dv"][1], **kw)
     torch.cuda.synchronize()
     for name, (full, _) in bufs.items():
-        check_neighbours(torch, full, name)
+        check_neighbours(torch, full, name, PAD)
     return tuple(bufs[n][1] for n in ("out", "lse", "dq", "dk", "dv"))
 
 

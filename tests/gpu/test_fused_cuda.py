@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import philox_ref
+from torch_checks import check_neighbours, poisoned, rel_err
 import pu_harness
 
 ROWS = (0, 1, 7, 4096)
@@ -36,42 +37,8 @@ TOL = {
 # ------------------------------------------------------------------------- helpers
 
 
-@functools.lru_cache(maxsize=None)
-def rowwise_keep(seed, offset, p, rows, cols):
-    """bool [rows, cols] keep-mask: counter (j // 4, row, 0xffffffff, offset), word j % 4."""
-    thr = philox_ref.dropout_threshold(p)
-    if thr == 0 or rows == 0:
-        return np.ones((rows, cols), dtype=bool)
-    nblk = (cols + 3) // 4
-    c0 = np.arange(nblk, dtype=np.uint64)[None, :]
-    c1 = np.arange(rows, dtype=np.uint64)[:, None]
-    words = philox_ref.philox4x32((c0, c1, 0xFFFFFFFF, offset), philox_ref.seed_key(seed))
-    w = np.stack(words, axis=-1).reshape(rows, nblk * 4)[:, :cols]
-    return w >= np.uint32(thr)
-
-
-def poisoned(torch, shape, dtype, fill=None):
-    """(full, view): view = rows [PAD, PAD + n) of a NaN-filled buffer (1-D: elements)."""
-    full = torch.full((shape[0] + 2 * PAD, *shape[1:]), float("nan"), dtype=dtype, device="cuda")
-    view = full[PAD : PAD + shape[0]]
-    if fill is not None:
-        view.copy_(fill)
-    return full, view
-
-
-def check_neighbours(torch, full, name):
-    n = full.shape[0] - 2 * PAD
-    assert torch.isnan(full[:PAD].float()).all() and torch.isnan(full[PAD + n :].float()).all(), (
-        f"{name}: a kernel wrote outside its buffer"
-    )
-    bad = (~torch.isfinite(full[PAD : PAD + n].float())).sum().item()
-    assert bad == 0, f"{name}: {bad} non-finite values (unwritten, or a NaN read from a neighbour)"
-
-
-def rel_err(torch, a, ref):
-    if ref.numel() == 0:
-        return 0.0
-    return ((a.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()
+# keep masks are reused across dtypes and parametrisations
+rowwise_keep = functools.lru_cache(maxsize=None)(philox_ref.rowwise_keep)
 
 
 def inputs(torch, rows, cols, dtype, seed=0):
@@ -122,14 +89,14 @@ def bdrln_reference(torch, t, p, keep, eps=EPS):
 def run_gelu(torch, harness, t, path=pu_harness.PATH_DEFAULT):
     """Forward + backward with every buffer NaN-poisoned around: y, dx, dbias."""
     rows, cols = t["x"].shape
-    x, bias, dy = (poisoned(torch, t[k].shape, t[k].dtype, t[k])[1] for k in ("x", "bias", "dy"))
-    bufs = {"y": poisoned(torch, (rows, cols), x.dtype), "dx": poisoned(torch, (rows, cols), x.dtype),
-            "dbias": poisoned(torch, (cols,), x.dtype)}
+    x, bias, dy = (poisoned(torch, t[k].shape, t[k].dtype, PAD, t[k])[1] for k in ("x", "bias", "dy"))
+    bufs = {"y": poisoned(torch, (rows, cols), x.dtype, PAD), "dx": poisoned(torch, (rows, cols), x.dtype, PAD),
+            "dbias": poisoned(torch, (cols,), x.dtype, PAD)}
     harness.bias_gelu_fwd(x, bias, y=bufs["y"][1], path=path)
     harness.bias_gelu_bwd(x, bias, dy, dx=bufs["dx"][1], dbias=bufs["dbias"][1], path=path)
     torch.cuda.synchronize()
     for name, (full, _) in bufs.items():
-        check_neighbours(torch, full, name)
+        check_neighbours(torch, full, name, PAD)
     return {k: v[1] for k, v in bufs.items()}
 
 
@@ -137,12 +104,12 @@ def run_bdrln(torch, harness, t, p, seed=SEED, offset=OFFSET, path=pu_harness.PA
     """Forward + backward with every buffer NaN-poisoned around: dict of outputs."""
     rows, cols = t["x"].shape
     dt = t["x"].dtype
-    ins = {k: poisoned(torch, t[k].shape, dt, t[k])[1] for k in t}
+    ins = {k: poisoned(torch, t[k].shape, dt, PAD, t[k])[1] for k in t}
     shapes = {"y": (rows, cols), "dx": (rows, cols), "dresidual": (rows, cols), "dbias": (cols,),
               "dln_weight": (cols,), "dln_bias": (cols,)}
-    bufs = {k: poisoned(torch, s, dt) for k, s in shapes.items()}
-    bufs["mean"] = poisoned(torch, (rows,), torch.float32)
-    bufs["rstd"] = poisoned(torch, (rows,), torch.float32)
+    bufs = {k: poisoned(torch, s, dt, PAD) for k, s in shapes.items()}
+    bufs["mean"] = poisoned(torch, (rows,), torch.float32, PAD)
+    bufs["rstd"] = poisoned(torch, (rows,), torch.float32, PAD)
     kw = dict(dropout=p, epsilon=EPS, seed=seed, offset=offset, path=path)
     harness.bdrln_fwd(ins["x"], ins["bias"], ins["residual"], ins["ln_weight"], ins["ln_bias"], y=bufs["y"][1],
                       mean=bufs["mean"][1], rstd=bufs["rstd"][1], **kw)
@@ -151,7 +118,7 @@ def run_bdrln(torch, harness, t, p, seed=SEED, offset=OFFSET, path=pu_harness.PA
                       dln_weight=bufs["dln_weight"][1], dln_bias=bufs["dln_bias"][1], **kw)
     torch.cuda.synchronize()
     for name, (full, _) in bufs.items():
-        check_neighbours(torch, full, name)
+        check_neighbours(torch, full, name, PAD)
     return {k: v[1] for k, v in bufs.items()}
 
 

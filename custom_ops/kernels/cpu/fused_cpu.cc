@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "kernels/common/bdrln_checks.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -130,16 +131,7 @@ void bias_gelu_bwd_cpu(int64_t rows, int64_t cols, const float* x, const float* 
 }
 
 std::string bdrln_cpu_unsupported(const BdrlnProblem& p) {
-  std::ostringstream why;
-  if (p.cols < 1)
-    why << "the normalised size (x.shape[-1]) must be at least 1, got " << p.cols;
-  else if (p.rows < 0 || p.rows > 0xffffffffll)
-    why << "the number of rows (product of x.shape[:-1]) must be below 2^32, got " << p.rows;
-  else if (!(p.dropout >= 0.0f && p.dropout < 1.0f))
-    why << "dropout must be in [0, 1), got " << p.dropout;
-  else if (!(p.epsilon > 0.0f) || !std::isfinite(p.epsilon))
-    why << "epsilon must be a finite number > 0, got " << p.epsilon;
-  return why.str();
+  return bdrln_problem_unsupported(p.rows, p.cols, p.dropout, p.epsilon);
 }
 
 void bdrln_fwd_cpu(const BdrlnProblem& p, const float* x, const float* bias,

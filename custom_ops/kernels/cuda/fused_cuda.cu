@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/common/bdrln_checks.h"
 #include "kernels/cuda/fused_cuda.cuh"
 #include "kernels/cuda/fused_device.cuh"
 
@@ -196,19 +197,14 @@ cudaError_t bias_gelu_cuda_bwd(const BiasGeluCudaProblem& p, const void* x, cons
 // ------------------------------------------------------------------------- bdrln
 
 std::string bdrln_cuda_unsupported(const BdrlnCudaProblem& p) {
-  std::ostringstream why;
   const std::string dt = dtype_unsupported(p.dtype);
-  if (!dt.empty())
-    why << dt;
-  else if (p.cols < 1 || p.cols > INT_MAX)
-    why << "the normalised size x.shape[-1] must be in 1..2^31-1 on GPU, got " << p.cols;
-  else if (p.rows < 0 || p.rows > 0xffffffffll)
-    why << "the number of rows (product of x.shape[:-1]) must be below 2^32, got " << p.rows;
-  else if (!(p.dropout >= 0.0f && p.dropout < 1.0f))
-    why << "dropout must be in [0, 1), got " << p.dropout;
-  else if (!(p.epsilon > 0.0f) || !std::isfinite(p.epsilon))
-    why << "epsilon must be a finite number > 0, got " << p.epsilon;
-  return why.str();
+  if (!dt.empty()) return dt;
+  if (p.cols > INT_MAX) {
+    std::ostringstream why;
+    why << "the normalised size x.shape[-1] must be below 2^31 on GPU, got " << p.cols;
+    return why.str();
+  }
+  return bdrln_problem_unsupported(p.rows, p.cols, p.dropout, p.epsilon);
 }
 
 cudaError_t bdrln_cuda_fwd(const BdrlnCudaProblem& p, const void* x, const void* bias,
