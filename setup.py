@@ -2,7 +2,8 @@
 
 Two native artefacts are built:
 
-* ``paddle_unpad/_ops_lib*.so`` -- the Paddle custom operators (``PD_BUILD_OP``).
+* ``paddle_unpad/_ops_lib_<tag>*.so`` -- the Paddle custom operators (``PD_BUILD_OP``),
+  tagged with the Paddle it is built against (``p33cpu``, ``p26gpu``, ...).
   It is not a Python module: ``paddle_unpad._native`` registers it with
   ``load_op_meta_info_and_register_op``. C++ CPU kernels always; CUDA kernels too
   when Paddle is compiled with CUDA and ``nvcc`` is found.
@@ -34,10 +35,19 @@ sys.path.pop(0)
 class BuildExt(build_ext):
     """Builds the custom-op library with its own compile loop (per-file compilers, parallel jobs)."""
 
+    def get_ext_filename(self, ext_name):
+        name = super().get_ext_filename(ext_name)
+        if ext_name.split(".")[-1] == "_ops_lib":  # one library per Paddle build (see library_tag)
+            head, base = os.path.split(name)
+            name = os.path.join(head, base.replace("_ops_lib", cfg.library_stem(), 1))
+        return name
+
     def build_extension(self, ext):
         if ext.name == "paddle_unpad._ops_lib":
             out = self.get_ext_fullpath(ext.name)
-            tmp = os.path.join(self.build_temp, "paddle_unpad_ops")
+            # A fixed folder (pip's editable builds get a fresh build_temp each time), so
+            # that a rebuild compiles only what changed; objects are kept per flag set.
+            tmp = os.path.join(ROOT, "build", "paddle_unpad_ops")
             cfg.build_ops_library(out, tmp, verbose=True)
         else:
             super().build_extension(ext)

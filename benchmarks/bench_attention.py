@@ -315,11 +315,9 @@ def main(argv=None):
         sys.path.insert(0, ROOT)
     import paddle_unpad
 
-    for setter in (getattr(paddle, "set_num_threads", None),
-                   getattr(getattr(paddle, "base", None) and paddle.base.core, "set_num_threads", None)):
-        if setter is not None:
-            setter(args.threads)
-            break
+    from paddle_unpad._paddle_compat import set_num_threads
+
+    set_num_threads(args.threads)
     paddle.set_device("cpu")
     paddle.seed(args.seed)
     rng = np.random.default_rng(args.seed)

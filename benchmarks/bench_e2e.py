@@ -260,9 +260,9 @@ def worker(args):
     from paddle_unpad.data import corpora
     from paddle_unpad.trainer import PadCollator
 
-    setter = getattr(paddle, "set_num_threads", None) or getattr(paddle.base.core, "set_num_threads", None)
-    if setter is not None:
-        setter(args.threads_per_rank)
+    from paddle_unpad._paddle_compat import host_memory_stats, set_num_threads
+
+    set_num_threads(args.threads_per_rank)
     strategy = pu.fleet.DistributedStrategy()
     strategy.unpad = True
     strategy.unpad_configs = {"max_seqlen": args.max_len, "cost": "quadratic", "prefetch": 2, "timeout": 300.0}
@@ -347,8 +347,8 @@ def worker(args):
     params = {w: [p for p in m.parameters() if not p.stop_gradient] for w, m in models.items()}
     sizes = {w: [int(np.prod(p.shape)) for p in ps] for w, ps in params.items()}
     flag = paddle.zeros([1])
-    core = paddle.base.core
-    has_stat = hasattr(core, "host_memory_stat_peak_value") and not on_gpu
+    host_stats = None if on_gpu else host_memory_stats()
+    has_stat = host_stats is not None
 
     def span(cat):
         return profiler.RecordEvent(SPAN_PREFIX + cat)
@@ -361,8 +361,8 @@ def worker(args):
             batch = next(iters[w])
         t1 = time.perf_counter()
         if has_stat:
-            before = core.host_memory_stat_current_value("Allocated", 0)
-            core.host_memory_stat_reset_peak_value("Allocated", 0)
+            before = host_stats[0]()
+            host_stats[1]()
         elif on_gpu:
             before = paddle.device.cuda.memory_allocated()
             reset = getattr(paddle.device.cuda, "reset_max_memory_allocated", None)
@@ -401,7 +401,7 @@ def worker(args):
         t5 = time.perf_counter()
         peak = None
         if has_stat:
-            peak = int(core.host_memory_stat_peak_value("Allocated", 0) - before)
+            peak = int(host_stats[2]() - before)
         elif on_gpu:
             peak = int(paddle.device.cuda.max_memory_allocated() - before)
         # the length every sample is computed at: its own (unpadded) or the padded batch's

@@ -192,9 +192,9 @@ def _import_paddle(threads):
 
     if ROOT not in sys.path and importlib.util.find_spec("paddle_unpad") is None:
         sys.path.insert(0, ROOT)
-    setter = getattr(paddle, "set_num_threads", None) or getattr(paddle.base.core, "set_num_threads", None)
-    if setter is not None:
-        setter(threads)
+    from paddle_unpad._paddle_compat import set_num_threads
+
+    set_num_threads(threads)
     paddle.set_device("cpu")
 
 
@@ -356,14 +356,17 @@ def interleaved_medians(fns, warmup, repeats):
 
 def alloc_peak_of(fn):
     """Run fn(); return the peak of live Paddle host tensors during it above what was live before (bytes)."""
-    core = paddle.base.core
-    if not hasattr(core, "host_memory_stat_peak_value"):
+    from paddle_unpad._paddle_compat import host_memory_stats
+
+    stats = host_memory_stats()
+    if stats is None:
         fn()
         return None
-    before = core.host_memory_stat_current_value("Allocated", 0)
-    core.host_memory_stat_reset_peak_value("Allocated", 0)
+    current, reset_peak, peak = stats
+    before = current()
+    reset_peak()
     fn()
-    return int(core.host_memory_stat_peak_value("Allocated", 0) - before)
+    return int(peak() - before)
 
 
 # ----------------------------------------------------------------------------- RSS subprocess

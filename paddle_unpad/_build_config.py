@@ -7,10 +7,17 @@ paddle are imported here; the module must not import the rest of the package.
 import glob
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple, Optional, Tuple
+
+try:
+    from . import _paddle_compat as compat
+except ImportError:  # setup.py loads this file as a top-level module, before the package exists
+    import _paddle_compat as compat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -25,6 +32,27 @@ CUDA_GLOBS = ["kernels/cuda/*.cu", "paddle/*.cu"]
 
 def _env_flag(name):
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def library_tag():
+    """Names the operator library after the Paddle it is built against (e.g. ``p33cpu``,
+    ``p26gpu``): the C++ ABI differs between Paddle versions and between its CPU and GPU
+    builds, and one checkout may serve several virtual environments (``make setup`` and
+    ``make setup PADDLE=gpu``), each of which must find its own library."""
+    major, minor = compat.PADDLE_VERSION
+    return f"p{major}{minor}{'gpu' if compat.paddle_has_cuda() else 'cpu'}"
+
+
+def library_stem():
+    return "_ops_lib_" + library_tag()
+
+
+def find_installed_library(folder):
+    """The library in ``folder`` built for the running Paddle, or None (libraries built for
+    another Paddle are left alone: registering them would abort the process)."""
+    found = sorted(glob.glob(os.path.join(folder, library_stem() + ".*so")) +
+                   glob.glob(os.path.join(folder, library_stem() + ".so")))
+    return found[0] if found else None
 
 
 def ops_sources(with_cuda, root=CUSTOM_OPS):
@@ -43,20 +71,106 @@ def headers(root=CUSTOM_OPS):
     )
 
 
-def cuda_wanted():
-    """CUDA sources are compiled when Paddle has CUDA, nvcc exists and no env var says no."""
-    if _env_flag("PADDLE_UNPAD_SKIP_CUDA"):
-        return False
-    import paddle
+class CudaToolkit(NamedTuple):
+    nvcc: str
+    include_dirs: Tuple[str, ...]  # incl. include/cccl (thrust, cub) where the toolkit keeps them there
+    library_dirs: Tuple[str, ...]  # where libcudart is
+    found_by: str  # how it was found, for messages
 
-    return bool(paddle.is_compiled_with_cuda()) and find_nvcc() is not None
+
+def _ask_nvcc(nvcc, found_by):
+    """The toolkit ``nvcc`` belongs to, from nvcc's own account (``--dryrun``) of the
+    include and library folders it passes on. ``realpath(nvcc)`` is not enough: ``nvcc``
+    on PATH may be a wrapper script outside the toolkit."""
+    try:
+        proc = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    incs, libs = [], []
+    for line in proc.stdout.splitlines():
+        line = line.lstrip("#$ ").strip()
+        key, _, value = line.partition("=")
+        if key in ("INCLUDES", "SYSTEM_INCLUDES", "LIBRARIES"):
+            words = shlex.split(value)
+            for i, w in enumerate(words):
+                if w.startswith("-I") and len(w) > 2:
+                    incs.append(w[2:])
+                elif w == "-isystem" and i + 1 < len(words):
+                    incs.append(words[i + 1])
+                elif w.startswith("-L") and len(w) > 2:
+                    libs.append(w[2:])
+    incs = [os.path.normpath(d) for d in incs if os.path.isdir(d)]
+    libs = [os.path.normpath(d) for d in libs
+            if os.path.isdir(d) and glob.glob(os.path.join(d, "libcudart.so*"))]
+    if not any(os.path.exists(os.path.join(d, "cuda_runtime.h")) for d in incs) or not libs:
+        return None
+    return CudaToolkit(nvcc, tuple(dict.fromkeys(incs)), tuple(dict.fromkeys(libs)), found_by)
+
+
+def _nvcc_in(home):
+    nvcc = os.path.join(home, "bin", "nvcc")
+    return nvcc if os.path.isfile(nvcc) and os.access(nvcc, os.X_OK) else None
+
+
+def find_cuda():
+    """The CUDA toolkit to build with, found the way Paddle users expect, or None.
+
+    1. ``CUDA_HOME`` / ``CUDA_PATH`` (an error when set to a folder without ``bin/nvcc``:
+       the user asked for that toolkit);
+    2. what ``paddle.utils.cpp_extension`` finds (used only when it holds ``bin/nvcc``
+       and the CUDA headers: it guesses from ``which nvcc``, which may be a wrapper);
+    3. ``nvcc`` on PATH, asked where its toolkit is.
+    """
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var, "").strip()
+        if home:
+            nvcc = _nvcc_in(home)
+            if nvcc is None:
+                raise RuntimeError(f"{var}={home!r} has no bin/nvcc: point it at a CUDA toolkit, or unset it")
+            found = _ask_nvcc(nvcc, f"${var}")
+            if found is None:
+                raise RuntimeError(f"{var}={home!r}: {nvcc} does not report the CUDA headers and libcudart")
+            return found
+    home = compat.paddle_cuda_home()
+    if home and _nvcc_in(home) and os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
+        found = _ask_nvcc(_nvcc_in(home), "paddle.utils.cpp_extension")
+        if found is not None:
+            return found
+    nvcc = shutil.which("nvcc")
+    return _ask_nvcc(nvcc, "nvcc on PATH") if nvcc else None
 
 
 def find_nvcc():
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
-        return os.path.join(home, "bin", "nvcc")
-    return shutil.which("nvcc")
+    cuda = find_cuda()
+    return cuda.nvcc if cuda else None
+
+
+def cuda_plan():
+    """(build the CUDA kernels?, one line saying why not or None).
+
+    Raises when ``PADDLE_UNPAD_REQUIRE_CUDA=1`` and they cannot be built, so that a GPU
+    set-up never passes as a CPU-only build.
+    """
+    import paddle
+
+    reason = None
+    if _env_flag("PADDLE_UNPAD_SKIP_CUDA"):
+        reason = "PADDLE_UNPAD_SKIP_CUDA is set"
+    elif not paddle.is_compiled_with_cuda():
+        reason = f"Paddle {paddle.__version__} is a CPU build"
+    elif find_cuda() is None:
+        reason = (f"Paddle {paddle.__version__} has CUDA, but no CUDA toolkit was found ($CUDA_HOME, "
+                  "$CUDA_PATH, paddle.utils.cpp_extension, nvcc on PATH); set CUDA_HOME to build the "
+                  "CUDA kernels")
+    if reason and _env_flag("PADDLE_UNPAD_REQUIRE_CUDA"):
+        raise RuntimeError(f"PADDLE_UNPAD_REQUIRE_CUDA is set but the CUDA kernels cannot be built: {reason}")
+    return reason is None, reason
+
+
+def cuda_wanted():
+    """CUDA sources are compiled when Paddle has CUDA, a toolkit is found and no env var says no."""
+    return cuda_plan()[0]
 
 
 def cuda_archs():
@@ -71,26 +185,8 @@ def cuda_archs():
 
 
 def _paddle_paths():
-    import warnings
-
-    with warnings.catch_warnings():  # paddle warns about ccache on import; irrelevant here
-        warnings.simplefilter("ignore")
-        from paddle.utils.cpp_extension.extension_utils import (
-            _get_core_name,
-            find_paddle_includes,
-            find_paddle_libraries,
-            find_python_includes,
-        )
-
-    use_cuda = False
-    try:
-        import paddle
-
-        use_cuda = bool(paddle.is_compiled_with_cuda())
-    except Exception:
-        pass
-    incs = find_paddle_includes(use_cuda) + find_python_includes()
-    return incs, find_paddle_libraries(use_cuda), _get_core_name()
+    incs, libs, core, _ = compat.extension_build_paths(use_cuda=False)
+    return incs, libs, core
 
 
 def cxx_flags(with_cuda):
@@ -112,7 +208,9 @@ def cxx_flags(with_cuda):
         "-I" + CUSTOM_OPS,
     ]
     if with_cuda:
+        # Paddle's headers include cuda_runtime.h and thrust once PADDLE_WITH_CUDA is set
         flags.append("-DPADDLE_WITH_CUDA")
+        flags += ["-isystem" + d for d in find_cuda().include_dirs]
     if _env_flag("PADDLE_UNPAD_NATIVE_ARCH"):
         flags.append("-march=native")
     flags += ["-isystem" + i for i in incs]
@@ -127,6 +225,7 @@ def nvcc_flags():
         "-Xcompiler",
         "-fPIC",
         "--expt-relaxed-constexpr",
+        "-diag-suppress=20012",  # Paddle's own headers: __host__ __device__ on defaulted members
         "-DPADDLE_WITH_CUDA",
         "-DEIGEN_USE_GPU",
         "-DPADDLE_WITH_CUSTOM_KERNEL",
@@ -150,9 +249,9 @@ def link_flags(with_cuda):
     # libpaddle must be linked even though only headers are "used" by the glue
     flags += ["-Wl,--no-as-needed", "-l:" + core, "-Wl,--as-needed"]
     if with_cuda:
-        nvcc = find_nvcc()
-        cuda_lib = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "lib64")
-        flags += ["-L" + cuda_lib, "-Wl,-rpath," + cuda_lib, "-lcudart"]
+        for d in find_cuda().library_dirs:
+            flags += ["-L" + d, "-Wl,-rpath," + d]
+        flags.append("-lcudart")
     return flags
 
 
@@ -164,6 +263,9 @@ def build_fingerprint(with_cuda):
         with open(p, "rb") as f:
             h.update(f.read())
     h.update(" ".join(cxx_flags(with_cuda)).encode())
+    if with_cuda:
+        h.update(" ".join([find_nvcc(), *nvcc_flags(), *link_flags(True)]).encode())
+    h.update(library_tag().encode())
     h.update(__file__.encode())
     return h.hexdigest()[:16]
 
@@ -181,14 +283,20 @@ def _run(cmd, verbose):
 def build_ops_library(out_path, tmp_dir, verbose=False, with_cuda=None):
     """Compile every op source (in parallel) into ``tmp_dir`` and link ``out_path``."""
     if with_cuda is None:
-        with_cuda = cuda_wanted()
-    os.makedirs(tmp_dir, exist_ok=True)
+        with_cuda, why_not = cuda_plan()
+        if why_not and compat.paddle_has_cuda():
+            print(f"paddle_unpad: building the CPU operators only: {why_not}", file=sys.stderr, flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     srcs = [os.path.join(ROOT, s) for s in ops_sources(with_cuda)]
     newest_header = max([os.path.getmtime(h) for h in headers()] + [0.0])
     cxx = os.environ.get("CXX", "g++")
     cflags = cxx_flags(with_cuda)
     nflags = nvcc_flags() if with_cuda else []
+    # Objects are reused by mtime, so they must never be shared between flag sets
+    # (another Paddle, CUDA on/off, other archs): one folder per set.
+    flag_set = hashlib.sha256(" ".join([library_tag(), cxx, *cflags, *nflags]).encode()).hexdigest()[:12]
+    tmp_dir = os.path.join(tmp_dir, flag_set)
+    os.makedirs(tmp_dir, exist_ok=True)
 
     def obj_of(src):
         rel = os.path.relpath(src, CUSTOM_OPS).replace(os.sep, "_")
@@ -205,6 +313,9 @@ def build_ops_library(out_path, tmp_dir, verbose=False, with_cuda=None):
         _run(cmd, verbose)
         return obj
 
+    # Our own compile loop instead of paddle.utils.cpp_extension.setup: that one compiles
+    # the units one after another and takes a single Extension; here g++ and nvcc units
+    # run side by side (measured in docs/gpu.md), and objects are reused when unchanged.
     jobs = int(os.environ.get("PADDLE_UNPAD_BUILD_JOBS", "0")) or (os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         objs = list(pool.map(compile_one, srcs))
@@ -214,5 +325,7 @@ def build_ops_library(out_path, tmp_dir, verbose=False, with_cuda=None):
     return out_path
 
 
-if __name__ == "__main__":  # python paddle_unpad/_build_config.py OUT.so TMPDIR
-    build_ops_library(sys.argv[1], sys.argv[2], verbose=True)
+if __name__ == "__main__":  # python paddle_unpad/_build_config.py [OUT.so [OBJ_DIR]]
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, library_stem() + ".so")
+    objs = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "build", "paddle_unpad_ops")
+    build_ops_library(out, objs, verbose=True)

@@ -11,6 +11,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import sys  # noqa: E402
+import zlib  # noqa: E402,F401  (before paddle: paddle-gpu 2.6's libpaddle clashes with a zlib loaded after it)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

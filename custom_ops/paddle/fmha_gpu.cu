@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cuda/fmha_cuda.cuh"
+#include "paddle_compat.h"  // same folder
 
 namespace paddle_unpad {
 namespace {
@@ -18,7 +19,7 @@ namespace {
 using paddle::DataType;
 using paddle::Tensor;
 
-Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+using compat::dense;
 
 cuda::FmhaCudaProblem to_cuda_problem(const FmhaProblem& p, const Tensor& q) {
   cuda::FmhaCudaProblem c;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "paddle/extension.h"
+#include "paddle_compat.h"  // same folder
 
 namespace paddle_unpad {
 namespace glue {
@@ -13,9 +14,7 @@ inline std::string place_name(const paddle::Tensor& t) {
   return t.is_cpu() ? "CPU" : (t.is_gpu() ? "GPU" : "other");
 }
 
-// Strided views (slices, transposes, autograd's grads) are copied once; the kernels
-// index rows densely.
-inline paddle::Tensor dense(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+using compat::dense;
 
 inline std::string shape_str(const std::vector<int64_t>& s) {
   std::ostringstream o;

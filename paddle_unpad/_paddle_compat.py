@@ -1,0 +1,188 @@
+"""Every use of Paddle internals, and every difference between supported Paddle versions.
+
+Supported: Paddle 2.6.x and 3.x, CPU and GPU builds. The rest of the package uses
+public Paddle API and calls into this module for anything else, so a new Paddle
+release is adapted here and nowhere else. Each helper says which versions differ.
+
+This module imports only paddle and the standard library (``_build_config`` uses it
+at build time, before the package exists).
+"""
+import functools
+import re
+import warnings
+
+import paddle
+
+# (major, minor) of the running Paddle; develop builds report "0.0.0" and are treated
+# as the newest.
+_m = re.match(r"(\d+)\.(\d+)", paddle.__version__)
+PADDLE_VERSION = (int(_m.group(1)), int(_m.group(2))) if _m else (0, 0)
+if PADDLE_VERSION == (0, 0):
+    PADDLE_VERSION = (99, 0)
+
+# Versions this release was built and tested with; others get one warning at import.
+SUPPORTED_PADDLE = ((2, 6), (3, 0), (3, 1), (3, 2), (3, 3))
+SUPPORTED_PADDLENLP = ("2.8",)
+
+
+def check_versions():
+    """Warn once when the running Paddle is not one this release was tested with."""
+    if PADDLE_VERSION not in SUPPORTED_PADDLE and PADDLE_VERSION != (99, 0):
+        tested = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_PADDLE)
+        warnings.warn(
+            f"paddle_unpad: Paddle {paddle.__version__} has not been tested with this release "
+            f"(tested: {tested}); see the supported-versions table in docs/gpu.md",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def check_paddlenlp_version(version):
+    """Warn once when ``convert``/the Trainer meet a PaddleNLP outside the tested series."""
+    if not any(version.startswith(v + ".") or version == v for v in SUPPORTED_PADDLENLP):
+        warnings.warn(
+            f"paddle_unpad: PaddleNLP {version} has not been tested with this release "
+            f"(tested: {', '.join(s + '.x' for s in SUPPORTED_PADDLENLP)})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+
+@functools.lru_cache(maxsize=None)
+def custom_op_function(op_name):
+    """The Python function Paddle generates for a registered custom op.
+
+    ``paddle.utils.cpp_extension.load`` builds these functions for a JIT-compiled
+    library; for a prebuilt one (``load_op_meta_info_and_register_op``) Paddle has no
+    public way to get them, so the same generator is called here. The generated code is
+    what differs between versions (3.x: ``_C_ops._run_custom_op`` and PIR; 2.6:
+    ``core.eager._run_custom_op`` and the legacy static graph), which is why it is asked
+    for instead of written out. The returned callable always gives a list of outputs.
+    """
+    from paddle.utils.cpp_extension import extension_utils
+
+    source = extension_utils._custom_api_content(op_name)
+    namespace = {}
+    exec(compile(source, f"<paddle custom op {op_name}>", "exec"), namespace)
+    generated = namespace[op_name]
+
+    def call(*args):
+        if _LEGACY_STATIC_GRAD_WORKAROUND and not paddle.in_dynamic_mode():
+            args = [_differentiable_copy(a) for a in args]
+        out = generated(*args)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    call.__name__ = op_name
+    return call
+
+
+# Paddle 2.6's legacy static graph: when a float input of a custom op does not need a
+# gradient, the backward pass prunes that output of the grad op and then its var-type
+# inference indexes the empty list (IndexError in append_backward). Feeding the op a copy
+# that asks for a gradient keeps every grad output; the copy's gradient stops at the
+# copy, so results and the gradients of real parameters are unchanged.
+_LEGACY_STATIC_GRAD_WORKAROUND = PADDLE_VERSION < (3, 0)
+
+
+def _differentiable_copy(a):
+    if getattr(a, "stop_gradient", False) and hasattr(a, "dtype") and a.dtype in (
+        paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64
+    ):
+        a = paddle.assign(a)
+        a.stop_gradient = False
+    return a
+
+
+def is_tensor(x):
+    """A dygraph Tensor, or a value of a program being traced (PIR ``Value`` in 3.x,
+    ``Variable`` in 2.6's legacy static graph)."""
+    kinds = [paddle.Tensor]
+    pir = getattr(paddle, "pir", None)
+    if pir is not None and hasattr(pir, "Value"):
+        kinds.append(pir.Value)
+    static = getattr(paddle, "static", None)
+    if static is not None and hasattr(static, "Variable"):
+        kinds.append(static.Variable)
+    return isinstance(x, tuple(kinds))
+
+
+# ----------------------------------------------------------------------------- random state
+
+
+def default_generator(place):
+    """Paddle's default generator of ``place`` (the one ``paddle.seed`` seeds)."""
+    core = paddle.framework.core
+    # 3.x places and a tensor's place have is_gpu_place(); 2.6's paddle.CPUPlace() does not
+    on_gpu = place.is_gpu_place() if hasattr(place, "is_gpu_place") else isinstance(place, paddle.CUDAPlace)
+    if on_gpu:
+        return core.default_cuda_generator(place.gpu_device_id())
+    return core.default_cpu_generator()
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+def user_defined_strategy():
+    """The strategy given to ``fleet.init`` (None before it); fleet keeps it privately."""
+    from paddle.distributed import fleet
+
+    return getattr(fleet.fleet, "_user_defined_strategy", None)
+
+
+# ----------------------------------------------------------------------------- threads, memory
+
+
+def set_num_threads(n):
+    """Paddle's CPU math threads (``paddle.set_num_threads`` where it exists, else the
+    core setter both 2.6 and 3.x have)."""
+    setter = getattr(paddle, "set_num_threads", None) or getattr(paddle.framework.core, "set_num_threads", None)
+    if setter is None:
+        return False
+    setter(int(n))
+    return True
+
+
+def host_memory_stats():
+    """(current, reset_peak, peak) callables for Paddle's host allocator statistics, or None
+    where this build does not keep them."""
+    core = paddle.framework.core
+    if not hasattr(core, "host_memory_stat_peak_value"):
+        return None
+    return (
+        lambda: core.host_memory_stat_current_value("Allocated", 0),
+        lambda: core.host_memory_stat_reset_peak_value("Allocated", 0),
+        lambda: core.host_memory_stat_peak_value("Allocated", 0),
+    )
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def extension_build_paths(use_cuda):
+    """(include dirs, library dirs, libpaddle file name, CUDA home or None) for compiling
+    and linking against the running Paddle, as ``paddle.utils.cpp_extension`` finds them."""
+    with warnings.catch_warnings():  # paddle warns about ccache on import; irrelevant here
+        warnings.simplefilter("ignore")
+        from paddle.utils.cpp_extension import extension_utils as eu
+
+    incs = eu.find_paddle_includes(use_cuda) + eu.find_python_includes()
+    libs = eu.find_paddle_libraries(use_cuda)
+    return incs, libs, eu._get_core_name(), paddle_cuda_home() if use_cuda else None
+
+
+def paddle_has_cuda():
+    return bool(paddle.is_compiled_with_cuda())
+
+
+def paddle_cuda_home():
+    """The CUDA home ``paddle.utils.cpp_extension`` would use (may be a guess), or None."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from paddle.utils.cpp_extension import extension_utils as eu
+    try:
+        return eu.find_cuda_home()
+    except Exception:  # some versions raise when nothing is found
+        return None
