@@ -1,4 +1,4 @@
-"""Load-balance benchmark (issue 5).
+"""Load-balance benchmark.
 
 1. Simulation: imbalance (max rank cost / mean rank cost - 1; mean, p95, max over
    ``--batches`` global batches) of no balancing, sort-and-deal (the paper's / NVIDIA's

@@ -1,33 +1,46 @@
-// The few CUDA runtime calls the fused host code makes, on host memory; and stand-ins for
-// the FMHA entry points the harness links against (FMHA is not emulated).
-#include <cuda_runtime_api.h>
+// The few CUDA runtime calls the host code of the kernels makes, for the emulation on
+// host memory. Launches run synchronously, so streams and events only need handles.
+#include "emu.h"
 
 #include <cstring>
-#include <string>
 
-#include "kernels/cuda/fmha_cuda.cuh"
+namespace {
+// Distinct non-null handles; nothing is ever waited on.
+CUstream_st* next_stream() {
+  static unsigned char slots[64];
+  static unsigned n = 0;
+  return reinterpret_cast<CUstream_st*>(&slots[n++ % 64]);
+}
+CUevent_st* next_event() {
+  static unsigned char slots[64];
+  static unsigned n = 0;
+  return reinterpret_cast<CUevent_st*>(&slots[n++ % 64]);
+}
+}  // namespace
 
-extern "C" cudaError_t cudaGetLastError() { return cudaSuccess; }
+extern "C" cudaError_t cudaGetLastError() { return emu::take_error(); }
 extern "C" cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
   std::memset(p, v, n);
   return cudaSuccess;
 }
-extern "C" const char* cudaGetErrorName(cudaError_t) { return "emulated"; }
-extern "C" const char* cudaGetErrorString(cudaError_t) { return "emulated"; }
-
-namespace paddle_unpad {
-namespace cuda {
-std::string fmha_cuda_unsupported(const FmhaCudaProblem&) { return "fmha is not emulated"; }
-std::string fmha_cuda_misaligned(const void* const*, const char* const*, int) { return ""; }
-cudaError_t fmha_cuda_fwd(const FmhaCudaProblem&, const FmhaLaunchOptions&, const void*, const void*,
-                          const void*, void*, float*, cudaStream_t) {
-  return cudaErrorNotSupported;
+extern "C" const char* cudaGetErrorName(cudaError_t e) {
+  return e == cudaErrorLaunchFailure ? "cudaErrorLaunchFailure (emulated)" : "emulated error";
 }
-size_t fmha_cuda_bwd_workspace_bytes(int64_t, int64_t) { return 0; }
-cudaError_t fmha_cuda_bwd(const FmhaCudaProblem&, const FmhaLaunchOptions&, const void*, const void*,
-                          const void*, const void*, const float*, const void*, void*, void*, void*,
-                          void*, cudaStream_t) {
-  return cudaErrorNotSupported;
+extern "C" const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaErrorLaunchFailure ? emu::reported.c_str() : "emulated runtime call failed";
 }
-}  // namespace cuda
-}  // namespace paddle_unpad
+extern "C" cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
+extern "C" cudaError_t cudaGetDevice(int* dev) {
+  *dev = 0;
+  return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  *s = next_stream();
+  return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  *e = next_event();
+  return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }

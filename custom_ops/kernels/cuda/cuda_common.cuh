@@ -1,5 +1,6 @@
 // Device helpers shared by the CUDA kernels: sm80 tensor-core MMA, ldmatrix, cp.async,
-// packing of fp32 pairs into fp16/bf16 registers. CUDA headers only (no framework).
+// ex2.approx, packing of fp32 pairs into fp16/bf16 registers. CUDA headers only (no
+// framework); the instructions are inline PTX except in the CPU emulation build.
 //
 // Fragment layouts of mma.sync.m16n8k16 (g = lane / 4, c = lane % 4), used throughout:
 //   A 16x16 (row-major), 4 x b32: a0 (row g, cols 2c..2c+1), a1 (row g+8, cols 2c..),
@@ -51,6 +52,19 @@ struct ElemTraits<__nv_bfloat16> {
   static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 };
 
+}  // namespace cuda
+}  // namespace paddle_unpad
+
+// ---------------------------------------------------------------- sm80 instructions
+// The CPU emulation build (tests/cuda_emu, which defines PADDLE_UNPAD_CUDA_EMULATION)
+// replaces the inline PTX below with emulated instructions of the same signatures,
+// written from the same fragment layouts, so the kernels' logic can run in CI.
+#if defined(PADDLE_UNPAD_CUDA_EMULATION)
+#include "emu_isa.h"
+#else
+namespace paddle_unpad {
+namespace cuda {
+
 // D (+)= A B on tensor cores, fp32 accumulate.
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -73,8 +87,6 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uin
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-// ---------------------------------------------------------------- shared memory
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -113,6 +125,22 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// 2^x, ~2 ulp; exp2(-inf) = +0 (masked scores), never NaN for finite or -inf input.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace cuda
+}  // namespace paddle_unpad
+#endif
+
+namespace paddle_unpad {
+namespace cuda {
+
+// ---------------------------------------------------------------- shared memory
+
 // Rows [row0, row0 + kRows) of a row-major [s, kCols] matrix (row stride ld elements,
 // 16-byte aligned rows) into shared memory with row stride kCols + 8 elements (the 16
 // padding bytes make ldmatrix conflict-free). Rows >= s are zero-filled and never read,
@@ -138,13 +166,6 @@ __device__ __forceinline__ void load_rows_async(T* smem, const T* g, int row0, i
 }
 
 // ---------------------------------------------------------------- math
-
-// 2^x, ~2 ulp; exp2(-inf) = +0 (masked scores), never NaN for finite or -inf input.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

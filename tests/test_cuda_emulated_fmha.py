@@ -1,0 +1,272 @@
+"""The CUDA FMHA kernels (custom_ops/kernels/cuda/fmha_*: flash-attention-2 forward, the
+dK/dV and dQ backward kernels, Philox dropout, the grouped multi-stream launch) run on the
+CPU under the emulation of tests/cuda_emu (fibers for threads, emulated mma.sync /
+ldmatrix / cp.async / ex2.approx, themselves checked by test_cuda_emulated_isa.py), through
+the C-ABI harness, against the float64 reference of the CPU tests (tests/test_fmha.py).
+The emulation also fails a launch on an asynchronous-copy race between warps (a missing
+wait_group or __syncthreads), an out-of-bounds or misaligned shared-memory operand, or a
+barrier that not every thread reaches; shared memory starts as NaN in every block.
+
+Every run: NaN guard rows around every buffer (inputs, outputs, lse, the backward
+workspace), which must stay NaN and never reach a result. Checked here: forward output and
+lse, dq / dk / dv for fp16 and bf16, head sizes 32 / 64 / 128, a ragged batch with
+lengths 0, 1, odd, tile +- 1 and a sequence longer than two tiles (forward tiles of 64 and
+128 query rows, backward blocks of 64 / 32), dropout off and on; the dropout mask equal to
+the CPU kernel's (and to tests/philox_ref.py) for the same (seed, offset), forward and
+backward; grouped and single launches bit for bit equal; reruns bitwise identical; a NaN
+sequence leaves its neighbours' bits unchanged; more sequences than one launch carries.
+Tolerances: paddle_unpad.ops.FMHA_GPU_TOLERANCE.
+
+Not a GPU run: hardware precision (ex2.approx, the tensor cores' internal sums), races
+between real warps, register limits and speed are for tests/gpu on a GPU machine.
+Locally skipped when the emulation cannot be built (no g++ / CUDA headers); fails under CI.
+"""
+import ctypes
+import functools
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import philox_ref
+import testutil
+from paddle_unpad import ops
+from test_fmha import reference
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_emu"))
+import emu_build  # noqa: E402
+from host_buffers import Buffer, aligned_empty, to_storage  # noqa: E402
+
+CODE = {"float16": 0, "bfloat16": 1}
+TOL = ops.FMHA_GPU_TOLERANCE
+PAD = 8  # NaN rows around every buffer
+SEED, OFFSET = 2**40 + 12345, 7  # both Philox key words non-zero
+HEADS = 2
+# Forward tiles are 64 or 128 query rows (the grouped launch picks per length bucket: here
+# 64 for <= 64, 128 for 65..128, 64 above; the single launch 128 for all), key blocks 64;
+# backward blocks 64 (32 for D = 128). Lengths: empty ones (first, middle, last), 1, odd,
+# every tile size +- 1, and 257 = more than two tiles of any size.
+LENGTHS = (0, 1, 63, 2, 65, 0, 129, 31, 127, 33, 7, 257, 0)
+
+
+def cu_of(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = emu_build.load(pytest)
+    i64, i32, f32, u64, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_uint64, ctypes.c_void_p
+    problem = [vp, i64, i64, i64, i64, i32, f32, f32, u64, u64, i32, i32]
+    lib.pu_fmha_fwd.argtypes = problem + [vp] * 6
+    lib.pu_fmha_bwd.argtypes = problem + [vp] * 11
+    lib.pu_fmha_fwd.restype = lib.pu_fmha_bwd.restype = i32
+    lib.pu_fmha_bwd_workspace_bytes.argtypes = [i64, i64]
+    lib.pu_fmha_bwd_workspace_bytes.restype = i64
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def problem_values(lengths, heads, d, dt, seed=0):
+    """q, k, v, dout as (storage, float64 values) pairs; q and k scaled for peaked softmaxes."""
+    rng = np.random.default_rng(seed)
+    T = int(sum(lengths))
+    q, k, v, dout = (rng.standard_normal((T, heads, d)) for _ in range(4))
+    return tuple(to_storage(x, dt) for x in (q * 1.5, k * 1.5, v, dout))
+
+
+def run(lib, lengths, d, dt, p, grouping=True, streams=4, seed=SEED, offset=OFFSET, values=None, scale=None,
+        heads=HEADS):
+    """Forward + backward through the harness; returns dict of float64 out, lse, dq, dk, dv
+    (and the raw storage under "bits"), after checking every guard row."""
+    cu = cu_of(lengths)
+    T = int(cu[-1])
+    vals = values or problem_values(tuple(lengths), heads, d, dt)
+    heads = vals[0][0].shape[1]
+    q, k, v, dout = (Buffer(s.shape, dt, PAD, s) for s, _ in vals)
+    out, dq, dk, dv = (Buffer((T, heads, d), dt, PAD) for _ in range(4))
+    lse = Buffer((T, heads), "float32", PAD)
+    ws = Buffer((max(lib.pu_fmha_bwd_workspace_bytes(T, heads) // 4, 1),), "float32", PAD)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    head = (cu.ctypes.data_as(ctypes.c_void_p), len(lengths), T, heads, d, CODE[dt], scale, p,
+            seed & (2**64 - 1), offset, int(grouping), streams)
+    rc = lib.pu_fmha_fwd(*head, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, None)
+    assert rc == 0, "forward: " + lib.pu_harness_last_error().decode()
+    rc = lib.pu_fmha_bwd(*head, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr, dv.ptr,
+                         ws.ptr, None)
+    assert rc == 0, "backward: " + lib.pu_harness_last_error().decode()
+    bufs = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+    for name, b in bufs.items():
+        b.check(name)
+    for name, b in (("q", q), ("k", k), ("v", v), ("dout", dout)):
+        b.check(name)  # never written, guards intact
+    ws.view[...] = 0  # scratch: only its guards must be intact
+    ws.check("workspace")
+    res = {name: b.values() for name, b in bufs.items()}
+    res["bits"] = {name: b.view.copy() for name, b in bufs.items()}
+    return res
+
+
+def lse_reference(q, k, cu, scale):
+    lse = np.zeros(q.shape[:2])
+    for b in range(len(cu) - 1):
+        s0, s1 = int(cu[b]), int(cu[b + 1])
+        if s1 > s0:
+            S = np.einsum("ihd,jhd->hij", q[s0:s1], k[s0:s1]) * scale
+            m = S.max(-1, keepdims=True)
+            lse[s0:s1] = (m[..., 0] + np.log(np.exp(S - m).sum(-1))).T
+    return lse
+
+
+@functools.lru_cache(maxsize=None)
+def emulated(lib, lengths, d, dt, p, grouping=True):
+    return run(lib, lengths, d, dt, p, grouping=grouping)
+
+
+def check_against_reference(res, lengths, d, dt, p, seed=SEED, offset=OFFSET, heads=HEADS):
+    cu = cu_of(lengths)
+    q, k, v, dout = (x for _, x in problem_values(tuple(lengths), heads, d, dt))
+    keep = philox_ref.dropout_keep_mask(seed, offset, p, cu, heads) if p > 0 else None
+    scale = 1.0 / math.sqrt(d)
+    ref = dict(zip(("out", "dq", "dk", "dv"), reference(q, k, v, cu, scale, p, keep, dout)))
+    for name, r in ref.items():
+        testutil.assert_close(f"{dt}/D={d}/p={p}/{name}", res[name], r, TOL[dt]["out" if name == "out" else "grad"])
+    err = np.abs(res["lse"] - lse_reference(q, k, cu, scale)).max()
+    assert err <= TOL[dt]["lse"], f"{dt}/D={d}/p={p}/lse: max abs err {err:.3e} > {TOL[dt]['lse']}"
+
+
+# ------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("p", [0.0, 0.17])
+@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("dt", list(CODE))
+def test_matches_float64_reference(lib, dt, d, p):
+    check_against_reference(emulated(lib, LENGTHS, d, dt, p), LENGTHS, d, dt, p)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.17])
+@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("dt", list(CODE))
+def test_single_launch_gives_the_grouped_bits(lib, dt, d, p):
+    """Grouping picks 64-row forward tiles for some buckets, the single launch 128 for all:
+    per row, both run the same instructions on the same key blocks."""
+    grouped = emulated(lib, LENGTHS, d, dt, p)
+    single = emulated(lib, LENGTHS, d, dt, p, grouping=False)
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        np.testing.assert_array_equal(grouped["bits"][name], single["bits"][name],
+                                      err_msg=f"{name}: grouped and single launches differ")
+
+
+def test_reruns_and_stream_counts_are_bitwise_identical(lib):
+    first = emulated(lib, LENGTHS, 64, "bfloat16", 0.17)
+    again = run(lib, LENGTHS, 64, "bfloat16", 0.17)
+    one_stream = run(lib, LENGTHS, 64, "bfloat16", 0.17, streams=1)
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        np.testing.assert_array_equal(first["bits"][name], again["bits"][name], err_msg=f"{name}: rerun differs")
+        np.testing.assert_array_equal(first["bits"][name], one_stream["bits"][name],
+                                      err_msg=f"{name}: 4 streams and 1 stream differ")
+
+
+@pytest.mark.parametrize("dt,seed,offset", [("float16", SEED, OFFSET), ("bfloat16", 2**63 + 5, 2**32 + 9)])
+def test_dropout_mask_is_the_cpu_kernels(lib, native_ops, dt, seed, offset):
+    """q = k = 0 makes every probability 1/s; v = one-hot of the key index turns out into the
+    keep mask (times 1 / (s (1 - p))), and dout = one-hot of the query index turns dv into
+    its transpose. The CPU kernel (float32) runs the same problem with the same seed."""
+    import paddle
+
+    import paddle_unpad
+
+    lengths, H, D, p = (5, 0, 70, 128, 1), 2, 128, 0.3
+    cu = cu_of(lengths)
+    T = int(cu[-1])
+    zeros = np.zeros((T, H, D))
+    onehot_key = np.zeros((T, H, D))
+    for b, s in enumerate(lengths):
+        onehot_key[cu[b] + np.arange(s), :, np.arange(s)] = 1.0
+    vals = tuple(to_storage(x, dt) for x in (zeros, zeros, onehot_key, onehot_key))
+    res = run(lib, lengths, D, dt, p, seed=seed, offset=offset, values=vals, scale=1.0)
+    masks = philox_ref.dropout_keep_mask(seed, offset, p, cu, H)
+
+    f32 = [paddle.to_tensor(x.astype(np.float32), stop_gradient=False) for x in (zeros, zeros, onehot_key)]
+    cpu_out = paddle_unpad.fmha(*f32, paddle.to_tensor(cu), max(lengths), dropout=p, scale=1.0,
+                                rng_state=(seed, offset))
+    cpu_out.backward(paddle.to_tensor(onehot_key.astype(np.float32)))
+    cpu_out, cpu_dv = cpu_out.numpy(), f32[2].grad.numpy()
+    for b, s in enumerate(lengths):
+        if s == 0:
+            continue
+        rows = slice(int(cu[b]), int(cu[b]) + s)
+        fwd = res["out"][rows, :, :s].transpose(1, 0, 2) > 0  # [h, i, j]
+        bwd = res["dv"][rows, :, :s].transpose(1, 2, 0) > 0  # dv[j, h, i] = kept(i, j) / (s (1 - p))
+        cpu = cpu_out[rows, :, :s].transpose(1, 0, 2) > 0
+        cpu_bwd = cpu_dv[rows, :, :s].transpose(1, 2, 0) > 0
+        np.testing.assert_array_equal(cpu, masks[b], err_msg=f"CPU kernel vs philox_ref, sequence {b}")
+        np.testing.assert_array_equal(fwd, cpu, err_msg=f"forward mask vs the CPU kernel's, sequence {b}")
+        np.testing.assert_array_equal(bwd, cpu_bwd, err_msg=f"backward mask vs the CPU kernel's, sequence {b}")
+        kept = res["out"][rows, :, :s].transpose(1, 0, 2)[masks[b]]
+        np.testing.assert_allclose(kept, 1.0 / (s * (1 - p)), rtol=TOL[dt]["out"])
+
+
+def _run_raw(lib, lengths, d, dt, values, grouping):
+    """Like run(), without the finiteness check (a NaN sequence is expected here)."""
+    cu = cu_of(lengths)
+    T, H = int(cu[-1]), values[0][0].shape[1]
+    q, k, v, dout = (aligned_empty(s.shape, s.dtype) for s, _ in values)
+    for dst, (src, _) in zip((q, k, v, dout), values):
+        dst[...] = src
+    out, dq, dk, dv = (aligned_empty((T, H, d), q.dtype) for _ in range(4))
+    lse = aligned_empty((T, H), np.float32)
+    ws = aligned_empty((max(lib.pu_fmha_bwd_workspace_bytes(T, H) // 4, 1),), np.float32)
+    p_ = [ctypes.c_void_p(a.ctypes.data) for a in (q, k, v, out, lse, dout, dq, dk, dv, ws)]
+    head = (cu.ctypes.data_as(ctypes.c_void_p), len(lengths), T, H, d, CODE[dt], 0.125, 0.0, 0, 0, int(grouping), 4)
+    assert lib.pu_fmha_fwd(*head, *p_[:5], None) == 0, lib.pu_harness_last_error().decode()
+    assert lib.pu_fmha_bwd(*head, *p_, None) == 0, lib.pu_harness_last_error().decode()
+    return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+
+
+def test_a_nan_sequence_leaves_its_neighbours_bits_unchanged(lib):
+    lengths, d, dt = (67, 33, 20), 64, "float16"
+    vals = problem_values(lengths, HEADS, d, dt, seed=5)
+    poisoned = []
+    for s, x in vals:
+        s = s.copy()
+        s[67:100] = np.nan
+        poisoned.append((s, x))
+    keep = np.r_[0:67, 100:120]
+    kept_vals = tuple((s[keep], x[keep]) for s, x in vals)
+    for grouping in (True, False):
+        both = _run_raw(lib, lengths, d, dt, tuple(poisoned), grouping)
+        alone = _run_raw(lib, (67, 20), d, dt, kept_vals, grouping)
+        for name in ("out", "lse", "dq", "dk", "dv"):
+            got = both[name][keep]
+            assert np.isfinite(got.astype(np.float64)).all(), f"{name}: NaN leaked from the neighbour"
+            np.testing.assert_array_equal(got, alone[name], err_msg=f"{name}: the neighbour changed the result")
+
+
+@pytest.mark.parametrize("grouping", [True, False])
+def test_more_sequences_than_one_launch_carries(lib, grouping):
+    """450 sequences of 1..9 tokens, one bucket either way: two launches (440 + 10)."""
+    lengths = tuple(int(x) for x in np.random.default_rng(7).integers(1, 10, size=450))
+    res = run(lib, lengths, 32, "float16", 0.1, grouping=grouping, heads=1)
+    check_against_reference(res, lengths, 32, "float16", 0.1, heads=1)
+
+
+@pytest.mark.parametrize("lengths", [(0, 0), ()], ids=["two_empty_sequences", "no_sequences"])
+def test_batches_without_tokens(lib, lengths):
+    res = run(lib, lengths, 64, "bfloat16", 0.1)
+    assert all(res[name].size == 0 for name in ("out", "lse", "dq", "dk", "dv"))
+
+
+def test_refusals_name_the_problem(lib):
+    cu = cu_of((4,))
+    x = Buffer((4, 1, 48), "float16", PAD)
+    head = (cu.ctypes.data_as(ctypes.c_void_p), 1, 4, 1, 48, 0, 0.1, 0.0, 0, 0, 1, 4)
+    assert lib.pu_fmha_fwd(*head, x.ptr, x.ptr, x.ptr, x.ptr, x.ptr, None) != 0
+    assert "head size" in lib.pu_harness_last_error().decode()
+    bad = cu_of((3,))
+    head = (bad.ctypes.data_as(ctypes.c_void_p), 1, 4, 1, 32, 0, 0.1, 0.0, 0, 0, 1, 4)
+    assert lib.pu_fmha_fwd(*head, x.ptr, x.ptr, x.ptr, x.ptr, x.ptr, None) != 0
+    assert "cu_seqlens" in lib.pu_harness_last_error().decode()
