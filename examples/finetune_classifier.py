@@ -30,6 +30,11 @@ def parse_args(argv=None):
     p.add_argument("--no-unpad", action="store_true", help="stock PaddleNLP path (padding to the batch max)")
     p.add_argument("--no-balance", action="store_true", help="unpadded, but without exchanging samples")
     p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="stop after this many steps (0: no cap); the LR schedule still spans --epochs")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="stop before the step that would take the training time past this many seconds "
+                        "(0: off); the ranks agree on the step, and the summary reports it")
     p.add_argument("--max-train", type=int, default=0, help="use the first N training snippets (0: all)")
     p.add_argument("--max-dev", type=int, default=0, help="evaluate on the first N dev snippets (0: all)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
@@ -149,17 +154,18 @@ def main(argv=None):
         train_model = fleet.distributed_model(model)
         opt = fleet.distributed_optimizer(opt)
 
+    run_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
     bar = None
     if rank == 0 and not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total_steps, desc="unpadded" if unpad else "padded", file=sys.stdout,
+        bar = tqdm(total=run_steps, desc="unpadded" if unpad else "padded", file=sys.stdout,
                    mininterval=2.0, dynamic_ncols=True)
-    step, tokens, samples, t_train = 0, 0, 0, 0.0
+    step, tokens, samples, t_train, out_of_time = 0, 0, 0, 0.0, False
     train_model.train()
-    while step < total_steps:
+    while step < run_steps and not out_of_time:
         for batch in loader:
-            if step >= total_steps:
+            if step >= run_steps or out_of_time:
                 break
             t0 = time.perf_counter()
             labels = batch.pop("labels")
@@ -182,6 +188,8 @@ def main(argv=None):
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(loss) / world:.3f}", tok_s=f"{tokens / max(t_train, 1e-9):.0f}")
+            if args.time_budget:  # outside the timed region; every rank stops at the same step
+                out_of_time = _out_of_time(t_train, step, args.time_budget, world)
     if bar is not None:
         bar.close()
     if hasattr(loader, "close"):
@@ -199,7 +207,8 @@ def main(argv=None):
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     summary = {
         "path": "unpadded+balanced" if unpad and not args.no_balance else ("unpadded" if unpad else "padded (stock)"),
-        "ranks": world, "steps": step, "train_samples": n_samples, "train_tokens": n_tokens,
+        "ranks": world, "steps": step, "schedule_steps": total_steps, "stopped_by_time_budget": out_of_time,
+        "train_samples": n_samples, "train_tokens": n_tokens,
         "train_seconds": round(wall, 2), "samples_per_s": round(n_samples / wall, 2),
         "tokens_per_s": round(n_tokens / wall, 1), "dev_accuracy": round(acc, 4), "dev_samples": n_dev,
         "peak_rss_mb_rank0": round(peak_mb, 1),
@@ -214,6 +223,18 @@ def main(argv=None):
             with open(args.json_out, "w") as f:
                 json.dump(summary, f, indent=1)
     return summary
+
+
+def _out_of_time(elapsed, steps_done, budget, world):
+    """Whether the next step would end past ``budget`` seconds of training (judged by the mean
+    step so far), agreed by all ranks (any rank out of time stops them all)."""
+    import paddle
+    import paddle.distributed as dist
+
+    flag = paddle.to_tensor([int(elapsed * (steps_done + 1) / steps_done > budget)], dtype="int64")
+    if world > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(int(flag.numpy()[0]))
 
 
 def evaluate(model, dev, args, unpad, world, rank):

@@ -9,13 +9,24 @@ Public API (see docs/api.md)::
 
 Importing this package never needs compiled code: when the native operators are
 missing, every op runs its plain-Paddle reference and ``ops_available()`` says so.
+When they are present, importing registers them with Paddle, so that an exported
+(``paddle.jit.save``) converted model loads with ``paddle.jit.load`` or a
+``paddle.inference`` predictor in any process that has imported this package.
 """
+import zlib  # noqa: F401  (before paddle: paddle-gpu 2.6's libpaddle clashes with a zlib loaded after it)
+
+from . import _native
+from . import _paddle_compat
+
+_paddle_compat.check_versions()
 from . import balance, data, fleet, ops, varlen  # noqa: F401
 from .models import convert, revert  # noqa: E402  (paddlenlp is imported only when convert() runs)
 from .ops import fmha, ops_available
 from .varlen import cu_seqlens_from_lengths, pad_input, unpad_input
 
 __version__ = "0.1.0"
+
+_native.load_at_import()
 
 __all__ = [
     "fmha",

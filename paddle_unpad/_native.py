@@ -1,14 +1,22 @@
 """Finds the compiled operator library and registers its operators with Paddle.
 
 Order of search:
-  1. ``paddle_unpad/_ops_lib*.so`` -- built by ``pip install`` (editable or not);
+  1. ``paddle_unpad/_ops_lib_<tag>*.so`` -- built by ``pip install`` (editable or not) against
+     the running Paddle (``_build_config.library_tag``: libraries of other Paddle builds are skipped);
   2. a JIT build from the source checkout's ``custom_ops/`` into a cache folder
      (``PADDLE_UNPAD_CACHE``, default ``~/.cache/paddle_unpad``), keyed by a hash of
      sources and flags, so it is rebuilt only when they change (``PADDLE_UNPAD_JIT=0``
      turns this off).
 When neither works, every op runs its plain-Paddle reference and one warning says why.
+
 ``PADDLE_UNPAD_DISABLE_NATIVE=1`` forces the reference path (for comparisons);
 ``PADDLE_UNPAD_FORCE_JIT=1`` ignores an installed library and takes step 2.
+
+``import paddle_unpad`` registers the operators (:func:`load_at_import`): a program saved
+by ``paddle.jit.save`` that contains them is then loadable by ``paddle.jit.load`` or a
+``paddle.inference`` predictor before any op has been called in the process (Paddle
+resolves every op of a loaded program when it first runs it, and an unregistered custom
+op fails there with an unhelpful ``kernel output args (0) defs`` error).
 """
 import ctypes
 import glob
@@ -22,9 +30,9 @@ _state = {"tried": False, "path": None, "ops": (), "error": None, "flags": 0, "i
 
 
 def _installed_library():
-    here = os.path.dirname(os.path.abspath(__file__))
-    found = sorted(glob.glob(os.path.join(here, "_ops_lib*.so")))
-    return found[0] if found else None
+    from . import _build_config as cfg
+
+    return cfg.find_installed_library(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _jit_library():
@@ -103,6 +111,17 @@ def _load_locked():
         )
         return False
     return True
+
+
+def load_at_import():
+    """Called by ``paddle_unpad/__init__.py``. Registering an installed (or already built)
+    library takes milliseconds; a first JIT build says so on stderr before it starts. Never
+    raises: without the library, import succeeds and the references run (one warning)."""
+    try:
+        load()
+    except Exception as e:  # load() catches its own errors; this guards import against the unforeseen
+        _state["error"] = _state["error"] or f"{type(e).__name__}: {e}"
+        _state["tried"] = True
 
 
 def has_op(name):

@@ -14,16 +14,45 @@ balances the training samples across ranks with the exchange of
 evaluation loop gathers predictions across ranks by batch shape, which packed tensors
 (``[T, ...]``, T differing per rank) would break. Datasets yield samples as dicts of
 unpadded fields (``input_ids``, ``token_type_ids``, ``labels``, ...), as they do for the
-stock Trainer before its padding collator. Checkpoints are unchanged: ``save_model`` /
+stock Trainer before its padding collator; ``label`` and ``label_ids`` are renamed
+``labels`` as PaddleNLP's collators do. Under fleetrun, resuming from a checkpoint
+(``resume_from_checkpoint``) replays the same data order as an uninterrupted run: the
+training loader is a ``paddle.io.DataLoader`` to the Trainer, so its epoch and skip logic
+apply. Checkpoints are unchanged: ``save_model`` /
 ``save_pretrained`` output loads in unmodified PaddleNLP.
 """
-from . import models as _models
-import numpy as np
+from collections.abc import Mapping
 
+import numpy as np
+import paddle
+
+from . import models as _models
 from .data import sample_list_collate
 from .data.collate import DEFAULT_TOKEN_FIELDS, normalize_batch
 
-__all__ = ["UnpadTrainer", "PadCollator"]
+__all__ = ["UnpadTrainer", "PadCollator", "LABEL_ALIASES", "rename_label_keys"]
+
+#: Sample keys that PaddleNLP's collators (``DataCollatorWithPadding``,
+#: ``default_data_collator``) hand to the model as ``labels``, in this order (a later one wins).
+LABEL_ALIASES = ("label", "label_ids")
+
+
+def rename_label_keys(sample):
+    """``sample`` with ``label`` / ``label_ids`` renamed to ``labels`` (and None-valued
+    labels dropped), as PaddleNLP's collators do; other samples are returned as they are."""
+    if not isinstance(sample, Mapping) or not any(k in sample for k in LABEL_ALIASES):
+        return sample
+    out = {k: v for k, v in sample.items() if k not in LABEL_ALIASES}
+    for alias in LABEL_ALIASES:
+        if sample.get(alias) is not None:
+            out["labels"] = sample[alias]
+    return out
+
+
+def train_collate(batch):
+    """``collate_fn`` of UnpadTrainer's training DataLoader: the list of samples (label keys
+    renamed) that the exchange balances and packs."""
+    return sample_list_collate([rename_label_keys(smp) for smp in batch])
 
 
 def _trainer_base():
@@ -35,7 +64,8 @@ def _trainer_base():
 class PadCollator:
     """Pads a list of samples to the batch maximum: ``[B, S]`` tensors plus an
     ``attention_mask``; per-token labels are padded with ``label_pad`` (ignored by
-    PaddleNLP's losses), per-sample fields are stacked. ``pad_to``: pad every batch to
+    PaddleNLP's losses), per-sample fields are stacked; ``label`` / ``label_ids`` become
+    ``labels`` (:func:`rename_label_keys`). ``pad_to``: pad every batch to
     this length instead (PaddleNLP's ``padding="max_length"``)."""
 
     def __init__(self, pad_token_id=0, label_pad=-100, pad_to=None):
@@ -44,9 +74,7 @@ class PadCollator:
         self.pad_token_id, self.label_pad, self.pad_to = pad_token_id, label_pad, pad_to
 
     def __call__(self, batch):
-        import paddle
-
-        samples, lengths, _ = normalize_batch(list(batch))
+        samples, lengths, _ = normalize_batch([rename_label_keys(smp) for smp in batch])
         B, S = len(samples), int(lengths.max()) if len(samples) else 0
         if self.pad_to is not None:
             if S > self.pad_to:
@@ -69,19 +97,31 @@ class PadCollator:
         return {k: paddle.to_tensor(v) for k, v in out.items()}
 
 
-class _BalancedTrainLoader:
-    """The balanced loader, seen by the Trainer as its DataLoader (``batch_sampler`` etc.)."""
+class _BalancedTrainLoader(paddle.io.DataLoader):
+    """The balanced loader, as the Trainer's training DataLoader.
 
-    def __init__(self, balanced, loader):
+    A ``paddle.io.DataLoader`` subclass because PaddleNLP's Trainer resumes only a loader
+    that passes ``isinstance(loader, paddle.io.DataLoader)``: it then calls
+    ``batch_sampler.set_epoch(epoch)`` (the shuffle of a resumed epoch >= 1) and
+    ``set_epoch(consumed_samples=...)`` for PaddleNLP's own sampler. Both reach the wrapped
+    loader's sampler, which feeds the exchange; nothing of ``DataLoader.__init__`` is used.
+    """
+
+    def __init__(self, balanced, loader):  # no super().__init__: it would build a second loader
         self._balanced, self._loader = balanced, loader
 
     def __iter__(self):
         return iter(self._balanced)
 
+    def __call__(self):
+        return self.__iter__()
+
     def __len__(self):
         return len(self._balanced)
 
     def __getattr__(self, name):  # batch_sampler (set_epoch), dataset, ...
+        if name in ("_balanced", "_loader"):  # not yet set (copy/pickle): no recursion
+            raise AttributeError(name)
         return getattr(self._loader, name)
 
 
@@ -96,12 +136,19 @@ def _make_class():
                 ``paddle_unpad.fleet.DEFAULT_UNPAD_CONFIGS``); ``{"balance": False}`` packs
                 each rank's own batches without exchanging samples.
             max_seqlen: longest legal sample (default: the model's max positions).
+            token_loss: ``"mean"`` / ``"stock"``, the per-token loss scaling of
+                ``paddle_unpad.convert``; None (default) keeps that of a model converted
+                beforehand, else ``"mean"``.
         """
 
-        def __init__(self, model=None, *args, unpad_configs=None, max_seqlen=None, **kwargs):
+        def __init__(self, model=None, *args, unpad_configs=None, max_seqlen=None, token_loss=None, **kwargs):
             if model is None:
                 raise ValueError("UnpadTrainer: model is required (it is converted in place)")
-            _models.convert(model)
+            if not _models.is_converted(model):
+                _models.convert(model, token_loss=token_loss or "mean")
+            elif token_loss is not None:  # keep the other options of the earlier convert()
+                opts = _models.common.options_of(_models._unwrap(model))
+                _models.convert(model, on_unsupported=opts.get("on_unsupported", "raise"), token_loss=token_loss)
             cfg = dict(unpad_configs or {})
             self._unpad_balance = bool(cfg.pop("balance", True))
             if max_seqlen is None:
@@ -118,7 +165,7 @@ def _make_class():
             from .balance.exchange import BalancedLoader
 
             eval_collator = self.data_collator
-            self.data_collator = sample_list_collate  # the exchange packs after balancing
+            self.data_collator = train_collate  # the exchange packs after balancing
             try:
                 loader = super().get_train_dataloader()
             finally:

@@ -49,7 +49,7 @@ def make_config(fam, dropout=0.0, **kw):
     return cfg_cls(**args)
 
 
-def make_pair(fam, kind, dropout=0.0, seed=0, **kw):
+def make_pair(fam, kind, dropout=0.0, seed=0, token_loss="mean", **kw):
     """(original, converted) with identical weights."""
     cls = FAMILIES[fam][1][kind]
     cfg = make_config(fam, dropout, **kw)
@@ -59,7 +59,7 @@ def make_pair(fam, kind, dropout=0.0, seed=0, **kw):
     model.set_state_dict(ref.state_dict())
     for m in (ref, model):
         m.train() if dropout else m.eval()
-    pu.convert(model)
+    pu.convert(model, token_loss=token_loss)
     return ref, model
 
 
@@ -215,7 +215,7 @@ def _loss_inputs(fam, kind, ids, mask, rng):
 
 @pytest.mark.parametrize("fam,kind", CASES)
 def test_three_adamw_steps_match(fam, kind):
-    ref, model = make_pair(fam, kind)
+    ref, model = make_pair(fam, kind, token_loss="stock")  # the original's own loss, same scale
     ids, tt, mask = ragged_batch(fam)
     rng = np.random.default_rng(5)
     extra = extra_inputs(fam, kind, mask, rng)
@@ -251,10 +251,10 @@ def test_three_adamw_steps_match(fam, kind):
 
 
 def test_losses_match_original():
-    """The model-computed losses equal the original's on the same padded batch."""
+    """With token_loss="stock" the model-computed losses equal the original's on the same padded batch."""
     for fam, kind in [("bert", "seqcls"), ("bert", "tokcls"), ("bert", "pretrain"), ("ernie", "pretrain"),
                       ("roberta", "seqcls"), ("roberta", "mlm"), ("bert", "mlm")]:
-        ref, model = make_pair(fam, kind)
+        ref, model = make_pair(fam, kind, token_loss="stock")
         ids, tt, mask = ragged_batch(fam)
         labels = _loss_inputs(fam, kind, ids, mask, np.random.default_rng(11))
         l_ref = float(call(ref, fam, kind, ids, tt, mask, labels)[0])
@@ -475,6 +475,150 @@ def test_packed_collator_batch_matches_padded(fam):
                    labels=paddle.to_tensor(labels), return_dict=True)
     assert rel_err(out.logits.numpy(), expected.logits.numpy()) < RTOL
     assert abs(float(out.loss) - float(expected.loss)) <= RTOL * abs(float(expected.loss))
+
+
+def _packed(fam, ids, tt, mask, **per_token):
+    """The packing collator's batch of these rows, with extra per-token fields ([B, S] arrays)."""
+    from paddle_unpad.data import PackingCollator
+
+    samples = _samples(ids, tt, mask)
+    for b, smp in enumerate(samples):
+        n = len(smp["input_ids"])
+        smp.update({k: v[b, :n] for k, v in per_token.items()})
+    batch = PackingCollator(max_seqlen=SEQ)(samples)
+    if fam == "roberta":  # the collator writes BERT-style 0..s-1 position ids; RoBERTa computes its own
+        batch.pop("position_ids")
+    return batch
+
+
+@pytest.mark.parametrize("fam,kind", [("bert", "mlm"), ("bert", "pretrain"), ("ernie", "mlm"), ("ernie", "pretrain"),
+                                      ("roberta", "mlm")])
+def test_mlm_collator_batch_is_accepted(fam, kind):
+    """model(**batch) on the packing collator's own masked-LM batch (masked_lm_labels per token ->
+    masked_positions, masked_labels): the MLM head scores the masked rows only, and the loss is the
+    original's on the same masked rows."""
+    from paddle_unpad.data import PackingCollator
+
+    ref, model = make_pair(fam, kind)
+    ids, tt, mask = ragged_batch(fam)
+    rng = np.random.default_rng(21)
+    flat = masked_positions_for(mask, rng)
+    mlm = np.full(ids.shape, -100, np.int64)
+    mlm.reshape(-1)[flat] = rng.integers(0, VOCAB, len(flat))
+    nsl = rng.integers(0, 2, ids.shape[0]).astype(np.int64)
+    samples = _samples(ids, tt, mask)
+    for b, smp in enumerate(samples):
+        smp["masked_lm_labels"] = mlm[b, :len(smp["input_ids"])]
+        if kind == "pretrain":
+            smp["next_sentence_label"] = nsl[b]
+    batch = PackingCollator(max_seqlen=SEQ)(samples)
+    assert {"masked_lm_labels", "masked_positions", "masked_labels"} <= set(batch)
+    if fam == "roberta":
+        batch.pop("position_ids")
+    out = model(**batch, return_dict=True)
+    M = len(flat)
+    x, m = paddle.to_tensor(ids), paddle.to_tensor(mask)
+    kw = dict(token_type_ids=paddle.to_tensor(tt), attention_mask=m, return_dict=True)
+    if fam == "roberta":  # the original has no masked_positions: per-token labels, scores of every token
+        e = ref(x, labels=paddle.to_tensor(mlm), **kw)
+        e_scores = e.logits.numpy().reshape(-1, VOCAB)[flat]
+        # the original divides by B * S, padding included; the default here is the mean over the M masked rows
+        e_loss = float(e.loss) * ids.size / M
+    else:
+        if kind == "pretrain":
+            kw["next_sentence_label"] = paddle.to_tensor(nsl)
+        e = ref(x, masked_positions=paddle.to_tensor(flat), labels=paddle.to_tensor(mlm.reshape(-1)[flat]), **kw)
+        e_scores, e_loss = e.prediction_logits.numpy() if kind == "pretrain" else e.logits.numpy(), float(e.loss)
+    scores = out.prediction_logits if kind == "pretrain" else out.logits
+    assert list(scores.shape) == [M, VOCAB]
+    assert rel_err(scores.numpy(), e_scores) < RTOL
+    assert abs(float(out.loss) - e_loss) <= RTOL * abs(e_loss), (float(out.loss), e_loss)
+
+
+def test_mlm_masked_labels_without_positions_is_refused():
+    ref, model = make_pair("bert", "mlm")
+    ids, tt, mask = ragged_batch("bert")
+    v = mask.astype(bool)
+    cu, mx = pu.cu_seqlens_from_lengths(LENGTHS)
+    with pytest.raises(ValueError, match="masked_labels was given without masked_positions"):
+        model(paddle.to_tensor(ids[v]), cu_seqlens=cu, max_seqlen=mx, masked_labels=paddle.to_tensor([3, 4]))
+    with pytest.raises(TypeError, match="unexpected keyword argument.*masked_labels"):
+        make_pair("bert", "seqcls")[1](paddle.to_tensor(ids[v]), cu_seqlens=cu, max_seqlen=mx,
+                                       masked_labels=paddle.to_tensor([3, 4]))
+
+
+def _ce_mean_over_labelled(logits, labels):
+    """float64 cross entropy averaged over the positions whose label is not -100."""
+    logits = np.asarray(logits, np.float64).reshape(-1, logits.shape[-1])
+    labels = np.asarray(labels).reshape(-1)
+    keep = labels != -100
+    z = logits[keep]
+    zmax = z.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z - zmax).sum(axis=1)) + zmax[:, 0]
+    return float((lse - z[np.arange(len(z)), labels[keep]]).mean())
+
+
+def _token_labels(fam, kind, ids, mask, rng):
+    lab = _loss_inputs(fam, kind, ids, mask, rng)["labels"].numpy()
+    if kind == "tokcls":
+        lab[:, 0] = -100  # e.g. special tokens: real tokens without a label
+    return lab
+
+
+@pytest.mark.parametrize("fam,kind", [("bert", "tokcls"), ("roberta", "tokcls"), ("bert", "mlm"), ("roberta", "mlm")])
+def test_token_loss_default_is_mean_over_labelled_tokens(fam, kind):
+    """Default per-token loss: sum over labelled tokens / their count, computed here from the
+    original model's logits; the same for the padded batch and its packed twin."""
+    ref, model = make_pair(fam, kind)
+    ids, tt, mask = ragged_batch(fam)
+    lab = _token_labels(fam, kind, ids, mask, np.random.default_rng(31))
+    logits = call(ref, fam, kind, ids, tt, mask).numpy()
+    expected = _ce_mean_over_labelled(logits, lab)
+    padded = float(call(model, fam, kind, ids, tt, mask, {"labels": paddle.to_tensor(lab)})[0])
+    packed = float(model(**_packed(fam, ids, tt, mask, labels=lab))[0])
+    assert abs(padded - expected) <= RTOL * abs(expected), (padded, expected)
+    assert abs(packed - expected) <= RTOL * abs(expected), (packed, expected)
+
+
+@pytest.mark.parametrize("fam,kind", [("bert", "tokcls"), ("roberta", "mlm")])
+def test_token_loss_stock_matches_original_padded_and_packed(fam, kind):
+    """token_loss="stock": the original's loss on the padded batch, and on the packed twin of a
+    batch padded to its longest row (what PaddleNLP's padding collators build)."""
+    ref, model = make_pair(fam, kind, token_loss="stock")
+    ids, tt, mask = ragged_batch(fam)  # padded to its longest row (SEQ)
+    assert mask.sum(1).max() == ids.shape[1]
+    lab = _token_labels(fam, kind, ids, mask, np.random.default_rng(32))
+    original = float(call(ref, fam, kind, ids, tt, mask, {"labels": paddle.to_tensor(lab)})[0])
+    padded = float(call(model, fam, kind, ids, tt, mask, {"labels": paddle.to_tensor(lab)})[0])
+    packed = float(model(**_packed(fam, ids, tt, mask, labels=lab))[0])
+    assert abs(padded - original) <= RTOL * abs(original), (padded, original)
+    assert abs(packed - original) <= RTOL * abs(original), (packed, original)
+
+
+def test_token_loss_scaling_message_once_per_model():
+    ids, tt, mask = ragged_batch("bert")
+    lab = _token_labels("bert", "tokcls", ids, mask, np.random.default_rng(33))
+    n, stock = int((lab != -100).sum()), ids.size
+    kw = {"labels": paddle.to_tensor(lab)}
+    _, model = make_pair("bert", "tokcls")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        call(model, "bert", "tokcls", ids, tt, mask, kw)
+        call(model, "bert", "tokcls", ids, tt, mask, kw)
+    msgs = [str(x.message) for x in w if "per-token loss" in str(x.message)]
+    assert len(msgs) == 1, msgs
+    assert f"({n} in this batch)" in msgs[0] and f"({stock}," in msgs[0], msgs[0]
+    assert f"{stock / n:.3g}x" in msgs[0] and "token_loss='stock'" in msgs[0], msgs[0]
+    _, stock_model = make_pair("bert", "tokcls", token_loss="stock")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        call(stock_model, "bert", "tokcls", ids, tt, mask, kw)
+    assert not [x for x in w if "per-token loss" in str(x.message)]
+
+
+def test_token_loss_option_is_checked():
+    with pytest.raises(ValueError, match="token_loss must be one of .*'sum'"):
+        make_pair("bert", "tokcls", token_loss="sum")
 
 
 def test_packed_token_outputs_stay_packed():

@@ -62,18 +62,34 @@ def test_pretrain_mlm_two_ranks_loss_falls(tmp_path):
 
 
 def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
+    """A time budget smaller than one step: the stock job stops after its first step (of 4), and
+    the paddle_unpad job trains exactly that step, on the same samples."""
     out = tmp_path / "demo.json"
-    proc = subprocess.run([sys.executable, os.path.join(EX, "run_demo.py"), "--max-train", "64",
-                           "--max-dev", "64", "--json-out", str(out)], cwd=str(tmp_path), capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, os.path.join(EX, "run_demo.py"), "--max-train", "128", "--batch-size",
+                           "16", "--time-budget", "0.001", "--max-dev", "32", "--json-out", str(out)],
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "stock (padded)" in proc.stdout and "paddle_unpad" in proc.stdout
+    assert "stopped at 1 of 4 steps by the 0.001 s budget" in proc.stdout, proc.stdout[-2000:]
+    assert "host: " in proc.stdout
     d = json.load(open(out))
-    assert d["padded"]["train_tokens"] == d["unpadded"]["train_tokens"]  # the same samples both ways
+    pad, unp = d["padded"], d["unpadded"]
+    assert pad["stopped_by_time_budget"] is True and pad["steps"] == unp["steps"] == 1
+    assert pad["train_samples"] == unp["train_samples"] == 32
+    assert pad["train_tokens"] == unp["train_tokens"]  # the same samples both ways
 
 
-def test_demo_fmha_runs():
+def test_demo_fmha_runs_respects_threads_and_explains_its_speedup():
     proc = subprocess.run([sys.executable, os.path.join(EX, "demo_fmha.py")], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="2"))
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "OK" in proc.stdout
+    out = proc.stdout
+    assert "-> OK" in out and "threads=1" in out, out  # the user's OMP_NUM_THREADS, not the demo's own
+    rows = [line.split() for line in out.splitlines()
+            if line.startswith(("forward ", "forward+backward ")) and line.endswith("x")]
+    assert len(rows) == 2, out
+    speedups = [float(r[-2].rstrip("x")) for r in rows]
+    ideal = float(rows[0][-1].rstrip("x"))
+    assert "(kernel, at equal work)" in out, out
+    assert ("exceeds the ideal ratio because" in out) == (max(speedups) > ideal), out

@@ -32,11 +32,19 @@ __all__ = ["UnsupportedInput", "Packing", "FamilySpec", "options_of"]
 
 # Options of convert(); stored on the converted top-level model and its base model.
 OPTIONS_ATTR = "_paddle_unpad_options"
-DEFAULT_OPTIONS = {"on_unsupported": "raise"}
+#: per-token loss divisors (see token_cross_entropy): "mean" over labelled tokens, or the
+#: original PaddleNLP model's "stock" batch x padded length
+TOKEN_LOSS_MODES = ("mean", "stock")
+DEFAULT_OPTIONS = {"on_unsupported": "raise", "token_loss": "mean"}
+# Label value that no loss counts (PaddleNLP's collators pad labels with it; Paddle's default).
+IGNORE_INDEX = -100
 # Keys of a paddle_unpad packed batch that the model does not need (accepted, ignored).
-from ..data.collate import BATCH_BOOKKEEPING_KEYS  # noqa: E402
+from ..data.collate import BATCH_BOOKKEEPING_KEYS, MLM_LABEL_FIELDS  # noqa: E402
 
 COLLATOR_EXTRAS = frozenset(BATCH_BOOKKEEPING_KEYS)
+# Keys of a packing collator's masked-LM batch that the MLM / pretraining heads read (the
+# per-token MLM labels, and the masked rows' positions and labels listed from them).
+MLM_BATCH_KEYS = frozenset(("masked_positions", "masked_labels") + tuple(MLM_LABEL_FIELDS))
 # Arguments of the converted forwards that the original forwards do not have.
 PACKED_ARGS_ALL = ("cu_seqlens", "max_seqlen", "cu_seqlens_host")
 # Additive mask values at or below this count as "masked" (exp underflows to exactly 0 in fp32).
@@ -485,24 +493,54 @@ def cross_entropy_mean(logits, labels, num_classes):
     return loss_fct(logits.reshape((-1, num_classes)), labels.reshape((-1,)))
 
 
-def token_cross_entropy(pk, logits_t, labels_t, num_classes):
-    """The original models' per-token loss ``CrossEntropyLoss()(logits [B*S, C], labels [B*S])``
-    computed on the real tokens only.
+def token_cross_entropy(logits_t, labels_t, num_classes, stock_rows, mode="mean", model=None):
+    """Cross entropy of per-token (or masked-row) predictions; labels ``-100`` count for nothing.
 
-    Paddle's mean cross entropy with the default ``ignore_index=-100`` (a negative index)
-    divides by *all* rows, ignored ones included (it divides by the non-ignored count only
-    for ``ignore_index >= 0``). So the original loss is ``sum over labelled tokens / (B*S)``;
-    the same divisor is used here, which makes the two equal whenever the labels at padding
-    are -100. Packed inputs have no padding: the divisor is T.
+    ``mode="mean"``: the sum over labelled tokens divided by their number -- the mean over
+    labelled tokens, as Hugging Face's models and Paddle's ``CrossEntropyLoss`` with an
+    ``ignore_index >= 0`` define it; independent of padding and of packing (0 when no token
+    is labelled).
+    ``mode="stock"``: the sum divided by ``stock_rows``, what PaddleNLP's original models
+    compute: Paddle's mean cross entropy with the default ``ignore_index=-100`` divides by
+    *all* rows, ignored ones included, i.e. ``B * S`` of the padded batch (for packed inputs
+    ``B * max_seqlen``: the batch padded to its longest sequence, as PaddleNLP's collators pad).
+
+    With ``mode="mean"`` in eager mode, the first such loss of ``model`` compares the two
+    divisors (one host read, once per model) and warns when they differ, with the factor
+    between the two losses.
     """
-    total = F.cross_entropy(logits_t.reshape((-1, num_classes)), labels_t.reshape((-1,)), reduction="sum")
-    if pk.packed:
-        rows = logits_t.shape[0] if _dynamic() else paddle.shape(logits_t)[0]
-    else:
-        rows = pk.batch * pk.seqlen
-    if _dynamic():
-        return total / float(max(int(rows), 1))
-    return total / paddle.maximum(rows, paddle.ones_like(rows)).astype(total.dtype)
+    logits_t = logits_t.reshape((-1, num_classes))
+    labels_t = labels_t.reshape((-1,))
+    total = F.cross_entropy(logits_t, labels_t, reduction="sum", ignore_index=IGNORE_INDEX)
+    labelled = (labels_t != IGNORE_INDEX).astype(total.dtype).sum()
+    if mode == "stock":
+        if not is_tensor(stock_rows):
+            return total / float(max(int(stock_rows), 1))
+        return total / paddle.maximum(stock_rows.astype(total.dtype), paddle.ones([], dtype=total.dtype))
+    if _dynamic() and model is not None and not model.__dict__.get(_SCALING_CHECKED):
+        _compare_scaling_once(model, labelled, int(stock_rows))
+    return total / paddle.maximum(labelled, paddle.ones_like(labelled))
+
+
+# set on a converted model once its per-token loss scaling has been compared with the original's
+_SCALING_CHECKED = "_paddle_unpad_loss_scaling_checked"
+
+
+def _compare_scaling_once(model, labelled, stock_rows):
+    n = int(labelled)
+    if n == 0:  # both losses are 0: nothing to compare yet
+        return
+    model.__dict__[_SCALING_CHECKED] = True
+    if n == stock_rows:
+        return
+    who = type(model).__name__
+    ratio = f"{stock_rows / n:.3g}x"
+    warnings.warn(
+        f"paddle_unpad: the per-token loss of {who} is the mean over its labelled tokens ({n} in this batch); "
+        f"PaddleNLP's original model divides the same sum by batch x padded length ({stock_rows}, padding and "
+        f"unlabelled tokens included), so this loss is {ratio} the original's here, and the factor changes from "
+        "batch to batch. convert(model, token_loss='stock') reproduces the original scaling.",
+        UserWarning, stacklevel=5)
 
 
 __all__ += ["encode", "outputs_for_caller", "hidden_for_caller", "token_labels", "check_unsupported",

@@ -9,17 +9,21 @@ differences, all at positions that are padding:
   at padding positions (the original computes values there that nothing should read);
 * question-answering start/end logits are ``-1e4`` at padding positions, so the loss's
   softmax over the sequence ignores them (the original lets padding compete);
-* per-token losses (token classification, MLM without ``masked_positions``) sum over
-  real tokens only, divided by ``B * S`` as Paddle's mean cross entropy with
-  ``ignore_index=-100`` does in the original: identical to the original when the labels
-  at padding are ``-100`` (what PaddleNLP's collators put there).
+* per-token losses (token classification, masked LM) are the mean over labelled tokens
+  (label ``!= -100``) by default; ``convert(..., token_loss="stock")`` divides the same sum
+  by ``B * S`` instead, as the original does (see :func:`common.token_cross_entropy`).
 
 With packed inputs (``input_ids [T]`` + ``cu_seqlens`` + ``max_seqlen``) per-token
 outputs stay packed (``[T, ...]``), QA logits are ``[B, max_seqlen]`` and
 ``masked_positions`` index packed rows.
+
+The masked-LM and pretraining heads also take the keys of a packing collator's MLM batch
+(``masked_lm_labels`` / ``mlm_labels`` per token, ``masked_positions``, ``masked_labels``),
+so ``model(**batch)`` computes the loss on the masked rows only.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 
 import paddle
@@ -147,7 +151,8 @@ def tokcls_forward(model, spec, a):
     loss = None
     labels = a.get("labels")
     if labels is not None:
-        loss = C.token_cross_entropy(pk, logits_t, C.token_labels(pk, labels), model.config.num_labels)
+        loss = C.token_cross_entropy(logits_t, C.token_labels(pk, labels), model.config.num_labels,
+                                     pk.batch * pk.seqlen, _token_loss_mode(model), model)
     logits = C.outputs_for_caller(pk, logits_t)
     hs = C.hidden_for_caller(pk, hidden)
     if not return_dict:
@@ -199,12 +204,43 @@ def _mlm_scores(pk, seq, masked_positions, predict):
     return C.outputs_for_caller(pk, scores_t), scores_t, True
 
 
-def _mlm_loss(pk, scores_loss, labels, per_token):
+def _token_loss_mode(model):
+    return C.options_of(model).get("token_loss", C.DEFAULT_OPTIONS["token_loss"])
+
+
+def _mlm_loss(model, pk, scores_loss, labels, per_token):
     if labels is None:
         return None
-    if per_token:
-        return C.token_cross_entropy(pk, scores_loss, C.token_labels(pk, labels), scores_loss.shape[-1])
-    return C.cross_entropy_mean(scores_loss, labels, scores_loss.shape[-1])
+    vocab = scores_loss.shape[-1]
+    if per_token:  # stock divisor: every position of the padded batch
+        labels, rows = C.token_labels(pk, labels), pk.batch * pk.seqlen
+    else:  # masked rows only: the original's mean over those rows
+        rows = scores_loss.shape[0] if C._dynamic() else paddle.shape(scores_loss)[0]
+    return C.token_cross_entropy(scores_loss, labels, vocab, rows, _token_loss_mode(model), model)
+
+
+def _mlm_batch_inputs(a, extra):
+    """The original arguments ``masked_positions`` / ``labels`` from a packing collator's
+    MLM batch keys when the caller did not pass them (``model(**batch)``)."""
+    keys = {k: extra[k] for k in C.MLM_BATCH_KEYS if extra.get(k) is not None}
+    if not keys:
+        return a
+    a = dict(a)
+    if a.get("masked_positions") is None and "masked_positions" in keys:
+        a["masked_positions"] = keys["masked_positions"]
+    if a.get("labels") is not None:
+        return a
+    positions = a.get("masked_positions")
+    per_token = next((keys[k] for k in C.MLM_LABEL_FIELDS if k in keys), None)
+    if positions is not None and "masked_labels" in keys:
+        a["labels"] = keys["masked_labels"]
+    elif positions is not None and per_token is not None:
+        a["labels"] = paddle.gather(per_token.reshape([-1]), positions.reshape([-1]).astype("int64"))
+    elif per_token is not None:  # every token scored; the collator marks unmasked ones with any negative
+        a["labels"] = paddle.where(per_token < 0, paddle.full_like(per_token, C.IGNORE_INDEX), per_token)
+    elif "masked_labels" in keys:
+        raise ValueError("paddle_unpad: masked_labels was given without masked_positions (the rows they label)")
+    return a
 
 
 def pretraining_forward(model, spec, a):
@@ -221,7 +257,7 @@ def pretraining_forward(model, spec, a):
         total_loss = None
         labels, nsl = a.get("labels"), a.get("next_sentence_label")
         if labels is not None and nsl is not None:
-            mlm = _mlm_loss(pk, scores_loss, labels, per_token)
+            mlm = _mlm_loss(model, pk, scores_loss, labels, per_token)
             total_loss = mlm + C.cross_entropy_mean(nsp, nsl, 2)
         hs = C.hidden_for_caller(pk, hidden)
         if not return_dict:
@@ -238,12 +274,10 @@ def masked_lm_forward(model, spec, a):
     ohs = _head_flags(spec, base, a)
     return_dict = _return_dict(model, a)
     pk, seq, _, hidden = _encode(model, spec, a, base, want_pooled=False, output_hidden_states=ohs)
-    if spec.roberta_positions:  # RobertaLMHead on every token
-        scores, scores_loss, per_token = _mlm_scores(pk, seq, None, model.lm_head)
-    else:
-        scores, scores_loss, per_token = _mlm_scores(pk, seq, a.get("masked_positions"),
-                                                     lambda h: model.cls.predictions(h, None))
-    loss = _mlm_loss(pk, scores_loss, a.get("labels"), per_token)
+    # RoBERTa's original has no masked_positions: they come only from a collator's batch
+    predict = model.lm_head if spec.roberta_positions else (lambda h: model.cls.predictions(h, None))
+    scores, scores_loss, per_token = _mlm_scores(pk, seq, a.get("masked_positions"), predict)
+    loss = _mlm_loss(model, pk, scores_loss, a.get("labels"), per_token)
     hs = C.hidden_for_caller(pk, hidden)
     if not return_dict:
         return _tuple_out(loss, (scores,), hs)
@@ -257,10 +291,13 @@ def masked_lm_forward(model, spec, a):
 def run(model, spec, impl, a, extra):
     """Run ``impl``; on :class:`UnsupportedInput` raise, or (``on_unsupported="fallback"``) warn once
     and run the original forward."""
-    unknown = set(extra) - C.COLLATOR_EXTRAS
+    mlm_head = impl in (masked_lm_forward, pretraining_forward)
+    unknown = set(extra) - C.COLLATOR_EXTRAS - (C.MLM_BATCH_KEYS if mlm_head else frozenset())
     if unknown:
         raise TypeError(f"{type(model).__name__}.forward() got unexpected keyword argument(s) "
                         f"{', '.join(sorted(unknown))}")
+    if mlm_head:
+        a = _mlm_batch_inputs(a, extra)
     if _FALLBACK.depth and a.get("cu_seqlens") is None:  # inside another model's fallback: stay original
         return _original_forward(model, a)
     try:
@@ -289,4 +326,8 @@ _FALLBACK = _FallbackState()
 def _original_forward(model, a):
     orig = model.__dict__["_paddle_unpad_original_class"]
     kw = {k: v for k, v in a.items() if k not in C.PACKED_ARGS_ALL}
+    if "masked_positions" not in inspect.signature(orig.forward).parameters:  # RoBERTa: only from a batch
+        if kw.pop("masked_positions", None) is not None:
+            raise C.UnsupportedInput(f"paddle_unpad: the original {orig.__name__}.forward has no masked_positions; "
+                                     "its padded fallback cannot score only the masked rows")
     return orig.forward(model, **kw)
