@@ -83,8 +83,9 @@ test: setup
 # with nvcc and registered (set-up fails otherwise), and the CPU-place tests run under it.
 GPU_VENV ?= .venv-gpu
 GPU_STAGE_TESTS := tests/test_paddle_compat.py tests/test_fmha.py tests/test_varlen.py \
-	tests/test_fused_ops.py tests/test_layers.py tests/test_convert.py tests/test_collate.py \
-	tests/test_balance.py tests/test_trainer.py tests/test_philox.py
+	tests/test_fused_ops.py tests/test_layers.py tests/test_convert.py tests/test_convert_args.py \
+	tests/test_export_load.py tests/test_collate.py tests/test_balance.py tests/test_trainer.py \
+	tests/test_philox.py tests/test_build.py
 test-paddle-gpu:
 	$(MAKE) setup PADDLE=gpu VENV=$(GPU_VENV)
 	OMP_NUM_THREADS=$(THREADS) $(GPU_VENV)/bin/python -m pytest -q -rs $(GPU_STAGE_TESTS)

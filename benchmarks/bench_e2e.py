@@ -42,6 +42,7 @@ Writes ``benchmarks/results/e2e.json``; ``benchmarks/report.py`` renders it.
 """
 from __future__ import annotations
 
+import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import argparse
 import datetime
 import json

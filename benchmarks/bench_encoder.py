@@ -79,6 +79,7 @@ Usage::
 """
 from __future__ import annotations
 
+import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import argparse
 import gc
 import importlib.util

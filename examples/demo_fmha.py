@@ -52,9 +52,9 @@ def main():
         sys.path.insert(0, root)
     import paddle_unpad as pu
 
-    setter = getattr(paddle, "set_num_threads", None) or getattr(paddle.base.core, "set_num_threads", None)
-    if setter is not None:
-        setter(args.threads)
+    from paddle_unpad._paddle_compat import set_num_threads
+
+    set_num_threads(args.threads)
     paddle.seed(0)
 
     H, D = args.heads, args.head_dim

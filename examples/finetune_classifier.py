@@ -14,6 +14,7 @@ At the end rank 0 prints dev accuracy, samples/s and tokens/s, writes the fine-t
 model with ``save_pretrained`` (loadable by unmodified PaddleNLP) and, with
 ``--json-out``, a summary for ``examples/run_demo.py``.
 """
+import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import argparse
 import json
 import math

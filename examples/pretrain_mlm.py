@@ -11,6 +11,7 @@ rows (``masked_positions`` come from the packing collator, built on the host). T
 optimizer is LAMB, as MLPerf BERT uses: Paddle's ``Lamb`` (on GPUs with
 ``--fused-lamb``, Paddle's ``DistributedFusedLamb``).
 """
+import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import argparse
 import json
 import os

@@ -6,6 +6,7 @@ The script is a plain PaddleNLP Trainer script; the only paddle_unpad lines are 
 of ``UnpadTrainer`` and its use in place of ``Trainer`` (marked below). ``--no-unpad`` runs
 the stock Trainer with PaddleNLP's padding collator.
 """
+import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import argparse
 import json
 import os

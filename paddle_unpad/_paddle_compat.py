@@ -37,14 +37,66 @@ def check_versions():
         )
 
 
-def check_paddlenlp_version(version):
+_checked_paddlenlp = []
+
+
+def check_paddlenlp_version(version=None):
     """Warn once when ``convert``/the Trainer meet a PaddleNLP outside the tested series."""
+    if version is None:
+        if _checked_paddlenlp:
+            return
+        import paddlenlp
+
+        version = paddlenlp.__version__
+        _checked_paddlenlp.append(version)
     if not any(version.startswith(v + ".") or version == v for v in SUPPORTED_PADDLENLP):
         warnings.warn(
             f"paddle_unpad: PaddleNLP {version} has not been tested with this release "
             f"(tested: {', '.join(s + '.x' for s in SUPPORTED_PADDLENLP)})",
             RuntimeWarning,
             stacklevel=3,
+        )
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+@functools.lru_cache(maxsize=None)
+def mean_cross_entropy_divides_by_all_rows():
+    """Whether Paddle's mean cross entropy with ``ignore_index`` divides the sum by every
+    row, ignored ones included (3.3.1), or by the rows it does not ignore (2.6.2).
+
+    PaddleNLP's original token-classification and masked-LM losses inherit this, so the
+    plugin's ``token_loss="stock"`` must follow it. Probed once on a 2-row example (eager);
+    inside a program being traced, where no probe can run, the 3.x answer is assumed."""
+    import math
+
+    if not paddle.in_dynamic_mode():
+        return PADDLE_VERSION >= (3, 0)
+    with paddle.no_grad():
+        v = float(paddle.nn.functional.cross_entropy(
+            paddle.zeros([2, 2]), paddle.to_tensor([0, -100], dtype="int64"), ignore_index=-100))
+    return abs(v - math.log(2.0) / 2) < 1e-4
+
+
+# ----------------------------------------------------------------------------- empty tensors
+
+# Paddle 2.6's own add and matmul fail on tensors with no elements, and a custom op's
+# empty output counts as "not initialized" there: a batch with no tokens cannot run
+# through a 2.6 model at all. The plugin's ops refuse it with words instead.
+EMPTY_TENSORS_SUPPORTED = PADDLE_VERSION >= (3, 0)
+
+
+def refuse_empty(op, name, t):
+    """Raise on Paddle versions that cannot compute on empty tensors, naming op and argument."""
+    if EMPTY_TENSORS_SUPPORTED or not paddle.in_dynamic_mode():
+        return
+    shape = list(t.shape)
+    if any(d == 0 for d in shape):
+        raise ValueError(
+            f"{op}: {name} has no elements (shape {shape}); Paddle {paddle.__version__} cannot "
+            "compute on empty tensors (its own add and matmul fail on them): skip empty batches, "
+            "or use Paddle 3.x"
         )
 
 
@@ -130,6 +182,31 @@ def user_defined_strategy():
     from paddle.distributed import fleet
 
     return getattr(fleet.fleet, "_user_defined_strategy", None)
+
+
+# ----------------------------------------------------------------------------- data loading
+
+
+def dataloader_thread(it):
+    """The loading thread of a single-process ``paddle.io.DataLoader`` iterator, or None.
+
+    When its dataset or ``collate_fn`` raises, that thread dies without waking the reader
+    (Paddle 2.6 and 3.3), so the exchange watches it to report the error instead of
+    waiting for ever."""
+    import threading
+
+    th = getattr(it, "_thread", None)
+    return th if isinstance(th, threading.Thread) else None
+
+
+def wake_dataloader_reader(it):
+    """Close a DataLoader iterator's queue so that a blocked ``next()`` returns what was
+    ready and then stops (False when this iterator has no such hook)."""
+    wake = getattr(it, "_exit_thread_expectedly", None)
+    if wake is None:
+        return False
+    wake()
+    return True
 
 
 # ----------------------------------------------------------------------------- threads, memory

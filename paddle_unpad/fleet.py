@@ -23,11 +23,14 @@ only packs each rank's own batches (no exchange).
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Dict
 
 from paddle.distributed import fleet as _fleet
 
+from . import _paddle_compat as _compat
 from .balance.exchange import BalancedLoader, ExchangeError, ExchangeTimeout  # noqa: F401
+from .data.collate import check_max_seqlen
 
 __all__ = ["DistributedStrategy", "distributed_loader", "DEFAULT_UNPAD_CONFIGS", "current_strategy",
            "ExchangeError", "ExchangeTimeout"]
@@ -100,15 +103,23 @@ class DistributedStrategy(_fleet.DistributedStrategy):
         return super().__str__() + f"\nunpad: {st['unpad']}\nunpad_configs: {st['configs']}"
 
 
+def _seconds(v, strictly_positive):
+    return (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+            and (v > 0 if strictly_positive else v >= 0))
+
+
 def _validate(c):
-    if not isinstance(c["prefetch"], int) or c["prefetch"] < 1:
-        raise ValueError("unpad_configs['prefetch'] must be an int >= 1")
-    if not (isinstance(c["timeout"], (int, float)) and c["timeout"] > 0):
-        raise ValueError("unpad_configs['timeout'] must be > 0 seconds")
-    if c["max_seqlen"] is not None and (not isinstance(c["max_seqlen"], int) or c["max_seqlen"] < 1):
-        raise ValueError("unpad_configs['max_seqlen'] must be a positive int or None")
-    if not (isinstance(c["tol"], (int, float)) and c["tol"] >= 0):
-        raise ValueError("unpad_configs['tol'] must be >= 0")
+    if isinstance(c["prefetch"], bool) or not isinstance(c["prefetch"], int) or c["prefetch"] < 1:
+        raise ValueError(f"unpad_configs['prefetch'] must be an int >= 1, got {c['prefetch']!r}")
+    if not _seconds(c["timeout"], True):
+        raise ValueError(f"unpad_configs['timeout'] must be a finite number of seconds > 0, got {c['timeout']!r}")
+    if not _seconds(c["close_timeout"], False):
+        raise ValueError("unpad_configs['close_timeout'] must be a finite number of seconds >= 0, "
+                         f"got {c['close_timeout']!r}")
+    check_max_seqlen(c["max_seqlen"], "unpad_configs['max_seqlen']")
+    if isinstance(c["tol"], bool) or not (isinstance(c["tol"], (int, float)) and math.isfinite(c["tol"])
+                                          and c["tol"] >= 0):
+        raise ValueError(f"unpad_configs['tol'] must be a finite number >= 0, got {c['tol']!r}")
     cost = c["cost"]
     if not (cost is None or callable(cost) or cost in ("tokens", "quadratic")):
         raise ValueError("unpad_configs['cost'] must be 'tokens', 'quadratic', a CostModel or a callable")
@@ -116,7 +127,7 @@ def _validate(c):
 
 def current_strategy():
     """The strategy given to ``fleet.init`` (None before ``fleet.init``)."""
-    return getattr(_fleet.fleet, "_user_defined_strategy", None)
+    return _compat.user_defined_strategy()
 
 
 def distributed_loader(loader, strategy=None, **overrides) -> BalancedLoader:

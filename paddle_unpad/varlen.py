@@ -21,6 +21,8 @@ import numbers
 import numpy as np
 import paddle
 
+from . import _paddle_compat as _compat
+
 __all__ = [
     "unpad_input",
     "pad_input",
@@ -92,6 +94,7 @@ def unpad_input(x, attention_mask):
                 f"(expected attention_mask.shape == x.shape[:2])"
             )
 
+    _compat.refuse_empty("unpad_input", "attention_mask", attention_mask)
     keep = attention_mask != 0 if attention_mask.dtype != paddle.bool else attention_mask
     keep_i32 = keep.astype("int32")
     seqlens = keep_i32.sum(axis=1, dtype="int32")  # [B]
@@ -115,7 +118,8 @@ def pad_input(packed, indices, batch_size, seqlen):
         packed: ``[T, ...]`` tensor of any dtype.
         indices: integer ``[T]`` tensor (int64 as returned by :func:`unpad_input`; int32
             also accepted): for each packed row, its flat position in ``[0, B * S)``.
-            Indices must be distinct.
+            Indices must be distinct.  On the CPU (eager mode) this is checked; on a
+            device it is not (the check would need a device-to-host copy).
         batch_size: Python int ``B >= 0``.
         seqlen: Python int ``S >= 0``.
 
@@ -127,7 +131,8 @@ def pad_input(packed, indices, batch_size, seqlen):
     Raises:
         TypeError: ``packed`` or ``indices`` is not a tensor.
         ValueError: ``indices`` is not 1-D / not an integer dtype, its length differs from
-            ``packed.shape[0]``, or ``batch_size`` / ``seqlen`` is not a non-negative int.
+            ``packed.shape[0]``, ``batch_size`` / ``seqlen`` is not a non-negative int, or
+            (CPU) an index is out of ``[0, B * S)`` or repeated.
     """
     _check_tensor("packed", packed)
     _check_tensor("indices", indices)
@@ -150,10 +155,29 @@ def pad_input(packed, indices, batch_size, seqlen):
         )
     if indices.dtype != paddle.int64:
         indices = indices.astype("int64")
+    if paddle.in_dynamic_mode() and n_idx > 0 and indices.place.is_cpu_place():
+        _check_pad_indices(indices.numpy(), batch_size * seqlen)
     rest = list(packed.shape[1:])
     zeros = paddle.zeros([batch_size * seqlen] + rest, dtype=packed.dtype)
+    if n_packed == 0:  # nothing to place (and Paddle 2.6's scatter cannot take empty updates)
+        return zeros.reshape([batch_size, seqlen] + rest)
     out = paddle.scatter(zeros, indices, packed, overwrite=True)  # [B * S, ...]
     return out.reshape([batch_size, seqlen] + rest)
+
+
+def _check_pad_indices(idx, limit):
+    """Indices must be distinct positions in [0, B * S): paddle.scatter would wrap -1 to
+    the last row and let a duplicate overwrite another token without a word."""
+    bad = np.flatnonzero((idx < 0) | (idx >= limit))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"indices[{i}] = {int(idx[i])} is out of range: positions must be in "
+                         f"[0, batch_size * seqlen = {limit})")
+    order = np.argsort(idx, kind="stable")
+    dup = np.flatnonzero(idx[order][1:] == idx[order][:-1])
+    if dup.size:
+        a, b = sorted((int(order[dup[0]]), int(order[dup[0] + 1])))
+        raise ValueError(f"indices must be distinct, but indices[{a}] = indices[{b}] = {int(idx[a])}")
 
 
 def cu_seqlens_host(lengths):
@@ -173,8 +197,12 @@ def cu_seqlens_host(lengths):
             device-to-host copy; pass the host-side lengths instead).
     """
     arr = _lengths_array(lengths)
+    if arr.size and int(arr.max()) > _INT32_MAX:
+        # checked before summing: a sum of such lengths can wrap around int64
+        i = int(arr.argmax())
+        raise ValueError(f"lengths[{i}] = {int(arr[i])} is more than int32 cu_seqlens can hold ({_INT32_MAX})")
     cu = np.zeros(arr.shape[0] + 1, dtype=np.int64)
-    np.cumsum(arr, out=cu[1:])
+    np.cumsum(arr, out=cu[1:])  # at most B * (2**31 - 1): no int64 overflow below 2**32 sequences
     if cu[-1] > _INT32_MAX:
         raise ValueError(f"lengths sum to {int(cu[-1])} tokens, more than int32 cu_seqlens can hold")
     return cu.astype(np.int32)

@@ -3,7 +3,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_unpad.data import PackingCollator, SampleError, pack_samples, normalize_batch
+from paddle_unpad.data import PackingCollator, SampleError, check_lengths, normalize_batch, pack_samples
 
 
 def _samples():
@@ -108,3 +108,51 @@ def test_sample_list_collate_survives_paddle_dataloader_with_python_lists():
     packed = PackingCollator(return_tensors="np")(batches[0])
     assert packed["input_ids"].tolist() == [1, 1, 2]
     assert packed["labels"].tolist() == [0, 1]
+
+
+def _pc(batch, **kw):
+    return PackingCollator(return_tensors="np", **kw)(batch)
+
+
+def test_every_sample_needs_the_batch_layout():
+    """Errors name the sample's index in its batch, its id, the rank and the field."""
+    ok = {"input_ids": np.array([1, 2]), "labels": np.int64(1)}
+    # a field only a later sample has (was dropped without a word)
+    with pytest.raises(SampleError, match=r"sample 1 \(id 9\) on rank 2 has a field 'weight' that sample 0"):
+        PackingCollator(rank=2)([ok, dict(ok, weight=np.float32(1.0), sample_id=9)])
+    # a field a later sample lacks (was a bare KeyError)
+    with pytest.raises(SampleError, match=r"sample 2 \(id 2\) on rank 0 has no field 'labels'"):
+        _pc([ok, ok, {"input_ids": np.array([3])}])
+    # per-sample label in one sample, per-token labels in another (was numpy's shape error)
+    with pytest.raises(SampleError, match=r"sample 1 \(id 1\).*field 'labels' is per-token.*per-sample"):
+        _pc([ok, {"input_ids": np.array([1, 2]), "labels": np.array([0, 1])}])
+    # same number of dimensions, different trailing shape / dtype
+    with pytest.raises(SampleError, match=r"sample 1 \(id 1\).*field 'extra'.*shape \[3\].*shape \[2\]"):
+        _pc([dict(ok, extra=np.zeros(2)), dict(ok, extra=np.zeros(3))])
+    with pytest.raises(SampleError, match=r"field 'emb' is per-token, dtype float32, shape \[s, 4\].*\[s, 8\]"):
+        _pc([{"input_ids": np.array([1]), "emb": np.zeros((1, 8), np.float32)},
+             {"input_ids": np.array([1, 2]), "emb": np.zeros((2, 4), np.float32)}], token_fields=("input_ids", "emb"))
+    with pytest.raises(SampleError, match=r"field 'labels'.*dtype float64.*dtype int64"):
+        _pc([ok, dict(ok, labels=np.float64(1.0))])
+
+
+@pytest.mark.parametrize("field", ["input_ids", "token_type_ids", "position_ids", "mlm_labels"])
+def test_index_fields_must_hold_integers(field):
+    smp = {"input_ids": np.array([5, 6]), field: np.array([1.7, 2.2])}
+    with pytest.raises(SampleError, match=rf"sample 0 \(id 0\) on rank 0: field '{field}' must hold integers.*float64"):
+        _pc([smp])
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "512"])
+def test_max_seqlen_must_be_positive_or_none(bad):
+    with pytest.raises(ValueError, match=rf"max_seqlen must be a positive int or None.*{bad!r}"):
+        PackingCollator(max_seqlen=bad)
+    with pytest.raises(ValueError, match=r"max_seqlen must be a positive int or None"):
+        check_lengths([4, 5], [0, 1], 0, bad)
+
+
+def test_no_length_limit_only_with_none():
+    long = [{"input_ids": np.ones(5000, np.int64)}]
+    assert _pc(long, max_seqlen=None)["max_seqlen"] == 5000
+    with pytest.raises(SampleError, match="more than max_seqlen=4999"):
+        _pc(long, max_seqlen=4999)

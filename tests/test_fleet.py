@@ -1,12 +1,13 @@
 """Fleet hook, single process: strategy fields and the pass-through loader."""
 import copy
+import re
 
 import numpy as np
 import pytest
 from paddle.distributed import fleet
 
 import paddle_unpad.fleet as pf
-from paddle_unpad.data import PackingCollator
+from paddle_unpad.data import PackingCollator, SampleError
 
 
 def test_strategy_fields_merge_and_validate():
@@ -56,3 +57,32 @@ def test_single_process_loader_is_a_pass_through():
     dl = pf.distributed_loader(batches, strategy=fleet.DistributedStrategy(), max_seqlen=4)
     with pytest.raises(Exception, match="more than max_seqlen=4"):
         list(dl)
+
+
+@pytest.mark.parametrize("key,bad", [("timeout", float("nan")), ("timeout", float("inf")), ("timeout", 0),
+                                     ("close_timeout", -1.0), ("prefetch", True), ("prefetch", 0),
+                                     ("max_seqlen", 0), ("max_seqlen", 2.5), ("tol", float("nan"))])
+def test_bad_settings_name_the_key_and_value(key, bad):
+    s = pf.DistributedStrategy()
+    with pytest.raises(ValueError, match=rf"unpad_configs\['{key}'\].*{re.escape(repr(bad))}"):
+        s.unpad_configs = {key: bad}
+    with pytest.raises(ValueError, match=rf"{key}.*{re.escape(repr(bad))}"):
+        pf.distributed_loader([], strategy=s, **{key: bad})
+
+
+def test_single_process_loader_checks_every_sample():
+    batch = [{"input_ids": np.ones(4, np.int64), "extra": np.int64(0)},
+             {"input_ids": np.ones(2, np.int64), "extra": np.full(3, -5)}]
+    with pytest.raises(SampleError, match=r"sample 1 \(id 1\) on rank 0: field 'extra'.*shape \[3\].*shape \[\]"):
+        list(pf.distributed_loader([batch]))
+
+
+@pytest.mark.parametrize("kw,pattern", [({"timeout": float("nan")}, r"timeout must be a finite number.*nan"),
+                                        ({"close_timeout": float("inf")}, r"close_timeout.*inf"),
+                                        ({"prefetch": 1.5}, r"prefetch must be an int >= 1.*1\.5"),
+                                        ({"max_seqlen": 0}, r"max_seqlen must be a positive int or None.*0")])
+def test_balanced_loader_checks_its_arguments(kw, pattern):
+    from paddle_unpad.balance import BalancedLoader
+
+    with pytest.raises(ValueError, match=pattern):
+        BalancedLoader([], **kw)

@@ -23,6 +23,7 @@ from paddle_unpad import ops
 
 import philox_ref
 import testutil
+from testutil import empty_refused_here
 
 RTOL_MAX = 1e-5  # fp32: max abs error <= RTOL_MAX * max abs value of the reference (per tensor)
 SEED, OFFSET = 2**40 + 4321, 11  # a seed with both key words non-zero
@@ -163,6 +164,8 @@ def test_bias_gelu_grid(T, hidden, impl, request):
     fn = _impl(impl, request, "bias_gelu")
     F = 4 * hidden
     (x, bias, dy), ref = gelu_grid_case(T, F)
+    if T == 0 and empty_refused_here(run_gelu, fn, x, bias, dy):
+        return
     got = run_gelu(fn, x, bias, dy)
     for name, g, r in zip(("y", "dx", "dbias"), got, ref):
         assert_close(f"T={T}/F={F}/{impl}/{name}", g, r)
@@ -178,6 +181,8 @@ def test_bias_dropout_residual_layer_norm_grid(T, hidden, p, impl, request):
     fn = _impl(impl, request, "bias_dropout_residual_layer_norm")
     x, bias, res, w, b, dy = ln_inputs(T, hidden)
     ref = ln_reference(x, bias, res, w, b, dy, p, keep_mask(T, hidden, p))
+    if T == 0 and empty_refused_here(run_ln, fn, x, bias, res, w, b, dy, p=p):
+        return
     got = run_ln(fn, x, bias, res, w, b, dy, p=p)
     for name, g, r in zip(LN_NAMES, got, ref):
         assert_close(f"T={T}/hidden={hidden}/p={p}/{impl}/{name}", g, r)
@@ -529,6 +534,24 @@ def test_partial_gradients(fused_native):
     assert_close("gelu dx", dx.numpy(), gelu_reference(gx, gb, gdy)[1])
 
 
+@pytest.mark.parametrize("impl", ["native", "reference"])
+def test_input_gradient_with_frozen_layer_norm_parameters(impl, request):
+    """ln_weight / ln_bias with stop_gradient=True (frozen): dx and dresidual still right.
+    Paddle 3.3.1's own paddle.nn.functional.layer_norm gets dx wrong here; the reference
+    must not inherit that."""
+    fn = _impl(impl, request, "bias_dropout_residual_layer_norm")
+    x, bias, res, w, b, dy = ln_inputs(33, 64)
+    ref = ln_reference(x, bias, res, w, b, dy, 0.0, None)
+    tx, tres = (paddle.to_tensor(a, stop_gradient=False) for a in (x, res))
+    tw, tb = paddle.to_tensor(w), paddle.to_tensor(b)
+    assert tw.stop_gradient and tb.stop_gradient
+    y = fn(tx, paddle.to_tensor(bias), tres, tw, tb, dropout=0.0)
+    dx, dres = paddle.grad([y], [tx, tres], grad_outputs=[paddle.to_tensor(dy)])
+    assert_close("y", y.numpy(), ref[0])
+    assert_close("dx", dx.numpy(), ref[1])
+    assert_close("dresidual", dres.numpy(), ref[3])
+
+
 def test_upstream_gradient_through_a_transpose(fused_native):
     """The output gradient arrives through a transposed (possibly strided) view."""
     T, F = 40, 48
@@ -593,8 +616,11 @@ def test_to_static_save_load(tmp_path, fused_native):
     loaded = paddle.jit.load(path)
     loaded.eval()
     np.testing.assert_allclose(loaded(x).numpy(), eager, rtol=1e-5, atol=1e-6)
-    # dynamic T through the same program, including no tokens at all
-    for T in (1, 0, 70):
+    # dynamic T through the same program, including no tokens at all (Paddle 3.x: 2.6's own
+    # matmul cannot take an empty batch)
+    from paddle_unpad import _paddle_compat
+
+    for T in (1, 0, 70) if _paddle_compat.EMPTY_TENSORS_SUPPORTED else (1, 70):
         x2 = paddle.to_tensor(np.random.default_rng(T).standard_normal((T, H)).astype(np.float32))
         np.testing.assert_allclose(loaded(x2).numpy(), block(x2).numpy(), rtol=1e-5, atol=1e-6)
 

@@ -109,6 +109,11 @@ def test_resume_on_two_ranks_matches_uninterrupted_run(tmp_path):
     """fleetrun, 2 ranks, 4 steps per epoch, dropout on: resuming from the step-6 checkpoint
     (epoch 1, 2 steps into it) gives every rank the same batches, dropout masks and losses at
     steps 7-10 as the run that never stopped."""
+    import paddle
+
+    if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() == 0:
+        pytest.skip("a CUDA build of Paddle on a machine without a GPU: PaddleNLP's checkpoint "
+                    "restores one CUDA RNG state per GPU and refuses to resume here")
     full = _worker(tmp_path, "full", ["--max-steps", "10"], nproc=2)
     ckpt = tmp_path / "out_full" / "checkpoint-6"
     assert ckpt.is_dir(), sorted(os.listdir(tmp_path / "out_full"))

@@ -5,6 +5,7 @@ import pytest
 
 from paddle_unpad import cu_seqlens_from_lengths, pad_input, unpad_input
 from paddle_unpad.varlen import cu_seqlens_host
+from testutil import empty_refused_here
 
 
 def _mask_from_lengths(lengths, seqlen):
@@ -118,15 +119,20 @@ def test_all_zero_mask():
 
 def test_empty_batch():
     x = paddle.ones([0, 4, 2])
-    packed, indices, cu, m = unpad_input(x, paddle.zeros([0, 4], dtype="int32"))
-    assert packed.shape == [0, 2] and indices.shape == [0]
-    assert cu.numpy().tolist() == [0] and cu.dtype == paddle.int32 and m == 0
-    assert pad_input(packed, indices, 0, 4).shape == [0, 4, 2]
+    if not empty_refused_here(unpad_input, x, paddle.zeros([0, 4], dtype="int32")):
+        _check_empty_batch(x)
 
     for empty in ([], (), np.zeros(0, dtype=np.int64)):
         cu, m = cu_seqlens_from_lengths(empty)
         assert cu.numpy().tolist() == [0] and cu.dtype == paddle.int32 and m == 0
         assert cu_seqlens_host(empty).tolist() == [0]
+
+
+def _check_empty_batch(x):
+    packed, indices, cu, m = unpad_input(x, paddle.zeros([0, 4], dtype="int32"))
+    assert packed.shape == [0, 2] and indices.shape == [0]
+    assert cu.numpy().tolist() == [0] and cu.dtype == paddle.int32 and m == 0
+    assert pad_input(packed, indices, 0, 4).shape == [0, 4, 2]
 
 
 def test_host_lengths_variants():
@@ -223,6 +229,21 @@ def test_pad_errors():
         pad_input(packed, idx, 1, 2)
 
 
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_pad_index_range_and_duplicates(dtype):
+    """An index of -1 would wrap to the last row; a repeated one would overwrite a token."""
+    packed = paddle.to_tensor(np.arange(6, dtype=np.float32).reshape(3, 2))
+    cases = [([0, 1, -1], r"indices\[2\] = -1 is out of range.*\[0, batch_size \* seqlen = 6\)"),
+             ([0, 6, 1], r"indices\[1\] = 6 is out of range"),
+             ([4, 1, 4], r"indices must be distinct, but indices\[0\] = indices\[2\] = 4")]
+    for idx, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            pad_input(packed, paddle.to_tensor(np.array(idx, dtype=dtype)), 2, 3)
+    out = pad_input(packed, paddle.to_tensor(np.array([5, 0, 3], dtype=dtype)), 2, 3).numpy().reshape(6, 2)
+    np.testing.assert_array_equal(out[[5, 0, 3]], packed.numpy())
+    np.testing.assert_array_equal(out[[1, 2, 4]], 0)
+
+
 @pytest.mark.parametrize(
     "bad,pattern",
     [
@@ -236,7 +257,11 @@ def test_pad_errors():
         ([[1, 2], [3]], r"lengths must be 1-D.*lengths\[0\] = \[1, 2\]"),
         (5, r"lengths .*5"),
         ("123", r"lengths .*'123'"),
-        ([2**31, 1], r"lengths sum to 2147483649"),
+        ([2**31, 1], r"lengths\[0\] = 2147483648 is more than int32"),
+        ([2**30, 2**30], r"lengths sum to 2147483648"),
+        # each fits int64, their sum wraps to 0: the check must not look at the wrapped sum
+        ([2**62, 2**62], r"lengths\[0\] = 4611686018427387904 is more than int32"),
+        (np.array([1, 2**63 - 1], np.int64), r"lengths\[1\] = 9223372036854775807 is more than int32"),
     ],
 )
 def test_lengths_errors(bad, pattern):

@@ -32,6 +32,19 @@ def assert_close(name, got, ref, rtol_max):
         )
 
 
+def empty_refused_here(fn, *args, **kwargs):
+    """On a Paddle that cannot compute on empty tensors (2.6), ``fn(*args)`` with an empty
+    batch must raise the plugin's error naming it; returns True then (the caller stops)."""
+    import pytest
+    from paddle_unpad import _paddle_compat
+
+    if _paddle_compat.EMPTY_TENSORS_SUPPORTED:
+        return False
+    with pytest.raises(ValueError, match="cannot compute on empty tensors"):
+        fn(*args, **kwargs)
+    return True
+
+
 def require_native(ops_available, names, what):
     """Skip locally / fail under CI unless the native CPU kernels of every op in names are loaded."""
     import pytest

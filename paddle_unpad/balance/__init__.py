@@ -1,4 +1,4 @@
-"""Load balancing across ranks (issue 5): cost model, planner, asynchronous exchange.
+"""Load balancing across ranks: cost model, planner, asynchronous exchange.
 
 ::
 

@@ -1,9 +1,12 @@
 """Asynchronous sample exchange: balanced, packed batches one or more steps ahead.
 
-Per step, on a process group of its own (``paddle.distributed.new_group``), the exchange
-thread of every rank
+The rank's own loader is iterated on the thread that iterates the :class:`BalancedLoader`
+(the training loop's thread: ``paddle.io.DataLoader`` with ``num_workers > 0`` may only be
+iterated there); each batch is handed to an exchange thread, which, per step, on a
+process group of its own (``paddle.distributed.new_group``)
 
-1. takes the next batch (a list of samples) from the rank's own loader,
+1. checks the batch (:func:`paddle_unpad.data.normalize_batch`: every sample has the same
+   fields, dtypes, numbers of dimensions and trailing shapes as the batch's first one),
 2. all-gathers a small int64 header ``[status, step, count, schema hash, message]``
    (status: ok / loader exhausted / loader raised / closing), so that every rank learns
    at the same collective that a peer failed, finished or is shutting down,
@@ -19,20 +22,28 @@ thread of every rank
    the batch, already converted to paddle tensors, to the training loop through a
    queue of ``prefetch`` batches.
 
-The training loop (main thread) waits at most ``timeout`` seconds for a batch, then
-raises :class:`ExchangeTimeout` (a peer stalled or died).  A rank whose loader raises
-reports it in its header: every rank raises (the failing one its own exception, the
-others :class:`ExchangeError` naming the rank and the message).  Closing an iterator
-(end of the ``for`` loop, ``break``, an exception, Ctrl-C, interpreter exit) stops the
-thread; a thread stopped mid-epoch sends a last "closing" header, so that peers still
-waiting fail at once with a clear message, and a later epoch starts in step.
+Failures (see docs/distributed.md for what a user sees on each):
+
+* a bad sample or a loader that raises on one rank: that rank raises its own exception,
+  every other rank :class:`ExchangeError` naming the rank and the message, at the same
+  step (the header carries them), before any sample is sent;
+* a peer that dies: the next collective fails at once, and every survivor raises
+  :class:`ExchangeError`;
+* a peer that stalls (or is stopped): the training loop waits at most ``timeout``
+  seconds for a batch, then raises :class:`ExchangeTimeout`;
+* closing an iterator (end of the ``for`` loop, ``break``, an exception, Ctrl-C,
+  interpreter exit) stops the thread; a thread stopped mid-epoch sends a last "closing"
+  header, so that peers still waiting fail at once with a clear message, and a later
+  epoch starts in step.
 """
 from __future__ import annotations
 
 import atexit
 import hashlib
 import logging
+import math
 import queue
+import re
 import threading
 import time
 import weakref
@@ -40,8 +51,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..data.collate import (DEFAULT_TOKEN_FIELDS, SampleError, check_lengths, normalize_batch,
-                            pack_samples, to_paddle)
+from .. import _paddle_compat as _compat
+from ..data.collate import (DEFAULT_TOKEN_FIELDS, SampleError, check_lengths, check_max_seqlen,
+                            normalize_batch, pack_samples, to_paddle)
 from .planner import DEFAULT_TOL, plan_dest
 
 __all__ = ["BalancedLoader", "ExchangeError", "ExchangeTimeout"]
@@ -49,7 +61,7 @@ __all__ = ["BalancedLoader", "ExchangeError", "ExchangeTimeout"]
 log = logging.getLogger("paddle_unpad.balance")
 
 OK, END, ERROR, ABORT = 0, 1, 2, 3
-_MSG_WORDS = 16  # 128 bytes of message text in the header
+_MSG_WORDS = 48  # 384 bytes of message text in the header
 _HDR = 8 + _MSG_WORDS
 _STATUS_TEXT = {END: "finished its epoch", ERROR: "failed", ABORT: "closed its loader"}
 
@@ -76,25 +88,44 @@ def _close_all():  # interpreter exit (also after Ctrl-C): stop the exchange thr
 
 # ----------------------------------------------------------------------------- schema
 def _schema(samples, token_fields, rank):
-    """Field layout of a batch: tuple of (name, 't'|'s', dtype str, shape tail)."""
+    """Field layout of a batch: tuple of (name, 't'|'s', dtype str, shape tail).
+
+    ``samples`` come from :func:`normalize_batch`, which has checked that each one has
+    the layout of the first: that layout is the batch's."""
     first = samples[0]
     sch = []
     for name in sorted(first):
         a = first[name]
+        if np.dtype(a.dtype).hasobject:
+            raise SampleError(f"rank {rank}: field {name!r} is not numeric (dtype {a.dtype})")
         if name in token_fields and a.ndim >= 1:
             sch.append((name, "t", a.dtype.str, tuple(a.shape[1:])))
         else:
             sch.append((name, "s", a.dtype.str, tuple(a.shape)))
-    sch = tuple(sch)
-    names = [x[0] for x in sch]
-    for smp in samples[1:]:
-        if sorted(smp) != names:
-            raise SampleError(f"rank {rank}: samples of one batch have different fields: "
-                              f"{names} vs {sorted(smp)}")
-    for name, kind, dt, tail in sch:
-        if np.dtype(dt).hasobject:
-            raise SampleError(f"rank {rank}: field {name!r} is not numeric (dtype {dt})")
-    return sch
+    return tuple(sch)
+
+
+def _describe_schema_difference(schemas) -> str:
+    """First difference between the ranks' batch layouts, in words."""
+    def fields(sch):
+        return {name: (("per-token" if kind == "t" else "per-sample"), np.dtype(dt).name,
+                       (["s"] if kind == "t" else []) + list(tail)) for name, kind, dt, tail in sch}
+
+    ranks = [r for r, sch in enumerate(schemas) if sch is not None]
+    r0 = ranks[0]
+    f0 = fields(schemas[r0])
+    for r in ranks[1:]:
+        fr = fields(schemas[r])
+        for name in sorted(set(f0) | set(fr)):
+            if name not in fr:
+                return f"rank {r0} has field {name!r}, rank {r} has not"
+            if name not in f0:
+                return f"rank {r} has field {name!r}, rank {r0} has not"
+            if f0[name] != fr[name]:
+                def say(v):
+                    return f"{v[0]}, dtype {v[1]}, shape [{', '.join(str(d) for d in v[2])}]"
+                return f"field {name!r} is {say(f0[name])} on rank {r0} but {say(fr[name])} on rank {r}"
+    return "the layouts differ"
 
 
 def _schema_hash(sch) -> int:
@@ -110,13 +141,22 @@ def _field_nbytes(kind, dt, tail, s):
     return nb, (nb + 7) // 8 * 8
 
 
-def _encode(samples, schema) -> np.ndarray:
+def _encode(samples, lengths, schema) -> np.ndarray:
+    """Raw bytes of every field of ``samples``, 8-byte aligned, as one int64 buffer.
+
+    The receiver sizes its buffer from the gathered lengths and the agreed schema: a field
+    of any other dtype or shape would arrive as the wrong bytes (or, larger, abort the
+    receiver inside gloo).  ``normalize_batch`` and the schema agreement rule that out
+    before the header; this is the last check before the wire."""
     parts = []
-    for smp in samples:
+    for smp, s in zip(samples, lengths):
         for name, kind, dt, tail in schema:
             a = smp[name]
-            if a.dtype.str != dt:
-                a = a.astype(dt)
+            shape = ((int(s),) + tuple(tail)) if kind == "t" else tuple(tail)
+            if a.dtype.str != dt or tuple(a.shape) != shape:
+                raise ExchangeError(f"paddle_unpad exchange: field {name!r} of a sample to send has dtype "
+                                    f"{a.dtype} and shape {list(a.shape)}, the agreed layout is "
+                                    f"{np.dtype(dt).name} {list(shape)}")
             b = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
             parts.append(b)
             pad = (-b.size) % 8
@@ -136,6 +176,9 @@ def _words(lengths, schema) -> int:
 
 
 def _decode(buf: np.ndarray, lengths, schema) -> List[Dict[str, np.ndarray]]:
+    want = _words(lengths, schema)
+    if buf.size != want:
+        raise ExchangeError(f"paddle_unpad exchange: received {buf.size} words, expected {want}")
     raw = buf.view(np.uint8)
     out, off = [], 0
     for s in lengths:
@@ -149,7 +192,26 @@ def _decode(buf: np.ndarray, lengths, schema) -> List[Dict[str, np.ndarray]]:
     return out
 
 
+def _summary(exc, limit=8 * _MSG_WORDS) -> str:
+    """``Type: message`` for the header; of a multi-line message (a DataLoader worker's
+    carries a traceback) the first and the last line, where the cause is."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = " ... ".join([lines[0], lines[-1]]) if len(lines) > 1 else (lines[0] if lines else "")
+    out = f"{type(exc).__name__}: {text}"
+    b = out.encode("utf-8", "replace")
+    return out if len(b) <= limit else b[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
 # ----------------------------------------------------------------------------- comm
+def _comm_error(rank, what, exc) -> "ExchangeError":
+    text = f"{type(exc).__name__}: {exc}".strip()
+    m = re.search(r"pair_rank = (\d+)", text)
+    peer = f" with rank {m.group(1)}" if m else ""
+    return ExchangeError(
+        f"paddle_unpad exchange on rank {rank}: {what} failed{peer} -- a peer died, was stopped, or did "
+        f"not reach this step within the communication backend's own timeout ({text.splitlines()[0][:300]})")
+
+
 class _Comm:
     """int64 collectives and point-to-point transfers for the exchange.
 
@@ -160,6 +222,9 @@ class _Comm:
     not, and the transfer hangs).  On gloo every pair of ranks therefore gets a
     two-rank group of its own (``pair_groups``; with 2 ranks that is ``group`` itself);
     NCCL matches by peer, and uses ``group``.
+
+    A failed transfer (gloo: the peer's connection closed, or its own timeout passed)
+    raises :class:`ExchangeError` saying which operation failed.
     """
 
     def __init__(self, group, rank, world, pair_groups=None):
@@ -169,6 +234,7 @@ class _Comm:
         self.dist = paddle.distributed
         self.group, self.rank, self.world = group, rank, world
         self.pair_groups = pair_groups or {}
+        self.what = "the exchange"  # set by the exchange thread: the step and the operation
         if paddle.is_compiled_with_cuda() and paddle.device.get_device().startswith("gpu"):
             self.place = paddle.CUDAPlace(paddle.distributed.ParallelEnv().device_id)
         else:
@@ -195,36 +261,155 @@ class _Comm:
     def all_gather(self, arr: np.ndarray) -> np.ndarray:
         t = self.paddle.to_tensor(np.ascontiguousarray(arr, dtype=np.int64), place=self.place)
         outs = []
-        self.dist.all_gather(outs, t, group=self.group)
+        try:
+            self.dist.all_gather(outs, t, group=self.group)
+        except Exception as e:  # noqa: BLE001 - gloo/NCCL errors come as RuntimeError/OSError
+            raise _comm_error(self.rank, self.what, e) from e
         return np.stack([o.numpy() for o in outs])
 
     def all_gather_object(self, obj):
         outs = []
-        self.dist.all_gather_object(outs, obj, group=self.group)
+        try:
+            self.dist.all_gather_object(outs, obj, group=self.group)
+        except Exception as e:  # noqa: BLE001
+            raise _comm_error(self.rank, self.what, e) from e
         return outs
 
     def exchange(self, sends: Dict[int, np.ndarray], recv_words: Dict[int, int]) -> Dict[int, np.ndarray]:
         """Uneven all-to-all: isend/irecv posted in rank order, then waited on."""
         tasks, keep, bufs = [], [], {}
-        for peer in range(self.world):
-            if peer == self.rank:
-                continue
-            g = self._p2p_group(peer)
-            # the lower rank of a pair sends first, the higher one receives first
-            ops = ("send", "recv") if self.rank < peer else ("recv", "send")
-            for op in ops:
-                if op == "send" and peer in sends:
-                    t = self.paddle.to_tensor(sends[peer], place=self.place)
-                    keep.append(t)
-                    tasks.append(self.dist.isend(t, peer, group=g))
-                elif op == "recv" and peer in recv_words:
-                    t = self.paddle.to_tensor(np.empty(recv_words[peer], dtype=np.int64), place=self.place)
-                    bufs[peer] = t
-                    tasks.append(self.dist.irecv(t, peer, group=g))
-        for task in tasks:
-            if task is not None:
-                task.wait()
+        try:
+            for peer in range(self.world):
+                if peer == self.rank:
+                    continue
+                g = self._p2p_group(peer)
+                # the lower rank of a pair sends first, the higher one receives first
+                ops = ("send", "recv") if self.rank < peer else ("recv", "send")
+                for op in ops:
+                    if op == "send" and peer in sends:
+                        t = self.paddle.to_tensor(sends[peer], place=self.place)
+                        keep.append(t)
+                        tasks.append(self.dist.isend(t, peer, group=g))
+                    elif op == "recv" and peer in recv_words:
+                        t = self.paddle.to_tensor(np.empty(recv_words[peer], dtype=np.int64), place=self.place)
+                        bufs[peer] = t
+                        tasks.append(self.dist.irecv(t, peer, group=g))
+            for task in tasks:
+                if task is not None:
+                    task.wait()
+        except Exception as e:  # noqa: BLE001
+            raise _comm_error(self.rank, self.what, e) from e
         return {p: t.numpy() for p, t in bufs.items()}
+
+
+# ----------------------------------------------------------------------------- source
+_WATCH_LOCK = threading.Lock()
+_WATCHED: Dict[threading.Thread, "_Source"] = {}
+_THREAD_EXC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # thread -> what ended it
+_PREV_EXCEPTHOOK = None
+
+
+def _excepthook(args):
+    """``threading.excepthook`` once an exchange has iterated a loader.
+
+    Paddle's single-process DataLoader (3.3.1) runs the dataset and ``collate_fn`` on a
+    thread of its own; when they raise, that thread dies without waking the reader, and
+    ``next()`` on the loader blocks for ever (and a process left blocked there aborts at
+    exit).  This records the exception of every thread that dies of one, and wakes the
+    reader of the source that owns the thread, so the error reaches every rank instead."""
+    src = None
+    if args.thread is not None:
+        with _WATCH_LOCK:
+            _THREAD_EXC[args.thread] = args.exc_value
+            src = _WATCHED.pop(args.thread, None)
+    if src is not None:
+        src.thread_died()
+    (_PREV_EXCEPTHOOK or threading.__excepthook__)(args)
+
+
+def _install_excepthook():
+    global _PREV_EXCEPTHOOK
+    with _WATCH_LOCK:
+        if threading.excepthook is not _excepthook:
+            _PREV_EXCEPTHOOK = threading.excepthook
+            threading.excepthook = _excepthook
+
+
+class _Source:
+    """The rank's own loader, iterated on the thread that iterates the BalancedLoader.
+
+    ``take()`` returns ``("batch", b)``, ``("end", None)`` or ``("error", exception)``;
+    after the first end or error it is done."""
+
+    _WAIT_THREAD_EXC_S = 1.0  # how long a woken reader waits for the dying thread's exception
+
+    def __init__(self, loader):
+        self.it, self.error, self.done = None, None, False
+        self.thread_failed = threading.Event()
+        self._thread = None
+        _install_excepthook()  # before iter(): the loader's thread may fail at once
+        try:
+            self.it = iter(loader)
+        except Exception as e:  # noqa: BLE001 - reported to every rank
+            self.error = e
+            return
+        th = _compat.dataloader_thread(self.it)
+        if th is not None:
+            self._thread = th
+            with _WATCH_LOCK:
+                already = th in _THREAD_EXC
+                if not already:
+                    _WATCHED[th] = self
+            if already:
+                self.thread_died()
+
+    @property
+    def thread_exc(self):
+        return _THREAD_EXC.get(self._thread) if self._thread is not None else None
+
+    def thread_died(self):
+        self.thread_failed.set()
+        self.wake_reader()
+
+    def wake_reader(self):
+        # closing (not killing) Paddle's queue lets the reader still return the batches
+        # that were ready, then stop: take() turns that stop into the thread's error
+        try:
+            _compat.wake_dataloader_reader(self.it)
+        except Exception:  # noqa: BLE001 - best effort; the timeout still applies
+            log.debug("paddle_unpad: could not wake the DataLoader reader", exc_info=True)
+
+    def _failure(self, fallback):
+        if self._thread is not None and self.thread_failed.wait(self._WAIT_THREAD_EXC_S if fallback else 0):
+            return ("error", self.thread_exc)  # the real cause, not "blocking queue killed"
+        return ("error", fallback) if fallback is not None else ("end", None)
+
+    def take(self):
+        if self.done:
+            return ("end", None)
+        if self.error is not None:
+            self.done = True
+            return ("error", self.error)
+        try:
+            return ("batch", next(self.it))
+        except StopIteration:
+            self.done = True
+            return self._failure(None)  # a loader thread that died ends the iteration early
+        except (KeyboardInterrupt, SystemExit):
+            # the user's own stop: raised at once; the iterator, closed on the way out,
+            # tells the peers that this rank left
+            self.done = True
+            raise
+        except Exception as e:  # noqa: BLE001 - reported to every rank
+            self.done = True
+            return self._failure(e)
+
+    def close(self):
+        with _WATCH_LOCK:
+            if self._thread is not None and _WATCHED.get(self._thread) is self:
+                del _WATCHED[self._thread]
+        self.done = True
+        self.it = None  # Paddle's iterator shuts its workers down when released
 
 
 # ----------------------------------------------------------------------------- loader
@@ -233,8 +418,10 @@ class BalancedLoader:
 
     ``loader`` yields, per step, a list of samples (see :mod:`paddle_unpad.data`); every
     rank must iterate its loader in step with the others (as with
-    ``DistributedBatchSampler``).  In a single process (or ``enabled=False``) it packs
-    the batches as they are, synchronously.  See :func:`paddle_unpad.fleet.distributed_loader`.
+    ``DistributedBatchSampler``).  It is iterated on the thread that iterates this
+    object, so any ``paddle.io.DataLoader`` works, ``num_workers > 0`` included.  In a
+    single process (or ``enabled=False``) the batches are packed as they are,
+    synchronously.  See :func:`paddle_unpad.fleet.distributed_loader`.
 
     Args:
         cost, counts, tol: passed to the planner (:func:`paddle_unpad.balance.plan`).
@@ -256,14 +443,17 @@ class BalancedLoader:
                  timeout: float = 300.0, max_seqlen: Optional[int] = 512,
                  token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS, check_plan: bool = False,
                  close_timeout: float = 10.0, place=None, group=None, enabled: bool = True):
-        if prefetch < 1:
-            raise ValueError("prefetch must be >= 1")
-        if timeout <= 0:
-            raise ValueError("timeout must be > 0")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 1:
+            raise ValueError(f"BalancedLoader: prefetch must be an int >= 1, got {prefetch!r}")
+        for name, v in (("timeout", timeout), ("close_timeout", close_timeout)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                    or (name == "timeout" and v == 0):
+                raise ValueError(f"BalancedLoader: {name} must be a finite number of seconds "
+                                 f"{'> 0' if name == 'timeout' else '>= 0'}, got {v!r}")
         self.loader = loader
         self.cost, self.counts, self.tol = cost, counts, tol
         self.prefetch, self.timeout, self.close_timeout = int(prefetch), float(timeout), float(close_timeout)
-        self.max_seqlen = max_seqlen
+        self.max_seqlen = check_max_seqlen(max_seqlen, "BalancedLoader: max_seqlen")
         self.token_fields = tuple(token_fields)
         self.check_plan = bool(check_plan)
         self.place = place
@@ -309,52 +499,83 @@ class BalancedLoader:
 
 
 _END_ITEM = object()
+_POLL_S = 0.05  # how often blocked waits look at the stop flag / feed the exchange thread
 
 
 class _ExchangeIterator:
     def __init__(self, owner: BalancedLoader):
         self.o = owner
-        self.q: "queue.Queue" = queue.Queue(maxsize=owner.prefetch)
+        self.q: "queue.Queue" = queue.Queue(maxsize=owner.prefetch)  # packed batches, to the loop
+        self.inq: "queue.Queue" = queue.Queue(maxsize=owner.prefetch)  # the loader's batches, to the thread
         self.stop = threading.Event()
         self.finished = False
         self.steps_done = 0
+        self.phase = "starting"  # what the exchange thread waits for (named in timeouts)
         # exchange-thread CPU seconds (time.thread_time: waits in collectives and in the
         # queue do not count) and steps produced; see BalancedLoader.stats
         self.stats = {"steps": 0, "thread_cpu_s": 0.0, "moved_in": 0}
         owner.stats = self.stats
         self.comm = _Comm(owner.group, owner.rank, owner.world, owner.pair_groups)
+        # created here, on the loop's thread (Paddle creates DataLoader workers only on the main thread)
+        self.src = _Source(owner.loader)
         self.thread = threading.Thread(target=self._run, name=f"paddle_unpad-exchange-r{owner.rank}",
                                        daemon=True)
         _LIVE.add(self)
         self.thread.start()
 
-    # ---------------------------------------------------------------- main thread side
+    # ---------------------------------------------------------------- training loop side
     def __iter__(self):
         return self
+
+    def _feed(self):
+        """Hand the loader's next batches to the exchange thread, up to ``prefetch`` ahead."""
+        src = self.src
+        try:
+            while src is not None and not src.done and not self.inq.full() and not self.stop.is_set():
+                self.inq.put_nowait(src.take())
+        except BaseException:  # Ctrl-C / SystemExit inside the loader: this rank leaves
+            self.close(wait=False)
+            raise
 
     def __next__(self):
         if self.finished:
             raise StopIteration
-        try:
-            item = self.q.get(timeout=self.o.timeout)
-        except queue.Empty:
-            self.close(wait=False)
-            raise ExchangeTimeout(
-                f"paddle_unpad exchange on rank {self.o.rank}: no balanced batch within "
-                f"{self.o.timeout:g} s after step {self.steps_done} (a rank stalled, died, or its loader "
-                "is slower than the timeout; set unpad_configs['timeout'])") from None
+        deadline = time.monotonic() + self.o.timeout
+        while True:
+            self._feed()
+            left = deadline - time.monotonic()
+            try:
+                item = self.q.get(timeout=max(0.0, min(_POLL_S, left)))
+                break
+            except queue.Empty:
+                if left <= 0:
+                    phase = self.phase
+                    self.close(wait=False)
+                    raise ExchangeTimeout(
+                        f"paddle_unpad exchange on rank {self.o.rank}: no balanced batch within "
+                        f"{self.o.timeout:g} s after step {self.steps_done}; the exchange thread is {phase} "
+                        "(a rank stalled, died, or its loader is slower than the timeout; set "
+                        "unpad_configs['timeout'])") from None
         if item is _END_ITEM:
-            self.finished = True
-            self.thread.join(self.o.close_timeout)
-            _LIVE.discard(self)
+            self._finish()
             raise StopIteration
         if isinstance(item, BaseException):
-            self.finished = True
-            self.thread.join(self.o.close_timeout)
-            _LIVE.discard(self)
+            self._finish()
             raise item
         self.steps_done += 1
+        self._feed()
         return item
+
+    def _finish(self):
+        self.finished = True
+        self.thread.join(self.o.close_timeout)
+        self._release_source()
+        _LIVE.discard(self)
+
+    def _release_source(self):
+        src, self.src = self.src, None
+        if src is not None:
+            src.close()
 
     def close(self, wait: bool = True):
         """Stop the exchange thread (idempotent)."""
@@ -366,6 +587,7 @@ class _ExchangeIterator:
                 log.warning("paddle_unpad: exchange thread of rank %d did not stop within %.1f s "
                             "(blocked in a collective with a peer that is gone?); abandoning it",
                             self.o.rank, self.o.close_timeout)
+        self._release_source()
         _LIVE.discard(self)
 
     def __del__(self):
@@ -378,52 +600,64 @@ class _ExchangeIterator:
     def _put(self, item) -> bool:
         while not self.stop.is_set():
             try:
-                self.q.put(item, timeout=0.05)
+                self.q.put(item, timeout=_POLL_S)
                 return True
             except queue.Full:
                 continue
         return False
 
+    def _take(self):
+        """The loader's next item, or None once the iterator is being closed."""
+        while not self.stop.is_set():
+            try:
+                return self.inq.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+        return None
+
+    def _at(self, step, what):
+        self.phase = f"{what} at step {step}"
+        self.comm.what = f"{what} at step {step}"
+
     def _run(self):
         o, comm = self.o, self.comm
         R, me = o.world, o.rank
         step = 0
-        it = None
         exhausted = False
         try:
-            try:
-                it = iter(o.loader)
-            except BaseException as e:  # the header reports it
-                it_exc = e
-            else:
-                it_exc = None
             while True:
                 cpu0 = time.thread_time()
                 status, msg, local_exc = OK, "", None
                 samples, lengths, ids, sch = [], np.zeros(0, np.int64), np.zeros(0, np.int64), None
-                if self.stop.is_set():
+                if exhausted:  # never ask a finished loader again
+                    item = ("end", None)
+                else:
+                    self.phase = f"waiting for its loader's batch of step {step} (the training loop hands it over)"
+                    t_wait = time.thread_time()
+                    item = self._take()
+                    cpu0 += time.thread_time() - t_wait
+                if item is None or self.stop.is_set():
                     status, msg = ABORT, "its training loop stopped iterating (break, exception or Ctrl-C)"
-                elif it_exc is not None:
-                    status, local_exc = ERROR, it_exc
-                elif exhausted:  # never call next() again on a finished iterator
-                    status = END
+                elif item[0] == "end":
+                    status, exhausted = END, True
+                elif item[0] == "error":
+                    status, local_exc, exhausted = ERROR, item[1], True
                 else:
                     try:
-                        batch = next(it)
-                        samples, lengths, ids = normalize_batch(batch, me, step, o.token_fields)
+                        samples, lengths, ids = normalize_batch(item[1], me, step, o.token_fields)
                         if samples:
                             sch = _schema(samples, o.token_fields, me)
-                    except StopIteration:
-                        status, exhausted = END, True
                     except BaseException as e:  # noqa: BLE001 - reported to every rank
                         status, local_exc = ERROR, e
+                        samples, lengths, ids = [], np.zeros(0, np.int64), np.zeros(0, np.int64)
                 if local_exc is not None:
-                    msg = f"{type(local_exc).__name__}: {local_exc}"
+                    msg = _summary(local_exc)
                 hdr = np.zeros(_HDR, dtype=np.int64)
                 hdr[0], hdr[1], hdr[2] = status, step, len(samples)
                 hdr[3] = _schema_hash(sch) if sch is not None else 0
                 mb = msg.encode("utf-8", "replace")[: 8 * _MSG_WORDS]
                 hdr[8:] = np.frombuffer(mb.ljust(8 * _MSG_WORDS, b"\0"), dtype=np.int64)
+                self._at(step, "waiting for every rank's header (all-gather)")
                 H = comm.all_gather(hdr)
                 if status == ABORT:
                     return  # peers learn it from this header; nothing more to do
@@ -445,20 +679,23 @@ class _ExchangeIterator:
                 if N == 0:  # nobody has a sample this step: every rank skips it
                     step += 1
                     continue
-                self._agree_schema(H, sch, comm)
+                self._agree_schema(H, sch, comm, step)
                 maxn = int(counts.max())
                 rows = np.zeros((maxn, 2), dtype=np.int64)
                 rows[: len(samples), 0] = lengths
                 rows[: len(samples), 1] = ids
+                self._at(step, "waiting for every rank's sample lengths (all-gather)")
                 G = comm.all_gather(rows.reshape(-1)).reshape(R, maxn, 2)
                 lens = [G[r, : counts[r], 0] for r in range(R)]
                 gids = [G[r, : counts[r], 1] for r in range(R)]
                 for r in range(R):  # same check, same message, on every rank
                     check_lengths(lens[r], gids[r], r, o.max_seqlen)
+                self._at(step, "planning")
                 dest, _ = plan_dest([x.tolist() for x in lens], o.cost, o.counts, o.tol)
                 starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
                 phash = _plan_hash(dest)
                 if o.check_plan:
+                    self._at(step, "comparing plan hashes (all-gather)")
                     hs = comm.all_gather(np.array([phash], dtype=np.int64)).reshape(-1)
                     if np.any(hs != hs[0]):
                         raise ExchangeError(f"paddle_unpad exchange: ranks computed different plans at step "
@@ -470,7 +707,7 @@ class _ExchangeIterator:
                     if d != me:
                         sel = np.nonzero(my_dest == d)[0]
                         if sel.size:
-                            sends[d] = _encode([samples[k] for k in sel], schema)
+                            sends[d] = _encode([samples[k] for k in sel], lengths[sel], schema)
                 recv_words, recv_sel = {}, {}
                 for r in range(R):
                     if r != me:
@@ -478,6 +715,7 @@ class _ExchangeIterator:
                         if sel.size:
                             recv_sel[r] = sel
                             recv_words[r] = _words(lens[r][sel], schema)
+                self._at(step, "sending and receiving samples (isend/irecv)")
                 got = comm.exchange(sends, recv_words) if (sends or recv_words) else {}
                 mine, mlens, mids = [], [], []
                 for r in range(R):
@@ -502,25 +740,26 @@ class _ExchangeIterator:
                 self.stats["steps"] += 1
                 self.stats["moved_in"] += packed["moved_in"]
                 step += 1
+                self.phase = f"waiting for the training loop to take the batch of step {step - 1}"
                 if not self._put(out):
                     continue  # closing: the loop top sends the ABORT header
         except BaseException as e:  # noqa: BLE001 - handed to the training loop
+            self.phase = f"stopped by {type(e).__name__}"
             self._put(e)
-        finally:
-            it = None
 
-    def _agree_schema(self, H, sch, comm):
+    def _agree_schema(self, H, sch, comm, step):
         st = self.o._schema_state
         hashes = sorted(set(int(h) for h in H[:, 3] if h != 0))
-        if len(hashes) > 1:
-            raise SampleError("paddle_unpad exchange: ranks' samples have different fields or dtypes "
-                              f"(schema hashes per rank: {H[:, 3].tolist()})")
-        if hashes and hashes[0] != st["hash"]:
-            # not the hot path: once per epoch start or field change; every rank decides
-            # the same from the gathered headers, so the collective matches up
+        if len(hashes) > 1 or (hashes and hashes[0] != st["hash"]):
+            # not the hot path: once per epoch start, field change or mismatch; every rank
+            # decides the same from the gathered headers, so the collective matches up
+            self._at(step, "agreeing on the batch layout (all-gather)")
             schemas = comm.all_gather_object(sch)
-            agreed = next(s for s in schemas if s is not None)
-            st["hash"], st["schema"] = hashes[0], agreed
+            if len(hashes) > 1:
+                raise SampleError(f"paddle_unpad exchange: the ranks' batches of step {step} have different "
+                                  f"layouts: {_describe_schema_difference(schemas)} (every sample of a global "
+                                  "batch needs the same fields, dtypes and trailing shapes)")
+            st["hash"], st["schema"] = hashes[0], next(s for s in schemas if s is not None)
 
 
 def _plan_hash(dest: np.ndarray) -> int:

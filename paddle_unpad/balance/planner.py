@@ -70,25 +70,60 @@ def native_available() -> bool:
     return _native is not None
 
 
+_MAX_EXACT = 2 ** 53  # lengths are read as float64 first (to refuse fractions): exact below this
+
+
+def _bad_length(flat, counts, why):
+    k = int(np.argmax(why))
+    r = int(np.searchsorted(np.cumsum(counts), k, side="right"))
+    i = k - int(np.sum(counts[:r]))
+    v = flat[k]
+    text = repr(int(v)) if np.isfinite(v) and float(v).is_integer() else repr(float(v))
+    return ValueError(f"plan: sample lengths must be non-negative integers, got lengths_per_rank[{r}][{i}] = "
+                      f"{text}")
+
+
 def _flatten(lengths_per_rank) -> Tuple[np.ndarray, np.ndarray]:
-    if isinstance(lengths_per_rank, np.ndarray) and lengths_per_rank.ndim == 2:
-        counts = np.full(lengths_per_rank.shape[0], lengths_per_rank.shape[1], dtype=np.int64)
-        return counts, lengths_per_rank.astype(np.int64).reshape(-1)
+    if isinstance(lengths_per_rank, np.ndarray):
+        arr = lengths_per_rank
+        if arr.ndim != 2:
+            raise ValueError(f"plan: a numpy lengths_per_rank must be 2-D [ranks, samples per rank], got shape "
+                             f"{list(arr.shape)}")
+        if arr.shape[0] == 0:
+            raise ValueError("plan: lengths_per_rank is empty (need at least one rank)")
+        counts = np.full(arr.shape[0], arr.shape[1], dtype=np.int64)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"plan: sample lengths must be integers, got a numpy array of dtype {arr.dtype}")
+        flat = arr.astype(np.int64).reshape(-1)
+        if np.any(flat < 0):
+            raise _bad_length(flat, counts, flat < 0)
+        return counts, flat
+    if isinstance(lengths_per_rank, (str, bytes)) or not hasattr(lengths_per_rank, "__iter__"):
+        raise TypeError(f"plan: lengths_per_rank must be a list over ranks of lists of sample lengths, got "
+                        f"{type(lengths_per_rank).__name__}")
     rows = lengths_per_rank if isinstance(lengths_per_rank, (list, tuple)) else list(lengths_per_rank)
     if len(rows) == 0:
         raise ValueError("plan: lengths_per_rank is empty (need at least one rank)")
+    for r, row in enumerate(rows):
+        if isinstance(row, np.ndarray):
+            if row.ndim != 1 or (row.size and not np.issubdtype(row.dtype, np.integer)):
+                raise ValueError(f"plan: lengths_per_rank[{r}] must be a 1-D array of integer lengths, got shape "
+                                 f"{list(row.shape)}, dtype {row.dtype}")
+        elif isinstance(row, (str, bytes)) or not hasattr(row, "__len__"):
+            raise TypeError(f"plan: lengths_per_rank[{r}] must be a list of sample lengths, got "
+                            f"{type(row).__name__}")
     counts_l = [len(r) for r in rows]
     counts = np.array(counts_l, dtype=np.int64)
     total = sum(counts_l)
-    if all(isinstance(r, list) for r in rows):
-        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
-    else:
-        flat = (np.concatenate([np.asarray(r, dtype=np.int64).reshape(-1) for r in rows])
-                if total else np.zeros(0, dtype=np.int64))
-    if np.any(flat < 0):
-        r = int(np.searchsorted(np.cumsum(counts), int(np.argmax(flat < 0)), side="right"))
-        raise ValueError(f"plan: negative sample length on rank {r}")
-    return counts, flat
+    try:
+        # float64 first: np.fromiter(..., int64) would truncate 2.5 to 2 without a word
+        flat_f = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=total)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"plan: sample lengths must be non-negative integers ({e})") from None
+    bad = ~np.isfinite(flat_f) | (flat_f < 0) | (flat_f != np.floor(flat_f)) | (flat_f >= _MAX_EXACT)
+    if np.any(bad):
+        raise _bad_length(flat_f, counts, bad)
+    return counts, flat_f.astype(np.int64)
 
 
 def quantize_costs(lengths, cost=None) -> np.ndarray:
@@ -103,8 +138,9 @@ def quantize_costs(lengths, cost=None) -> np.ndarray:
     mx = float(c.max())
     if mx <= 0.0:
         return np.zeros(n, dtype=np.int64)
-    scale = _QSCALE / (mx * float(n))
-    return np.rint(c * scale).astype(np.int64)
+    # relative to the largest cost first: 2**40 / (mx * n) overflows to inf for tiny costs
+    # (every sample would then quantise to the same integer and nothing would be balanced)
+    return np.rint((c / mx) * (_QSCALE / float(n))).astype(np.int64)
 
 
 def target_counts(counts: Sequence[int], mode: Union[str, Sequence[int], None] = "equal") -> np.ndarray:
@@ -129,6 +165,10 @@ def target_counts(counts: Sequence[int], mode: Union[str, Sequence[int], None] =
 
 
 def _tol_threshold(q: np.ndarray, tol: float) -> int:
+    if tol is not None and (isinstance(tol, (bool, np.bool_)) or not isinstance(tol, (int, float, np.integer,
+                                                                                       np.floating))
+                            or not np.isfinite(tol) or tol < 0):
+        raise ValueError(f"plan: tol must be a finite number >= 0 (or None), got {tol!r}")
     total = int(q.sum())
     if tol is None or tol <= 0:
         return -1
@@ -236,6 +276,8 @@ def _prepare(lengths_per_rank, cost, counts, tol, max_swaps, backend):
     thr = _tol_threshold(q, tol)
     if max_swaps is None:
         max_swaps = 16 * int(flat.size) + 64
+    elif isinstance(max_swaps, (bool, np.bool_)) or not isinstance(max_swaps, (int, np.integer)) or max_swaps < 0:
+        raise ValueError(f"plan: max_swaps must be an int >= 0 (or None), got {max_swaps!r}")
     if backend not in ("auto", "native", "python"):
         raise ValueError(f"plan: backend must be 'auto', 'native' or 'python', got {backend!r}")
     if backend == "native" and _native is None:

@@ -31,8 +31,12 @@ The packed batch (dict) has:
 ``global_num_samples`` samples in the global batch of this step (B in a single process)
 =====================  ====================================================================
 
-Empty (length-0) samples and samples longer than ``max_seqlen`` raise ``ValueError``
-naming the sample id and the rank.
+Every sample of a batch must have the same fields, each with the same dtype, the same
+number of dimensions and the same trailing shape (a per-token field's ``[s, ...]`` differs
+only in ``s``); ``input_ids``, ``token_type_ids``, ``position_ids`` and MLM labels must hold
+integers.  Any other batch, empty (length-0) samples and samples longer than
+``max_seqlen`` raise :class:`SampleError` (a ``ValueError``) naming the sample's index in
+its batch, its id, the rank and the field.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["PackingCollator", "pack_samples", "normalize_batch", "to_paddle", "sample_list_collate",
-           "DEFAULT_TOKEN_FIELDS", "BATCH_BOOKKEEPING_KEYS", "SampleError"]
+           "DEFAULT_TOKEN_FIELDS", "BATCH_BOOKKEEPING_KEYS", "SampleError", "check_max_seqlen"]
 
 DEFAULT_TOKEN_FIELDS = ("input_ids", "token_type_ids", "position_ids", "labels",
                         "masked_lm_labels", "mlm_labels", "special_tokens_mask")
@@ -52,6 +56,8 @@ BATCH_BOOKKEEPING_KEYS = ("seqlens_host", "sample_ids", "num_samples", "global_n
                           "plan_hash", "moved_in")
 #: per-token MLM labels (negative = not masked) from which masked rows are listed
 MLM_LABEL_FIELDS = ("masked_lm_labels", "mlm_labels")
+#: fields that are token indices: packed as int64, so they must hold integers
+_INTEGER_FIELDS = ("input_ids", "token_type_ids", "position_ids") + MLM_LABEL_FIELDS
 
 
 class SampleError(ValueError):
@@ -94,6 +100,59 @@ def _sid(sample, pos):
 
 def _is_token_field(name, arr, token_fields):
     return name in token_fields and arr.ndim >= 1
+
+
+def check_max_seqlen(value, name: str = "max_seqlen"):
+    """``value`` as an int >= 1, or None (no limit); anything else raises ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int or None (no limit), got {value!r}")
+    return int(value)
+
+
+def _layout(name, arr, token_fields):
+    """What must agree between the samples of one batch for field ``name``."""
+    if _is_token_field(name, arr, token_fields):
+        return ("per-token", arr.dtype.str, tuple(arr.shape[1:]))
+    return ("per-sample", arr.dtype.str, tuple(arr.shape))
+
+
+def _describe(layout):
+    kind, dt, tail = layout
+    shape = ["s", *tail] if kind == "per-token" else list(tail)
+    return f"{kind}, dtype {np.dtype(dt).name}, shape [{', '.join(str(d) for d in shape)}]"
+
+
+def _check_same_layout(samples, lengths, sids, rank, token_fields):
+    """Every sample must match the batch's first one: same fields, dtypes, numbers of
+    dimensions and trailing shapes.
+
+    Checked before a batch is packed or sent: mismatched samples would otherwise be
+    concatenated wrongly here, or give a peer a buffer of the wrong size.  Empty samples
+    are left to :func:`check_lengths` (``[]`` has numpy's float dtype)."""
+    kept = [k for k in range(len(samples)) if lengths[k] > 0]
+    if len(kept) < 2:
+        return
+    r0 = kept[0]
+    ref = {name: _layout(name, arr, token_fields) for name, arr in samples[r0].items()}
+    first = f"sample {r0} (id {sids[r0]})"
+    for k in kept[1:]:
+        smp = samples[k]
+        where = f"sample {k} (id {sids[k]}) on rank {rank}"
+        for name in ref:
+            if name not in smp:
+                raise SampleError(f"{where} has no field {name!r}, which {first} of the same batch has: "
+                                  "every sample of a batch needs the same fields")
+        for name, arr in smp.items():
+            if name not in ref:
+                raise SampleError(f"{where} has a field {name!r} that {first} of the same batch lacks: "
+                                  "every sample of a batch needs the same fields")
+            got = _layout(name, arr, token_fields)
+            if got != ref[name]:
+                raise SampleError(f"{where}: field {name!r} is {_describe(got)}, but in {first} of the same "
+                                  f"batch it is {_describe(ref[name])}; every sample of a batch needs the same "
+                                  "dtype, number of dimensions and trailing shape per field")
 
 
 def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
@@ -142,9 +201,14 @@ def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[
             if _is_token_field(name, arr, token_fields) and arr.shape[0] != s:
                 raise SampleError(f"sample id {sid} on rank {rank}: per-token field {name!r} has "
                                   f"{arr.shape[0]} entries, input_ids has {s}")
+            if name in _INTEGER_FIELDS and arr.size and not np.issubdtype(arr.dtype, np.integer):
+                # packed as int64: a float id would be truncated without a word
+                raise SampleError(f"sample {k} (id {sid}) on rank {rank}: field {name!r} must hold integers, "
+                                  f"got dtype {arr.dtype}")
         samples.append(out)
         lengths.append(s)
         ids.append(sid)
+    _check_same_layout(samples, lengths, ids, rank, token_fields)
     return samples, np.array(lengths, dtype=np.int64), np.array(ids, dtype=np.int64)
 
 
@@ -165,7 +229,8 @@ def check_lengths(lengths, ids, rank: int, max_seqlen: Optional[int]):
     lengths = np.asarray(lengths)
     if lengths.size == 0:
         return
-    bad = np.nonzero((lengths <= 0) | ((lengths > max_seqlen) if max_seqlen else False))[0]
+    max_seqlen = check_max_seqlen(max_seqlen)
+    bad = np.nonzero((lengths <= 0) | ((lengths > max_seqlen) if max_seqlen is not None else False))[0]
     if bad.size:
         k = int(bad[0])
         s = int(lengths[k])
@@ -244,7 +309,7 @@ class PackingCollator:
                  return_tensors: str = "pd", place=None, rank: int = 0):
         if return_tensors not in ("pd", "np"):
             raise ValueError("return_tensors must be 'pd' or 'np'")
-        self.max_seqlen = max_seqlen
+        self.max_seqlen = check_max_seqlen(max_seqlen, "PackingCollator: max_seqlen")
         self.token_fields = tuple(token_fields)
         self.return_tensors = return_tensors
         self.place = place

@@ -33,8 +33,10 @@ _ON_UNSUPPORTED = ("raise", "fallback")
 
 
 def _families():
+    from .. import _paddle_compat
     from . import bert, ernie, roberta
 
+    _paddle_compat.check_paddlenlp_version()
     return (bert, ernie, roberta)
 
 
@@ -78,7 +80,7 @@ def is_converted(model):
     return _layers.is_swapped(base)
 
 
-def convert(model, *, on_unsupported="raise"):
+def convert(model, *, on_unsupported="raise", token_loss="mean"):
     """Convert a PaddleNLP BERT / ERNIE / RoBERTa model to the unpadded encoder, in place.
 
     Args:
@@ -91,9 +93,15 @@ def convert(model, *, on_unsupported="raise"):
             first token, an empty row): ``"raise"`` (default) raises
             :class:`UnsupportedInput` (a ``NotImplementedError``) naming it; ``"fallback"``
             warns once and runs the original padded forward for that call. A model that
-            cannot be converted at all (``config.fuse=True``, pre-LN layers) raises
-            ``NotImplementedError`` here, or with ``"fallback"`` is returned unconverted
-            with one warning.
+            cannot be converted at all (not a BERT / ERNIE / RoBERTa model, ``config.fuse=True``,
+            pre-LN layers) raises ``NotImplementedError`` here, or with ``"fallback"`` is
+            returned unconverted with one warning. ``model`` that is not a
+            ``paddle.nn.Layer`` raises ``TypeError`` either way.
+        token_loss: how per-token losses (token classification, masked LM) are scaled:
+            ``"mean"`` (default) the mean over labelled tokens (label ``!= -100``), the
+            same for padded and packed batches; ``"stock"`` the original PaddleNLP models'
+            sum over labelled tokens / (batch x padded length), padding included (for
+            packed inputs: batch x longest sequence), for continuity with stock training.
     Returns:
         ``model`` itself (converted in place). Converting twice is a no-op.
 
@@ -103,11 +111,17 @@ def convert(model, *, on_unsupported="raise"):
     """
     if on_unsupported not in _ON_UNSUPPORTED:
         raise ValueError(f"paddle_unpad.convert: on_unsupported must be one of {_ON_UNSUPPORTED}, got {on_unsupported!r}")
+    if token_loss not in _common.TOKEN_LOSS_MODES:
+        raise ValueError(f"paddle_unpad.convert: token_loss must be one of {_common.TOKEN_LOSS_MODES}, "
+                         f"got {token_loss!r}")
+    if not isinstance(model, paddle.nn.Layer):
+        raise TypeError(f"paddle_unpad.convert: model must be a paddle.nn.Layer (a PaddleNLP BERT, ERNIE or "
+                        f"RoBERTa model), got {type(model).__name__}")
     outer = model
     model = _unwrap(model)
-    opts = {"on_unsupported": on_unsupported}
-    fam, base = _find_base(model)
+    opts = {"on_unsupported": on_unsupported, "token_loss": token_loss}
     try:
+        fam, base = _find_base(model)
         _check_convertible(fam, base)
     except NotImplementedError as e:
         if on_unsupported == "fallback":

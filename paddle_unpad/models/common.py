@@ -25,6 +25,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from .. import _paddle_compat as _compat
 from .. import layers as _layers
 from ..varlen import pad_input
 
@@ -71,11 +72,7 @@ def options_of(model):
     return model.__dict__.get(OPTIONS_ATTR, DEFAULT_OPTIONS)
 
 
-def is_tensor(x):
-    if isinstance(x, paddle.Tensor):
-        return True
-    pir = getattr(paddle, "pir", None)
-    return pir is not None and isinstance(x, pir.Value)
+is_tensor = _compat.is_tensor
 
 
 def _dynamic():
@@ -346,8 +343,9 @@ def _pack_from_mask_static(ref, input_ids, attention_mask, pad_token_id, max_pos
         raise UnsupportedInput(
             "paddle_unpad: inside paddle.jit.to_static only a [B, S] attention_mask (1 = keep), none, or packed "
             "inputs (cu_seqlens) are accepted: a 4-D additive mask cannot be checked to be a padding mask there")
-    indices = paddle.nonzero(keep.flatten()).flatten()
-    seqlens = keep.astype("int32").sum(axis=1)
+    keep_i32 = keep.astype("int32")  # Paddle 2.6's static flatten refuses bool
+    indices = paddle.nonzero(keep_i32.flatten()).flatten()
+    seqlens = keep_i32.sum(axis=1)
     cu = paddle.concat([paddle.zeros([1], dtype="int32"), paddle.cumsum(seqlens, axis=0).astype("int32")])
     total = paddle.shape(indices)[0]
     return Packing(False, B, S, indices, None, cu, cu, int(max_positions), total, place)
@@ -500,10 +498,12 @@ def token_cross_entropy(logits_t, labels_t, num_classes, stock_rows, mode="mean"
     labelled tokens, as Hugging Face's models and Paddle's ``CrossEntropyLoss`` with an
     ``ignore_index >= 0`` define it; independent of padding and of packing (0 when no token
     is labelled).
-    ``mode="stock"``: the sum divided by ``stock_rows``, what PaddleNLP's original models
-    compute: Paddle's mean cross entropy with the default ``ignore_index=-100`` divides by
-    *all* rows, ignored ones included, i.e. ``B * S`` of the padded batch (for packed inputs
-    ``B * max_seqlen``: the batch padded to its longest sequence, as PaddleNLP's collators pad).
+    ``mode="stock"``: what PaddleNLP's original models compute on the running Paddle. Paddle
+    3.x's mean cross entropy with the default ``ignore_index=-100`` divides by *all* rows,
+    ignored ones included, i.e. ``B * S`` of the padded batch (for packed inputs
+    ``B * max_seqlen``: the batch padded to its longest sequence, as PaddleNLP's collators
+    pad): the sum divided by ``stock_rows``. Paddle 2.6's divides by the labelled rows: the
+    same as ``"mean"`` there.
 
     With ``mode="mean"`` in eager mode, the first such loss of ``model`` compares the two
     divisors (one host read, once per model) and warns when they differ, with the factor
@@ -513,11 +513,12 @@ def token_cross_entropy(logits_t, labels_t, num_classes, stock_rows, mode="mean"
     labels_t = labels_t.reshape((-1,))
     total = F.cross_entropy(logits_t, labels_t, reduction="sum", ignore_index=IGNORE_INDEX)
     labelled = (labels_t != IGNORE_INDEX).astype(total.dtype).sum()
-    if mode == "stock":
+    if mode == "stock" and _compat.mean_cross_entropy_divides_by_all_rows():
         if not is_tensor(stock_rows):
             return total / float(max(int(stock_rows), 1))
         return total / paddle.maximum(stock_rows.astype(total.dtype), paddle.ones([], dtype=total.dtype))
-    if _dynamic() and model is not None and not model.__dict__.get(_SCALING_CHECKED):
+    if (_dynamic() and model is not None and not model.__dict__.get(_SCALING_CHECKED)
+            and _compat.mean_cross_entropy_divides_by_all_rows()):
         _compare_scaling_once(model, labelled, int(stock_rows))
     return total / paddle.maximum(labelled, paddle.ones_like(labelled))
 

@@ -9,6 +9,7 @@ Trains ``--max-steps`` steps (4 steps per epoch on 2 ranks), saving a checkpoint
 it ran (full precision, this rank's own batch) and the global step it ran it at.
 ``--stock``: PaddleNLP's own Trainer and ``DataCollatorWithPadding`` (the reference).
 """
+import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import argparse
 import json
 import os

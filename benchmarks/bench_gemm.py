@@ -1,0 +1,733 @@
+"""fp32 GEMM speed on this host: Paddle's CPU matmul against the BLAS libraries on the same cores,
+and which setting makes Paddle's matmul fast where it is slow.
+
+Shapes (T = ``--tokens`` packed tokens, default 2048; weights [in, out] as PaddleNLP stores them):
+
+* ``qkv``        [T, 384] x [384, 1152]   the fused Q/K/V projection
+* ``ffn1``       [T, 384] x [384, 1536]
+* ``ffn2``       [T, 1536] x [1536, 384]
+* ``ffn1_wgrad`` [384, T]^T-stored x [T, 1536] (X^T dY: the weight gradient, K = T, transposed A)
+* ``sq1024``     1024 x 1024 x 1024
+
+Sides measured in one process (the ``default`` configuration):
+
+* ``paddle_matmul``  ``paddle.matmul`` (transpose_x for the weight gradient)
+* ``paddle_linear``  ``paddle.nn.functional.linear`` (what the encoder layers call; no transposed shape)
+* ``numpy``          ``numpy @`` (numpy's own OpenBLAS; its threads capped with threadpoolctl)
+* ``mkl_cblas``      ``cblas_sgemm`` of the MKL library Paddle has loaded, called through ctypes on numpy
+                     arrays: the library without Paddle's dispatch in front of it
+* ``dnnl_sgemm``     ``dnnl_sgemm`` of the oneDNN library Paddle has loaded (ctypes): a GEMM the plugin's
+                     C++ ops could call without a new dependency
+
+Configurations whose environment must be set before Paddle loads MKL (``--variants``; ``default``
+always runs) each get their own worker process: MKL's CPU dispatch (``MKL_DEBUG_CPU_TYPE``,
+``MKL_ENABLE_INSTRUCTIONS``, ``MKL_CBWR``), Paddle's oneDNN flags, and thread settings. Every worker is
+started once and kept; the parent then drives all of them in lock-step -- round after round, shape
+after shape, one (worker, side) at a time with a pause between -- so load changes on this shared
+machine hit every configuration alike. A worker's OpenMP threads keep spinning for a while after a
+call (``KMP_BLOCKTIME``, 200 ms by default), which is what the pause (``--pause``) waits out.
+
+Every (configuration, side, shape) is checked against numpy's fp64 product of the same inputs:
+relative Frobenius error below ``10 * sqrt(K) * eps_fp32`` is "correct" (bf16 or TF32 shortcuts would
+be ~100x above it).
+
+Probes (``--no-probes`` skips them): ``perf record`` on a worker while it runs one shape (which
+kernel symbols are hot: MKL's ``def`` (SSE), ``avx2`` or ``avx512`` sgemm kernels); a run with
+``MKL_VERBOSE=1 ONEDNN_VERBOSE=1`` to see which library serves Paddle's matmul; and whether
+``FLAGS_use_onednn=1`` under ``paddle.jit.to_static`` runs (it reaches oneDNN's matmul there).
+
+Threads: ``--threads`` (default ``OMP_NUM_THREADS``, else 2) for every side: ``OMP_NUM_THREADS``,
+``MKL_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS`` in each worker's environment, Paddle's
+``set_num_threads`` and threadpoolctl's limit for numpy -- except in the variants that test the
+thread settings themselves. ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE`` and any MKL/KMP/oneDNN
+setting of the calling shell are cleared in every worker (recorded in the JSON), so ``default``
+means Paddle's default.
+
+Writes ``benchmarks/results/gemm.json``.
+
+Usage::
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_gemm.py     # everything, ~2-3 min on 2 cores
+    python benchmarks/bench_gemm.py --variants default,mkl_cpu_avx2
+    python benchmarks/bench_gemm.py --quick                # smoke run: tiny shapes, few variants
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+EPS32 = 2.0 ** -23
+
+SIDES = ("paddle_matmul", "paddle_linear", "numpy", "mkl_cblas", "dnnl_sgemm")
+PADDLE_SIDES = ("paddle_matmul", "paddle_linear")
+
+# name -> (environment added, description, sides, sets threads itself).
+# Every worker clears the MKL/KMP/oneDNN/OpenBLAS settings of the shell first (see _worker_env).
+VARIANTS = {
+    "default": ({}, "Paddle as installed", SIDES, True),
+    "mkl_cpu_avx2": ({"MKL_DEBUG_CPU_TYPE": "5"}, "MKL_DEBUG_CPU_TYPE=5 (MKL <= 2020.0: AVX2 kernels on any CPU)",
+                     ("paddle_matmul", "paddle_linear", "mkl_cblas"), True),
+    "mkl_cpu_avx512": ({"MKL_DEBUG_CPU_TYPE": "7"}, "MKL_DEBUG_CPU_TYPE=7 (AVX-512 kernels; needs avx512f)",
+                       ("paddle_matmul", "paddle_linear"), True),
+    "mkl_enable_avx2": ({"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, "MKL_ENABLE_INSTRUCTIONS=AVX2", ("paddle_matmul",),
+                        True),
+    "mkl_enable_avx512": ({"MKL_ENABLE_INSTRUCTIONS": "AVX512"}, "MKL_ENABLE_INSTRUCTIONS=AVX512",
+                          ("paddle_matmul",), True),
+    "mkl_cbwr_avx2": ({"MKL_CBWR": "AVX2"}, "MKL_CBWR=AVX2 (conditional numerical reproducibility)",
+                      ("paddle_matmul",), True),
+    "onednn_flag": ({"FLAGS_use_onednn": "1"}, "FLAGS_use_onednn=1", ("paddle_matmul", "paddle_linear"), True),
+    "mkldnn_flag": ({"FLAGS_use_mkldnn": "1"}, "FLAGS_use_mkldnn=1", ("paddle_matmul",), True),
+    "threads_1": ({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, "OMP_NUM_THREADS=1 (1 thread)",
+                  ("paddle_matmul",), False),
+    "threads_unset": ({}, "no OMP_NUM_THREADS, no set_num_threads (Paddle's own default)", ("paddle_matmul",),
+                      False),
+    "mkl_threads_only": ({"MKL_NUM_THREADS": "{T}"}, "MKL_NUM_THREADS=T only, no set_num_threads",
+                         ("paddle_matmul",), False),
+    "kmp_affinity": ({"KMP_AFFINITY": "granularity=fine,compact,1,0"}, "KMP_AFFINITY=granularity=fine,compact,1,0",
+                     ("paddle_matmul",), True),
+    "omp_proc_bind": ({"OMP_PROC_BIND": "true", "OMP_PLACES": "cores"}, "OMP_PROC_BIND=true OMP_PLACES=cores",
+                      ("paddle_matmul",), True),
+}
+QUICK_VARIANTS = ("default", "mkl_cpu_avx2", "threads_1")
+# Variants whose hot kernels are worth a perf probe: (variant, side).
+PERF_PROBES = (("default", "paddle_matmul"), ("default", "mkl_cblas"), ("default", "numpy"),
+               ("default", "dnnl_sgemm"), ("mkl_cpu_avx2", "paddle_matmul"), ("mkl_cpu_avx512", "paddle_matmul"),
+               ("mkl_enable_avx512", "paddle_matmul"), ("mkl_cbwr_avx2", "paddle_matmul"),
+               ("onednn_flag", "paddle_matmul"))
+CLEARED_PREFIXES = ("MKL_", "KMP_", "DNNL_", "ONEDNN_", "OPENBLAS_", "GOMP_", "FLAGS_use_onednn", "FLAGS_use_mkldnn",
+                    "FLAGS_tracer_onednn")
+CLEARED_NAMES = ("OMP_PROC_BIND", "OMP_PLACES", "OMP_WAIT_POLICY", "OMP_DYNAMIC", "OMP_NUM_THREADS")
+
+
+def shapes_for(tokens, quick=False):
+    """[(name, M, N, K, trans_a, trans_b)]: C[M, N] = op(A) op(B)."""
+    if quick:
+        h, f = 64, 256
+        return [("qkv", tokens, 3 * h, h, False, False), ("ffn2", tokens, h, f, False, False),
+                ("ffn1_wgrad", h, f, tokens, True, False), ("sq", 128, 128, 128, False, False)]
+    h, f = 384, 1536
+    return [("qkv", tokens, 3 * h, h, False, False), ("ffn1", tokens, f, h, False, False),
+            ("ffn2", tokens, h, f, False, False), ("ffn1_wgrad", h, f, tokens, True, False),
+            ("sq1024", 1024, 1024, 1024, False, False)]
+
+
+def gemm_flops(shape):
+    _, m, n, k, _, _ = shape
+    return 2.0 * m * n * k
+
+
+def tolerance(k):
+    return 10.0 * math.sqrt(k) * EPS32
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    env_t = os.environ.get("OMP_NUM_THREADS", "")
+    ap.add_argument("--threads", type=int, default=int(env_t) if env_t.isdigit() and int(env_t) > 0 else 2,
+                    help="threads for every side (default: OMP_NUM_THREADS, else 2)")
+    ap.add_argument("--tokens", type=int, default=2048, help="packed tokens T of the encoder shapes (default 2048)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over every configuration (default 3)")
+    ap.add_argument("--reps", type=int, default=3, help="timed calls per (side, shape) and round, after 1 warm-up")
+    ap.add_argument("--pause", type=float, default=0.25,
+                    help="seconds between two measurements, for the previous one's spinning threads to sleep")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma list of configurations (default all: {','.join(VARIANTS)})")
+    ap.add_argument("--no-probes", action="store_true", help="skip the perf / verbose / to_static probes")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "gemm.json"))
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, 3 configurations, 2 rounds: a smoke run")
+    ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--_probe_static_onednn", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.tokens, args.rounds, args.reps, args.pause = 256, 2, 2, 0.05
+        if args.variants == ",".join(VARIANTS):
+            args.variants = ",".join(QUICK_VARIANTS)
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in names if v not in VARIANTS]
+    if bad:
+        ap.error(f"--variants: unknown {bad}; choose from {','.join(VARIANTS)}")
+    if "default" not in names:
+        names.insert(0, "default")
+    args.variant_names = names
+    if min(args.threads, args.tokens, args.rounds, args.reps) < 1:
+        ap.error("--threads, --tokens, --rounds and --reps must be >= 1")
+    return args
+
+
+# ----------------------------------------------------------------------------- host
+
+
+def cpu_info():
+    info = {"model": platform.processor() or platform.machine(), "vendor": None, "family": None, "model_id": None,
+            "flags": [], "cores": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key, val = key.strip(), val.strip()
+                if key == "model name":
+                    info["model"] = val
+                elif key == "vendor_id":
+                    info["vendor"] = val
+                elif key == "cpu family":
+                    info["family"] = int(val)
+                elif key == "model":
+                    info["model_id"] = int(val)
+                elif key == "flags":
+                    flags = set(val.split())
+                    info["flags"] = sorted(flags & {"avx", "fma", "avx2", "avx512f", "avx512_bf16", "avx512_vnni",
+                                                    "amx_tile", "amx_bf16"})
+                    break
+    except OSError:
+        pass
+    return info
+
+
+def loadavg():
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+def _loaded_libs():
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if re.search(r"mkl|blas|dnnl|iomp|gomp", ln) and "/" in ln}
+    except OSError:
+        return []
+    return sorted(paths)
+
+
+class _Worker:
+    def __init__(self, spec):
+        import numpy as np
+
+        self.np = np
+        self.spec = spec
+        self.threads = spec["threads"]
+        import paddle
+
+        if ROOT not in sys.path:
+            sys.path.insert(0, ROOT)
+        from paddle_unpad._paddle_compat import set_num_threads
+
+        self.paddle = paddle
+        paddle.set_device("cpu")
+        if spec["set_threads"]:
+            set_num_threads(self.threads)
+        self._blas_limit = None
+        self.info = {"errors": {}}
+        try:
+            import threadpoolctl
+
+            if spec["set_threads"]:
+                self._blas_limit = threadpoolctl.threadpool_limits(limits=self.threads, user_api="blas")
+            self.info["numpy_blas"] = [
+                {k: d.get(k) for k in ("internal_api", "version", "architecture", "num_threads", "threading_layer")}
+                | {"library": os.path.basename(d.get("filepath", ""))}
+                for d in threadpoolctl.threadpool_info() if d.get("user_api") == "blas"]
+        except ImportError:
+            self.info["numpy_blas"] = "threadpoolctl not installed"
+        # Paddle loads MKL on the first GEMM; the ctypes sides must bind to that same copy.
+        a = paddle.ones([8, 8])
+        paddle.matmul(a, a)
+        self.libs = _loaded_libs()
+        self.mkl = self._bind(r"libmklml|libmkl_rt", "cblas_sgemm",
+                              [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                    ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+        i64 = ctypes.c_int64
+        self.dnnl = self._bind(r"libdnnl|libmkldnn", "dnnl_sgemm",
+                               [ctypes.c_char, ctypes.c_char, i64, i64, i64, ctypes.c_float, ctypes.c_void_p, i64,
+                                ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64])
+        self.info.update(self._library_info())
+        self.data = {}
+        rng = np.random.default_rng(spec["seed"])
+        for shp in spec["shapes"]:
+            name, m, n, k, ta, tb = shp
+            a_np = rng.uniform(-1, 1, (k, m) if ta else (m, k)).astype(np.float32)
+            b_np = rng.uniform(-1, 1, (n, k) if tb else (k, n)).astype(np.float32)
+            a64, b64 = a_np.astype(np.float64), b_np.astype(np.float64)
+            ref = (a64.T if ta else a64) @ (b64.T if tb else b64)
+            self.data[name] = dict(shape=shp, a=a_np, b=b_np, ref=ref, c=np.empty((m, n), np.float32),
+                                   pa=paddle.to_tensor(a_np), pb=paddle.to_tensor(b_np))
+        self.fns = {}
+        for side in spec["sides"]:
+            for name in self.data:
+                fn = self._make(side, name)
+                if fn is None:
+                    continue
+                self.fns[(side, name)] = fn
+                self.info["errors"][f"{side}/{name}"] = self._error(fn(), name)
+        self.info["libs_after"] = _loaded_libs()
+
+    def _bind(self, pattern, symbol, argtypes):
+        for path in self.libs:
+            if re.search(pattern, os.path.basename(path)):
+                try:
+                    fn = getattr(ctypes.CDLL(path), symbol)
+                except (OSError, AttributeError):
+                    continue
+                fn.argtypes = argtypes
+                fn.restype = ctypes.c_int if symbol.startswith("dnnl") else None
+                return fn
+        return None
+
+    def _library_info(self):
+        out = {"libs": self.libs}
+        for path in self.libs:
+            base = os.path.basename(path)
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            if re.search(r"libmklml|libmkl_rt", base):
+                buf = ctypes.create_string_buffer(256)
+                lib.MKL_Get_Version_String(buf, 256)
+                out["mkl"] = {"library": base, "version": buf.value.decode(errors="replace")}
+                for sym in ("mkl_serv_cpu_detect", "mkl_serv_intel_cpu_true", "MKL_Get_Max_Threads"):
+                    if hasattr(lib, sym):
+                        out["mkl"][sym] = int(getattr(lib, sym)())
+            elif re.search(r"libdnnl|libmkldnn", base) and hasattr(lib, "dnnl_version"):
+                class _Ver(ctypes.Structure):
+                    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
+                                ("hash", ctypes.c_char_p)]
+
+                lib.dnnl_version.restype = ctypes.POINTER(_Ver)
+                v = lib.dnnl_version().contents
+                out["onednn"] = {"library": base, "version": f"{v.major}.{v.minor}.{v.patch}",
+                                 "effective_cpu_isa": hex(lib.dnnl_get_effective_cpu_isa())}
+        try:
+            out["paddle_flags"] = {k: v for k, v in self.paddle.get_flags(["FLAGS_use_onednn", "FLAGS_use_mkldnn"])
+                                   .items()}
+        except Exception as e:  # the flag set differs between Paddle versions
+            out["paddle_flags"] = repr(e)
+        out["paddle"] = self.paddle.__version__
+        return out
+
+    def _make(self, side, name):
+        d = self.data[name]
+        _, m, n, k, ta, tb = d["shape"]
+        paddle, np = self.paddle, self.np
+        if side == "paddle_matmul":
+            pa, pb = d["pa"], d["pb"]
+            return lambda: paddle.matmul(pa, pb, transpose_x=ta, transpose_y=tb)
+        if side == "paddle_linear":
+            if ta or tb:
+                return None
+            pa, pb = d["pa"], d["pb"]
+            return lambda: paddle.nn.functional.linear(pa, pb)
+        if side == "numpy":
+            a = d["a"].T if ta else d["a"]
+            b = d["b"].T if tb else d["b"]
+            c = d["c"]
+            return lambda: np.matmul(a, b, out=c)
+        a, b, c = d["a"], d["b"], d["c"]
+        lda, ldb = a.shape[1], b.shape[1]
+        if side == "mkl_cblas":
+            if self.mkl is None:
+                return None
+            f, ca, cb = self.mkl, 112 if ta else 111, 112 if tb else 111
+            return lambda: (f(101, ca, cb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0, c.ctypes.data,
+                              n), c)[1]
+        if side == "dnnl_sgemm":
+            if self.dnnl is None:
+                return None
+            f, ca, cb = self.dnnl, b"T" if ta else b"N", b"T" if tb else b"N"
+
+            def call():
+                rc = f(ca, cb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0, c.ctypes.data, n)
+                if rc != 0:
+                    raise RuntimeError(f"dnnl_sgemm returned {rc}")
+                return c
+
+            return call
+        raise ValueError(side)
+
+    def _error(self, out, name):
+        np = self.np
+        d = self.data[name]
+        got = out.numpy() if hasattr(out, "numpy") else out
+        ref = d["ref"]
+        diff = got.astype(np.float64) - ref
+        rel = float(np.linalg.norm(diff) / np.linalg.norm(ref))
+        k = d["shape"][3]
+        return {"rel_fro": rel, "max_abs_rel": float(np.abs(diff).max() / np.abs(ref).max()),
+                "tol": tolerance(k), "ok": bool(rel <= tolerance(k))}
+
+    def time(self, side, name, reps):
+        fn = self.fns[(side, name)]
+        fn()
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    def spin(self, side, name, seconds):
+        fn = self.fns[(side, name)]
+        end = time.perf_counter() + seconds
+        n = 0
+        while time.perf_counter() < end:
+            fn()
+            n += 1
+        return n
+
+
+def worker_main():
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # MKL_VERBOSE and Paddle's banners print to fd 1; keep them out of the protocol
+
+    def send(obj):
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
+    spec = json.loads(sys.stdin.readline())
+    try:
+        w = _Worker(spec)
+    except Exception as e:
+        send({"error": f"{type(e).__name__}: {e}"})
+        return 1
+    send({"info": w.info, "available": sorted(f"{s}/{n}" for s, n in w.fns), "pid": os.getpid()})
+    for line in sys.stdin:
+        msg = json.loads(line)
+        cmd = msg["cmd"]
+        if cmd == "quit":
+            break
+        if cmd == "time":
+            send({"times": w.time(msg["side"], msg["shape"], msg["reps"])})
+        elif cmd == "spin":
+            send({"calls": w.spin(msg["side"], msg["shape"], msg["seconds"])})
+    return 0
+
+
+def static_onednn_probe():
+    """paddle.jit.to_static matmul with FLAGS_use_onednn=1 (set by the caller's environment)."""
+    import numpy as np
+    import paddle
+
+    paddle.set_device("cpu")
+
+    def mm(x, y):
+        return paddle.matmul(x, y)
+
+    f = paddle.jit.to_static(mm, full_graph=True)
+    a = np.random.default_rng(0).uniform(-1, 1, (64, 64)).astype(np.float32)
+    out = f(paddle.to_tensor(a), paddle.to_tensor(a)).numpy()
+    err = float(np.abs(out - a.astype(np.float64) @ a).max())
+    print(json.dumps({"ran": True, "max_abs_err": err}), flush=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------- parent
+
+
+def _worker_env(base_extra, threads, set_threads, extra):
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith(CLEARED_PREFIXES) or k in CLEARED_NAMES)}
+    if set_threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env["OPENBLAS_NUM_THREADS"] = str(threads)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(base_extra)
+    env.update({k: v.replace("{T}", str(threads)) for k, v in extra.items()})
+    return env
+
+
+def cleared_env():
+    return {k: v for k, v in os.environ.items() if k.startswith(CLEARED_PREFIXES) or k in CLEARED_NAMES}
+
+
+class Proc:
+    """One worker process: a configuration's environment, driven line by line over pipes."""
+
+    def __init__(self, name, env, spec, logdir):
+        self.name = name
+        self.log_path = os.path.join(logdir, f"{name}.log")
+        self.log = open(self.log_path, "w")
+        self.p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_worker"], env=env, cwd=ROOT,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.send(spec)
+        self.ready = None
+
+    def send(self, obj):
+        self.p.stdin.write(json.dumps(obj) + "\n")
+        self.p.stdin.flush()
+
+    def recv(self):
+        line = self.p.stdout.readline()
+        if not line:
+            self.p.wait()
+            raise RuntimeError(f"worker {self.name} exited (rc {self.p.returncode}); log tail:\n{self.log_tail()}")
+        return json.loads(line)
+
+    def log_tail(self, n=3000):
+        self.log.flush()
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-n:]
+
+    def close(self):
+        try:
+            self.send({"cmd": "quit"})
+            self.p.stdin.close()
+            self.p.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            self.p.kill()
+        self.log.close()
+
+
+def _perf_top(proc, side, shape, seconds, tmp):
+    """Hot symbols (dso, symbol, percent) while the worker runs one (side, shape), or None."""
+    perf = shutil.which("perf")
+    if perf is None:
+        return None
+    data = os.path.join(tmp, f"perf_{proc.name}_{side}.data")
+    rec = subprocess.Popen([perf, "record", "-q", "-F", "499", "-o", data, "-p", str(proc.pid), "--", "sleep",
+                            str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    proc.send({"cmd": "spin", "side": side, "shape": shape, "seconds": seconds})
+    proc.recv()
+    _, err = rec.communicate(timeout=60)
+    if rec.returncode != 0 or not os.path.exists(data):
+        return {"error": (err or "").strip()[-300:]}
+    def report(sort):
+        rep = subprocess.run([perf, "report", "-i", data, "--stdio", "--no-children", "--sort", sort],
+                             capture_output=True, text=True, timeout=120)
+        return rep.stdout.splitlines()
+
+    top, dsos = [], []
+    for line in report("dso,sym"):
+        m = re.match(r"\s+([\d.]+)%\s+(.+?)\s+\[\.\]\s+(\S+)", line)
+        if m and float(m.group(1)) >= 2.0 and len(top) < 4:
+            top.append({"pct": float(m.group(1)), "dso": m.group(2), "symbol": m.group(3)})
+    # Runtime-generated kernels (oneDNN's JIT) spread over many addresses: only their dso total shows them.
+    for line in report("dso"):
+        m = re.match(r"\s+([\d.]+)%\s+(.+?)\s*$", line)
+        if m and float(m.group(1)) >= 2.0 and len(dsos) < 4:
+            dsos.append({"pct": float(m.group(1)), "dso": m.group(2)})
+    return {"top": top, "dsos": dsos, "kernel": kernel_family(top, dsos)}
+
+
+def kernel_family(top, dsos):
+    """MKL's per-ISA kernel families by their symbol prefix; OpenBLAS by its kernel; JIT code by its dso."""
+    for t in top:
+        m = re.match(r"mkl_blas_(avx512_mic|avx512|avx2|avx|mc3|mc|cnr_def|def)_", t["symbol"])
+        if m:
+            return {"def": "MKL def (generic SSE2 kernels)", "avx2": "MKL avx2", "avx512": "MKL avx512",
+                    "avx512_mic": "MKL avx512_mic", "avx": "MKL avx", "mc3": "MKL mc3 (SSE4.2)",
+                    "mc": "MKL mc (SSSE3)", "cnr_def": "MKL cnr_def"}[m.group(1)]
+        if "openblas" in t["dso"]:
+            return f"OpenBLAS {t['symbol']}"
+    if dsos and dsos[0]["dso"].startswith("[JIT]"):
+        return f"JIT-generated code ({dsos[0]['pct']:.0f}% of samples)"
+    return None
+
+
+def verbose_probe(args, shapes, tmp):
+    """Which library serves Paddle's matmul: a worker run with MKL_VERBOSE / ONEDNN_VERBOSE, per flag setting."""
+    out = {}
+    for name, extra in (("default", {}), ("FLAGS_use_onednn=1", {"FLAGS_use_onednn": "1"})):
+        env = _worker_env({"MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1"}, args.threads, True, extra)
+        spec = dict(threads=args.threads, set_threads=True, seed=args.seed, shapes=shapes[:1],
+                    sides=list(PADDLE_SIDES))
+        p = Proc(f"verbose_{len(out)}", env, spec, tmp)
+        try:
+            p.recv()
+        finally:
+            p.close()
+        with open(p.log_path, errors="replace") as f:
+            log = f.read()
+        out[name] = {"mkl_sgemm_calls": len(re.findall(r"^MKL_VERBOSE SGEMM", log, re.M)),
+                     "onednn_exec_lines": len(re.findall(r"^onednn_verbose,.*,exec,", log, re.M)),
+                     "mkl_banner": next(iter(re.findall(r"^MKL_VERBOSE (Intel\(R\) MKL.*)$", log, re.M)), None),
+                     "sgemm_calls": sorted({re.sub(r"0x[0-9a-f]+", "*", c) for c in
+                                            re.findall(r"^MKL_VERBOSE (SGEMM\([^)]*\))", log, re.M)})}
+    return out
+
+
+def static_probe(args):
+    env = _worker_env({"FLAGS_use_onednn": "1", "ONEDNN_VERBOSE": "1"}, args.threads, True, {})
+    # After its segfault Paddle's crash handler sometimes never returns: a hang is a result too.
+    try:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--_probe_static_onednn"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=30)
+        rc, text, hung = r.returncode, r.stdout + r.stderr, False
+    except subprocess.TimeoutExpired as e:
+        text = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
+        rc, hung = None, True
+    ran = [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"ran"')]
+    return {"returncode": rc, "hung": hung, "completed": bool(ran),
+            "onednn_matmul_exec": len(re.findall(r"onednn_verbose,.*,exec,cpu,matmul", text)),
+            "onednn_impl": next(iter(re.findall(r"exec,cpu,matmul,([^,]+),", text)), None),
+            "signal": next(iter(re.findall(r"FatalError: `([^`]+)`", text)), None)}
+
+
+def summarize(results, shapes, default_key="default/paddle_matmul"):
+    """GFLOP/s per (config, side, shape) from the recorded times: best over all calls and median of the
+    per-round best; the geometric-mean speedup over Paddle's default matmul on the shapes both ran."""
+    flops = {s[0]: gemm_flops(s) for s in shapes}
+    for key, r in results.items():
+        for name, rounds in r["times_s"].items():
+            per_round = [min(t) for t in rounds]
+            r["gflops_best"][name] = flops[name] / min(per_round) / 1e9
+            r["gflops_median"][name] = flops[name] / statistics.median(per_round) / 1e9
+    base = results.get(default_key)
+    for r in results.values():
+        common = [n for n in r["gflops_best"] if base and n in base["gflops_best"]]
+        r["speedup_vs_default_matmul"] = (math.exp(statistics.fmean(
+            math.log(r["gflops_best"][n] / base["gflops_best"][n]) for n in common)) if common else None)
+
+
+def print_table(res):
+    c = res["config"]
+    print(f"CPU: {c['cpu']['model']} ({c['cpu']['vendor']}, family {c['cpu']['family']} model "
+          f"{c['cpu']['model_id']}; {', '.join(c['cpu']['flags'])}), {c['cpu']['cores']} cores; threads "
+          f"{c['threads']}; load {c['loadavg_start']} -> {c['loadavg_end']}")
+    names = [s[0] for s in c["shapes"]]
+    head = f"{'configuration / side':44s}" + "".join(f"{n:>11s}" for n in names) + f"{'vs default':>11s}  ok  kernel"
+    print(head)
+    for key, r in res["results"].items():
+        cells = "".join(f"{r['gflops_best'][n]:11.1f}" if n in r["gflops_best"] else f"{'-':>11s}" for n in names)
+        sp = r["speedup_vs_default_matmul"]
+        print(f"{key:44s}{cells}{(f'{sp:10.2f}x' if sp else '-'):>11s}  {'yes' if r['correct'] else 'NO':3s} "
+              f"{r.get('kernel') or ''}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args._worker:
+        return worker_main()
+    if args._probe_static_onednn:
+        return static_onednn_probe()
+    t_start = time.time()
+    shapes = shapes_for(args.tokens, args.quick)
+    cpu = cpu_info()
+    load_start = loadavg()
+    tmp = tempfile.mkdtemp(prefix="bench_gemm_")
+    procs = {}
+    try:
+        for name in args.variant_names:
+            extra, _, sides, set_threads = VARIANTS[name]
+            env = _worker_env({}, args.threads, set_threads, extra)
+            spec = dict(threads=args.threads, set_threads=set_threads, seed=args.seed, shapes=shapes,
+                        sides=list(sides))
+            procs[name] = Proc(name, env, spec, tmp)
+        infos = {}
+        for name, p in procs.items():
+            msg = p.recv()
+            if "error" in msg:
+                raise RuntimeError(f"worker {name}: {msg['error']}\n{p.log_tail()}")
+            p.pid = msg["pid"]
+            infos[name] = msg
+        plan = [(name, side) for name in procs for side in VARIANTS[name][2]]
+        results = {}
+        for name, side in plan:
+            avail = [s[0] for s in shapes if f"{side}/{s[0]}" in infos[name]["available"]]
+            if not avail:
+                continue
+            errs = {n: infos[name]["info"]["errors"][f"{side}/{n}"] for n in avail}
+            results[f"{name}/{side}"] = {"config": name, "side": side, "env": VARIANTS[name][0],
+                                         "description": VARIANTS[name][1], "errors": errs,
+                                         "correct": all(e["ok"] for e in errs.values()),
+                                         "times_s": {n: [] for n in avail}, "gflops_best": {}, "gflops_median": {}}
+        t_rounds = time.time()
+        for _ in range(args.rounds):
+            for shp in shapes:
+                for key, r in results.items():
+                    if shp[0] not in r["times_s"]:
+                        continue
+                    p = procs[r["config"]]
+                    time.sleep(args.pause)
+                    p.send({"cmd": "time", "side": r["side"], "shape": shp[0], "reps": args.reps})
+                    r["times_s"][shp[0]].append(p.recv()["times"])
+        t_rounds = time.time() - t_rounds
+        probes = {}
+        if not args.no_probes:
+            probe_shape = "ffn1" if any(s[0] == "ffn1" for s in shapes) else shapes[0][0]
+            for name, side in PERF_PROBES:
+                key = f"{name}/{side}"
+                if key in results and probe_shape in results[key]["times_s"]:
+                    time.sleep(args.pause)
+                    top = _perf_top(procs[name], side, probe_shape, 1.0 if not args.quick else 0.5, tmp)
+                    if top is not None:
+                        results[key]["perf"] = top
+                        results[key]["kernel"] = top.get("kernel")
+            probes["perf_shape"] = probe_shape
+    finally:
+        for p in procs.values():
+            p.close()
+    if not args.no_probes:
+        probes["verbose"] = verbose_probe(args, shapes, tmp)
+        probes["static_onednn"] = static_probe(args)
+    summarize(results, shapes)
+    worker_info = {name: m["info"] for name, m in infos.items()}
+    for info in worker_info.values():
+        info.pop("errors", None)
+    res = {
+        "config": {"cpu": cpu, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
+                   "reps": args.reps, "pause_s": args.pause, "quick": args.quick, "seed": args.seed,
+                   "shapes": [list(s) for s in shapes], "flops": {s[0]: gemm_flops(s) for s in shapes},
+                   "variants": {n: {"env": VARIANTS[n][0], "description": VARIANTS[n][1],
+                                    "sets_threads": VARIANTS[n][3]} for n in args.variant_names},
+                   "cleared_from_shell": cleared_env(), "loadavg_start": load_start, "loadavg_end": loadavg(),
+                   "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                   "wall_s": {"rounds": t_rounds, "total": time.time() - t_start},
+                   "command": "OMP_NUM_THREADS=2 python benchmarks/bench_gemm.py"
+                   + (" --quick" if args.quick else "")},
+        "workers": worker_info,
+        "results": results,
+        "probes": probes,
+    }
+    res["summary"] = summary(res)
+    print_table(res)
+    for line in res["summary"]["lines"]:
+        print(line)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"wrote {args.out}", file=sys.stderr)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def summary(res):
+    """The fastest correct Paddle configuration and what the library calls show, as data and sentences."""
+    r = res["results"]
+    base = r.get("default/paddle_matmul")
+    paddle_rows = {k: v for k, v in r.items() if v["side"] in PADDLE_SIDES and v["correct"]
+                   and v["speedup_vs_default_matmul"] is not None and res["config"]["variants"][v["config"]]
+                   ["sets_threads"]}
+    best = max(paddle_rows, key=lambda k: paddle_rows[k]["speedup_vs_default_matmul"]) if paddle_rows else None
+    lines = []
+    out = {"best_paddle": best, "lines": lines}
+    if base and best:
+        out["best_paddle_speedup"] = paddle_rows[best]["speedup_vs_default_matmul"]
+        lines.append(f"fastest correct Paddle configuration: {best} "
+                     f"({paddle_rows[best]['speedup_vs_default_matmul']:.2f}x the default paddle.matmul, "
+                     f"geometric mean over the shapes)")
+    for side in ("numpy", "mkl_cblas", "dnnl_sgemm"):
+        k = f"default/{side}"
+        if k in r and r[k]["speedup_vs_default_matmul"]:
+            out[f"{side}_vs_default_matmul"] = r[k]["speedup_vs_default_matmul"]
+            lines.append(f"{side} in the same process: {r[k]['speedup_vs_default_matmul']:.2f}x the default "
+                         f"paddle.matmul{'' if r[k]['correct'] else ' (NOT within tolerance)'}")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""One rank of a fault-injection run of the sample exchange (tests/test_exchange_faults.py).
+
+``fault_worker.py SCENARIO`` runs as rank ``PADDLE_TRAINER_ID`` of 2, started by the test
+(directly, with the environment ``paddle.distributed.launch`` would give it, or by the
+launcher).  It prints ``READY`` once the exchange's process groups exist, then one
+``RESULT {json}`` line per observed outcome.  A scenario that expects a failure lets the
+exception end the process, as a user's script would: the test checks the exit code, and
+that nothing aborted on the way out.  Nothing here leaves through ``os._exit``.
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import paddle  # noqa: E402
+import paddle.distributed as dist  # noqa: E402
+from paddle.distributed import fleet  # noqa: E402
+
+import paddle_unpad.fleet as pf  # noqa: E402
+from paddle_unpad.data import sample_list_collate  # noqa: E402
+
+T0 = time.monotonic()
+
+
+def result(**kw):
+    kw.setdefault("t", round(time.monotonic() - T0, 3))
+    print("RESULT " + json.dumps(kw), flush=True)
+
+
+def init(**configs):
+    strategy = pf.DistributedStrategy()
+    strategy.unpad = True
+    strategy.unpad_configs = dict({"timeout": 20.0, "close_timeout": 2.0, "check_plan": True}, **configs)
+    fleet.init(is_collective=True, strategy=strategy)
+    return dist.get_rank()
+
+
+def run_loop(loader, expect_failure=True):
+    """Iterate; report what came out; re-raise a failure so that it ends the process."""
+    t = time.monotonic()
+    seen = []
+    try:
+        for b in loader:
+            seen.append(b["sample_ids"].tolist())
+    except BaseException as e:
+        result(exc=type(e).__name__, msg=str(e), after=round(time.monotonic() - t, 3))
+        raise
+    result(batches=seen, after=round(time.monotonic() - t, 3))
+    if expect_failure:
+        raise SystemExit("expected the exchange to fail, it did not")
+    return seen
+
+
+def smp(i, n, extra):
+    return {"input_ids": np.ones(n, np.int64), "extra": extra, "sample_id": i}
+
+
+# ------------------------------------------------------------------ mis-shaped samples
+def scenario_shape_scalar_then_vector():
+    """Rank 0: 4 samples with a scalar int64 `extra`; rank 1's last sample has `extra` [3]."""
+    rank = init()
+    if rank == 0:
+        batch = [smp(k, 64, np.int64(k)) for k in range(4)]
+    else:
+        batch = [smp(4, 1, np.int64(4)), smp(5, 2, np.int64(5)), smp(6, 3, np.int64(6)),
+                 smp(7, 4, np.full(3, -5))]
+    loader = pf.distributed_loader([batch])
+    print("READY", flush=True)
+    run_loop(loader)
+
+
+def scenario_shape_vector_then_scalar():
+    """The other way round: batches of `extra` [3], one sample with a scalar."""
+    rank = init()
+    if rank == 0:
+        batch = [smp(k, 64, np.full(3, k)) for k in range(4)]
+    else:
+        batch = [smp(4, 1, np.full(3, 4)), smp(5, 2, np.full(3, 5)), smp(6, 3, np.full(3, 6)),
+                 smp(7, 4, np.int64(-5))]
+    loader = pf.distributed_loader([batch])
+    print("READY", flush=True)
+    run_loop(loader)
+
+
+def scenario_shape_token_tail_then_ranks():
+    """A per-token field whose trailing shape differs inside a batch (caught, reported),
+    then two ranks whose batches are each consistent but differ from each other."""
+    rank = init()
+
+    def tok(i, n, width):
+        return {"input_ids": np.ones(n, np.int64), "labels": np.zeros((n, width), np.int64), "sample_id": i}
+
+    if rank == 0:
+        batch = [tok(k, 50, 2) for k in range(4)]
+    else:
+        batch = [tok(4, 1, 2), tok(5, 2, 2), tok(6, 3, 3)]
+    loader = pf.distributed_loader([batch])
+    print("READY", flush=True)
+    try:
+        run_loop(loader)
+    except Exception:  # reported by run_loop; the group stays usable: go on
+        pass
+    if rank == 0:
+        batch = [smp(k, 64, np.int64(k)) for k in range(3)]
+    else:
+        batch = [smp(4 + k, 1 + k, np.full(3, k)) for k in range(3)]
+    run_loop(_reuse(loader, [batch]))
+
+
+def _reuse(first, batches):
+    """A second loader on the first one's process group (creating groups is the slow part)."""
+    from paddle_unpad.balance import BalancedLoader
+
+    return BalancedLoader(batches, group=first.group, timeout=first.timeout, close_timeout=first.close_timeout,
+                          check_plan=True)
+
+
+# ------------------------------------------------------------------ DataLoader and collate_fn
+class Samples(paddle.io.Dataset):
+    def __init__(self, n, seed=0):
+        rng = np.random.default_rng(seed)
+        self.lengths = rng.integers(1, 64, size=n)
+        self.lengths[::3] = 64  # some long ones, so that balancing moves samples
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        s = int(self.lengths[i])
+        return {"input_ids": np.full(s, i % 50 + 1, np.int64), "labels": np.int64(i % 2), "sample_id": np.int64(i)}
+
+
+class RankBatches(paddle.io.BatchSampler):
+    """Rank r's batches: contiguous chunks, so that rank 0 gets the long samples first."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
+def rank_batches(rank, n, per_rank, world=2):
+    out = []
+    for start in range(0, n, per_rank * world):
+        ids = list(range(start + rank * per_rank, min(n, start + (rank + 1) * per_rank)))
+        if ids:
+            out.append(ids)
+    return out
+
+
+def scenario_num_workers():
+    """paddle.io.DataLoader with num_workers=2, two epochs: every sample exactly once."""
+    rank = init()
+    n = 48
+    ds = Samples(n, seed=3)
+    batches = rank_batches(rank, n, per_rank=6)
+    dl = paddle.io.DataLoader(ds, batch_sampler=RankBatches(batches), collate_fn=sample_list_collate,
+                              num_workers=2)
+    loader = pf.distributed_loader(dl)
+    print("READY", flush=True)
+    for epoch in range(2):
+        seen = run_loop(loader, expect_failure=False)
+        all_seen = []
+        dist.all_gather_object(all_seen, seen)
+        flat = sorted(i for per_rank in all_seen for b in per_rank for i in b)
+        mine = sorted(i for b in batches for i in b)
+        moved = sum(1 for b in seen for i in b if i not in mine)
+        result(epoch=epoch, complete=flat == list(range(n)), moved_in=moved)
+
+
+def scenario_collate_raises(num_workers):
+    """Rank 1's collate_fn raises at its second batch."""
+    rank = init(timeout=60.0)
+    n = 24
+    ds = Samples(n, seed=5)
+
+    def collate(samples):
+        if rank == 1 and samples[0]["sample_id"] >= 12:
+            raise ValueError("collate_fn failed on purpose")
+        return sample_list_collate(samples)
+
+    dl = paddle.io.DataLoader(ds, batch_sampler=RankBatches(rank_batches(rank, n, per_rank=6)),
+                              collate_fn=collate, num_workers=num_workers)
+    loader = pf.distributed_loader(dl)
+    print("READY", flush=True)
+    run_loop(loader)
+
+
+# ------------------------------------------------------------------ dead and stopped peers
+def scenario_peer_signal(signum):
+    """Rank 1 signals itself from inside the exchange thread (its cost model, run between
+    the length all-gather and the sample transfer) at step 1."""
+    sentinel = 37  # only rank 1's step-1 batch has a sample of this length
+    rank = int(os.environ["PADDLE_TRAINER_ID"])
+
+    def cost(s):
+        if rank == 1 and s == sentinel:
+            print(f"rank 1: sending itself signal {signum} in the exchange thread", flush=True)
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # SIGKILL/SIGSTOP take effect at once; never reached
+        return float(s)
+
+    init(timeout=5.0, cost=cost, check_plan=False)
+    batches = [[smp(10 * s + k, 8 + 4 * k + (sentinel - 8 if (rank == 1 and s == 1 and k == 0) else 0),
+                    np.int64(k)) for k in range(3)] for s in range(4)]
+    if rank == 0:
+        for b in batches:  # rank 0 holds the long samples: some move at every step
+            for x in b:
+                x["input_ids"] = np.ones(60, np.int64)
+    loader = pf.distributed_loader(batches)
+    print("READY", flush=True)
+    run_loop(loader)
+
+
+def scenario_unequal_batches():
+    """Rank 0's loader has 3 batches, rank 1's only 1: both finish, nothing lost."""
+    rank = init()
+    nb = 3 if rank == 0 else 1
+    batches = [[smp(100 * rank + 10 * s + k, 5 + 7 * k + 20 * (rank == 0), np.int64(k)) for k in range(3)]
+               for s in range(nb)]
+    loader = pf.distributed_loader(batches)
+    print("READY", flush=True)
+    seen = run_loop(loader, expect_failure=False)
+    all_seen = []
+    dist.all_gather_object(all_seen, seen)
+    flat = sorted(i for per_rank in all_seen for b in per_rank for i in b)
+    want = sorted([10 * s + k for s in range(3) for k in range(3)] + [100 + k for k in range(3)])
+    result(complete=flat == want, steps=len(seen))
+
+
+SCENARIOS = {
+    "shape_scalar_then_vector": scenario_shape_scalar_then_vector,
+    "shape_vector_then_scalar": scenario_shape_vector_then_scalar,
+    "shape_token_tail_then_ranks": scenario_shape_token_tail_then_ranks,
+    "num_workers": scenario_num_workers,
+    "collate_raises": lambda: scenario_collate_raises(0),
+    "collate_raises_workers": lambda: scenario_collate_raises(2),
+    "peer_killed": lambda: scenario_peer_signal(signal.SIGKILL),
+    "peer_stopped": lambda: scenario_peer_signal(signal.SIGSTOP),
+    "unequal_batches": scenario_unequal_batches,
+}
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    SCENARIOS[sys.argv[1]]()
+    print("ALL OK", flush=True)

@@ -1,0 +1,46 @@
+"""paddle_unpad.convert: what it does with models it cannot convert."""
+import warnings
+
+import paddle
+import pytest
+
+import paddle_unpad as pu
+
+
+def _fallback(model):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = pu.convert(model, on_unsupported="fallback")
+    ours = [w for w in caught if "paddle_unpad.convert" in str(w.message)]
+    return out, ours
+
+
+def test_not_a_bert_like_model_falls_back_with_one_warning():
+    lin = paddle.nn.Linear(4, 4)
+    before = {k: v.numpy().copy() for k, v in lin.state_dict().items()}
+    out, ours = _fallback(lin)
+    assert out is lin and type(lin) is paddle.nn.Linear
+    assert len(ours) == 1 and "Linear is not a PaddleNLP BertModel" in str(ours[0].message)
+    assert all((lin.state_dict()[k].numpy() == v).all() for k, v in before.items())
+    assert not pu.models.is_converted(lin)
+    with pytest.raises(NotImplementedError, match="Linear is not a PaddleNLP BertModel"):
+        pu.convert(lin)  # "raise" (the default) still refuses
+
+
+def test_gpt_model_falls_back_with_one_warning():
+    T = pytest.importorskip("paddlenlp.transformers")
+    cfg = T.GPTConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=32, max_position_embeddings=32)
+    model = T.GPTModel(cfg)
+    out, ours = _fallback(model)
+    assert out is model and type(model) is T.GPTModel
+    assert len(ours) == 1 and "GPTModel is not a PaddleNLP BertModel" in str(ours[0].message)
+    with pytest.raises(NotImplementedError, match="GPTModel"):
+        pu.convert(model)
+
+
+@pytest.mark.parametrize("on_unsupported", ["raise", "fallback"])
+@pytest.mark.parametrize("bad", [None, "bert-base-uncased", 3])
+def test_non_layer_is_a_type_error(bad, on_unsupported):
+    with pytest.raises(TypeError, match=r"model must be a paddle.nn.Layer.*" + type(bad).__name__):
+        pu.convert(bad, on_unsupported=on_unsupported)

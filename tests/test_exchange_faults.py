@@ -1,0 +1,243 @@
+"""Fault injection into the sample exchange: 2 CPU ranks (gloo), each run bounded.
+
+Each test starts ``tests/dist/fault_worker.py SCENARIO`` as ranks 0 and 1 -- directly, with
+the environment ``paddle.distributed.launch`` gives its workers (so that each rank's own
+exit code and timing are seen), or through the launcher itself -- and checks what every
+rank printed, how it exited and how long it took.  No rank may abort (SIGABRT,
+"terminate called ...") or outlive its error.
+
+A launch whose ranks fail before the exchange exists (``READY`` never printed) with
+gloo's "Connection refused" while creating process groups -- a known flake of these
+machines, in ``fleet.init`` as well -- is retried once.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from launch_util import run_bounded
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "dist", "fault_worker.py")
+ABORT_MARKS = ("terminate called", "SIGABRT", "Process abort signal", "Aborted (core dumped)",
+               "core dumped", "Segmentation fault", "SIGSEGV")
+FLAKE = "gloo/transport/tcp/pair.cc"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(rank, master, endpoints):
+    env = dict(os.environ)
+    env.update({
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+        "PYTHONUNBUFFERED": "1",
+        "PADDLE_MASTER": master,
+        "PADDLE_TRAINER_ID": str(rank), "PADDLE_GLOBAL_RANK": str(rank), "PADDLE_LOCAL_RANK": str(rank),
+        "PADDLE_RANK_IN_NODE": str(rank), "PADDLE_TRAINERS_NUM": "2", "PADDLE_GLOBAL_SIZE": "2",
+        "PADDLE_LOCAL_SIZE": "2", "PADDLE_NNODES": "1", "PADDLE_DISTRI_BACKEND": "gloo",
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints), "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
+    })
+    return env
+
+
+class Rank:
+    def __init__(self, rank, proc, log):
+        self.rank, self.proc, self.log = rank, proc, log
+        self.rc, self.out, self.exit_s = None, "", None
+
+    @property
+    def results(self):
+        return [json.loads(line[len("RESULT "):]) for line in self.out.splitlines() if line.startswith("RESULT ")]
+
+    def __repr__(self):
+        return f"rank {self.rank}: rc={self.rc} after {self.exit_s}s\n{self.out[-4000:]}"
+
+
+def run_ranks(scenario, bound=60.0, kill_after_first_exit=False):
+    """Start both ranks; wait (at most ``bound`` seconds) for them to exit.
+
+    ``kill_after_first_exit``: SIGKILL the ranks still alive once one has exited (a
+    stopped peer never exits by itself).  Every process is killed at the end whatever
+    happens; a rank still alive at ``bound`` fails the test."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for attempt in range(2):
+            master = f"127.0.0.1:{_free_port()}"
+            endpoints = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
+            t0 = time.monotonic()
+            ranks = []
+            try:
+                for r in range(2):
+                    log = open(os.path.join(tmp, f"{attempt}.{r}.log"), "wb")
+                    p = subprocess.Popen([sys.executable, WORKER, scenario], cwd=ROOT,
+                                         env=_env(r, master, endpoints), stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+                    ranks.append(Rank(r, p, log))
+                while time.monotonic() - t0 < bound:
+                    for rk in ranks:
+                        if rk.exit_s is None and rk.proc.poll() is not None:
+                            rk.exit_s = round(time.monotonic() - t0, 2)
+                    done = [rk for rk in ranks if rk.exit_s is not None]
+                    if len(done) == len(ranks):
+                        break
+                    if kill_after_first_exit and done:
+                        for rk in ranks:
+                            if rk.proc.poll() is None:
+                                os.killpg(rk.proc.pid, signal.SIGKILL)
+                    time.sleep(0.05)
+            finally:
+                for rk in ranks:
+                    if rk.proc.poll() is None:
+                        os.killpg(rk.proc.pid, signal.SIGKILL)
+                    rk.rc = rk.proc.wait()
+                    rk.log.close()
+                    with open(rk.log.name, errors="replace") as f:
+                        rk.out = f.read()
+            stuck = [rk for rk in ranks if rk.exit_s is None]
+            assert not stuck, f"still running after {bound} s (killed): {stuck}"
+            if not any(FLAKE in rk.out and "READY" not in rk.out for rk in ranks):
+                break
+    return ranks
+
+
+def assert_no_abort(ranks):
+    for rk in ranks:
+        assert rk.rc not in (-signal.SIGABRT, 128 + signal.SIGABRT, -signal.SIGSEGV), rk
+        for mark in ABORT_MARKS:
+            assert mark not in rk.out, f"{mark!r} in the output of {rk}"
+
+
+def one_failure(rk):
+    res = [r for r in rk.results if "exc" in r]
+    assert len(res) == 1, rk
+    return res[0]
+
+
+# ------------------------------------------------------------------ mis-shaped samples
+@pytest.mark.parametrize("scenario", ["shape_scalar_then_vector", "shape_vector_then_scalar"])
+def test_mis_shaped_field_fails_on_the_owner_and_reaches_the_peer(scenario):
+    r0, r1 = run_ranks(scenario)
+    assert_no_abort([r0, r1])
+    own, peer = one_failure(r1), one_failure(r0)
+    # the rank that owns the sample: a SampleError naming the sample index, its id and the field
+    assert own["exc"] == "SampleError", r1
+    assert "sample 3 (id 7) on rank 1: field 'extra'" in own["msg"], own
+    # the peer: a named error carrying the owner's rank and message, no corrupted batch
+    assert peer["exc"] == "ExchangeError", r0
+    assert "rank 1 failed at step 0" in peer["msg"] and "field 'extra'" in peer["msg"], peer
+    assert not any("batches" in r for r in r0.results + r1.results)
+    for rk in (r0, r1):
+        assert rk.rc == 1, rk
+        assert rk.exit_s < 30, rk
+    assert own["after"] < 5 and peer["after"] < 5, (own, peer)
+
+
+def test_mis_shaped_per_token_field_and_ranks_with_different_layouts():
+    r0, r1 = run_ranks("shape_token_tail_then_ranks")
+    assert_no_abort([r0, r1])
+    first0, second0 = [r for r in r0.results if "exc" in r]
+    first1, second1 = [r for r in r1.results if "exc" in r]
+    assert first1["exc"] == "SampleError" and "sample 2 (id 6) on rank 1: field 'labels'" in first1["msg"], r1
+    assert "shape [s, 3]" in first1["msg"] and "shape [s, 2]" in first1["msg"], first1
+    assert first0["exc"] == "ExchangeError" and "rank 1 failed" in first0["msg"], r0
+    # each rank's batch is consistent, the two differ: every rank says how
+    for res in (second0, second1):
+        assert res["exc"] == "SampleError", res
+        assert "field 'extra'" in res["msg"] and "rank 0" in res["msg"] and "rank 1" in res["msg"], res
+    assert r0.rc == 1 and r1.rc == 1, (r0, r1)
+
+
+# ------------------------------------------------------------------ DataLoader workers
+def test_dataloader_with_workers_is_balanced_and_exits(tmp_path):
+    log_dir = str(tmp_path / "log")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PADDLE_TRAINER_ENDPOINTS", None)
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", log_dir,
+           WORKER, "num_workers"]
+    for attempt in range(2):
+        t0 = time.monotonic()
+        rc, out = run_bounded(cmd, 90, cwd=ROOT, env=env)
+        assert rc != "timeout", f"the launcher did not exit within 90 s: {out[-3000:]}"
+        took = time.monotonic() - t0
+        logs = []
+        for r in range(2):
+            with open(os.path.join(log_dir, f"workerlog.{r}"), errors="replace") as f:
+                logs.append(f.read())
+        if rc == 0 or not any(FLAKE in t and "READY" not in t for t in logs):
+            break
+    assert rc == 0, (out[-3000:], logs)
+    for t in logs:
+        for mark in ABORT_MARKS:
+            assert mark not in t
+        res = [json.loads(line.split("RESULT ", 1)[1]) for line in t.splitlines() if "RESULT " in line]
+        epochs = [r for r in res if "epoch" in r]
+        assert [r["epoch"] for r in epochs] == [0, 1], t[-3000:]
+        assert all(r["complete"] for r in epochs), epochs
+        assert "ALL OK" in t
+    moved = [json.loads(line.split("RESULT ", 1)[1])["moved_in"] for t in logs for line in t.splitlines()
+             if "RESULT " in line and "moved_in" in line]
+    assert sum(moved) > 0, moved
+    assert took < 90
+
+
+# ------------------------------------------------------------------ collate_fn raising
+@pytest.mark.parametrize("scenario", ["collate_raises", "collate_raises_workers"])
+def test_raising_collate_fn_names_rank_and_message_on_every_rank(scenario):
+    r0, r1 = run_ranks(scenario)
+    assert_no_abort([r0, r1])
+    own, peer = one_failure(r1), one_failure(r0)
+    assert "collate_fn failed on purpose" in own["msg"], r1
+    assert peer["exc"] == "ExchangeError", r0
+    # the step is the first one whose batch the loader could not deliver: with workers,
+    # Paddle may give up on the batches before the failed one
+    assert "rank 1 failed at step" in peer["msg"] and "collate_fn failed on purpose" in peer["msg"], peer
+    for rk in (r0, r1):
+        assert rk.rc != 0, rk
+        assert rk.exit_s < 30, rk
+    assert own["after"] < 10 and peer["after"] < 10, (own, peer)  # the exchange timeout is 60 s here
+
+
+# ------------------------------------------------------------------ dead and stopped peers
+def test_killed_peer_gives_a_named_error_within_the_timeout():
+    r0, r1 = run_ranks("peer_killed")
+    assert r1.rc == -signal.SIGKILL, r1
+    assert_no_abort([r0])
+    peer = one_failure(r0)
+    assert peer["exc"] == "ExchangeError", r0
+    assert "on rank 0" in peer["msg"] and "step 1" in peer["msg"], peer
+    assert peer["after"] < 5.0, peer  # unpad_configs['timeout'] = 5 s
+    assert r0.rc == 1, r0
+
+
+def test_stopped_peer_gives_exchange_timeout_within_the_timeout():
+    r0, r1 = run_ranks("peer_stopped", kill_after_first_exit=True)
+    assert_no_abort([r0])
+    peer = one_failure(r0)
+    assert peer["exc"] == "ExchangeTimeout", r0
+    assert "no balanced batch within 5 s" in peer["msg"] and "step 1" in peer["msg"], peer
+    assert 5.0 <= peer["after"] < 8.0, peer
+    assert r0.rc == 1, r0
+    # the survivor leaves by itself, although its exchange thread still waits for the peer
+    assert r0.exit_s < 30, r0
+    assert r1.rc == -signal.SIGKILL, r1  # killed by this test, after rank 0 exited
+
+
+# ------------------------------------------------------------------ unequal batch counts
+def test_unequal_batch_counts_finish_on_every_rank():
+    r0, r1 = run_ranks("unequal_batches")
+    assert_no_abort([r0, r1])
+    for rk in (r0, r1):
+        assert rk.rc == 0, rk
+        res = [r for r in rk.results if "complete" in r]
+        assert res and res[0]["complete"] and res[0]["steps"] == 3, rk
