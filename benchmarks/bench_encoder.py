@@ -92,6 +92,8 @@ import sys
 import tempfile
 import time
 
+import bench_util
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -837,9 +839,7 @@ def main(argv=None):
         print(f"note: 1-min load average up to {max(seen):.1f} on {os.cpu_count()} CPUs: other processes shared the "
               "machine; absolute times are noisy (the sides were interleaved)")
     print(f"wall time: {results['config']['wall_s']}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
+    bench_util.write_result(args.out, results)
     print(f"\nwrote {args.out}")
     return results
 

@@ -35,6 +35,8 @@ import statistics
 import sys
 import time
 
+import bench_util
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -180,9 +182,7 @@ def main(argv=None):
                    "paddle": paddle.__version__, "machine": platform.machine()},
         "rows": rows,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    bench_util.write_result(args.out, result)
     print(f"\nwrote {args.out}")
     return result
 

@@ -18,6 +18,10 @@ Sides measured in one process (the ``default`` configuration):
                      arrays: the library without Paddle's dispatch in front of it
 * ``dnnl_sgemm``     ``dnnl_sgemm`` of the oneDNN library Paddle has loaded (ctypes): a GEMM the plugin's
                      C++ ops could call without a new dependency
+* ``encoder_step``   one training step (forward, loss, backward, AdamW) of the MiniLM-shape
+                     ``BertForSequenceClassification`` (6 x 384, random init) converted by ``paddle_unpad.convert``,
+                     on one packed batch of 4 samples (256 + 150 + 75 + 31 = 512 tokens); in the ``default``
+                     and the two ``MKL_DEBUG_CPU_TYPE`` configurations. Its eval-mode loss is compared across them.
 
 Configurations whose environment must be set before Paddle loads MKL (``--variants``; ``default``
 always runs) each get their own worker process: MKL's CPU dispatch (``MKL_DEBUG_CPU_TYPE``,
@@ -67,8 +71,11 @@ import sys
 import tempfile
 import time
 
+import bench_util  # loads neither Paddle nor the package: the parent stays light
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+MKL_DISPATCH_ENV = bench_util.config.variable("MKL_DISPATCH").env
 EPS32 = 2.0 ** -23
 
 SIDES = ("paddle_matmul", "paddle_linear", "numpy", "mkl_cblas", "dnnl_sgemm")
@@ -77,18 +84,20 @@ PADDLE_SIDES = ("paddle_matmul", "paddle_linear")
 # name -> (environment added, description, sides, sets threads itself).
 # Every worker clears the MKL/KMP/oneDNN/OpenBLAS settings of the shell first (see _worker_env).
 VARIANTS = {
-    "default": ({}, "Paddle as installed", SIDES, True),
+    "default": ({}, "Paddle as installed", SIDES + ("encoder_step",), True),
+    "paddle_unpad": ({}, "what `import paddle_unpad` sets up (paddle_unpad.cpu_gemm: MKL_DEBUG_CPU_TYPE on "
+                         "non-Intel CPUs)", ("paddle_matmul", "paddle_linear", "encoder_step"), True),
     "mkl_cpu_avx2": ({"MKL_DEBUG_CPU_TYPE": "5"}, "MKL_DEBUG_CPU_TYPE=5 (MKL <= 2020.0: AVX2 kernels on any CPU)",
-                     ("paddle_matmul", "paddle_linear", "mkl_cblas"), True),
+                     ("paddle_matmul", "paddle_linear", "encoder_step"), True),
     "mkl_cpu_avx512": ({"MKL_DEBUG_CPU_TYPE": "7"}, "MKL_DEBUG_CPU_TYPE=7 (AVX-512 kernels; needs avx512f)",
-                       ("paddle_matmul", "paddle_linear"), True),
+                       ("paddle_matmul", "paddle_linear", "encoder_step"), True),
     "mkl_enable_avx2": ({"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, "MKL_ENABLE_INSTRUCTIONS=AVX2", ("paddle_matmul",),
                         True),
     "mkl_enable_avx512": ({"MKL_ENABLE_INSTRUCTIONS": "AVX512"}, "MKL_ENABLE_INSTRUCTIONS=AVX512",
                           ("paddle_matmul",), True),
     "mkl_cbwr_avx2": ({"MKL_CBWR": "AVX2"}, "MKL_CBWR=AVX2 (conditional numerical reproducibility)",
                       ("paddle_matmul",), True),
-    "onednn_flag": ({"FLAGS_use_onednn": "1"}, "FLAGS_use_onednn=1", ("paddle_matmul", "paddle_linear"), True),
+    "onednn_flag": ({"FLAGS_use_onednn": "1"}, "FLAGS_use_onednn=1", ("paddle_matmul",), True),
     "mkldnn_flag": ({"FLAGS_use_mkldnn": "1"}, "FLAGS_use_mkldnn=1", ("paddle_matmul",), True),
     "threads_1": ({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, "OMP_NUM_THREADS=1 (1 thread)",
                   ("paddle_matmul",), False),
@@ -101,7 +110,17 @@ VARIANTS = {
     "omp_proc_bind": ({"OMP_PROC_BIND": "true", "OMP_PLACES": "cores"}, "OMP_PROC_BIND=true OMP_PLACES=cores",
                       ("paddle_matmul",), True),
 }
-QUICK_VARIANTS = ("default", "mkl_cpu_avx2", "threads_1")
+QUICK_VARIANTS = ("default", "paddle_unpad", "mkl_cpu_avx2", "threads_1")
+# Every worker imports paddle_unpad (its thread helper, the encoder step); all but the
+# "paddle_unpad" configuration opt out of its MKL set-up, so that they measure Paddle as it is.
+PLUGIN_CONFIGURED = ("paddle_unpad",)
+# The encoder step: the converted MiniLM-shape model (random init), one packed batch of these lengths.
+MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+              intermediate_size=1536, max_position_embeddings=512, type_vocab_size=2)
+TINY = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+            max_position_embeddings=64, type_vocab_size=2)
+STEP_LENGTHS = (256, 150, 75, 31)
+QUICK_STEP_LENGTHS = (64, 30, 10)
 # Variants whose hot kernels are worth a perf probe: (variant, side).
 PERF_PROBES = (("default", "paddle_matmul"), ("default", "mkl_cblas"), ("default", "numpy"),
                ("default", "dnnl_sgemm"), ("mkl_cpu_avx2", "paddle_matmul"), ("mkl_cpu_avx512", "paddle_matmul"),
@@ -140,8 +159,10 @@ def parse_args(argv=None):
                     help="threads for every side (default: OMP_NUM_THREADS, else 2)")
     ap.add_argument("--tokens", type=int, default=2048, help="packed tokens T of the encoder shapes (default 2048)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds over every configuration (default 3)")
-    ap.add_argument("--reps", type=int, default=3, help="timed calls per (side, shape) and round, after 1 warm-up")
-    ap.add_argument("--pause", type=float, default=0.25,
+    ap.add_argument("--reps", type=int, default=2, help="timed calls per (side, shape) and round, after 1 warm-up")
+    ap.add_argument("--step-reps", type=int, default=1,
+                    help="timed encoder steps per configuration and round (default 1; 1 warm-up in the first)")
+    ap.add_argument("--pause", type=float, default=0.1,
                     help="seconds between two measurements, for the previous one's spinning threads to sleep")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma list of configurations (default all: {','.join(VARIANTS)})")
@@ -153,7 +174,7 @@ def parse_args(argv=None):
     ap.add_argument("--_probe_static_onednn", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
-        args.tokens, args.rounds, args.reps, args.pause = 256, 2, 2, 0.05
+        args.tokens, args.rounds, args.reps, args.step_reps, args.pause = 256, 2, 2, 1, 0.05
         if args.variants == ",".join(VARIANTS):
             args.variants = ",".join(QUICK_VARIANTS)
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -163,7 +184,7 @@ def parse_args(argv=None):
     if "default" not in names:
         names.insert(0, "default")
     args.variant_names = names
-    if min(args.threads, args.tokens, args.rounds, args.reps) < 1:
+    if min(args.threads, args.tokens, args.rounds, args.reps, args.step_reps) < 1:
         ap.error("--threads, --tokens, --rounds and --reps must be >= 1")
     return args
 
@@ -266,7 +287,11 @@ class _Worker:
             self.data[name] = dict(shape=shp, a=a_np, b=b_np, ref=ref, c=np.empty((m, n), np.float32),
                                    pa=paddle.to_tensor(a_np), pb=paddle.to_tensor(b_np))
         self.fns = {}
+        if "encoder_step" in spec["sides"]:
+            self._build_step(spec)
         for side in spec["sides"]:
+            if side == "encoder_step":
+                continue
             for name in self.data:
                 fn = self._make(side, name)
                 if fn is None:
@@ -274,6 +299,39 @@ class _Worker:
                 self.fns[(side, name)] = fn
                 self.info["errors"][f"{side}/{name}"] = self._error(fn(), name)
         self.info["libs_after"] = _loaded_libs()
+
+    def _build_step(self, spec):
+        import paddle
+        from paddlenlp.transformers import BertConfig, BertForSequenceClassification
+
+        import paddle_unpad as pu
+        from paddle_unpad.data import PackingCollator
+
+        np = self.np
+        cfg = TINY if spec["quick"] else MINILM
+        lengths = QUICK_STEP_LENGTHS if spec["quick"] else STEP_LENGTHS
+        paddle.seed(spec["seed"])
+        model = BertForSequenceClassification(BertConfig(num_labels=2, **cfg))
+        pu.convert(model)
+        rng = np.random.default_rng(spec["seed"])
+        samples = [{"input_ids": rng.integers(5, cfg["vocab_size"], n).astype(np.int64),
+                    "labels": np.int64(i % 2)} for i, n in enumerate(lengths)]
+        batch = PackingCollator(max_seqlen=cfg["max_position_embeddings"])(samples)
+        model.eval()
+        with paddle.no_grad():
+            self.info["encoder_step"] = {"eval_loss": float(model(**batch)[0]), "tokens": int(sum(lengths)),
+                                         "lengths": list(lengths), "model": cfg}
+        model.train()
+        opt = paddle.optimizer.AdamW(learning_rate=1e-5, parameters=model.parameters())
+
+        def step():
+            loss = model(**batch)[0]
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            return loss
+
+        self.fns[("encoder_step", "step")] = step
 
     def _bind(self, pattern, symbol, argtypes):
         for path in self.libs:
@@ -369,9 +427,10 @@ class _Worker:
         return {"rel_fro": rel, "max_abs_rel": float(np.abs(diff).max() / np.abs(ref).max()),
                 "tol": tolerance(k), "ok": bool(rel <= tolerance(k))}
 
-    def time(self, side, name, reps):
+    def time(self, side, name, reps, warmup=1):
         fn = self.fns[(side, name)]
-        fn()
+        for _ in range(warmup):
+            fn()
         out = []
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -410,7 +469,7 @@ def worker_main():
         if cmd == "quit":
             break
         if cmd == "time":
-            send({"times": w.time(msg["side"], msg["shape"], msg["reps"])})
+            send({"times": w.time(msg["side"], msg["shape"], msg["reps"], msg.get("warmup", 1))})
         elif cmd == "spin":
             send({"calls": w.spin(msg["side"], msg["shape"], msg["seconds"])})
     return 0
@@ -542,9 +601,10 @@ def verbose_probe(args, shapes, tmp):
     """Which library serves Paddle's matmul: a worker run with MKL_VERBOSE / ONEDNN_VERBOSE, per flag setting."""
     out = {}
     for name, extra in (("default", {}), ("FLAGS_use_onednn=1", {"FLAGS_use_onednn": "1"})):
-        env = _worker_env({"MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1"}, args.threads, True, extra)
+        env = _worker_env({"MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1", MKL_DISPATCH_ENV: "off"}, args.threads, True,
+                          extra)
         spec = dict(threads=args.threads, set_threads=True, seed=args.seed, shapes=shapes[:1],
-                    sides=list(PADDLE_SIDES))
+                    sides=list(PADDLE_SIDES), quick=args.quick)
         p = Proc(f"verbose_{len(out)}", env, spec, tmp)
         try:
             p.recv()
@@ -593,6 +653,25 @@ def summarize(results, shapes, default_key="default/paddle_matmul"):
             math.log(r["gflops_best"][n] / base["gflops_best"][n]) for n in common)) if common else None)
 
 
+def summarize_steps(steps, worker_info):
+    """Median of the per-round best step time per configuration, tokens/s, speedup over ``default``, and the
+    eval-mode loss difference against ``default`` (the same weights and batch in every worker)."""
+    out = {}
+    for name, st in steps.items():
+        info = worker_info[name].get("encoder_step", {})
+        per_round = [min(t) for t in st["times_s"]]
+        out[name] = {"times_s": st["times_s"], "ms_best": 1e3 * min(per_round),
+                     "ms_median": 1e3 * statistics.median(per_round), "tokens": info.get("tokens"),
+                     "eval_loss": info.get("eval_loss")}
+        out[name]["tokens_per_s"] = info.get("tokens", 0) / (out[name]["ms_best"] / 1e3)
+    base = out.get("default")
+    for r in out.values():
+        if base:
+            r["speedup_vs_default"] = base["ms_best"] / r["ms_best"]
+            r["loss_rel_diff_vs_default"] = abs(r["eval_loss"] - base["eval_loss"]) / abs(base["eval_loss"])
+    return out
+
+
 def print_table(res):
     c = res["config"]
     print(f"CPU: {c['cpu']['model']} ({c['cpu']['vendor']}, family {c['cpu']['family']} model "
@@ -606,6 +685,10 @@ def print_table(res):
         sp = r["speedup_vs_default_matmul"]
         print(f"{key:44s}{cells}{(f'{sp:10.2f}x' if sp else '-'):>11s}  {'yes' if r['correct'] else 'NO':3s} "
               f"{r.get('kernel') or ''}")
+    for name, st in res["encoder_step"].items():
+        print(f"encoder step {name:31s} {st['ms_best']:8.0f} ms best, {st['ms_median']:.0f} median, "
+              f"{st['tokens_per_s']:.0f} tokens/s, {st.get('speedup_vs_default', 1):.2f}x default, "
+              f"eval loss diff {st.get('loss_rel_diff_vs_default', 0):.1e}")
 
 
 def main(argv=None):
@@ -623,9 +706,11 @@ def main(argv=None):
     try:
         for name in args.variant_names:
             extra, _, sides, set_threads = VARIANTS[name]
+            if name not in PLUGIN_CONFIGURED:
+                extra = dict(extra, **{MKL_DISPATCH_ENV: "off"})
             env = _worker_env({}, args.threads, set_threads, extra)
             spec = dict(threads=args.threads, set_threads=set_threads, seed=args.seed, shapes=shapes,
-                        sides=list(sides))
+                        sides=list(sides), quick=args.quick)
             procs[name] = Proc(name, env, spec, tmp)
         infos = {}
         for name, p in procs.items():
@@ -634,7 +719,9 @@ def main(argv=None):
                 raise RuntimeError(f"worker {name}: {msg['error']}\n{p.log_tail()}")
             p.pid = msg["pid"]
             infos[name] = msg
-        plan = [(name, side) for name in procs for side in VARIANTS[name][2]]
+        plan = [(name, side) for name in procs for side in VARIANTS[name][2] if side != "encoder_step"]
+        steps = {name: {"config": name, "times_s": []} for name in procs
+                 if "encoder_step/step" in infos[name]["available"]}
         results = {}
         for name, side in plan:
             avail = [s[0] for s in shapes if f"{side}/{s[0]}" in infos[name]["available"]]
@@ -646,7 +733,7 @@ def main(argv=None):
                                          "correct": all(e["ok"] for e in errs.values()),
                                          "times_s": {n: [] for n in avail}, "gflops_best": {}, "gflops_median": {}}
         t_rounds = time.time()
-        for _ in range(args.rounds):
+        for rnd in range(args.rounds):
             for shp in shapes:
                 for key, r in results.items():
                     if shp[0] not in r["times_s"]:
@@ -655,6 +742,11 @@ def main(argv=None):
                     time.sleep(args.pause)
                     p.send({"cmd": "time", "side": r["side"], "shape": shp[0], "reps": args.reps})
                     r["times_s"][shp[0]].append(p.recv()["times"])
+            for name, st in steps.items():
+                time.sleep(args.pause)
+                procs[name].send({"cmd": "time", "side": "encoder_step", "shape": "step", "reps": args.step_reps,
+                                  "warmup": 1 if rnd == 0 else 0})
+                st["times_s"].append(procs[name].recv()["times"])
         t_rounds = time.time() - t_rounds
         probes = {}
         if not args.no_probes:
@@ -663,7 +755,7 @@ def main(argv=None):
                 key = f"{name}/{side}"
                 if key in results and probe_shape in results[key]["times_s"]:
                     time.sleep(args.pause)
-                    top = _perf_top(procs[name], side, probe_shape, 1.0 if not args.quick else 0.5, tmp)
+                    top = _perf_top(procs[name], side, probe_shape, 0.8 if not args.quick else 0.5, tmp)
                     if top is not None:
                         results[key]["perf"] = top
                         results[key]["kernel"] = top.get("kernel")
@@ -676,6 +768,7 @@ def main(argv=None):
         probes["static_onednn"] = static_probe(args)
     summarize(results, shapes)
     worker_info = {name: m["info"] for name, m in infos.items()}
+    encoder_step = summarize_steps(steps, worker_info)
     for info in worker_info.values():
         info.pop("errors", None)
     res = {
@@ -691,15 +784,14 @@ def main(argv=None):
                    + (" --quick" if args.quick else "")},
         "workers": worker_info,
         "results": results,
+        "encoder_step": encoder_step,
         "probes": probes,
     }
     res["summary"] = summary(res)
     print_table(res)
     for line in res["summary"]["lines"]:
         print(line)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    bench_util.write_result(args.out, res)
     print(f"wrote {args.out}", file=sys.stderr)
     shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -72,8 +72,25 @@ def _cpu():
     return platform.processor() or platform.machine()
 
 
-def _header(title, command, when, extra=""):
-    return [f"## {title}", "", f"Command: `{command}`  ", f"Machine: {os.cpu_count()} cores, {_cpu()}; "
+def _machine(d):
+    """The machine a result came from, as recorded in it (older files: the machine running this report)."""
+    m = (d or {}).get("machine")
+    if not isinstance(m, dict):
+        return f"{os.cpu_count()} cores, {_cpu()} (not recorded in the results file: this report's machine)"
+    text = f"{m['cores']} cores, {m['cpu_model']} ({m.get('cpu_vendor') or 'vendor unknown'})"
+    if m.get("mkl_kernels"):
+        text += f", MKL {m['mkl_kernels']} GEMM kernels"
+    if m.get("paddle"):
+        text += f", Paddle {m['paddle']}"
+    if m.get("loadavg"):
+        text += f", load average {'/'.join(f'{x:.1f}' for x in m['loadavg'])} at the end"
+    return text
+
+
+def _header(title, command, d, when, extra=""):
+    m = (d or {}).get("machine")
+    when = m["date"] if isinstance(m, dict) and m.get("date") else when
+    return [f"## {title}", "", f"Command: `{command}`  ", f"Machine: {_machine(d)}; "
             f"results written {when}.{(' ' + extra) if extra else ''}", ""]
 
 
@@ -90,7 +107,7 @@ def attention():
     c = d["config"]
     load = c.get("loadavg_1min")
     lines = _header("Attention: `fmha` (packed) vs Paddle's padded attention",
-                    "OMP_NUM_THREADS=2 python benchmarks/bench_attention.py", when,
+                    "OMP_NUM_THREADS=2 python benchmarks/bench_attention.py", d, when,
                     f"Threads {c['threads']} on every side; load average during the run {load}." if load else "")
     lines += [f"B={c['batch']}, H={c['heads']}, D={c['head_dim']}, max length {c['max_len']}; lengths: "
               f"{c['length_distribution']}. `sdpa` = `F.scaled_dot_product_attention` with a mask, `mha` = "
@@ -116,6 +133,17 @@ def attention():
                    ideal=(xs, [x["ideal_ratio"] for x in sweep]))
     lines += ["The padded paths are far below the ideal ratio's prediction because Paddle's CPU "
               "softmax and masking run at a few GFLOP/s; `fmha` fuses them into the tiles.", ""]
+    hs = d.get("head_sizes")
+    if hs:
+        lines += [f"`fmha` alone per head size on the real batch ({c['heads']} heads), dropout off and on (training "
+                  "uses 0.1): useful GFLOP/s and the share of the fastest fp32 GEMM measured in the same run "
+                  f"({d['gemm_ceiling_gflops']:.1f} GFLOP/s). Target: forward and forward+backward >= 55%.", ""]
+        lines += _table(["head size", "dropout", "fwd ms", "fwd GFLOP/s", "fwd % of GEMM", "fwd+bwd ms",
+                         "fwd+bwd GFLOP/s", "fwd+bwd % of GEMM", "target"],
+                        [[r["head_dim"], r["dropout"], f"{r['fwd']['ms']:.1f}", f"{r['fwd']['useful_gflops']:.1f}",
+                          f"{100 * r['fwd']['of_matmul']:.0f}%", f"{r['fwd_bwd']['ms']:.1f}",
+                          f"{r['fwd_bwd']['useful_gflops']:.1f}", f"{100 * r['fwd_bwd']['of_matmul']:.0f}%",
+                          "met" if r["meets_target"] else "NOT met"] for r in hs])
     return lines
 
 
@@ -125,7 +153,7 @@ def fused():
         return []
     c = d["config"]
     lines = _header("Fused encoder ops vs the unfused Paddle sequence",
-                    "OMP_NUM_THREADS=2 python benchmarks/bench_fused_ops.py", when,
+                    "OMP_NUM_THREADS=2 python benchmarks/bench_fused_ops.py", d, when,
                     f"Threads {c['threads']} on both sides, ISA {c.get('isa')}.")
     rows = [[r["op"], "x".join(map(str, r["shape"])), "-" if r["dropout"] is None else r["dropout"],
              r["mode"].replace("_", "+"), f"{r['fused_ms']:.2f}", f"{r['unfused_ms']:.2f}",
@@ -137,7 +165,7 @@ def balance():
     d, when = _load("bench_balance.json")
     if d is None:
         return []
-    lines = _header("Load balance", "OMP_NUM_THREADS=1 python benchmarks/bench_balance.py", when,
+    lines = _header("Load balance", "OMP_NUM_THREADS=1 python benchmarks/bench_balance.py", d, when,
                     f"Length distribution: `{d['distribution']}`; C++ planner: {d['native']}.")
     lines += ["Imbalance = max rank cost / mean rank cost - 1, over 200 global batches of 56 samples "
               "per rank (mean / p95 / max, %); moved = share of samples that change rank.", ""]
@@ -147,7 +175,10 @@ def balance():
                      f"{s['max_pct']:.3f}", f"{100 * s['moved_frac']:.1f}%",
                      "-" if s["plan_ms"] is None else f"{s['plan_ms']:.2f}"])
     lines += _table(["ranks", "cost", "method", "mean %", "p95 %", "max %", "moved", "plan ms"], rows)
-    lines += ["Planner time for one `plan()` call (ms):", ""]
+    lines += ["Planner time for one call (best of several, ms): `lists` = `balance.plan` on Python lists (lists "
+              "of (rank, index) out), `numpy` = `balance.plan_dest` on a [ranks, samples] array (a numpy "
+              "destination array out, what the exchange calls); `callable cost` = a Python function "
+              "length -> cost equal to the default model (the same plan). Target: 1024 x 64 under 10 ms.", ""]
     lines += _table(["problem", "ms"], [[k, f"{v:.2f}"] for k, v in d["planner_ms"].items()])
     r = d.get("real_2rank")
     if r:
@@ -161,6 +192,115 @@ def balance():
                                                           for k in ("none", "exchange", "prebalanced")]])
         lines += [f"Exchange overhead against pre-balanced feeding: {100 * sm['exchange_overhead']:+.1f}% "
                   "(wall clock, target <= 2%; this shared machine adds about +-10% noise between runs).", ""]
+    return lines
+
+
+def _gemm_files():
+    """gemm.json (this host) and gemm_*.json (the same benchmark run on other hosts, ``--out``)."""
+    if not os.path.isdir(RESULTS):
+        return []
+    return sorted(n for n in os.listdir(RESULTS) if n == "gemm.json" or (n.startswith("gemm_") and n.endswith(".json")))
+
+
+def _gemm_host(d, when):
+    c = d["config"]
+    cpu = c["cpu"]
+    ld = lambda x: "/".join(f"{v:.1f}" for v in x[:3]) if x else "not recorded"  # noqa: E731
+    shapes = c["shapes"]
+    names = [s[0] for s in shapes]
+    lines = [f"### {cpu['model']} ({cpu['vendor']}, family {cpu['family']} model {cpu['model_id']})", "",
+             f"Command: `{c['command']}`  ",
+             f"Machine: {cpu['cores']} cores, {cpu['model']}, flags {', '.join(cpu['flags'])}; results written "
+             f"{c.get('date', when)}. Threads {c['threads']} on every side (except the thread variants); load "
+             f"average (1/5/15 min) at start {ld(c['loadavg_start'])}, at end {ld(c['loadavg_end'])}; "
+             f"{c['rounds']} interleaved rounds of {c['reps']} timed calls after 1 warm-up.", ""]
+    shape_txt = ", ".join(f"`{s[0]}` {'[%d,%d]^T' % (s[3], s[1]) if s[4] else '[%d,%d]' % (s[1], s[3])} x "
+                          f"[{s[3]},{s[2]}]" for s in shapes)
+    lines += [f"fp32 GFLOP/s (best of the rounds) of C = op(A) op(B): {shape_txt}. Every configuration is its own "
+              "process with the environment shown, all driven in lock-step; `vs default` = geometric mean over the "
+              "shapes of the speedup over the default `paddle.matmul`; correct = every shape within "
+              "10 sqrt(K) eps32 (relative Frobenius error) of numpy's fp64 product; kernel = the hottest code "
+              "under `perf record` on the ffn1 shape.", ""]
+    rows = []
+    for key, r in d["results"].items():
+        env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "-"
+        worst = max(e["rel_fro"] for e in r["errors"].values())
+        sp = r.get("speedup_vs_default_matmul")
+        rows.append([r["config"], f"`{env}`", r["side"]]
+                    + [f"{r['gflops_best'][n]:.1f}" if n in r["gflops_best"] else "-" for n in names]
+                    + ["-" if sp is None else f"{sp:.2f}x", f"{'yes' if r['correct'] else 'NO'} ({worst:.1e})",
+                       r.get("kernel") or ""])
+    lines += _table(["configuration", "environment", "side"] + names + ["vs default", "correct (max rel err)",
+                                                                       "kernel"], rows)
+    st = d.get("encoder_step") or {}
+    if st:
+        any_info = next(iter(d["workers"].values())).get("encoder_step", {})
+        lines += [f"Encoder training step (converted MiniLM-shape model, random init, forward + loss + backward + "
+                  f"AdamW) on one packed batch of lengths {any_info.get('lengths')}, interleaved with the GEMMs:", ""]
+        lines += _table(["configuration", "step ms (best)", "step ms (median)", "tokens/s", "vs default",
+                         "eval loss rel. diff vs default"],
+                        [[k, f"{v['ms_best']:.0f}", f"{v['ms_median']:.0f}", f"{v['tokens_per_s']:.0f}",
+                          f"{v.get('speedup_vs_default', 1):.2f}x", f"{v.get('loss_rel_diff_vs_default', 0):.1e}"]
+                         for k, v in st.items()])
+    w = d["workers"].get("default", {})
+    mkl, dnnl = w.get("mkl"), w.get("onednn")
+    facts = []
+    if mkl:
+        detect = {k: d["workers"][k]["mkl"].get("mkl_serv_cpu_detect") for k in d["workers"]
+                  if isinstance(d["workers"][k].get("mkl"), dict) and k.startswith("mkl_cpu")}
+        facts.append(f"Paddle's matmul calls `cblas_sgemm` of `{mkl['library']}` ({mkl['version']}): MKL's own "
+                     f"CPU check on this host gives `mkl_serv_intel_cpu_true` = {mkl.get('mkl_serv_intel_cpu_true')} "
+                     f"and `mkl_serv_cpu_detect` = {mkl.get('mkl_serv_cpu_detect')} by default"
+                     + (", " + ", ".join(f"{v} under {k}" for k, v in detect.items()) if detect else "") + ".")
+    vb = d.get("probes", {}).get("verbose", {})
+    for name, v in vb.items():
+        facts.append(f"With `MKL_VERBOSE=1 ONEDNN_VERBOSE=1`{'' if name == 'default' else ' and `' + name + '`'}: "
+                     f"{v['mkl_sgemm_calls']} MKL SGEMM calls and {v['onednn_exec_lines']} oneDNN primitive runs "
+                     f"for {len(v.get('sgemm_calls', []))} distinct dygraph GEMM calls.")
+    so = d.get("probes", {}).get("static_onednn")
+    if so:
+        fate = ("completed" if so["completed"] else
+                "hung after the first op and was stopped" if so["hung"] else
+                f"died ({so.get('signal') or 'return code ' + str(so['returncode'])})")
+        facts.append(f"`FLAGS_use_onednn=1` under `paddle.jit.to_static`: {so['onednn_matmul_exec']} oneDNN matmul "
+                     f"run(s) ({so.get('onednn_impl')}), then the program {fate}.")
+    if dnnl:
+        facts.append(f"`{dnnl['library']}` (oneDNN {dnnl['version']}, already loaded by Paddle) picks its kernels "
+                     f"by CPU features (effective ISA {dnnl['effective_cpu_isa']}), not by vendor.")
+    nb = w.get("numpy_blas")
+    if isinstance(nb, list) and nb:
+        facts.append("numpy's BLAS (threadpoolctl): " + "; ".join(
+            f"{b['internal_api']} {b['version']} {b['architecture']} kernel, {b['num_threads']} threads" for b in nb)
+            + ".")
+    cleared = c.get("cleared_from_shell") or {}
+    if cleared:
+        facts.append("Cleared from the shell's environment in every worker: "
+                     + ", ".join(f"`{k}={v}`" for k, v in cleared.items()) + ".")
+    lines += [f"- {f}" for f in facts] + [""]
+    return lines
+
+
+def gemm():
+    files = _gemm_files()
+    if not files:
+        return []
+    lines = ["## GEMM speed on AMD and Intel hosts", "",
+             "Paddle 3.x CPU wheels run `paddle.matmul` / `F.linear` (dygraph) through `cblas_sgemm` of the MKL "
+             "they ship (`libmklml_intel.so`, MKL 2019.0.5). That MKL picks its kernels by CPU *vendor*: on a "
+             "non-Intel CPU it runs its generic `def` kernels (SSE2 `mulps`/`addps`, no FMA) whatever the ISA. "
+             "MKL up to 2020.0 honours `MKL_DEBUG_CPU_TYPE` (5 = AVX2 kernels, 7 = AVX-512 kernels), read when MKL "
+             "runs its first GEMM: set it before the first matmul of the process (before `import paddle` is "
+             "safest), and only on AMD hosts -- on Intel MKL already picks the best kernels, and a forced AVX2 "
+             "path would slow an AVX-512 host (7 needs `avx512f` in the CPU flags, else it faults). "
+             "`MKL_ENABLE_INSTRUCTIONS` only caps the ISA on Intel CPUs; `MKL_CBWR` selects the reproducible "
+             "`cnr_def` kernels; `FLAGS_use_onednn` does not move dygraph matmul to oneDNN. "
+             "`import paddle_unpad` therefore sets `MKL_DEBUG_CPU_TYPE` on non-Intel x86 CPUs when it is unset "
+             "(`paddle_unpad.cpu_gemm`; the `paddle_unpad` configuration below; opt out with "
+             "`PADDLE_UNPAD_MKL_DISPATCH=off`); every other configuration opts out, so `default` is Paddle as "
+             "installed.", ""]
+    for name in files:
+        d, when = _load(name)
+        lines += _gemm_host(d, when)
     return lines
 
 
@@ -349,7 +489,7 @@ def encoder():
     load = c.get("loadavg_1min")
     load = "/".join("-" if x is None else f"{x:.1f}" for x in load) if load else "not recorded"
     lines = _header("Encoder training step: converted vs original PaddleNLP model",
-                    "OMP_NUM_THREADS=2 python benchmarks/bench_encoder.py", when,
+                    "OMP_NUM_THREADS=2 python benchmarks/bench_encoder.py", d, when,
                     f"Threads {c['threads']} on both sides; 1-min load average at start/end {load}"
                     + (f"; whole run {wall['total']:.0f} s." if "total" in wall else "."))
     lines += [f"One training step (forward, backward, AdamW; {c['head']}, dropout {c['dropout']}), the converted "
@@ -386,13 +526,14 @@ def e2e():
     if d is None:
         return []
     c, ways = d["config"], d["ways"]
-    lines = _header("End-to-end fleetrun training, four ways side by side", "python benchmarks/bench_e2e.py",
-                    c.get("date", when), f"{c['world']} ranks x {c['threads_per_rank']} thread(s) on {c['device']}; "
-                    f"load average at the end {c.get('loadavg_1min') or 0:.2f}.")
+    lines = _header("End-to-end fleetrun training, four ways side by side", "python benchmarks/bench_e2e.py", d,
+                    c.get("date", when), f"{c['world']} ranks x {c['threads_per_rank']} thread(s) on {c['device']}.")
     lines += [f"{c['model']}, {c['weights']}; {c['batch_per_rank']} samples per rank and step, {c['steps']} timed "
               f"steps per way after {c['warmup']} warm-up, the ways interleaved step by step in one job. Lengths: "
               f"{c['length_distribution']}. Wait = time a rank waits at the gradient all-reduce for the slowest rank; "
-              f"comm = the all-reduce itself (gloo on CPU); MFU = useful (real-token) training FLOPs per second per "
+              f"comm = the gradient all-reduce the step still waits for after that (gloo on CPU; "
+              f"{_GRAD_SYNC.get(c.get('grad_sync'), 'one flat all-reduce of every gradient after the backward')}); "
+              f"MFU = useful (real-token) training FLOPs per second per "
               f"rank over the {c['mfu_against']} ({', '.join(f'{x:.0f}' for x in c['matmul_gflops_per_rank'])} "
               f"GFLOP/s); alloc peak = peak of live Paddle tensors during a step (the ways share a process, so "
               f"RSS per way is in the encoder section, measured in separate processes).", ""]
@@ -415,9 +556,30 @@ def e2e():
         lines += [f"Waiting at the all-reduce: {a['wait_ms_unbalanced']:.0f} ms per step and rank without balancing, "
                   f"{a['wait_ms_balanced']:.0f} ms with it "
                   f"({'lower' if a['wait_lower_with_balancing'] else 'NOT lower'} with balancing).", ""]
+    if "mfu_balanced" in a:
+        ub = ways["unpadded_balanced"]
+        lines += [f"Unpadded + balanced: MFU **{100 * a['mfu_balanced']:.1f}%** of the fp32 matmul measured in the "
+                  f"job; exposed gradient communication {ub['comm_ms']:.0f} ms = "
+                  f"**{100 * a['exposed_comm_share_balanced']:.1f}%** of the step (target <= 5%: "
+                  f"{'met' if a['exposed_comm_at_most_5pct'] else 'NOT met'}).", ""]
     lines += _plot("e2e_throughput.png", "End-to-end tokens/s per way (real tokens)", "way", "tokens/s",
                    [("tokens/s", list(range(len(ways))), [x["tokens_per_s"] for x in ways.values()])],
                    xticks=list(ways)) if ways else []
+    profs = d.get("profiles") or {}
+    if len(profs) == 2:
+        cats = list(profs["overlap"]["shares"])
+        cats += [k for k in profs["serial"]["shares"] if k not in cats]
+        lines += ["### Gradient all-reduce: before and after", "",
+                  "The balanced way profiled twice in the same job: the gradients reduced by one flat all-reduce "
+                  "after the backward (before), and by `paddle_unpad.fleet.GradientAllReduce` (after: embedding "
+                  "tables by rows, large gradients in place, overlapped with the backward). ms per step, mean of "
+                  "ranks:", ""]
+        rows = [[k] + [f"{profs[m]['ms_per_step'].get(k, 0.0):.1f}" for m in ("serial", "overlap")] for k in cats]
+        rows.append(["**step (timer)**"] + [f"**{profs[m]['timer_step_ms']:.0f}**" for m in ("serial", "overlap")])
+        rows.append(["gradient bytes sent per step (MB)"] + [f"{profs[m]['grad_bytes_per_step'] / 1e6:.1f}"
+                                                             for m in ("serial", "overlap")])
+        lines += _table(["category", "before: flat all-reduce after the backward", "after: GradientAllReduce"],
+                        rows)
     p = d.get("profile")
     if p:
         lines += ["### Where the time goes (unpadded + balanced)", "",
@@ -440,12 +602,16 @@ def e2e():
     return lines
 
 
+_GRAD_SYNC = {"overlap": "`paddle_unpad.fleet.GradientAllReduce`: overlapped with the backward, embedding tables "
+                         "by rows"}
+
+
 def demo():
     d, when = _load("demo.json")
     if d is None:
         return []
     lines = _header("The main job: fleetrun fine-tuning (make demo)",
-                    "python examples/run_demo.py --json-out benchmarks/results/demo.json", when)
+                    "python examples/run_demo.py --json-out benchmarks/results/demo.json", d, when)
     pad, unp = d["padded"], d["unpadded"]
     lines += [f"MiniLM-L6 (pretrained) fine-tuned on {unp['train_samples']} Rotten Tomatoes snippets across "
               f"{unp['ranks']} fleetrun ranks, then evaluated on {unp['dev_samples']} dev snippets; stock = "
@@ -471,8 +637,9 @@ def main():
              "[attention](#attention-fmha-packed-vs-paddles-padded-attention), "
              "[fused ops](#fused-encoder-ops-vs-the-unfused-paddle-sequence), "
              "[encoder step and scaling](#encoder-training-step-converted-vs-original-paddlenlp-model), "
-             "[load balance](#load-balance), [GPU](#gpu).", ""]
-    for section in (demo, e2e, attention, fused, encoder, balance):
+             "[load balance](#load-balance), [GEMM speed on AMD and Intel hosts](#gemm-speed-on-amd-and-intel-hosts), "
+             "[GPU](#gpu).", ""]
+    for section in (demo, e2e, attention, fused, encoder, balance, gemm):
         parts += section()
     parts += ["## GPU", "", "No GPU figures yet: the CUDA kernels compile in CI but have not run on a GPU "
               "(see [gpu.md](gpu.md); `benchmarks/gpu_check.sh` produces them on one).", ""]

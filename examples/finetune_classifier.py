@@ -150,8 +150,11 @@ def main(argv=None):
     decay = [p.name for n, p in model.named_parameters() if not any(x in n for x in ("bias", "norm"))]
     opt = paddle.optimizer.AdamW(schedule, parameters=model.parameters(), weight_decay=0.01,
                                  apply_decay_param_fun=lambda name: name in decay)
-    train_model = model
-    if world > 1:
+    train_model, grad_sync = model, None
+    if world > 1 and unpad:
+        # the plugin's all-reduce: embedding rows the batch used only, overlapped with the backward
+        grad_sync = pu.fleet.GradientAllReduce(model)
+    elif world > 1:  # the stock way
         train_model = fleet.distributed_model(model)
         opt = fleet.distributed_optimizer(opt)
 
@@ -178,6 +181,8 @@ def main(argv=None):
             loss_sum = paddle.nn.functional.cross_entropy(logits, labels, reduction="sum")
             loss = loss_sum * (world / max(1, n_global))
             loss.backward()
+            if grad_sync is not None:
+                grad_sync.wait()
             opt.step()
             opt.clear_grad()
             schedule.step()
@@ -195,6 +200,8 @@ def main(argv=None):
         bar.close()
     if hasattr(loader, "close"):
         loader.close()
+    if grad_sync is not None:
+        grad_sync.close()
 
     acc, n_dev = evaluate(model, dev, args, unpad, world, rank)
     # throughput of the whole job: every rank's samples and real tokens
@@ -213,6 +220,7 @@ def main(argv=None):
         "train_seconds": round(wall, 2), "samples_per_s": round(n_samples / wall, 2),
         "tokens_per_s": round(n_tokens / wall, 1), "dev_accuracy": round(acc, 4), "dev_samples": n_dev,
         "peak_rss_mb_rank0": round(peak_mb, 1),
+        "machine": dict(pu.cpu_gemm.host_info(), paddle=paddle.__version__),
     }
     if rank == 0:
         print(json.dumps(summary, indent=1))

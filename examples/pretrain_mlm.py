@@ -110,11 +110,13 @@ def main(argv=None):
         opt = DistributedFusedLamb(learning_rate=schedule, lamb_weight_decay=0.01, parameters=model.parameters())
     else:
         opt = paddle.optimizer.Lamb(learning_rate=schedule, lamb_weight_decay=0.01, parameters=model.parameters())
-    train_model = model
-    if world > 1:
+    train_model, grad_sync = model, None
+    if world > 1 and args.fused_lamb:  # DistributedFusedLamb reduces the gradients itself
         train_model = fleet.distributed_model(model)
-        if not args.fused_lamb:
-            opt = fleet.distributed_optimizer(opt)
+    elif world > 1:
+        # the MLM decoder is tied to the word embeddings (a dense gradient, reduced whole);
+        # the rest in place, overlapped with the backward
+        grad_sync = pu.fleet.GradientAllReduce(model)
 
     losses, tokens, t_train = [], 0, 0.0
     model.train()
@@ -129,6 +131,8 @@ def main(argv=None):
         nsp_loss = paddle.nn.functional.cross_entropy(nsp, batch["next_sentence_label"])
         loss = mlm + nsp_loss
         loss.backward()
+        if grad_sync is not None:
+            grad_sync.wait()
         opt.step()
         opt.clear_grad()
         schedule.step()

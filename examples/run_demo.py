@@ -15,24 +15,12 @@ whole slice.
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run(mode, args, workdir, max_steps=0):
@@ -97,7 +85,9 @@ def main(argv=None):
           f"batch {args.batch_size}/rank, {pad['train_samples']} training snippets "
           f"({'full epoch' if args.full else f'slice of {args.max_train}'}{sized}); "
           f"{pad['dev_samples']} dev snippets")
-    print(f"host: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    m = unp["machine"]
+    print(f"host: {m['cpu_model']} ({m['cpu_vendor']}), {m['cores']} cores, MKL {m['mkl_kernels']} GEMM kernels, "
+          f"load average {os.getloadavg()[0]:.2f}")
     fields = [("samples/s", "samples_per_s", "{:.1f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
               ("dev accuracy", "dev_accuracy", "{:.4f}"), ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0", "{:.0f}"),
               ("train time (s)", "train_seconds", "{:.1f}")]
@@ -110,7 +100,8 @@ def main(argv=None):
           f"({pad['job_seconds']:.0f} + {unp['job_seconds']:.0f}, start-up and evaluation included)")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"padded": pad, "unpadded": unp}, f, indent=1)
+            json.dump({"padded": pad, "unpadded": unp, "machine": dict(unp["machine"], date=time.strftime(
+                "%Y-%m-%d %H:%M UTC", time.gmtime()), loadavg=[round(x, 2) for x in os.getloadavg()])}, f, indent=1)
 
 
 if __name__ == "__main__":

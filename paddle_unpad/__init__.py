@@ -15,11 +15,14 @@ When they are present, importing registers them with Paddle, so that an exported
 """
 import zlib  # noqa: F401  (before paddle: paddle-gpu 2.6's libpaddle clashes with a zlib loaded after it)
 
-from . import _native
-from . import _paddle_compat
+from . import config, cpu_gemm
+
+cpu_gemm.configure()  # before anything can run a GEMM: MKL reads its kernel choice once
+from . import _native  # noqa: E402
+from . import _paddle_compat  # noqa: E402
 
 _paddle_compat.check_versions()
-from . import balance, data, fleet, ops, varlen  # noqa: F401
+from . import balance, data, fleet, grad_sync, ops, varlen  # noqa: F401
 from .models import convert, revert  # noqa: E402  (paddlenlp is imported only when convert() runs)
 from .ops import fmha, ops_available
 from .varlen import cu_seqlens_from_lengths, pad_input, unpad_input
@@ -37,8 +40,11 @@ __all__ = [
     "pad_input",
     "cu_seqlens_from_lengths",
     "balance",
+    "config",
+    "cpu_gemm",
     "data",
     "fleet",
+    "grad_sync",
     "ops",
     "varlen",
 ]

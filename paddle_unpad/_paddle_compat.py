@@ -184,6 +184,21 @@ def user_defined_strategy():
     return getattr(fleet.fleet, "_user_defined_strategy", None)
 
 
+# ----------------------------------------------------------------------------- gradients
+
+
+def register_grad_ready_hook(param, hook):
+    """Call ``hook()`` each time the backward has finished ``param``'s gradient (after
+    accumulation into ``param.grad``). Paddle's DataParallel uses the same private hook
+    (``Tensor._register_backward_hook``, 2.6 and 3.x); there is no public equivalent."""
+    param._register_backward_hook(hook)
+
+
+def set_grad(param, grad):
+    """Give ``param`` a gradient where the backward produced none (2.6 and 3.x)."""
+    param._set_grad_ivar(grad)
+
+
 # ----------------------------------------------------------------------------- data loading
 
 

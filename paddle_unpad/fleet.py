@@ -31,9 +31,10 @@ from paddle.distributed import fleet as _fleet
 from . import _paddle_compat as _compat
 from .balance.exchange import BalancedLoader, ExchangeError, ExchangeTimeout  # noqa: F401
 from .data.collate import check_max_seqlen
+from .grad_sync import GradientAllReduce, GradientSyncError  # noqa: F401
 
 __all__ = ["DistributedStrategy", "distributed_loader", "DEFAULT_UNPAD_CONFIGS", "current_strategy",
-           "ExchangeError", "ExchangeTimeout"]
+           "ExchangeError", "ExchangeTimeout", "GradientAllReduce", "GradientSyncError"]
 
 #: keys of ``unpad_configs`` and their defaults (see :class:`BalancedLoader` for each)
 DEFAULT_UNPAD_CONFIGS: Dict[str, Any] = {

@@ -55,6 +55,34 @@ def test_as_cost_fn_accepts_callables_and_names():
         balance.as_cost_fn("nope")
 
 
+def test_callable_costs_are_called_once_per_distinct_length_on_both_paths():
+    calls = []
+
+    def cost(n):
+        calls.append(n)
+        return n ** 1.5
+
+    small = np.array([[0, 3, 3, 10], [10, 3, 7, 7]])
+    big = np.array([2 ** 40, 3, 2 ** 40])  # beyond the lookup table: the sort-based path
+    for s in (small, big):
+        calls.clear()
+        got = balance.as_cost_fn(cost)(s)
+        assert got.shape == s.shape
+        np.testing.assert_allclose(got, s.astype(np.float64) ** 1.5)
+        assert sorted(calls) == sorted(set(s.reshape(-1).tolist()))
+    assert balance.as_cost_fn(cost)(np.zeros((2, 0), np.int64)).shape == (2, 0)
+
+
+def test_numpy_and_list_lengths_give_the_same_plan():
+    rows = balance.global_batches(1, 64, 16, seed=9)[0]
+    arr = np.asarray(rows, dtype=np.int64)
+    cm = balance.bert_cost(384, 1536, 6)
+    for cost in (None, cm, "tokens"):
+        np.testing.assert_array_equal(balance.plan_dest(arr, cost=cost)[0], balance.plan_dest(rows, cost=cost)[0])
+    # a Python callable equal to the model gives the model's integer costs, hence its plan
+    np.testing.assert_array_equal(balance.plan_dest(arr, cost=lambda s: cm(s))[0], balance.plan_dest(rows, cost=cm)[0])
+
+
 def test_calibrate_recovers_known_coefficients():
     a_true, b_true, c_true = 6e-5, 1.2e-7, 1e-3
     clock = [0.0]

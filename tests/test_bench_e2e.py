@@ -94,3 +94,20 @@ def test_profile_breakdown(quick_run, native_ops):
     shares = sorted(((v, k) for k, v in p["shares"].items() if k != "framework & Python overhead"), reverse=True)
     assert [t["category"] for t in p["top3"]] == [k for _, k in shares[:3]]
     assert all(t["reduce_by"] for t in p["top3"])
+
+
+def test_profiles_before_and_after_and_the_exposed_communication(quick_run, native_ops):
+    res, _ = quick_run
+    profiles = res["profiles"]
+    assert set(profiles) == {"overlap", "serial"} and res["profile"] == profiles["overlap"]
+    for mode, p in profiles.items():
+        assert p["grad_sync"] == mode and p["ms_per_step"].get("gradient all-reduce", 0.0) > 0.0
+    # the serial all-reduce sends every gradient; by rows the word-embedding table sends only used rows
+    assert profiles["overlap"]["grad_bytes_per_step"] < profiles["serial"]["grad_bytes_per_step"]
+    ub = res["ways"]["unpadded_balanced"]
+    acc = res["acceptance"]
+    assert abs(acc["exposed_comm_share_balanced"] - ub["comm_ms"] / ub["step_ms"]) < 1e-12
+    assert acc["exposed_comm_at_most_5pct"] == (ub["comm_ms"] <= 0.05 * ub["step_ms"])
+    assert res["config"]["grad_sync"] == "overlap"
+    m = res["machine"]
+    assert m["cpu_model"] and m["cores"] >= 1 and "mkl_kernels" in m

@@ -43,3 +43,43 @@ def test_bench_attention_quick(tmp_path):
                 assert abs(m[f"speedup_vs_{base}_over_ideal"] - sp / s["ideal_ratio"]) < 1e-9
     pad0 = res["scenarios"][names.index("pad_0")]
     assert pad0["padding_ratio"] == 0.0 and pad0["ideal_ratio"] == 1.0
+    # per head size: packed fmha alone, dropout off and on, share of the run's fastest GEMM
+    hs = res["head_sizes"]
+    assert sorted({(r["head_dim"], r["dropout"]) for r in hs}) == [(16, 0.0), (16, 0.1), (32, 0.0), (32, 0.1)]
+    real = res["scenarios"][0]
+    sum_sq = sum(x * x for x in real["lengths"])
+    for r in hs:
+        for mode, mult in (("fwd", 1.0), ("fwd_bwd", 3.5)):
+            g = mult * 4.0 * sum_sq * r["head_dim"] * cfg["heads"] / (r[mode]["ms"] / 1e3) / 1e9
+            assert abs(r[mode]["useful_gflops"] - g) < 1e-6 * g
+            assert abs(r[mode]["of_matmul"] - g / res["gemm_ceiling_gflops"]) < 1e-6
+        assert r["meets_target"] == (min(r["fwd"]["of_matmul"], r["fwd_bwd"]["of_matmul"]) >= 0.55)
+    assert res["gemm_ceiling_gflops"] >= res["matmul_gflops"]
+    assert res["machine"]["cpu_model"] and res["machine"]["cores"] >= 1
+
+
+def test_bench_gemm_quick(tmp_path):
+    out = tmp_path / "gemm.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_gemm.py"), "--quick", "--no-probes",
+                        "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    res = json.loads(out.read_text())
+    results = res["results"]
+    for key in ("default/paddle_matmul", "paddle_unpad/paddle_matmul", "mkl_cpu_avx2/paddle_matmul"):
+        assert results[key]["correct"], (key, results[key]["errors"])
+    # every configuration but "paddle_unpad" measures Paddle as installed (the plugin's MKL set-up off)
+    from paddle_unpad import cpu_gemm
+
+    vendor, _, flags = cpu_gemm.cpu_identity()
+    value, _ = cpu_gemm.choose(vendor, flags)
+    detect = {n: w["mkl"]["mkl_serv_cpu_detect"] for n, w in res["workers"].items() if isinstance(w.get("mkl"), dict)}
+    if value is not None:
+        assert detect["default"] == 0 and detect["paddle_unpad"] == int(value), detect
+    else:
+        assert detect["default"] == detect["paddle_unpad"], detect
+    steps = res["encoder_step"]
+    assert set(steps) >= {"default", "paddle_unpad"}
+    for st in steps.values():  # the same weights and batch everywhere: the same eval loss
+        assert st["loss_rel_diff_vs_default"] < 1e-5
+    assert res["machine"]["cpu_model"]

@@ -691,7 +691,9 @@ class _ExchangeIterator:
                 for r in range(R):  # same check, same message, on every rank
                     check_lengths(lens[r], gids[r], r, o.max_seqlen)
                 self._at(step, "planning")
-                dest, _ = plan_dest([x.tolist() for x in lens], o.cost, o.counts, o.tol)
+                # equal counts (the usual case): the planner's numpy path, no Python lists
+                dest, _ = plan_dest(G[:, :, 0] if np.all(counts == maxn) else [x.tolist() for x in lens],
+                                    o.cost, o.counts, o.tol)
                 starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
                 phash = _plan_hash(dest)
                 if o.check_plan:

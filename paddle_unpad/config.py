@@ -1,0 +1,147 @@
+"""Every environment variable the plugin reads: declared once here, parsed by one rule.
+
+Each variable has a name, a type, a default and a one-line meaning; :data:`VARIABLES`
+is the table (docs/api.md lists it). Rules:
+
+* flags accept ``1/true/yes/on`` and ``0/false/no/off`` (any case); an empty value is the
+  default; anything else is an error naming the variable and the value;
+* ints and choices are checked the same way; a value is read when it is needed, so a
+  variable set before the process (or before the first use) takes effect;
+* an explicit argument always wins: functions that take the same setting as an
+  argument use the variable only when the argument is ``None``.
+
+This module imports only the standard library: the build (``setup.py``) reads it
+before the package exists.
+"""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Optional, Tuple
+
+PREFIX = "PADDLE_UNPAD_"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class Variable(NamedTuple):
+    name: str  # without the PADDLE_UNPAD_ prefix
+    kind: str  # "flag", "int", "str", "path" or "choice"
+    default: object
+    meaning: str
+    choices: Tuple[str, ...] = ()
+    when: str = "run"  # "build": read by setup.py / the JIT build; "run": at run time
+
+    @property
+    def env(self):
+        return PREFIX + self.name
+
+
+VARIABLES = tuple(Variable(*v) for v in (
+    # run time: which operator library, and where
+    ("DISABLE_NATIVE", "flag", False, "run every op's plain-Paddle reference instead of the compiled operators"),
+    ("FORCE_JIT", "flag", False, "ignore an installed operator library and JIT-build one from the source checkout"),
+    ("JIT", "flag", True, "allow the JIT build from a source checkout when no installed library is found"),
+    ("CACHE", "path", "", "folder of JIT-built libraries (default ~/.cache/paddle_unpad)"),
+    # run time: kernels
+    ("NUM_THREADS", "int", 0, "threads of the CPU kernels (0: OMP_NUM_THREADS, else all cores)"),
+    ("CPU_ISA", "choice", "auto", "CPU kernel path: auto (widest the CPU has) or a narrower avx2/sse2",
+     ("auto", "avx512", "avx2", "sse2")),
+    ("FMHA_GROUPING", "flag", True, "default of fmha(grouping=None) on GPU: the grouped multi-stream launch"),
+    ("FMHA_STREAMS", "int", 4, "size of the CUDA stream pool of the grouped FMHA launch (1-8)"),
+    ("MKL_DISPATCH", "choice", "auto",
+     "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels "
+     "(MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
+    # build time
+    ("SKIP_CUDA", "flag", False, "never compile the CUDA sources", (), "build"),
+    ("REQUIRE_CUDA", "flag", False, "fail the build unless the CUDA kernels are compiled (make setup PADDLE=gpu)",
+     (), "build"),
+    ("CUDA_ARCHS", "str", "80;90", "SM versions the CUDA kernels are compiled for (80 or newer)", (), "build"),
+    ("NATIVE_ARCH", "flag", False, "add -march=native to the CPU build (the default dispatches by ISA at run time)",
+     (), "build"),
+    ("BUILD_JOBS", "int", 0, "parallel compile jobs (0: one per CPU)", (), "build"),
+))
+_BY_NAME = {v.name: v for v in VARIABLES}
+
+
+class ConfigError(ValueError):
+    """A ``PADDLE_UNPAD_*`` variable holds a value its type does not allow."""
+
+
+def variable(name):
+    try:
+        return _BY_NAME[name[len(PREFIX):] if name.startswith(PREFIX) else name]
+    except KeyError:
+        raise KeyError(f"no configuration variable {name!r} (known: {', '.join(sorted(_BY_NAME))})") from None
+
+
+def raw(name) -> Optional[str]:
+    """The variable's text as set in the environment (stripped), or None when unset or empty."""
+    value = os.environ.get(variable(name).env, "").strip()
+    return value or None
+
+
+def is_set(name) -> bool:
+    return raw(name) is not None
+
+
+def get(name, environ=None):
+    """The parsed value of a variable (its default when unset or empty)."""
+    var = variable(name)
+    text = (os.environ if environ is None else environ).get(var.env, "").strip()
+    if not text:
+        return var.default
+    return parse(var, text)
+
+
+def parse(var: Variable, text: str):
+    if var.kind == "flag":
+        low = text.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ConfigError(f"{var.env}={text!r}: expected one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
+    if var.kind == "int":
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{var.env}={text!r}: expected a whole number") from None
+        if value < 0:
+            raise ConfigError(f"{var.env}={text!r}: expected a number >= 0")
+        return value
+    if var.kind == "choice":
+        low = text.lower()
+        if low not in var.choices:
+            raise ConfigError(f"{var.env}={text!r}: expected one of {', '.join(var.choices)}")
+        return low
+    return text
+
+
+def resolve(argument, name):
+    """``argument`` when given (not None), else the variable's value: the explicit argument wins."""
+    return get(name) if argument is None else argument
+
+
+def snapshot(environ=None):
+    """Every variable's parsed value (for logs and benchmark records); a bad value is reported, not raised."""
+    out = {}
+    for var in VARIABLES:
+        try:
+            out[var.env] = get(var.name, environ)
+        except ConfigError as e:
+            out[var.env] = f"invalid: {e}"
+    return out
+
+
+def markdown_table():
+    """The table of docs/api.md (a test keeps the two equal)."""
+    rows = ["| variable | type | default | read | meaning |", "|---|---|---|---|---|"]
+    for v in VARIABLES:
+        kind = v.kind if v.kind != "choice" else " / ".join(v.choices)
+        if v.kind == "flag":
+            default = "on" if v.default else "off"
+        else:
+            default = f"`{v.default}`" if v.default != "" else "-"
+        rows.append(f"| `{v.env}` | {kind} | {default} | {'build' if v.when == 'build' else 'run time'} | "
+                    f"{v.meaning} |")
+    return "\n".join(rows)

@@ -1,0 +1,85 @@
+"""paddle_unpad.fleet.GradientAllReduce: the same gradients as one dense all-reduce, fewer bytes,
+a named error in time when a peer stops.
+
+The 2-rank runs (tests/dist/grad_sync_worker.py, each bounded by a timeout) compare every
+gradient bit for bit with the plain flat all-reduce over several steps: a converted BERT
+(overlapped or not, tables by rows or whole, tiny buckets), a masked-LM model whose decoder
+is tied to the word embeddings (that table must be reduced whole), and a model with a
+layer only one rank uses (the other rank has no gradient for it).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+import paddle_unpad as pu
+from launch_util import run_bounded
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "dist", "grad_sync_worker.py")
+ABORT_MARKS = ("terminate called", "SIGABRT", "Aborted", "Segmentation fault")
+
+
+def _launch(tmp_path, *args, env=None, timeout=240):
+    log_dir = tmp_path / "log"
+    full = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    full.update(env or {})
+    rc, out = run_bounded([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
+                           "--log_dir", str(log_dir), WORKER, *args], timeout, env=full, cwd=ROOT)
+    logs = {r: (log_dir / f"workerlog.{r}").read_text(errors="replace") for r in (0, 1)
+            if (log_dir / f"workerlog.{r}").exists()}
+    records = [json.loads(ln) for text in logs.values() for ln in text.splitlines() if ln.startswith("{")]
+    return rc, out, logs, records
+
+
+def test_same_gradients_as_the_dense_all_reduce(tmp_path):
+    rc, out, logs, records = _launch(tmp_path)
+    assert rc == 0, out[-3000:] + "".join(t[-3000:] for t in logs.values())
+    assert not any(m in t for t in logs.values() for m in ABORT_MARKS)
+    done = {(r["rank"], r["kind"], json.dumps(r["kw"], sort_keys=True)): r for r in records if r.get("equal")}
+    assert len(done) == 2 * 9, sorted(done)
+    by = {(k, kw): r for (rank, k, kw), r in done.items() if rank == 0}
+
+    def stats(kind, **kw):
+        return by[(kind, json.dumps(kw, sort_keys=True))]["stats"]
+
+    for s in (stats("cls", bucket_mb=0.01), stats("cls", bucket_mb=0.01, overlap=False)):
+        # word (1 MiB) and position (32 KiB) tables by rows; token types (512 bytes) are packed
+        assert s["tables_by_rows"] == 2 and s["last_bytes"] < s["dense_bytes"] / 2
+    assert stats("pretraining", bucket_mb=0.01)["tables_by_rows"] == 1  # the tied word table goes whole
+    assert stats("cls", row_sparse_embeddings=False)["tables_by_rows"] == 0
+    assert stats("branchy", bucket_mb=0.1)["tables_by_rows"] == 1
+    for r in records:
+        assert r["stats"]["steps"] == 3
+
+
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_a_stopped_peer_gives_a_named_error_within_the_timeout(tmp_path, overlap):
+    rc, out, logs, records = _launch(tmp_path, "stall", env={"GS_TIMEOUT": "5", "GS_OVERLAP": overlap},
+                                     timeout=120)
+    assert rc == 3, out[-3000:]
+    (err,) = [r for r in records if "error" in r]
+    assert err["rank"] == 0 and "did not finish within 5 s" in err["error"]
+    assert 4.9 < err["after_s"] < 30
+
+
+def test_single_process_is_a_no_op_and_arguments_are_checked():
+    lin = paddle.nn.Linear(4, 3)
+    sync = pu.fleet.GradientAllReduce(lin)
+    lin(paddle.ones([2, 4])).sum().backward()
+    before = lin.weight.grad.numpy().copy()
+    assert sync.wait() == 0.0
+    np.testing.assert_array_equal(lin.weight.grad.numpy(), before)
+    for kw, word in ((dict(bucket_mb=0), "bucket_mb"), (dict(timeout=float("nan")), "timeout"),
+                     (dict(dense_fraction=1.5), "dense_fraction"), (dict(bucket_mb=True), "bucket_mb")):
+        with pytest.raises(ValueError, match=word):
+            pu.fleet.GradientAllReduce(lin, **kw)
+    frozen = paddle.nn.Linear(2, 2)
+    for p in frozen.parameters():
+        p.stop_gradient = True
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        pu.fleet.GradientAllReduce(frozen)
