@@ -26,7 +26,8 @@ SYSTEM_SITE := $(if $(findstring --system-site-packages,$(VENV_FLAGS)),true,fals
 ifeq ($(PADDLE),gpu)
 PADDLE_PIN := paddlepaddle-gpu==2.6.2
 PADDLE_OTHER := paddlepaddle
-BUILD_ENV := PADDLE_UNPAD_REQUIRE_CUDA=1
+# the build setting that fails set-up rather than end CPU-only (named by paddle_unpad/config.py)
+BUILD_ENV := $(shell $(PYTHON) paddle_unpad/config.py REQUIRE_CUDA=1)
 else ifeq ($(PADDLE),cpu)
 PADDLE_PIN := paddlepaddle==3.3.1
 PADDLE_OTHER := paddlepaddle-gpu

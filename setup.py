@@ -12,12 +12,8 @@ Two native artefacts are built:
 
 Needs paddle at build time, hence ``pip install --no-build-isolation``.
 
-Environment:
-  PADDLE_UNPAD_SKIP_CUDA=1     never compile the CUDA sources
-  PADDLE_UNPAD_CUDA_ARCHS      e.g. "80;90" (default) -- SM versions to compile for
-  PADDLE_UNPAD_NATIVE_ARCH=1   add -march=native (CPU kernels tuned to this machine;
-                               the default build dispatches AVX-512/AVX2/SSE at run time)
-  PADDLE_UNPAD_BUILD_JOBS      parallel compile jobs (default: CPU count)
+Build settings (environment variables, declared in paddle_unpad/config.py and listed in
+docs/api.md): SKIP_CUDA, REQUIRE_CUDA, CUDA_ARCHS, NATIVE_ARCH, BUILD_JOBS.
 """
 import os
 import sys

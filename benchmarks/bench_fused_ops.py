@@ -17,7 +17,7 @@ and residual, write y; backward read x, residual and dy, write dx and dresidual;
 [F] vectors are negligible).
 
 Threads are set once, before Paddle is imported, and are the same for both sides
-(``--threads``, default 2: OMP_NUM_THREADS and PADDLE_UNPAD_NUM_THREADS). Writes
+(``--threads``, default 2: Paddle's pools and the plugin's kernels, ``bench_util.set_threads``). Writes
 ``benchmarks/results/fused_ops.json``.
 
 Usage::
@@ -61,8 +61,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    os.environ["PADDLE_UNPAD_NUM_THREADS"] = str(args.threads)
+    bench_util.set_threads(args.threads)  # before Paddle loads: its pools and the plugin's kernels
     sys.path.insert(0, ROOT)
     import numpy as np
     import paddle

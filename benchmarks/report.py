@@ -13,6 +13,8 @@ import os
 import platform
 import sys
 
+import bench_util
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 OUT = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
@@ -296,7 +298,7 @@ def gemm():
              "`cnr_def` kernels; `FLAGS_use_onednn` does not move dygraph matmul to oneDNN. "
              "`import paddle_unpad` therefore sets `MKL_DEBUG_CPU_TYPE` on non-Intel x86 CPUs when it is unset "
              "(`paddle_unpad.cpu_gemm`; the `paddle_unpad` configuration below; opt out with "
-             "`PADDLE_UNPAD_MKL_DISPATCH=off`); every other configuration opts out, so `default` is Paddle as "
+             f"`{bench_util.config.variable('MKL_DISPATCH').env}=off`); every other configuration opts out, so `default` is Paddle as "
              "installed.", ""]
     for name in files:
         d, when = _load(name)

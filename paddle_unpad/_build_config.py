@@ -16,8 +16,10 @@ from typing import NamedTuple, Optional, Tuple
 
 try:
     from . import _paddle_compat as compat
+    from . import config
 except ImportError:  # setup.py loads this file as a top-level module, before the package exists
     import _paddle_compat as compat
+    import config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -26,12 +28,8 @@ CUSTOM_OPS = os.path.join(ROOT, "custom_ops")
 # Framework-free kernels plus the Paddle glue. The CPU kernels are compiled for
 # several ISAs inside their own files (``#pragma GCC target``) and picked at run time,
 # so the default build runs on any x86-64 and still uses AVX-512 where it exists.
-CPU_GLOBS = ["kernels/cpu/*.cc", "paddle/*.cc"]
+CPU_GLOBS = ["kernels/common/*.cc", "kernels/cpu/*.cc", "paddle/*.cc"]
 CUDA_GLOBS = ["kernels/cuda/*.cu", "paddle/*.cu"]
-
-
-def _env_flag(name):
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def library_tag():
@@ -149,22 +147,23 @@ def find_nvcc():
 def cuda_plan():
     """(build the CUDA kernels?, one line saying why not or None).
 
-    Raises when ``PADDLE_UNPAD_REQUIRE_CUDA=1`` and they cannot be built, so that a GPU
+    Raises when the ``REQUIRE_CUDA`` setting is on and they cannot be built, so that a GPU
     set-up never passes as a CPU-only build.
     """
     import paddle
 
     reason = None
-    if _env_flag("PADDLE_UNPAD_SKIP_CUDA"):
-        reason = "PADDLE_UNPAD_SKIP_CUDA is set"
+    if config.get("SKIP_CUDA"):
+        reason = f"{config.variable('SKIP_CUDA').env} is set"
     elif not paddle.is_compiled_with_cuda():
         reason = f"Paddle {paddle.__version__} is a CPU build"
     elif find_cuda() is None:
         reason = (f"Paddle {paddle.__version__} has CUDA, but no CUDA toolkit was found ($CUDA_HOME, "
                   "$CUDA_PATH, paddle.utils.cpp_extension, nvcc on PATH); set CUDA_HOME to build the "
                   "CUDA kernels")
-    if reason and _env_flag("PADDLE_UNPAD_REQUIRE_CUDA"):
-        raise RuntimeError(f"PADDLE_UNPAD_REQUIRE_CUDA is set but the CUDA kernels cannot be built: {reason}")
+    if reason and config.get("REQUIRE_CUDA"):
+        raise RuntimeError(f"{config.variable('REQUIRE_CUDA').env} is set but the CUDA kernels cannot be built: "
+                           f"{reason}")
     return reason is None, reason
 
 
@@ -174,13 +173,12 @@ def cuda_wanted():
 
 
 def cuda_archs():
-    raw = os.environ.get("PADDLE_UNPAD_CUDA_ARCHS", "80;90")
+    raw = config.get("CUDA_ARCHS")
     archs = [a.strip() for a in raw.replace(",", ";").replace(" ", ";").split(";") if a.strip()]
     for a in archs:
         if not a.isdigit() or int(a) < 80:
-            raise ValueError(
-                f"PADDLE_UNPAD_CUDA_ARCHS: {a!r} is not a supported SM version (need 80 or newer, e.g. '80;90')"
-            )
+            raise ValueError(f"{config.variable('CUDA_ARCHS').env}: {a!r} is not a supported SM version (need 80 or "
+                             "newer, e.g. '80;90')")
     return archs
 
 
@@ -211,7 +209,7 @@ def cxx_flags(with_cuda):
         # Paddle's headers include cuda_runtime.h and thrust once PADDLE_WITH_CUDA is set
         flags.append("-DPADDLE_WITH_CUDA")
         flags += ["-isystem" + d for d in find_cuda().include_dirs]
-    if _env_flag("PADDLE_UNPAD_NATIVE_ARCH"):
+    if config.get("NATIVE_ARCH"):
         flags.append("-march=native")
     flags += ["-isystem" + i for i in incs]
     return flags
@@ -316,7 +314,7 @@ def build_ops_library(out_path, tmp_dir, verbose=False, with_cuda=None):
     # Our own compile loop instead of paddle.utils.cpp_extension.setup: that one compiles
     # the units one after another and takes a single Extension; here g++ and nvcc units
     # run side by side (measured in docs/gpu.md), and objects are reused when unchanged.
-    jobs = int(os.environ.get("PADDLE_UNPAD_BUILD_JOBS", "0")) or (os.cpu_count() or 1)
+    jobs = config.get("BUILD_JOBS") or (os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         objs = list(pool.map(compile_one, srcs))
     tmp_out = out_path + ".tmp"

@@ -3,14 +3,14 @@
 Order of search:
   1. ``paddle_unpad/_ops_lib_<tag>*.so`` -- built by ``pip install`` (editable or not) against
      the running Paddle (``_build_config.library_tag``: libraries of other Paddle builds are skipped);
-  2. a JIT build from the source checkout's ``custom_ops/`` into a cache folder
-     (``PADDLE_UNPAD_CACHE``, default ``~/.cache/paddle_unpad``), keyed by a hash of
-     sources and flags, so it is rebuilt only when they change (``PADDLE_UNPAD_JIT=0``
-     turns this off).
+  2. a JIT build from the source checkout's ``custom_ops/`` into a cache folder (the
+     ``CACHE`` setting, default ``~/.cache/paddle_unpad``), keyed by a hash of sources and
+     flags, so it is rebuilt only when they change (the ``JIT`` setting turns this off).
 When neither works, every op runs its plain-Paddle reference and one warning says why.
-
-``PADDLE_UNPAD_DISABLE_NATIVE=1`` forces the reference path (for comparisons);
-``PADDLE_UNPAD_FORCE_JIT=1`` ignores an installed library and takes step 2.
+The ``DISABLE_NATIVE`` setting forces the reference path (for comparisons), ``FORCE_JIT``
+ignores an installed library and takes step 2 (settings: :mod:`paddle_unpad.config`).
+Once registered, the library gets the kernels' run-time settings (threads, CPU ISA cap,
+CUDA streams) through ``paddle_unpad_configure`` before any kernel runs.
 
 ``import paddle_unpad`` registers the operators (:func:`load_at_import`): a program saved
 by ``paddle.jit.save`` that contains them is then loadable by ``paddle.jit.load`` or a
@@ -19,11 +19,12 @@ resolves every op of a loaded program when it first runs it, and an unregistered
 op fails there with an unhelpful ``kernel output args (0) defs`` error).
 """
 import ctypes
-import glob
 import os
 import sys
 import threading
 import warnings
+
+from . import config
 
 _lock = threading.RLock()
 _state = {"tried": False, "path": None, "ops": (), "error": None, "flags": 0, "isa": None}
@@ -41,9 +42,7 @@ def _jit_library():
     if not os.path.isdir(cfg.CUSTOM_OPS) or not cfg.ops_sources(False):
         return None
     with_cuda = cfg.cuda_wanted()
-    cache = os.environ.get("PADDLE_UNPAD_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "paddle_unpad"
-    )
+    cache = config.get("CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "paddle_unpad")
     folder = os.path.join(cache, cfg.build_fingerprint(with_cuda))
     out = os.path.join(folder, "paddle_unpad_ops.so")
     if os.path.exists(out):
@@ -79,12 +78,12 @@ def load():
 
 
 def _load_locked():
-    if os.environ.get("PADDLE_UNPAD_DISABLE_NATIVE", "") == "1":
-        _state["error"] = "PADDLE_UNPAD_DISABLE_NATIVE=1"
-        return False
     try:
-        path = None if os.environ.get("PADDLE_UNPAD_FORCE_JIT", "") == "1" else _installed_library()
-        if path is None and os.environ.get("PADDLE_UNPAD_JIT", "1") != "0":
+        if config.get("DISABLE_NATIVE"):
+            _state["error"] = f"{config.variable('DISABLE_NATIVE').env} is set"
+            return False
+        path = None if config.get("FORCE_JIT") else _installed_library()
+        if path is None and config.get("JIT"):
             path = _jit_library()
         if path is None:
             raise FileNotFoundError(
@@ -94,6 +93,9 @@ def _load_locked():
 
         ops = load_op_meta_info_and_register_op(path)
         lib = ctypes.CDLL(path)
+        lib.paddle_unpad_configure.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.paddle_unpad_configure(config.get("NUM_THREADS"), config.get("CPU_ISA").encode(),
+                                   config.get("FMHA_STREAMS"))
         lib.paddle_unpad_cpu_isa.restype = ctypes.c_char_p
         _state.update(
             path=path,

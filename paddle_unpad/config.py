@@ -47,7 +47,7 @@ VARIABLES = tuple(Variable(*v) for v in (
     ("CPU_ISA", "choice", "auto", "CPU kernel path: auto (widest the CPU has) or a narrower avx2/sse2",
      ("auto", "avx512", "avx2", "sse2")),
     ("FMHA_GROUPING", "flag", True, "default of fmha(grouping=None) on GPU: the grouped multi-stream launch"),
-    ("FMHA_STREAMS", "int", 4, "size of the CUDA stream pool of the grouped FMHA launch (1-8)"),
+    ("FMHA_STREAMS", "int", 4, "size of the CUDA stream pool of the grouped FMHA launch (1-16)"),
     ("MKL_DISPATCH", "choice", "auto",
      "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels "
      "(MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
@@ -145,3 +145,15 @@ def markdown_table():
         rows.append(f"| `{v.env}` | {kind} | {default} | {'build' if v.when == 'build' else 'run time'} | "
                     f"{v.meaning} |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python paddle_unpad/config.py NAME=VALUE ...: checked NAME=VALUE pairs for a shell
+    import sys
+
+    pairs = []
+    for arg in sys.argv[1:]:
+        name, _, value = arg.partition("=")
+        var = variable(name)
+        parse(var, value)
+        pairs.append(f"{var.env}={value}")
+    print(" ".join(pairs))

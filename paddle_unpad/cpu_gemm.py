@@ -11,7 +11,8 @@ So at import (:func:`configure`, called by ``paddle_unpad/__init__.py``), on a n
 x86-64 CPU with AVX2 + FMA and ``MKL_DEBUG_CPU_TYPE`` unset, the plugin sets it to the
 widest kernel family the CPU runs (7 with AVX-512 F/CD/BW/DQ/VL, else 5). Nothing is
 changed on Intel CPUs (MKL already picks its best kernels there), when the user set
-``MKL_DEBUG_CPU_TYPE`` themselves, or with ``PADDLE_UNPAD_MKL_DISPATCH=off``.
+``MKL_DEBUG_CPU_TYPE`` themselves, or with the ``MKL_DISPATCH`` setting off
+(:mod:`paddle_unpad.config`).
 The kernels compute the same products (results agree to fp32 rounding; checked in
 ``tests/test_cpu_gemm.py``). :func:`info` reports what MKL actually uses.
 
@@ -70,7 +71,7 @@ def mkl_library():
 
 def configure():
     """Set ``MKL_DEBUG_CPU_TYPE`` for this CPU when it helps and nobody else chose (see the module docstring).
-    Never raises: a bad ``PADDLE_UNPAD_MKL_DISPATCH`` is reported by :func:`info` and changes nothing."""
+    Never raises: a bad ``MKL_DISPATCH`` value is reported by :func:`info` and changes nothing."""
     try:
         mode = config.get("MKL_DISPATCH")
     except config.ConfigError as e:

@@ -10,7 +10,7 @@ import numbers
 import numpy as np
 import paddle
 
-from . import _native
+from . import _native, config
 from . import _paddle_compat as _compat
 from .philox import attention_keep_mask, rowwise_keep_mask
 
@@ -163,14 +163,17 @@ def _call_native(name, *args):
         raise
 
 
-def _check_grouping(grouping):
+def _grouping(grouping):
+    """The explicit argument, else the FMHA_GROUPING setting (an argument always wins)."""
+    grouping = config.resolve(grouping, "FMHA_GROUPING")
     if not isinstance(grouping, (bool, np.bool_)):
-        raise TypeError(f"fmha: grouping must be a bool, got {type(grouping).__name__} {grouping!r}")
+        raise TypeError(f"fmha: grouping must be a bool or None, got {type(grouping).__name__} {grouping!r}")
+    return bool(grouping)
 
 
 @_host_only
 def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
-         grouping=True):
+         grouping=None):
     """Fused multi-head attention over packed variable-length sequences.
 
     Each of the B sequences attends only to itself (no masking inside a sequence); no
@@ -193,23 +196,23 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
             tile configuration that suits it, on a small pool of CUDA streams joined back
             into the caller's stream (fewer padded tiles for ragged batches). False: one
             launch over the whole batch on the caller's stream. Both compute the same bits
-            per row by design; only the speed differs. The environment variable
-            ``PADDLE_UNPAD_FMHA_GROUPING=0|1``, when set, overrides this argument (to
-            switch a whole model for a comparison without editing it).
+            per row by design; only the speed differs. None (default): the
+            ``FMHA_GROUPING`` setting (:mod:`paddle_unpad.config`; on unless set off), so
+            a whole model can be switched for a comparison without editing it.
     Returns:
         out: [T, H, D], same dtype as q. Differentiable w.r.t. q, k and v.
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)
-    _check_grouping(grouping)
+    grouping = _grouping(grouping)
     d = q.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
     rng = _rng_state_tensor(rng_state, q) if p > 0.0 else None
     if _native_ok("pu_fmha", q):
         out, _lse = _call_native(
-            "pu_fmha", q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p, bool(grouping)
+            "pu_fmha", q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p, grouping
         )
         return out
     if not paddle.in_dynamic_mode():
@@ -221,7 +224,7 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
 
 
 def fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
-                   grouping=True):
+                   grouping=None):
     """Plain-Paddle ``fmha``: a loop over sequences of matmul-softmax-matmul.
 
     Same arguments, result and dropout mask as :func:`fmha` (the mask comes from the
@@ -229,7 +232,7 @@ def fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, tra
     Eager mode only.
     """
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)
-    _check_grouping(grouping)
+    _grouping(grouping)
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
     rng = _rng_state_tensor(rng_state, q) if p > 0.0 else None

@@ -1,6 +1,9 @@
 // What this build of the operator library contains, readable with ctypes before (or
 // without) registering the operators with Paddle.
+#include "kernels/common/runtime_settings.h"
 #include "kernels/cpu/fmha_cpu.h"
+
+#include <string>
 
 extern "C" {
 
@@ -11,6 +14,16 @@ int paddle_unpad_build_flags() {
 #else
   return 1;
 #endif
+}
+
+// The run-time settings (paddle_unpad/config.py): called by the package right after it
+// registers the library, before any kernel runs. cpu_isa: "auto", "avx512", "avx2", "sse2".
+void paddle_unpad_configure(int num_threads, const char* cpu_isa, int fmha_streams) {
+  paddle_unpad::RuntimeSettings& s = paddle_unpad::runtime_settings();
+  s.num_threads = num_threads > 0 ? num_threads : 0;
+  const std::string isa = cpu_isa ? cpu_isa : "auto";
+  s.cpu_isa = isa == "sse2" ? 0 : isa == "avx2" ? 1 : isa == "avx512" ? 2 : -1;
+  s.fmha_streams = fmha_streams < 1 ? 1 : (fmha_streams > 16 ? 16 : fmha_streams);
 }
 
 // Instruction set the CPU kernels dispatch to on this machine.

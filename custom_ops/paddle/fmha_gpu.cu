@@ -3,13 +3,13 @@
 // done by fmha_op.cc before these functions are called.
 //
 // Launch options: grouping comes from the op's `grouping` attribute (pu.fmha(...,
-// grouping=)); the environment, read per call, overrides it: PADDLE_UNPAD_FMHA_GROUPING=0|1
-// wins over the attribute, PADDLE_UNPAD_FMHA_STREAMS sets the size of the stream pool
-// (default 4).
+// grouping=); its default is the FMHA_GROUPING setting), the size of the stream pool from
+// RuntimeSettings::fmha_streams (the FMHA_STREAMS setting, default 4).
 #include "fmha_gpu.h"
 
 #include <string>
 
+#include "kernels/common/runtime_settings.h"
 #include "kernels/cuda/fmha_cuda.cuh"
 #include "paddle_compat.h"  // same folder
 
@@ -18,6 +18,13 @@ namespace {
 
 using paddle::DataType;
 using paddle::Tensor;
+
+cuda::FmhaLaunchOptions launch_options(bool grouping) {
+  cuda::FmhaLaunchOptions o;
+  o.grouping = grouping;
+  o.num_streams = runtime_settings().fmha_streams;
+  return o;
+}
 
 using compat::dense;
 
@@ -61,7 +68,7 @@ void FmhaForwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const 
   check_aligned({qc.data(), kc.data(), vc.data(), out->data(), lse->data()},
                 {"q", "k", "v", "out", "lse"});
   const cudaError_t e =
-      cuda::fmha_cuda_fwd(c, cuda::FmhaLaunchOptions::from_env(grouping), qc.data(), kc.data(),
+      cuda::fmha_cuda_fwd(c, launch_options(grouping), qc.data(), kc.data(),
                           vc.data(), out->data(), lse->data<float>(), q.stream());
   PD_CHECK(e == cudaSuccess, "fmha: CUDA forward launch failed: ", cudaGetErrorName(e), ": ",
            cudaGetErrorString(e));
@@ -83,7 +90,7 @@ void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const
                  dk->data(), dv->data(), ws.data()},
                 {"q", "k", "v", "out", "lse", "grad of out", "dq", "dk", "dv", "workspace"});
   const cudaError_t e = cuda::fmha_cuda_bwd(
-      c, cuda::FmhaLaunchOptions::from_env(grouping), qc.data(), kc.data(), vc.data(), oc.data(),
+      c, launch_options(grouping), qc.data(), kc.data(), vc.data(), oc.data(),
       lc.data<float>(), g.data(), dq->data(), dk->data(), dv->data(), ws.data(), q.stream());
   PD_CHECK(e == cudaSuccess, "fmha: CUDA backward launch failed: ", cudaGetErrorName(e), ": ",
            cudaGetErrorString(e));

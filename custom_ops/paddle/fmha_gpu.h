@@ -9,8 +9,7 @@
 namespace paddle_unpad {
 
 // Fills out [T, H, D] (q's dtype) and lse [T, H] fp32, both already allocated on q's GPU.
-// grouping: the op's attribute (length-bucketed multi-stream launch, or one launch);
-// PADDLE_UNPAD_FMHA_GROUPING, when set, overrides it.
+// grouping: the op's attribute (length-bucketed multi-stream launch, or one launch).
 void FmhaForwardGpu(const FmhaProblem& p, bool grouping, const paddle::Tensor& q,
                     const paddle::Tensor& k, const paddle::Tensor& v, paddle::Tensor* out,
                     paddle::Tensor* lse);

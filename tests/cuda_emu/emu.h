@@ -22,7 +22,7 @@
 #pragma once
 // Fibers switch with _setjmp/_longjmp between stacks, which the fortified longjmp refuses.
 #undef _FORTIFY_SOURCE
-#define PADDLE_UNPAD_CUDA_EMULATION 1  // cuda_common.cuh: emulated instructions, not PTX
+#define PU_CUDA_EMULATION 1  // cuda_common.cuh: emulated instructions, not PTX
 #define __shared__ static
 #define __launch_bounds__(...)
 #include <cuda_bf16.h>

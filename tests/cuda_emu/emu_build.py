@@ -3,7 +3,7 @@ library: every custom_ops/kernels/cuda/*.cu, the C-ABI harness (custom_ops/harne
 single-instruction probes of tests/cuda_emu/isa_probes.cu, compiled by g++ with
 
   - `#include "emu.h"` in front of each source (emulated threads, barriers, shuffles; it
-    defines PADDLE_UNPAD_CUDA_EMULATION, which makes cuda_common.cuh take the emulated
+    defines PU_CUDA_EMULATION, which makes cuda_common.cuh take the emulated
     instructions of emu_isa.h instead of inline PTX);
   - kernel launches `k<<<grid, block, smem, stream>>>(args);` rewritten to
     `emu::launch(k, grid, block, smem, stream, args);`

@@ -1,5 +1,5 @@
 // The sm80 instructions of kernels/cuda/cuda_common.cuh, emulated on the CPU for the
-// emulation build (emu.h defines PADDLE_UNPAD_CUDA_EMULATION; cuda_common.cuh then
+// emulation build (emu.h defines PU_CUDA_EMULATION; cuda_common.cuh then
 // includes this file instead of its inline PTX). Written from the PTX ISA's definitions:
 //
 //   mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32  D = A B + C

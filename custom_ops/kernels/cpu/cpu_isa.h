@@ -1,11 +1,10 @@
 // Which instruction set the CPU kernels run with, chosen once per process.
 //
 // Every CPU kernel is compiled for AVX-512, AVX2 and SSE2 (its *_<isa>.cc files);
-// PADDLE_UNPAD_CPU_ISA=avx512|avx2|sse2 forces a narrower path (tests run every
-// variant on one machine); a path the CPU cannot run is never chosen.
+// RuntimeSettings::cpu_isa (the CPU_ISA setting of paddle_unpad/config.py) caps the path
+// (tests run every variant on one machine); a path the CPU cannot run is never chosen.
 #pragma once
-#include <cstdlib>
-#include <string>
+#include "kernels/common/runtime_settings.h"
 
 namespace paddle_unpad {
 
@@ -16,10 +15,9 @@ inline CpuIsa pick_cpu_isa() {
   const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
   const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char* want = std::getenv("PADDLE_UNPAD_CPU_ISA");
-  const std::string w = want ? want : "";
-  if (has512 && (w.empty() || w == "avx512")) return CpuIsa::kAvx512;
-  if (has2 && (w.empty() || w == "avx512" || w == "avx2")) return CpuIsa::kAvx2;
+  const int cap = runtime_settings().cpu_isa;  // -1: no cap
+  if (has512 && (cap < 0 || cap >= 2)) return CpuIsa::kAvx512;
+  if (has2 && (cap < 0 || cap >= 1)) return CpuIsa::kAvx2;
   return CpuIsa::kSse2;
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include "kernels/common/runtime_settings.h"
+
 #include <pthread.h>
 
 #include <algorithm>
@@ -14,13 +16,12 @@
 namespace paddle_unpad {
 namespace {
 
-int read_thread_env() {
-  for (const char* name : {"PADDLE_UNPAD_NUM_THREADS", "OMP_NUM_THREADS"}) {
-    const char* v = std::getenv(name);
-    if (v && *v) {
-      int n = std::atoi(v);
-      if (n > 0) return std::min(n, 1024);
-    }
+int read_thread_count() {
+  if (runtime_settings().num_threads > 0) return std::min(runtime_settings().num_threads, 1024);
+  const char* v = std::getenv("OMP_NUM_THREADS");  // what Paddle's own CPU kernels use
+  if (v && *v) {
+    const int n = std::atoi(v);
+    if (n > 0) return std::min(n, 1024);
   }
   unsigned hc = std::thread::hardware_concurrency();
   return hc > 0 ? static_cast<int>(hc) : 1;
@@ -125,7 +126,7 @@ Pool& pool() {
       return true;
     }();
     (void)registered;
-    g_pool = new Pool(read_thread_env());  // lives for the process; never joined at exit
+    g_pool = new Pool(read_thread_count());  // lives for the process; never joined at exit
   }
   return *g_pool;
 }

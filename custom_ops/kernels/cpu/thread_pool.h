@@ -11,8 +11,8 @@
 
 namespace paddle_unpad {
 
-// Number of threads the kernels use: PADDLE_UNPAD_NUM_THREADS, else OMP_NUM_THREADS,
-// else the hardware concurrency. Read once, at first use.
+// Number of threads the kernels use: RuntimeSettings::num_threads (the NUM_THREADS
+// setting), else OMP_NUM_THREADS, else the hardware concurrency. Read once, at first use.
 int cpu_num_threads();
 
 // Runs fn(item, thread_index) for item in [0, n). thread_index < cpu_num_threads()

@@ -56,10 +56,10 @@ struct ElemTraits<__nv_bfloat16> {
 }  // namespace paddle_unpad
 
 // ---------------------------------------------------------------- sm80 instructions
-// The CPU emulation build (tests/cuda_emu, which defines PADDLE_UNPAD_CUDA_EMULATION)
+// The CPU emulation build (tests/cuda_emu, which defines PU_CUDA_EMULATION)
 // replaces the inline PTX below with emulated instructions of the same signatures,
 // written from the same fragment layouts, so the kernels' logic can run in CI.
-#if defined(PADDLE_UNPAD_CUDA_EMULATION)
+#if defined(PU_CUDA_EMULATION)
 #include "emu_isa.h"
 #else
 namespace paddle_unpad {

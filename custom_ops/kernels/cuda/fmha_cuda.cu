@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -208,26 +207,7 @@ cudaError_t run_groups(const std::vector<Group>& groups, const FmhaParams& base,
   return first;
 }
 
-bool env_int(const char* name, int* out) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return false;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (end == v) return false;
-  *out = static_cast<int>(x);
-  return true;
-}
-
 }  // namespace
-
-FmhaLaunchOptions FmhaLaunchOptions::from_env(bool grouping) {
-  FmhaLaunchOptions o;
-  o.grouping = grouping;
-  int v;
-  if (env_int("PADDLE_UNPAD_FMHA_GROUPING", &v)) o.grouping = v != 0;
-  if (env_int("PADDLE_UNPAD_FMHA_STREAMS", &v)) o.num_streams = std::max(1, std::min(v, kMaxStreams));
-  return o;
-}
 
 std::string fmha_cuda_unsupported(const FmhaCudaProblem& p) {
   std::ostringstream why;

@@ -43,12 +43,6 @@ struct FmhaLaunchOptions {
   // false: one launch (per 440 sequences) over the whole batch on the caller's stream.
   bool grouping = true;
   int num_streams = 4;  // size of the stream pool used by grouping (1 = caller's stream only)
-
-  // The caller's choice of grouping (the op's `grouping` attribute), unless the
-  // environment overrides it: PADDLE_UNPAD_FMHA_GROUPING=0|1 wins over the argument
-  // (so a whole model can be switched for a comparison); PADDLE_UNPAD_FMHA_STREAMS=N
-  // sets num_streams.
-  static FmhaLaunchOptions from_env(bool grouping = true);
 };
 
 // Head sizes with compiled kernels.
