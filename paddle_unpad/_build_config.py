@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Tuple
 
 try:
     from . import _paddle_compat as compat

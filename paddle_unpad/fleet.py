@@ -23,55 +23,47 @@ only packs each rank's own batches (no exchange).
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any, Dict
 
 from paddle.distributed import fleet as _fleet
 
 from . import _paddle_compat as _compat
+from .balance import options as _options
 from .balance.exchange import BalancedLoader, ExchangeError, ExchangeTimeout  # noqa: F401
-from .data.collate import check_max_seqlen
 from .grad_sync import GradientAllReduce, GradientSyncError  # noqa: F401
 
 __all__ = ["DistributedStrategy", "distributed_loader", "DEFAULT_UNPAD_CONFIGS", "current_strategy",
            "ExchangeError", "ExchangeTimeout", "GradientAllReduce", "GradientSyncError"]
 
-#: keys of ``unpad_configs`` and their defaults (see :class:`BalancedLoader` for each)
-DEFAULT_UNPAD_CONFIGS: Dict[str, Any] = {
-    "cost": "quadratic",   # "tokens", "quadratic" (BERT-large FLOPs), a CostModel or a callable
-    "counts": "equal",     # samples per rank: "equal", "source" or a list
-    "tol": 1e-4,           # planner stopping tolerance (max/mean - 1)
-    "prefetch": 2,         # batches prepared ahead of the training loop
-    "timeout": 300.0,      # seconds to wait for a batch before failing (stalled peer)
-    "max_seqlen": 512,     # longest legal sample (None: no limit)
-    "check_plan": False,   # all-gather each step's plan hash and compare (tests)
-    "close_timeout": 10.0,  # seconds to wait for the exchange thread on close
-}
+#: keys of ``unpad_configs`` and their defaults (the table: :data:`paddle_unpad.balance.options.OPTIONS`)
+DEFAULT_UNPAD_CONFIGS: Dict[str, Any] = dict(_options.DEFAULTS)
 
 
 class DistributedStrategy(_fleet.DistributedStrategy):
-    """``fleet.DistributedStrategy`` with two more fields: ``unpad`` (bool, default
-    False) and ``unpad_configs`` (dict, see :data:`DEFAULT_UNPAD_CONFIGS`)."""
+    """``fleet.DistributedStrategy`` with two more fields: ``unpad`` (bool) and
+    ``unpad_configs`` (dict, see :data:`DEFAULT_UNPAD_CONFIGS`). ``unpad`` is the
+    fleet-style spelling of ``unpad_configs["balance"]`` (one value, two spellings, like
+    ``strategy.amp`` beside ``amp_configs``)."""
 
-    _unpad_state = None  # per instance: {"unpad": bool, "configs": dict}
+    _unpad_state = None  # per instance: {"configs": dict}
 
     def _state(self):
         st = self.__dict__.get("_unpad_state")
         if st is None:
-            st = {"unpad": False, "configs": dict(DEFAULT_UNPAD_CONFIGS)}
+            st = {"configs": dict(DEFAULT_UNPAD_CONFIGS)}
             object.__setattr__(self, "_unpad_state", st)
         return st
 
     @property
     def unpad(self) -> bool:
-        """Balance samples across ranks in :func:`distributed_loader` (default False)."""
-        return self._state()["unpad"]
+        """Balance samples across ranks in :func:`distributed_loader` (``unpad_configs["balance"]``)."""
+        return self._state()["configs"]["balance"]
 
     @unpad.setter
     def unpad(self, flag: bool):
         if not isinstance(flag, bool):
             raise TypeError(f"unpad must be a bool, got {type(flag).__name__}")
-        self._state()["unpad"] = flag
+        self._state()["configs"]["balance"] = flag
 
     @property
     def unpad_configs(self) -> Dict[str, Any]:
@@ -80,15 +72,7 @@ class DistributedStrategy(_fleet.DistributedStrategy):
 
     @unpad_configs.setter
     def unpad_configs(self, configs: Dict[str, Any]):
-        if not isinstance(configs, dict):
-            raise TypeError("unpad_configs must be a dict")
-        unknown = sorted(set(configs) - set(DEFAULT_UNPAD_CONFIGS))
-        if unknown:
-            raise ValueError(f"unknown unpad_configs keys {unknown}; known: {sorted(DEFAULT_UNPAD_CONFIGS)}")
-        merged = dict(self._state()["configs"])
-        merged.update(configs)
-        _validate(merged)
-        self._state()["configs"] = merged
+        self._state()["configs"] = _options.resolve(configs, "unpad_configs", base=self._state()["configs"])
 
     def __deepcopy__(self, memo):
         # fleet.init deep-copies the strategy; keep the class and our fields
@@ -100,30 +84,7 @@ class DistributedStrategy(_fleet.DistributedStrategy):
         return new
 
     def __str__(self):
-        st = self._state()
-        return super().__str__() + f"\nunpad: {st['unpad']}\nunpad_configs: {st['configs']}"
-
-
-def _seconds(v, strictly_positive):
-    return (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-            and (v > 0 if strictly_positive else v >= 0))
-
-
-def _validate(c):
-    if isinstance(c["prefetch"], bool) or not isinstance(c["prefetch"], int) or c["prefetch"] < 1:
-        raise ValueError(f"unpad_configs['prefetch'] must be an int >= 1, got {c['prefetch']!r}")
-    if not _seconds(c["timeout"], True):
-        raise ValueError(f"unpad_configs['timeout'] must be a finite number of seconds > 0, got {c['timeout']!r}")
-    if not _seconds(c["close_timeout"], False):
-        raise ValueError("unpad_configs['close_timeout'] must be a finite number of seconds >= 0, "
-                         f"got {c['close_timeout']!r}")
-    check_max_seqlen(c["max_seqlen"], "unpad_configs['max_seqlen']")
-    if isinstance(c["tol"], bool) or not (isinstance(c["tol"], (int, float)) and math.isfinite(c["tol"])
-                                          and c["tol"] >= 0):
-        raise ValueError(f"unpad_configs['tol'] must be a finite number >= 0, got {c['tol']!r}")
-    cost = c["cost"]
-    if not (cost is None or callable(cost) or cost in ("tokens", "quadratic")):
-        raise ValueError("unpad_configs['cost'] must be 'tokens', 'quadratic', a CostModel or a callable")
+        return super().__str__() + f"\nunpad_configs: {self._state()['configs']}"
 
 
 def current_strategy():
@@ -136,20 +97,18 @@ def distributed_loader(loader, strategy=None, **overrides) -> BalancedLoader:
     packed batches, like ``fleet.distributed_model`` wraps a model.
 
     Settings come from ``strategy`` (default: the one passed to ``fleet.init``), then
-    ``overrides`` (same keys as ``unpad_configs``).  Balancing is on when the strategy is a
-    :class:`DistributedStrategy` with ``unpad = True`` and there is more than one rank;
-    otherwise each rank's batches are packed as they are.  Call it at the same point of
-    the program on every rank (it creates the exchange's process group).
+    ``overrides`` (the keys of ``unpad_configs``, e.g. ``balance=False``; also
+    ``token_fields`` and ``place`` of :class:`BalancedLoader`). Balancing needs a
+    :class:`DistributedStrategy` with ``unpad`` (= ``unpad_configs["balance"]``) on and more
+    than one rank; with a plain ``fleet.DistributedStrategy`` each rank's batches are packed
+    as they are. Call it at the same point of the program on every rank (it creates the
+    exchange's process group).
     """
     strategy = current_strategy() if strategy is None else strategy
     if isinstance(strategy, DistributedStrategy):
-        enabled, configs = strategy.unpad, strategy.unpad_configs
-    else:
-        enabled, configs = False, dict(DEFAULT_UNPAD_CONFIGS)
-    unknown = sorted(set(overrides) - set(DEFAULT_UNPAD_CONFIGS) - {"enabled", "token_fields", "place"})
-    if unknown:
-        raise ValueError(f"distributed_loader: unknown settings {unknown}")
-    enabled = overrides.pop("enabled", enabled)
-    configs.update(overrides)
-    _validate(configs)
-    return BalancedLoader(loader, enabled=enabled, **configs)
+        configs = strategy.unpad_configs
+    else:  # no paddle_unpad settings: pack, do not exchange
+        configs = dict(DEFAULT_UNPAD_CONFIGS, balance=False)
+    extra = {k: overrides.pop(k) for k in ("token_fields", "place") if k in overrides}
+    configs = _options.resolve(overrides, "distributed_loader", base=configs)
+    return BalancedLoader(loader, **extra, **configs)

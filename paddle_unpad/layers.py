@@ -16,9 +16,10 @@ The concatenated QKV weight is built from the layer's existing ``q_proj``/``k_pr
 ``3 h^2`` copies against ``6 T h^2`` FLOPs of the GEMM), so gradients reach the original
 parameters and checkpoints keep their layout.
 
-When the fused operators of :mod:`paddle_unpad.ops` are present (``bias_gelu``,
-``bias_dropout_residual_layer_norm``) they are used; otherwise the same math runs as
-plain Paddle ops.
+The element-wise pieces go through the fused operators of :mod:`paddle_unpad.ops`
+(``bias_gelu``, ``bias_dropout_residual_layer_norm``; each runs its compiled kernel or its
+plain-Paddle reference, see ``paddle_unpad.ops_available()``), except where their inputs
+do not fit them (another activation, mixed dtypes under AMP): those run as plain Paddle ops.
 
 Public API:
 
@@ -48,35 +49,13 @@ __all__ = [
     "bias_dropout_residual_layer_norm",
     "convert_encoder",
     "revert_encoder",
-    "fused_ops_in_use",
 ]
 
 
-def _fused(name):
-    """The fused op ``name`` of paddle_unpad.ops if it exists (looked up at call time)."""
-    return getattr(_ops, name, None)
-
-
-def fused_ops_in_use():
-    """Which fused encoder ops the layers call: ``{"bias_gelu": bool, "bias_dropout_residual_layer_norm": bool}``.
-
-    ``True`` means the function exists in :mod:`paddle_unpad.ops` (which itself runs its
-    compiled kernel or its plain-Paddle reference, see ``paddle_unpad.ops_available()``);
-    ``False`` means the layers run the same math as plain Paddle ops.
-    """
-    return {n: _fused(n) is not None for n in ("bias_gelu", "bias_dropout_residual_layer_norm")}
-
-
-def _first(r):
-    return r[0] if isinstance(r, (tuple, list)) else r
-
-
 def bias_act(x, bias, activation):
-    """``activation(x + bias)``; exact GELU goes through ``ops.bias_gelu`` when present."""
+    """``activation(x + bias)``; exact GELU with a bias of x's dtype goes through ``ops.bias_gelu``."""
     if activation is F.gelu and bias is not None and bias.dtype == x.dtype:
-        fn = _fused("bias_gelu")
-        if fn is not None:
-            return _first(fn(x, bias))
+        return _ops.bias_gelu(x, bias)
     if bias is not None:
         x = x + bias
     return activation(x)
@@ -85,10 +64,10 @@ def bias_act(x, bias, activation):
 def bias_dropout_residual_layer_norm(x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training):
     """``LayerNorm(residual + dropout(x + bias))`` over the last axis (upscale-in-train dropout)."""
     p = float(dropout) if training else 0.0
-    fn = _fused("bias_dropout_residual_layer_norm")
-    if fn is not None and all(t is None or t.dtype == x.dtype for t in (residual, bias, ln_weight, ln_bias)):
+    if all(t is None or t.dtype == x.dtype for t in (residual, bias, ln_weight, ln_bias)):
         # (mixed dtypes, e.g. under AMP, take the plain path below, which Paddle's AMP casts)
-        return _first(fn(x, bias, residual, ln_weight, ln_bias, dropout=p, epsilon=float(epsilon), training=bool(training)))
+        return _ops.bias_dropout_residual_layer_norm(x, bias, residual, ln_weight, ln_bias, dropout=p,
+                                                     epsilon=float(epsilon), training=bool(training))
     y = x + bias if bias is not None else x
     if p > 0.0:
         y = F.dropout(y, p=p, training=True, mode="upscale_in_train")
@@ -286,7 +265,8 @@ def convert_encoder(encoder):
     Raises ``NotImplementedError`` (naming the option) for layers that cannot run unpadded.
     """
     if not isinstance(encoder, nn.TransformerEncoder):
-        raise NotImplementedError(f"paddle_unpad: expected a paddle.nn.TransformerEncoder, got {type(encoder).__name__}")
+        raise NotImplementedError(f"paddle_unpad: expected a paddle.nn.TransformerEncoder, "
+                                  f"got {type(encoder).__name__}")
     for i, layer in enumerate(encoder.layers):
         check_supported_layer(layer, f"encoder.layers[{i}]")
     for layer in encoder.layers:

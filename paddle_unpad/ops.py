@@ -12,24 +12,13 @@ import paddle
 
 from . import _native, config
 from . import _paddle_compat as _compat
+# The op rules as data, in a module without imports: tests/gpu read it where Paddle is missing.
+from ._op_rules import (FMHA_GPU_TOLERANCE, FMHA_SUPPORT, FMHA_TOLERANCE, FUSED_OPS_GPU_TOLERANCE,
+                        FUSED_OPS_SUPPORT, FUSED_OPS_TOLERANCE)
 from .philox import attention_keep_mask, rowwise_keep_mask
+from .varlen import check_cu_seqlens
 
 __all__ = ["fmha", "fmha_reference", "ops_available", "FMHA_SUPPORT", "FMHA_TOLERANCE", "FMHA_GPU_TOLERANCE"]
-
-# What the fmha kernels accept, as data (the checks below and the docs read it).
-FMHA_SUPPORT = {
-    "cpu": {"dtypes": ("float32",), "head_dim": (1, 256)},
-    "gpu": {"dtypes": ("float16", "bfloat16"), "head_dim": (32, 64, 128)},
-}
-# Max abs error allowed against a float64 reference, relative to the reference's max abs.
-FMHA_TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
-# The CUDA kernels (fp16 / bf16 in, fp32 accumulation) against a float64 reference fed the
-# same rounded inputs: per output kind, as above; "lse" (natural log) as an absolute error.
-# Read by tests/gpu (on a GPU) and the CPU emulation tests (tests/test_cuda_emulated_fmha.py).
-FMHA_GPU_TOLERANCE = {
-    "float16": {"out": 2e-3, "grad": 4e-3, "lse": 5e-3},
-    "bfloat16": {"out": 1.6e-2, "grad": 2.5e-2, "lse": 5e-3},
-}
 
 
 def ops_available():
@@ -94,16 +83,34 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale):
     d = q.shape[2]
     if d is not None and d == 0:
         raise ValueError(f"fmha: head size q.shape[2] must be >= 1, got shape {list(q.shape)}")
-    if d is not None and d > 0:
-        lo, hi = FMHA_SUPPORT["cpu"]["head_dim"]
-        if _on_cpu(q) and not (lo <= d <= hi):
-            raise ValueError(f"fmha: head size (q.shape[2]) {d} is not supported on CPU: supported are {lo}..{hi}")
-    if _on_cpu(q) and _dtype_name(q) not in FMHA_SUPPORT["cpu"]["dtypes"]:
-        raise TypeError(
-            f"fmha: q/k/v dtype {_dtype_name(q)} is not supported on CPU "
-            f"(supported: {', '.join(FMHA_SUPPORT['cpu']['dtypes'])})"
-        )
+    device = _fmha_kernel_device(q)
+    if device is not None:
+        rules = FMHA_SUPPORT[device]
+        if d is not None and d > 0 and d not in rules["head_dim"]:
+            raise ValueError(f"fmha: head size (q.shape[2]) {d} is not supported on {device.upper()}: "
+                             f"supported are {_sizes_in_words(rules['head_dim'])}")
+        if _dtype_name(q) not in rules["dtypes"]:
+            raise TypeError(f"fmha: q/k/v dtype {_dtype_name(q)} is not supported on {device.upper()} "
+                            f"(supported: {', '.join(rules['dtypes'])})")
+    # cu_seqlens' values are checked where they are read, by the same rules in the same words:
+    # by the native op (C++), or by _fmha_reference. Reading them here as well would be one
+    # more host read per call, which a model forward on packed inputs does not make.
     _compat.refuse_empty("fmha", "q", q)
+
+
+def _fmha_kernel_device(q):
+    """Whose rules (FMHA_SUPPORT) apply to q: "cpu", "gpu", or None where no fmha kernel
+    exists for q's device in this build and the plain-Paddle reference takes any dtype."""
+    if _on_cpu(q):
+        return "cpu"  # the reference follows the kernel's rules there too, loaded or not
+    return "gpu" if _native.has_op("pu_fmha") and _native.has_cuda_kernels() else None
+
+
+def _sizes_in_words(sizes):
+    """A range as lo..hi, other sizes listed: the words of the C++ checks."""
+    if isinstance(sizes, range):
+        return f"{sizes.start}..{sizes.stop - 1}"
+    return ", ".join(str(s) for s in sizes)
 
 
 def _on_cpu(t):
@@ -239,33 +246,10 @@ def fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, tra
     return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
 
 
-def _check_cu_values(cu, total, max_seqlen):
-    if cu.size < 1:
-        raise ValueError("fmha: cu_seqlens must have at least one element (0), got none")
-    if cu[0] != 0:
-        raise ValueError(f"fmha: cu_seqlens[0] must be 0, got {cu[0]}")
-    bad = np.nonzero(np.diff(cu) < 0)[0]
-    if bad.size:
-        b = int(bad[0])
-        raise ValueError(
-            f"fmha: cu_seqlens must be non-decreasing, but cu_seqlens[{b + 1}] = {cu[b + 1]} "
-            f"< cu_seqlens[{b}] = {cu[b]}"
-        )
-    if cu[-1] != total:
-        raise ValueError(
-            f"fmha: cu_seqlens[-1] = {cu[-1]} must equal the number of packed tokens q.shape[0] = {total}"
-        )
-    longest = int(np.diff(cu).max()) if cu.size > 1 else 0
-    if longest > max_seqlen:
-        raise ValueError(
-            f"fmha: max_seqlen = {max_seqlen} is smaller than the longest sequence in cu_seqlens ({longest})"
-        )
-
-
 def _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng):
     cu = cu_seqlens.numpy().astype(np.int64)
     total, heads = q.shape[0], q.shape[1]
-    _check_cu_values(cu, total, max_seqlen)
+    check_cu_seqlens(cu, total, max_seqlen)
     if p > 0.0:
         seed, offset = (int(x) for x in rng.numpy())
     outs = []
@@ -297,6 +281,7 @@ __all__ += [
     "bias_dropout_residual_layer_norm_reference",
     "FUSED_OPS_SUPPORT",
     "FUSED_OPS_TOLERANCE",
+    "FUSED_OPS_GPU_TOLERANCE",
 ]
 
 # Public op name -> registered custom op.
@@ -304,16 +289,6 @@ _FUSED_OPS = {
     "bias_gelu": "pu_bias_gelu",
     "bias_dropout_residual_layer_norm": "pu_bias_dropout_residual_layer_norm",
 }
-# What the fused kernels accept, as data (the checks below read it). GPU kernels exist
-# in builds with CUDA (see ops_available()); they compute in fp32 whatever the dtype.
-FUSED_OPS_SUPPORT = {
-    "cpu": {"dtypes": ("float32",)},
-    "gpu": {"dtypes": ("float16", "bfloat16", "float32")},
-}
-# Max abs error allowed against a float64 reference, relative to the reference's max abs
-# (float16 / bfloat16: the rounding of the result, against a reference fed the same
-# rounded inputs).
-FUSED_OPS_TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
 def _fused_ops_available():

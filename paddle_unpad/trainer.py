@@ -27,6 +27,7 @@ import numpy as np
 import paddle
 
 from . import models as _models
+from .balance import options as _balance_options
 from .data import sample_list_collate
 from .data.collate import DEFAULT_TOKEN_FIELDS, normalize_batch
 
@@ -136,9 +137,9 @@ def _make_class():
         """``paddlenlp.trainer.Trainer`` that trains the unpadded model on packed batches.
 
         Extra keyword arguments:
-            unpad_configs: dict of balancer settings (see
-                ``paddle_unpad.fleet.DEFAULT_UNPAD_CONFIGS``); ``{"balance": False}`` packs
-                each rank's own batches without exchanging samples.
+            unpad_configs: dict of balancer options (:data:`paddle_unpad.balance.options.OPTIONS`,
+                checked here); ``{"balance": False}`` packs each rank's own batches without
+                exchanging samples.
             max_seqlen: longest legal sample (default: the model's max positions).
             token_loss: ``"mean"`` / ``"stock"``, the per-token loss scaling of
                 ``paddle_unpad.convert``; None (default) keeps that of a model converted
@@ -154,12 +155,11 @@ def _make_class():
                 opts = _models.common.options_of(_models._unwrap(model))
                 _models.convert(model, on_unsupported=opts.get("on_unsupported", "raise"), token_loss=token_loss)
             cfg = dict(unpad_configs or {})
-            self._unpad_balance = bool(cfg.pop("balance", True))
             if max_seqlen is None:
                 config = getattr(model, "config", None) or getattr(getattr(model, "bert", None), "config", None)
                 max_seqlen = getattr(config, "max_position_embeddings", 512)
             cfg.setdefault("max_seqlen", max_seqlen)
-            self._unpad_configs = cfg
+            self._unpad_configs = _balance_options.resolve(cfg, "UnpadTrainer: unpad_configs")  # fails here
             if kwargs.get("data_collator") is None:  # eval / predict batches (see module doc)
                 pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
                 kwargs["data_collator"] = PadCollator(pad_token_id=pad_id)
@@ -174,7 +174,7 @@ def _make_class():
                 loader = super().get_train_dataloader()
             finally:
                 self.data_collator = eval_collator
-            balanced = BalancedLoader(loader, enabled=self._unpad_balance, **self._unpad_configs)
+            balanced = BalancedLoader(loader, **self._unpad_configs)
             return _BalancedTrainLoader(balanced, loader)
 
     return UnpadTrainer

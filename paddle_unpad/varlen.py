@@ -232,6 +232,49 @@ def cu_seqlens_from_lengths(lengths, place=None):
     return paddle.to_tensor(cu, dtype="int32", place=place), max_seqlen
 
 
+def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who="fmha", tokens="q.shape[0]"):
+    """Refuse ``cu_seqlens`` values that do not describe ``total`` packed tokens.
+
+    The rules and the words of the C++ check the fmha operator runs where it reads the values
+    (custom_ops/kernels/common/cu_seqlens_checks.h), so a caller sees the same message
+    whichever side refuses: this one serves the Python code that reads them on the host (the
+    plain-Paddle reference, the models' packed inputs).
+
+    Args:
+        cu_seqlens: host values (numpy array, list, or CPU tensor).
+        total: the number of packed tokens, named ``tokens`` in the messages.
+        max_seqlen: an int bound on every length; ``None``: not checked.
+        who: the message prefix (the op or the package).
+    Returns:
+        int, the longest sequence (0 without sequences).
+    Raises:
+        ValueError naming the argument and the value.
+    """
+    if _compat.is_tensor(cu_seqlens):
+        cu_seqlens = cu_seqlens.numpy()
+    cu = np.asarray(cu_seqlens).astype(np.int64, copy=False)
+    if cu.ndim != 1:
+        raise ValueError(f"{who}: cu_seqlens must be 1-D [batch + 1], got shape {list(cu.shape)}")
+    if cu.size < 1:
+        raise ValueError(f"{who}: cu_seqlens must have at least one element (0), got none")
+    if cu[0] != 0:
+        raise ValueError(f"{who}: cu_seqlens[0] must be 0, got {cu[0]}")
+    lengths = np.diff(cu)
+    bad = np.flatnonzero(lengths < 0)
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"{who}: cu_seqlens must be non-decreasing, but cu_seqlens[{b + 1}] = {cu[b + 1]} "
+                         f"< cu_seqlens[{b}] = {cu[b]}")
+    if cu[-1] != total:
+        raise ValueError(f"{who}: cu_seqlens[-1] = {cu[-1]} must equal the number of packed tokens "
+                         f"{tokens} = {total}")
+    longest = int(lengths.max()) if lengths.size else 0
+    if max_seqlen is not None and longest > max_seqlen:
+        raise ValueError(f"{who}: max_seqlen = {max_seqlen} is smaller than the longest sequence in cu_seqlens "
+                         f"({longest})")
+    return longest
+
+
 def _lengths_array(lengths):
     """Validate ``lengths`` and return it as a 1-D numpy int64 array."""
     if isinstance(lengths, paddle.Tensor):

@@ -1,6 +1,5 @@
 """Cost model and planner."""
 import re
-import time
 
 import numpy as np
 import pytest
@@ -295,32 +294,57 @@ def test_quality_1024_ranks_x_64(native_planner):
     assert balance.imbalance(balance.plan(rows), rows) <= 2e-4
 
 
-def test_native_releases_the_gil(native_planner):
+def _runs_beside(call, tries=30):
+    """Whether the main thread gets to run while ``call()`` is under way in another thread.
+
+    The switch interval is set out of reach for the attempt, so the interpreter never takes
+    the GIL away from a running thread: the main thread, woken as the worker is about to
+    call, runs again only when the worker gives the GIL up itself. A call that keeps the GIL
+    has returned by then, on every attempt, whatever the load; a call that releases it is
+    usually still running. An attempt in which the worker takes the GIL back before the main
+    thread wakes proves nothing either way and is repeated, up to ``tries`` times."""
+    import gc
+    import sys
     import threading
 
-    rows = np.array(balance.global_batches(1, 1024, 64, seed=4)[0])
-    ticks = []
-    stop = threading.Event()
-
-    def ticker():
-        while not stop.is_set():
-            ticks.append(time.perf_counter())
-            time.sleep(0.0002)
-
-    th = threading.Thread(target=ticker)
-    th.start()
+    interval, gc_on = sys.getswitchinterval(), gc.isenabled()
+    gc.disable()  # no collection (and no finaliser that might release the GIL) in the window
+    sys.setswitchinterval(30.0)
     try:
-        # the core alone: a few ms per call with the GIL released
-        cnt, flat = planner_mod._flatten(rows)
-        q = planner_mod.quantize_costs(flat)
-        tg = planner_mod.target_counts(cnt)
-        t0 = time.perf_counter()
-        for _ in range(20):
-            planner_mod._native.plan_core(cnt, q, tg, -1, 10 ** 7)
-        t1 = time.perf_counter()
+        for _ in range(tries):
+            about_to_call, returned = threading.Event(), []
+
+            def work():
+                about_to_call.set()  # wakes the main thread, which then waits for the GIL
+                call()
+                returned.append(True)
+
+            th = threading.Thread(target=work)
+            th.start()
+            about_to_call.wait()
+            mid_call = not returned  # read with the GIL: the worker is inside call() or done
+            th.join()
+            assert returned, "the call raised in the worker thread"
+            if mid_call:
+                return True
+        return False
     finally:
-        stop.set()
-        th.join()
-    inside = [t for t in ticks if t0 < t < t1]
-    # with the GIL held for the whole run the ticker could only run between calls
-    assert len(inside) > 40, (len(inside), t1 - t0)
+        sys.setswitchinterval(interval)
+        if gc_on:
+            gc.enable()
+
+
+def test_native_releases_the_gil(native_planner):
+    import ctypes
+
+    # the probe tells a native call that keeps the GIL from one that releases it
+    libc_holding, libc_releasing = ctypes.PyDLL(None), ctypes.CDLL(None)  # PyDLL keeps the GIL
+    assert not _runs_beside(lambda: libc_holding.usleep(5000), tries=10)
+    assert _runs_beside(lambda: libc_releasing.usleep(5000))
+
+    rows = np.array(balance.global_batches(1, 2048, 64, seed=4)[0])  # ~15 ms of planning
+    cnt, flat = planner_mod._flatten(rows)
+    q = planner_mod.quantize_costs(flat)
+    tg = planner_mod.target_counts(cnt)
+    assert _runs_beside(lambda: planner_mod._native.plan_core(cnt, q, tg, -1, 10 ** 7))
+    assert _runs_beside(lambda: planner_mod._native.plan_lists(cnt, q, tg, -1, 10 ** 7))

@@ -22,6 +22,8 @@ ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "dist", "balance_worker.py")
 FLAKE = "gloo/transport/tcp/pair.cc"
 
+pytestmark = pytest.mark.dist
+
 
 def _logs(log_dir):
     out = {}

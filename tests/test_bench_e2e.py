@@ -13,6 +13,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WAYS = ("padded_max_len", "padded_batch_max", "unpadded", "unpadded_balanced")
 
+pytestmark = pytest.mark.dist
+
 
 def layer_flops(lengths, h, ffn):
     return 2 * sum(lengths) * (4 * h * h + 2 * h * ffn) + 4 * h * sum(s * s for s in lengths)

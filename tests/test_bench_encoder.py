@@ -61,6 +61,7 @@ def _r2(X, y):
     return _r2_of(y, A @ np.linalg.lstsq(A, np.asarray(y, float), rcond=None)[0])
 
 
+@pytest.mark.slow
 def test_bench_encoder_quick(tmp_path, native_ops):
     pytest.importorskip("paddlenlp")
     res, stdout = _run(tmp_path)
@@ -136,6 +137,7 @@ def test_bench_encoder_quick(tmp_path, native_ops):
             assert abs(fit[side][key]["r2_within_sweep"]["padding"] - within) < 1e-6
 
 
+@pytest.mark.slow
 def test_bench_encoder_one_part(tmp_path, native_ops):
     """--sweeps runs the named parts alone."""
     pytest.importorskip("paddlenlp")

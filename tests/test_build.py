@@ -8,8 +8,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.build
 
 PROBE = (
     "import json, warnings, paddle_unpad as pu\n"

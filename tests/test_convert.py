@@ -737,6 +737,23 @@ def test_in_place_same_parameters_and_keys():
     assert type(model).forward is forward and [id(p) for p in model.parameters()] == params
 
 
+@pytest.mark.parametrize("fam,kind", CASES)
+def test_converted_forward_signature_extends_the_original(fam, kind):
+    """PaddleNLP's Trainer keeps the batch columns named in inspect.signature(model.forward), and
+    callers pass the original arguments positionally: the converted forward lists the original's
+    parameters (order, kinds, defaults), then the keyword-only packed inputs and **extra."""
+    import inspect
+
+    ref, model = make_pair(fam, kind)
+    original = [(p.name, p.kind, p.default) for p in inspect.signature(ref.forward).parameters.values()]
+    converted = [(p.name, p.kind, p.default) for p in inspect.signature(model.forward).parameters.values()]
+    packed = [(name, inspect.Parameter.KEYWORD_ONLY, None) for name in ("cu_seqlens", "max_seqlen", "cu_seqlens_host")]
+    assert converted == original + packed + [("extra", inspect.Parameter.VAR_KEYWORD, inspect.Parameter.empty)]
+    ids, tt, mask = ragged_batch(fam)
+    with pytest.raises(TypeError, match="positional"):  # one more than the original takes
+        model(*([paddle.to_tensor(ids)] + [None] * len(original)))
+
+
 def test_data_parallel_wrapper_is_converted():
     ref, model = make_pair("bert", "seqcls")
     pu.revert(model)

@@ -1,6 +1,8 @@
-"""paddle_unpad.convert: what it does with models it cannot convert."""
+"""paddle_unpad.convert: what it does with models it cannot convert, and converted models
+with packed inputs they cannot take."""
 import warnings
 
+import numpy as np
 import paddle
 import pytest
 
@@ -44,3 +46,25 @@ def test_gpt_model_falls_back_with_one_warning():
 def test_non_layer_is_a_type_error(bad, on_unsupported):
     with pytest.raises(TypeError, match=r"model must be a paddle.nn.Layer.*" + type(bad).__name__):
         pu.convert(bad, on_unsupported=on_unsupported)
+
+
+@pytest.mark.parametrize(
+    "cu,max_seqlen,words",
+    [
+        ([1, 3, 5], 4, "cu_seqlens[0] must be 0, got 1"),
+        ([0, 4, 3, 5], 4, "cu_seqlens must be non-decreasing, but cu_seqlens[2] = 3 < cu_seqlens[1] = 4"),
+        ([0, 2, 6], 4, "cu_seqlens[-1] = 6 must equal the number of packed tokens input_ids.shape[0] = 5"),
+        ([0, 2, 5], 2, "max_seqlen = 2 is smaller than the longest sequence in cu_seqlens (3)"),
+    ],
+    ids=["first", "decreasing", "last", "max_seqlen"],
+)
+def test_converted_model_refuses_bad_cu_seqlens_in_the_words_of_fmha(cu, max_seqlen, words):
+    """Packed inputs are checked once, before the embeddings, by the rules fmha applies."""
+    T = pytest.importorskip("paddlenlp.transformers")
+    cfg = T.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=32, max_position_embeddings=16)
+    model = pu.convert(T.BertModel(cfg))
+    ids = paddle.to_tensor([1, 2, 3, 4, 5])
+    with pytest.raises(ValueError) as ei:
+        model(ids, cu_seqlens=np.asarray(cu, np.int32), max_seqlen=max_seqlen)
+    assert str(ei.value) == "paddle_unpad: " + words

@@ -20,7 +20,7 @@ def test_rotten_tomatoes_split_is_fixed_disjoint_and_complete():
     assert not t & d
     assert t | d == {x["text"] for x in every}
     assert 0.07 < len(dev) / len(every) < 0.13
-    # PADDLE_NOTES: 7,403 fresh and 5,405 rotten snippets (some are exact duplicates)
+    # the corpus holds 7,403 fresh and 5,405 rotten snippets (some are exact duplicates)
     fresh = sum(x["label"] for x in every)
     assert 0.97 * 7403 <= fresh <= 7403
     assert 0.97 * 5405 <= len(every) - fresh <= 5405

@@ -4,7 +4,7 @@
   (``custom_ops/harness/*.cu``) are compiled with CUDA headers only: no Paddle include
   path, so a Paddle type sneaking into them fails here.
 * The Paddle glue (``custom_ops/paddle/*.cu``) is compiled with the flags of the real
-  build (``paddle_unpad._build_config.nvcc_flags()``, see PADDLE_NOTES.md).
+  build (``paddle_unpad._build_config.nvcc_flags()``, see docs/gpu.md).
 * The C++ glue (``custom_ops/paddle/*.cc``) is syntax-checked with ``PADDLE_WITH_CUDA``
   defined, so the GPU branches of the op registrations are compiled too.
 
@@ -33,7 +33,8 @@ sys.path.insert(0, ROOT)
 from paddle_unpad import _build_config as cfg  # noqa: E402  (stdlib + lazy paddle only)
 
 NVCC = cfg.find_nvcc()
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME, CUDA_PATH, PATH): CUDA compile check skipped")
+pytestmark = [pytest.mark.build,
+              pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME, CUDA_PATH, PATH): CUDA compile check skipped")]
 
 FREE_GLOBS = ["kernels/cuda/*.cu", "harness/*.cu"]
 GLUE_GLOBS = ["paddle/*.cu"]

@@ -39,6 +39,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cud
 import emu_build  # noqa: E402
 from host_buffers import Buffer, aligned_empty, to_storage  # noqa: E402
 
+pytestmark = pytest.mark.build
+
 CODE = {"float16": 0, "bfloat16": 1}
 TOL = ops.FMHA_GPU_TOLERANCE
 PAD = 8  # NaN rows around every buffer
@@ -270,3 +272,37 @@ def test_refusals_name_the_problem(lib):
     head = (bad.ctypes.data_as(ctypes.c_void_p), 1, 4, 1, 32, 0, 0.1, 0.0, 0, 0, 1, 4)
     assert lib.pu_fmha_fwd(*head, x.ptr, x.ptr, x.ptr, x.ptr, x.ptr, None) != 0
     assert "cu_seqlens" in lib.pu_harness_last_error().decode()
+
+
+@pytest.mark.parametrize("cu", [(1, 4), (0, 3, 2, 4), (0, 3)], ids=["first", "decreasing", "last"])
+def test_refused_cu_seqlens_read_as_in_python(lib, cu):
+    """The CUDA layer (behind the C-ABI harness, as behind the Paddle op) refuses cu_seqlens
+    in the words of the Python check: one rule, one message, whichever side catches it."""
+    from paddle_unpad.varlen import check_cu_seqlens
+
+    cu = np.asarray(cu, np.int32)
+    with pytest.raises(ValueError) as py:
+        check_cu_seqlens(cu, 4)
+    x = Buffer((4, 1, 32), "float16", PAD)
+    head = (cu.ctypes.data_as(ctypes.c_void_p), len(cu) - 1, 4, 1, 32, 0, 0.1, 0.0, 0, 0, 1, 4)
+    assert lib.pu_fmha_fwd(*head, x.ptr, x.ptr, x.ptr, x.ptr, x.ptr, None) != 0
+    assert lib.pu_harness_last_error().decode() == str(py.value)
+
+
+def test_refused_dtype_and_head_size_read_as_in_python(lib, monkeypatch):
+    """FMHA_SUPPORT["gpu"], as the Python check states it where the CUDA kernels are built,
+    in the words of the CUDA layer."""
+    import paddle
+
+    monkeypatch.setattr(ops, "_on_cpu", lambda t: False)  # as if q lived on a GPU of a CUDA build
+    monkeypatch.setattr(ops._native, "has_op", lambda name: True)
+    monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: True)
+    cu = cu_of((4,))
+    for code, dt, d in ((0, "float16", 48), (2, "float32", 64)):
+        q = paddle.ones([4, 1, d], dtype=dt)
+        with pytest.raises((TypeError, ValueError)) as py:
+            ops._check_fmha_args(q, q, q, paddle.to_tensor(cu), 4, 0.0, None)
+        x = Buffer((4, 1, d), "float16", PAD)
+        head = (cu.ctypes.data_as(ctypes.c_void_p), 1, 4, 1, d, code, 0.1, 0.0, 0, 0, 1, 4)
+        assert lib.pu_fmha_fwd(*head, x.ptr, x.ptr, x.ptr, x.ptr, x.ptr, None) != 0
+        assert lib.pu_harness_last_error().decode() == str(py.value), (dt, d)

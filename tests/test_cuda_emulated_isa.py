@@ -19,6 +19,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_emu"))
 import emu_build  # noqa: E402
 
+pytestmark = pytest.mark.build
+
 DTYPES = {"float16": 0, "bfloat16": 1}
 
 

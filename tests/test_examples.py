@@ -26,6 +26,7 @@ def launch(script, args, tmp_path, nproc=2, timeout=600):
     return proc
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", ["unpadded", "padded"])
 def test_finetune_classifier_two_ranks(mode, tmp_path):
     out = tmp_path / "summary.json"
@@ -52,6 +53,7 @@ def test_finetune_classifier_two_ranks(mode, tmp_path):
     assert proc.returncode == 0 and "[1, 2]" in proc.stdout, proc.stderr[-2000:]
 
 
+@pytest.mark.dist
 def test_pretrain_mlm_two_ranks_loss_falls(tmp_path):
     out = tmp_path / "pt.json"
     launch("pretrain_mlm.py", ["--steps", "12", "--max-docs", "24", "--max-seq-len", "128",
@@ -61,6 +63,7 @@ def test_pretrain_mlm_two_ranks_loss_falls(tmp_path):
     assert np.isfinite(s["first_loss"]) and s["last_loss"] < s["first_loss"] - 0.1, s
 
 
+@pytest.mark.slow
 def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
     """A time budget smaller than one step: the stock job stops after its first step (of 4), and
     the paddle_unpad job trains exactly that step, on the same samples."""
@@ -80,6 +83,7 @@ def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
     assert pad["train_tokens"] == unp["train_tokens"]  # the same samples both ways
 
 
+@pytest.mark.slow
 def test_demo_fmha_runs_respects_threads_and_explains_its_speedup():
     proc = subprocess.run([sys.executable, os.path.join(EX, "demo_fmha.py")], capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -30,6 +30,8 @@ ABORT_MARKS = ("terminate called", "SIGABRT", "Process abort signal", "Aborted (
                "core dumped", "Segmentation fault", "SIGSEGV")
 FLAKE = "gloo/transport/tcp/pair.cc"
 
+pytestmark = pytest.mark.dist
+
 
 def _free_port():
     with socket.socket() as s:

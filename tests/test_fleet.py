@@ -13,13 +13,16 @@ from paddle_unpad.data import PackingCollator, SampleError
 def test_strategy_fields_merge_and_validate():
     s = pf.DistributedStrategy()
     assert isinstance(s, fleet.DistributedStrategy)
-    assert s.unpad is False and s.unpad_configs == pf.DEFAULT_UNPAD_CONFIGS
-    s.unpad = True
+    assert s.unpad is True and s.unpad_configs == pf.DEFAULT_UNPAD_CONFIGS  # one table of defaults
+    s.unpad = False  # the fleet-style spelling of unpad_configs["balance"]: one value
+    assert s.unpad_configs["balance"] is False
+    s.unpad_configs = {"balance": True}
+    assert s.unpad is True
     s.unpad_configs = {"prefetch": 3, "cost": "tokens"}
     s.unpad_configs = {"timeout": 5.0}  # merges, like hybrid_configs
     assert s.unpad_configs["prefetch"] == 3 and s.unpad_configs["cost"] == "tokens"
     assert s.unpad_configs["timeout"] == 5.0
-    with pytest.raises(ValueError, match="unknown unpad_configs keys"):
+    with pytest.raises(ValueError, match=r"unpad_configs: unknown keys \['prefetc'\]"):
         s.unpad_configs = {"prefetc": 3}
     with pytest.raises(ValueError):
         s.unpad_configs = {"prefetch": 0}
@@ -51,7 +54,7 @@ def test_single_process_loader_is_a_pass_through():
         np.testing.assert_array_equal(g["input_ids"].numpy(), r["input_ids"].numpy())
         np.testing.assert_array_equal(g["cu_seqlens_host"], r["cu_seqlens_host"])
         assert g["max_seqlen"] == r["max_seqlen"]
-    with pytest.raises(ValueError, match="unknown settings"):
+    with pytest.raises(ValueError, match=r"distributed_loader: unknown keys \['prefech'\]"):
         pf.distributed_loader(batches, strategy=s, prefech=2)
     # plain fleet strategy / no strategy: pass-through too, overrides apply
     dl = pf.distributed_loader(batches, strategy=fleet.DistributedStrategy(), max_seqlen=4)
@@ -77,12 +80,37 @@ def test_single_process_loader_checks_every_sample():
         list(pf.distributed_loader([batch]))
 
 
-@pytest.mark.parametrize("kw,pattern", [({"timeout": float("nan")}, r"timeout must be a finite number.*nan"),
-                                        ({"close_timeout": float("inf")}, r"close_timeout.*inf"),
-                                        ({"prefetch": 1.5}, r"prefetch must be an int >= 1.*1\.5"),
-                                        ({"max_seqlen": 0}, r"max_seqlen must be a positive int or None.*0")])
+@pytest.mark.parametrize("kw,pattern", [
+    ({"timeout": float("nan")}, r"BalancedLoader\['timeout'\] must be a finite number.*nan"),
+    ({"close_timeout": float("inf")}, r"BalancedLoader\['close_timeout'\].*inf"),
+    ({"prefetch": 1.5}, r"BalancedLoader\['prefetch'\] must be an int >= 1.*1\.5"),
+    ({"max_seqlen": 0}, r"BalancedLoader\['max_seqlen'\] must be a positive int or None.*0")])
 def test_balanced_loader_checks_its_arguments(kw, pattern):
     from paddle_unpad.balance import BalancedLoader
 
     with pytest.raises(ValueError, match=pattern):
         BalancedLoader([], **kw)
+
+
+@pytest.mark.parametrize("alias", ["quadratic", "flops", "tokens", "token"])
+def test_cost_names_are_the_same_everywhere(alias):
+    from paddle_unpad.balance import BalancedLoader, as_cost_fn
+
+    s = pf.DistributedStrategy()
+    s.unpad_configs = {"cost": alias}
+    assert pf.distributed_loader([], strategy=s).cost == alias
+    assert BalancedLoader([], cost=alias).cost == alias
+    assert as_cost_fn(alias)(np.array([3])).shape == (1,)
+    for where in (lambda: setattr(s, "unpad_configs", {"cost": "flop"}),
+                  lambda: pf.distributed_loader([], cost="flop"), lambda: BalancedLoader([], cost="flop")):
+        with pytest.raises(ValueError, match=r"unknown cost 'flop'; use one of \['default', 'flops'"):
+            where()
+
+
+def test_one_switch_name_for_the_exchange():
+    s = pf.DistributedStrategy()
+    assert pf.distributed_loader([], strategy=s, balance=False).options["balance"] is False
+    with pytest.raises(ValueError, match=r"unknown keys \['enabled'\]"):
+        pf.distributed_loader([], strategy=s, enabled=False)
+    with pytest.raises(ValueError, match=r"\['balance'\] must be True or False, got 'no'"):
+        pf.distributed_loader([], balance="no")

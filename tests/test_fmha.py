@@ -23,7 +23,7 @@ import philox_ref
 import testutil
 from testutil import empty_refused_here
 
-RTOL_MAX = 1e-5  # fp32: max abs error <= RTOL_MAX * max abs value of the reference (per tensor)
+RTOL_MAX = ops.FMHA_TOLERANCE["float32"]  # max abs error <= RTOL_MAX * max abs value of the reference (per tensor)
 SEED, OFFSET = 2**40 + 12345, 7  # a seed with both key words non-zero
 
 
@@ -367,7 +367,7 @@ def test_dropout_mask_layout_exact(impl, p, request):
             f"sequence {b}: {len(mism)} of {keep[b].size} keep-mask elements differ from the Philox "
             f"layout, first [h, i, j] = {mism[:5].tolist()}"
         )
-        np.testing.assert_allclose(o[:, :, :s][got_keep], 1.0 / ((1.0 - p) * s), rtol=1e-6)
+        np.testing.assert_allclose(o[:, :, :s][got_keep], 1.0 / ((1.0 - p) * s), rtol=RTOL_MAX)
         n += got_keep.size
         dropped += int((~got_keep).sum())
     frac = dropped / n
@@ -429,7 +429,7 @@ def test_grouping_argument_changes_no_bits(native_ops, p):
     for a, b in zip(grouped, single):
         np.testing.assert_array_equal(a, b)
     ref = run(paddle_unpad.ops.fmha_reference, q, k, v, cu, 50, grouping=False, **kw)
-    np.testing.assert_allclose(ref, grouped[0], rtol=1e-5, atol=1e-5)
+    assert_close("fmha vs fmha_reference", grouped[0], ref)
 
 
 def test_grouping_is_an_attribute_of_the_saved_program(tmp_path, native_ops):
@@ -543,6 +543,72 @@ def test_input_errors(case):
 def test_head_dim_256_accepted():
     out = _call(D=256, q=paddle.ones([6, 2, 256]), k=paddle.ones([6, 2, 256]), v=paddle.ones([6, 2, 256]))
     assert np.allclose(out.numpy(), 1.0)
+
+
+# (cu_seqlens, max_seqlen) for 6 packed tokens, and the words both checks must use
+BAD_CU_SEQLENS = {
+    "empty": ([], 4, "fmha: cu_seqlens must have at least one element (0), got none"),
+    "first": ([1, 2, 6], 4, "fmha: cu_seqlens[0] must be 0, got 1"),
+    "decreasing": ([0, 4, 2, 6], 4,
+                   "fmha: cu_seqlens must be non-decreasing, but cu_seqlens[2] = 2 < cu_seqlens[1] = 4"),
+    "last": ([0, 2, 5], 4, "fmha: cu_seqlens[-1] = 5 must equal the number of packed tokens q.shape[0] = 6"),
+    "max_seqlen": ([0, 2, 6], 3, "fmha: max_seqlen = 3 is smaller than the longest sequence in cu_seqlens (4)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CU_SEQLENS))
+def test_bad_cu_seqlens_same_words_from_python_and_the_native_op(case, native_ops):
+    """cu_seqlens is checked where it is read: in Python by the reference (and the models),
+    in C++ by the native op (fmha's eager calls, loaded programs, direct calls of the op).
+    Both say exactly the same."""
+    cu, max_seqlen, words = BAD_CU_SEQLENS[case]
+    q = paddle.ones([6, 2, 16])
+    cu_t = paddle.to_tensor(np.asarray(cu, np.int32))
+    with pytest.raises(ValueError) as py:
+        ops.fmha_reference(q, q, q, cu_t, max_seqlen)
+    assert type(py.value) is ValueError and str(py.value) == words
+    with pytest.raises(ValueError) as public:
+        paddle_unpad.fmha(q, q, q, cu_t, max_seqlen)
+    assert str(public.value) == words
+    with pytest.raises(Exception) as native:
+        paddle_unpad._paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu_t, None, max_seqlen, 0.25, 0.0, True)
+    assert words in str(native.value), str(native.value)[-2000:]
+
+
+def test_support_table_states_the_kernels_limits():
+    """FMHA_SUPPORT's head sizes are the ones the C++ kernels are built for."""
+    kernels = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "custom_ops", "kernels")
+    cpu_h = open(os.path.join(kernels, "cpu", "fmha_cpu.h")).read()
+    cuda_h = open(os.path.join(kernels, "cuda", "fmha_cuda.cuh")).read()
+    cpu_max = int(re.search(r"kFmhaMaxHeadDim\s*=\s*(\d+)", cpu_h).group(1))
+    cuda_dims = [int(x) for x in re.search(r"kFmhaCudaHeadDims\[\]\s*=\s*\{([^}]*)\}", cuda_h).group(1).split(",")]
+    assert ops.FMHA_SUPPORT["cpu"]["head_dim"] == range(1, cpu_max + 1)
+    assert tuple(ops.FMHA_SUPPORT["gpu"]["head_dim"]) == tuple(cuda_dims)
+
+
+def test_checks_read_the_support_table(monkeypatch):
+    """The argument checks take their rules from FMHA_SUPPORT: for the CPU always, for the
+    GPU where this build has the CUDA kernels (elsewhere the reference runs, any dtype)."""
+    monkeypatch.setitem(ops.FMHA_SUPPORT["cpu"], "head_dim", range(1, 9))
+    with pytest.raises(ValueError, match=r"^fmha: head size \(q.shape\[2\]\) 16 is not supported on CPU: "
+                                         r"supported are 1\.\.8$"):
+        _call()
+    monkeypatch.undo()
+    cu = paddle.to_tensor(np.array([0, 2, 6], np.int32))
+    f32, f16_48 = paddle.ones([6, 2, 64]), paddle.ones([6, 2, 48], dtype="float16")
+    monkeypatch.setattr(ops, "_on_cpu", lambda t: False)  # as if q lived on a GPU
+    monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: False)
+    ops._check_fmha_args(f32, f32, f32, cu, 4, 0.0, None)  # the reference would run: no kernel rule
+    monkeypatch.setattr(ops._native, "has_op", lambda name: True)
+    monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: True)
+    with pytest.raises(TypeError, match=r"^fmha: q/k/v dtype float32 is not supported on GPU "
+                                        r"\(supported: float16, bfloat16\)$"):
+        ops._check_fmha_args(f32, f32, f32, cu, 4, 0.0, None)
+    with pytest.raises(ValueError, match=r"^fmha: head size \(q.shape\[2\]\) 48 is not supported on GPU: "
+                                         r"supported are 32, 64, 128$"):
+        ops._check_fmha_args(f16_48, f16_48, f16_48, cu, 4, 0.0, None)
+    monkeypatch.setitem(ops.FMHA_SUPPORT["gpu"], "head_dim", (48,))
+    ops._check_fmha_args(f16_48, f16_48, f16_48, cu, 4, 0.0, None)
 
 
 def test_to_static_dropout_draws_a_fresh_state_per_run(native_ops, tmp_path):

@@ -25,7 +25,7 @@ import philox_ref
 import testutil
 from testutil import empty_refused_here
 
-RTOL_MAX = 1e-5  # fp32: max abs error <= RTOL_MAX * max abs value of the reference (per tensor)
+RTOL_MAX = ops.FUSED_OPS_TOLERANCE["float32"]  # max abs error <= RTOL_MAX * max abs of the reference (per tensor)
 SEED, OFFSET = 2**40 + 4321, 11  # a seed with both key words non-zero
 EPS = 1e-12  # PaddleNLP BERT's layer_norm_eps
 
@@ -239,15 +239,14 @@ def test_matches_paddle_transformer_encoder_layer(fused_native):
     h = ops.bias_gelu(paddle.matmul(h1, layer.linear1.weight), layer.linear1.bias)
     out = ops.bias_dropout_residual_layer_norm(paddle.matmul(h, layer.linear2.weight), layer.linear2.bias, h1,
                                                layer.norm2.weight, layer.norm2.bias, epsilon=layer.norm2._epsilon)
-    np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=2e-5)
+    assert_close("layer rebuilt from the fused ops", out.numpy(), want)
     # and the single block against paddle's own layer_norm
     x, bias, res, w, b, _ = ln_inputs(7, 384)
     tx, tbias, tres, tw, tb = (paddle.to_tensor(a) for a in (x, bias, res, w, b))
     ref = paddle.nn.functional.layer_norm(tres + tx + tbias, [384], weight=tw, bias=tb, epsilon=EPS)
     got = ops.bias_dropout_residual_layer_norm(tx, tbias, tres, tw, tb)
-    assert np.abs(got.numpy() - ref.numpy()).max() <= 1e-6 * np.abs(ref.numpy()).max()
-    np.testing.assert_allclose(ops.bias_gelu(tx, tbias).numpy(),
-                               paddle.nn.functional.gelu(tx + tbias).numpy(), rtol=0, atol=1e-6)
+    assert_close("bdrln vs layer_norm", got.numpy(), ref.numpy())
+    assert_close("bias_gelu vs gelu", ops.bias_gelu(tx, tbias).numpy(), paddle.nn.functional.gelu(tx + tbias).numpy())
 
 
 def test_none_vectors_and_training_false(fused_native):

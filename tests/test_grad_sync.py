@@ -36,6 +36,7 @@ def _launch(tmp_path, *args, env=None, timeout=240):
     return rc, out, logs, records
 
 
+@pytest.mark.dist
 def test_same_gradients_as_the_dense_all_reduce(tmp_path):
     rc, out, logs, records = _launch(tmp_path)
     assert rc == 0, out[-3000:] + "".join(t[-3000:] for t in logs.values())
@@ -57,6 +58,7 @@ def test_same_gradients_as_the_dense_all_reduce(tmp_path):
         assert r["stats"]["steps"] == 3
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("overlap", ["1", "0"])
 def test_a_stopped_peer_gives_a_named_error_within_the_timeout(tmp_path, overlap):
     rc, out, logs, records = _launch(tmp_path, "stall", env={"GS_TIMEOUT": "5", "GS_OVERLAP": overlap},

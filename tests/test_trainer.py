@@ -28,6 +28,7 @@ def _run(cmd, tmp_path, log_dir=None):
         pytest.fail(f"failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}{logs}")
 
 
+@pytest.mark.slow
 def test_unpad_trainer_matches_stock_trainer_without_dropout(tmp_path):
     out = {}
     for mode in ("unpad", "stock"):
@@ -43,6 +44,7 @@ def test_unpad_trainer_matches_stock_trainer_without_dropout(tmp_path):
     assert u["eval_accuracy"] == s["eval_accuracy"]
 
 
+@pytest.mark.dist
 def test_unpad_trainer_two_ranks(tmp_path):
     js = tmp_path / "ddp.json"
     log_dir = str(tmp_path / "log")
@@ -105,6 +107,7 @@ def _worker(tmp_path, name, args, nproc=1, retries=2):
     pytest.fail(f"worker {name} failed ({rc}):\n{out[-3000:]}{logs}")
 
 
+@pytest.mark.dist
 def test_resume_on_two_ranks_matches_uninterrupted_run(tmp_path):
     """fleetrun, 2 ranks, 4 steps per epoch, dropout on: resuming from the step-6 checkpoint
     (epoch 1, 2 steps into it) gives every rank the same batches, dropout masks and losses at
@@ -125,6 +128,7 @@ def test_resume_on_two_ranks_matches_uninterrupted_run(tmp_path):
             assert abs(a - b) <= 1e-6 * abs(a), f"rank {rank} step {step}: uninterrupted {a} vs resumed {b}"
 
 
+@pytest.mark.slow
 def test_label_key_is_renamed_like_paddlenlp_collators(tmp_path):
     """A dataset whose label key is ``label``: UnpadTrainer trains on it, with the losses of the
     stock Trainer with PaddleNLP's DataCollatorWithPadding (no dropout)."""
@@ -154,3 +158,19 @@ def test_rename_label_keys():
     padded = PadCollator()(samples)
     assert padded["labels"].numpy().tolist() == [[1, 0, 2], [1, -100, -100]]
     assert isinstance(listed[0]["labels"], np.ndarray)
+
+
+def test_bad_balancer_options_fail_when_the_trainer_is_built(tmp_path):
+    pytest.importorskip("paddlenlp")
+    from paddlenlp.trainer import TrainingArguments
+    from paddlenlp.transformers import BertConfig, BertForSequenceClassification
+
+    from paddle_unpad.trainer import UnpadTrainer
+
+    model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=32, num_labels=2))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    for bad, words in (({"prefetch": 0}, r"UnpadTrainer: unpad_configs\['prefetch'\] must be an int >= 1, got 0"),
+                       ({"cost": "flop"}, r"unknown cost 'flop'"), ({"enabled": False}, r"unknown keys \['enabled'\]")):
+        with pytest.raises(ValueError, match=words):
+            UnpadTrainer(model, args=args, unpad_configs=bad)

@@ -4,7 +4,7 @@ import paddle
 import pytest
 
 from paddle_unpad import cu_seqlens_from_lengths, pad_input, unpad_input
-from paddle_unpad.varlen import cu_seqlens_host
+from paddle_unpad.varlen import check_cu_seqlens, cu_seqlens_host
 from testutil import empty_refused_here
 
 
@@ -277,3 +277,37 @@ def test_cu_seqlens_from_lengths_does_not_read_device():
         pytest.skip("no GPU: device tensors cannot be built here")
     with pytest.raises(TypeError, match="lengths"):
         cu_seqlens_from_lengths(paddle.to_tensor([1, 2], place=paddle.CUDAPlace(0)))
+
+
+# ---------------------------------------------------------------- check_cu_seqlens
+
+
+@pytest.mark.parametrize("cu", [[0], [0, 0], [0, 3, 3, 7], np.array([0, 3, 7], np.int32),
+                                paddle.to_tensor(np.array([0, 3, 7], np.int32))],
+                         ids=["no_sequences", "one_empty", "with_empty", "numpy", "cpu_tensor"])
+def test_check_cu_seqlens_accepts_and_returns_the_longest(cu):
+    total = int(np.asarray(cu.numpy() if isinstance(cu, paddle.Tensor) else cu)[-1])
+    longest = check_cu_seqlens(cu, total, 4)
+    assert longest == (4 if total == 7 else 0) and isinstance(longest, int)
+
+
+@pytest.mark.parametrize(
+    "cu,total,max_seqlen,words",
+    [
+        ([[0, 2, 6]], 6, None, "cu_seqlens must be 1-D [batch + 1], got shape [1, 3]"),
+        ([], 0, None, "cu_seqlens must have at least one element (0), got none"),
+        ([2, 6], 6, None, "cu_seqlens[0] must be 0, got 2"),
+        ([0, 4, 4, 2, 6], 6, None, "cu_seqlens must be non-decreasing, but cu_seqlens[3] = 2 < cu_seqlens[2] = 4"),
+        ([0, 2, 5], 6, None, "cu_seqlens[-1] = 5 must equal the number of packed tokens q.shape[0] = 6"),
+        ([0, 2, 6], 6, 3, "max_seqlen = 3 is smaller than the longest sequence in cu_seqlens (4)"),
+    ],
+    ids=["2d", "empty", "first", "decreasing", "last", "max_seqlen"],
+)
+def test_check_cu_seqlens_refusals(cu, total, max_seqlen, words):
+    with pytest.raises(ValueError) as ei:
+        check_cu_seqlens(np.asarray(cu, np.int32), total, max_seqlen)
+    assert str(ei.value) == "fmha: " + words
+    # a caller names itself and the tensor that holds the tokens
+    with pytest.raises(ValueError) as ei:
+        check_cu_seqlens(np.asarray(cu, np.int32), total, max_seqlen, who="paddle_unpad", tokens="len(x)")
+    assert str(ei.value) == "paddle_unpad: " + words.replace("q.shape[0]", "len(x)")

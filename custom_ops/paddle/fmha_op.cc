@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fmha_gpu.h"  // GPU half (fmha_gpu.cu), declared only with PADDLE_WITH_CUDA
+#include "kernels/common/cu_seqlens_checks.h"
 #include "kernels/cpu/fmha_cpu.h"
 #include "paddle/extension.h"
 #include "op_common.h"  // same folder
@@ -40,7 +41,6 @@ paddle_unpad::FmhaProblem check_and_describe(const Tensor& q, const Tensor& k, c
   PD_CHECK(cu.dtype() == DataType::INT32, "fmha: cu_seqlens must be int32, got ", cu.dtype());
   PD_CHECK(cu.shape().size() == 1, "fmha: cu_seqlens must be 1-D [batch + 1], got shape ",
            shape_str(cu.shape()));
-  PD_CHECK(cu.numel() >= 1, "fmha: cu_seqlens must have at least one element (0), got none");
   PD_CHECK(cu.is_cpu(), "fmha: cu_seqlens must be on the CPU (a host copy; the kernels read it "
            "without a device sync), got a tensor on ", place_name(cu));
   PD_CHECK(max_seqlen >= 0, "fmha: max_seqlen must be >= 0, got ", max_seqlen);
@@ -54,19 +54,12 @@ paddle_unpad::FmhaProblem check_and_describe(const Tensor& q, const Tensor& k, c
   p.batch = cu.numel() - 1;
   p.scale = scale;
   p.dropout = dropout;
-  const int32_t* c = cu.data<int32_t>();
-  p.cu_seqlens = c;
-  PD_CHECK(c[0] == 0, "fmha: cu_seqlens[0] must be 0, got ", c[0]);
-  int64_t longest = 0;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    PD_CHECK(c[b + 1] >= c[b], "fmha: cu_seqlens must be non-decreasing, but cu_seqlens[", b + 1,
-             "] = ", c[b + 1], " < cu_seqlens[", b, "] = ", c[b]);
-    longest = std::max<int64_t>(longest, c[b + 1] - c[b]);
-  }
-  PD_CHECK(c[p.batch] == p.total, "fmha: cu_seqlens[-1] = ", c[p.batch],
-           " must equal the number of packed tokens q.shape[0] = ", p.total);
-  PD_CHECK(longest <= max_seqlen, "fmha: max_seqlen = ", max_seqlen,
-           " is smaller than the longest sequence in cu_seqlens (", longest, ")");
+  p.cu_seqlens = p.batch >= 0 ? cu.data<int32_t>() : nullptr;
+  // Checked here, where the values are read, for every caller (Python does not read them
+  // on this path); paddle_unpad.varlen.check_cu_seqlens states the same rules in the same words.
+  const std::string why =
+      paddle_unpad::cu_seqlens_invalid(p.cu_seqlens, p.batch, p.total, max_seqlen);
+  PD_CHECK(why.empty(), "fmha: ", why);
   return p;
 }
 

@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CostModel", "TokenCost", "bert_cost", "calibrate", "as_cost_fn", "DEFAULT_COST"]
+__all__ = ["CostModel", "TokenCost", "bert_cost", "calibrate", "as_cost_fn", "check_cost", "COST_NAMES", "DEFAULT_COST"]
 
 
 class CostModel:
@@ -91,15 +91,32 @@ def bert_cost(hidden_size: int = 1024, intermediate_size: Optional[int] = None,
 DEFAULT_COST = bert_cost()
 
 
+#: the cost models that have a name (and their aliases)
+COST_NAMES = {"quadratic": DEFAULT_COST, "flops": DEFAULT_COST, "default": DEFAULT_COST,
+              "tokens": TokenCost(), "token": TokenCost()}
+
+
+def check_cost(cost, name="cost"):
+    """Raise unless ``cost`` is None, a name of :data:`COST_NAMES`, a CostModel or a callable."""
+    if cost is None or isinstance(cost, CostModel) or (callable(cost) and not isinstance(cost, str)):
+        return cost
+    if isinstance(cost, str):
+        if cost in COST_NAMES:
+            return cost
+        raise ValueError(f"{name}: unknown cost {cost!r}; use one of {sorted(COST_NAMES)}, a CostModel or a "
+                         "callable length -> cost")
+    raise TypeError(f"{name} must be None, a cost name, a CostModel or a callable length -> cost, got "
+                    f"{type(cost).__name__}")
+
+
 def as_cost_fn(cost) -> Callable[[np.ndarray], np.ndarray]:
-    """Turn ``cost`` (None, a CostModel, the strings 'tokens'/'quadratic', or any
-    callable ``length -> float``) into a vectorised ``lengths -> float64 costs``."""
-    if cost is None or (isinstance(cost, str) and cost in ("quadratic", "flops", "default")):
+    """Turn ``cost`` (None, a name of :data:`COST_NAMES`, a CostModel, or any callable
+    ``length -> float``) into a vectorised ``lengths -> float64 costs``."""
+    check_cost(cost)
+    if cost is None:
         return DEFAULT_COST.costs
     if isinstance(cost, str):
-        if cost in ("tokens", "token"):
-            return TokenCost().costs
-        raise ValueError(f"unknown cost {cost!r}; use 'tokens', 'quadratic', a CostModel or a callable")
+        return COST_NAMES[cost].costs
     if isinstance(cost, CostModel):
         return cost.costs
     if callable(cost):
@@ -118,7 +135,6 @@ def as_cost_fn(cost) -> Callable[[np.ndarray], np.ndarray]:
             uniq, inv = np.unique(lengths, return_inverse=True)
             return _call_each(cost, uniq)[inv.reshape(lengths.shape)]
         return fn
-    raise TypeError(f"cost must be None, a CostModel or a callable length -> float, got {type(cost).__name__}")
 
 
 # a lookup table indexed by length costs O(max length): used while that is small next to the batch

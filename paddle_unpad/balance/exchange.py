@@ -41,20 +41,20 @@ from __future__ import annotations
 import atexit
 import hashlib
 import logging
-import math
 import queue
 import re
 import threading
 import time
 import weakref
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
 from .. import _paddle_compat as _compat
-from ..data.collate import (DEFAULT_TOKEN_FIELDS, SampleError, check_lengths, check_max_seqlen,
-                            normalize_batch, pack_samples, to_paddle)
-from .planner import DEFAULT_TOL, plan_dest
+from ..data.collate import (DEFAULT_TOKEN_FIELDS, SampleError, check_lengths, normalize_batch, pack_samples,
+                            to_paddle)
+from .options import resolve as resolve_options
+from .planner import plan_dest
 
 __all__ = ["BalancedLoader", "ExchangeError", "ExchangeTimeout"]
 
@@ -420,49 +420,42 @@ class BalancedLoader:
     rank must iterate its loader in step with the others (as with
     ``DistributedBatchSampler``).  It is iterated on the thread that iterates this
     object, so any ``paddle.io.DataLoader`` works, ``num_workers > 0`` included.  In a
-    single process (or ``enabled=False``) the batches are packed as they are,
+    single process (or with ``balance=False``) the batches are packed as they are,
     synchronously.  See :func:`paddle_unpad.fleet.distributed_loader`.
 
     Args:
-        cost, counts, tol: passed to the planner (:func:`paddle_unpad.balance.plan`).
-        prefetch: batches prepared ahead of the training loop (>= 1).
-        timeout: seconds the training loop waits for a batch before
-            :class:`ExchangeTimeout` (a peer stalled or died).
-        max_seqlen: longest legal sample (None: no limit); longer or empty samples raise
-            :class:`~paddle_unpad.data.SampleError` naming the sample id and rank.
-        check_plan: all-gather a hash of each step's plan and fail if ranks disagree
-            (an extra tiny collective per step; meant for tests).
-        close_timeout: seconds ``close()`` waits for the exchange thread.
+        options: the balancer's options (:data:`paddle_unpad.balance.options.OPTIONS`; the
+            defaults where not given): ``balance`` (False: pack each rank's own batches),
+            ``cost``, ``counts``, ``tol`` (the planner's, :func:`paddle_unpad.balance.plan`),
+            ``prefetch``, ``timeout`` (seconds the training loop waits for a batch before
+            :class:`ExchangeTimeout`), ``max_seqlen`` (longer or empty samples raise
+            :class:`~paddle_unpad.data.SampleError` naming the sample id and rank),
+            ``check_plan``, ``close_timeout``.
+        token_fields: per-token fields of a sample (packed along the tokens).
+        place: where the packed tensors go (default: Paddle's current place).
         group: a process group to use (default: a new one over all ranks, created here --
             call this at the same point of the program on every rank).  On gloo with more
             than 2 ranks, one 2-rank group per pair of ranks is created as well (see
             ``_Comm``).
     """
 
-    def __init__(self, loader, cost=None, counts="equal", tol: float = DEFAULT_TOL, prefetch: int = 2,
-                 timeout: float = 300.0, max_seqlen: Optional[int] = 512,
-                 token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS, check_plan: bool = False,
-                 close_timeout: float = 10.0, place=None, group=None, enabled: bool = True):
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 1:
-            raise ValueError(f"BalancedLoader: prefetch must be an int >= 1, got {prefetch!r}")
-        for name, v in (("timeout", timeout), ("close_timeout", close_timeout)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                    or (name == "timeout" and v == 0):
-                raise ValueError(f"BalancedLoader: {name} must be a finite number of seconds "
-                                 f"{'> 0' if name == 'timeout' else '>= 0'}, got {v!r}")
+    def __init__(self, loader, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS, place=None, group=None,
+                 **options):
+        o = resolve_options(options, "BalancedLoader")
         self.loader = loader
-        self.cost, self.counts, self.tol = cost, counts, tol
-        self.prefetch, self.timeout, self.close_timeout = int(prefetch), float(timeout), float(close_timeout)
-        self.max_seqlen = check_max_seqlen(max_seqlen, "BalancedLoader: max_seqlen")
+        self.options = o
+        self.cost, self.counts, self.tol = o["cost"], o["counts"], o["tol"]
+        self.prefetch, self.timeout, self.close_timeout = o["prefetch"], float(o["timeout"]), float(o["close_timeout"])
+        self.max_seqlen = o["max_seqlen"]
         self.token_fields = tuple(token_fields)
-        self.check_plan = bool(check_plan)
+        self.check_plan = o["check_plan"]
         self.place = place
         import paddle.distributed as dist
 
         initialized = dist.is_initialized()
         self.world = dist.get_world_size() if initialized else 1
         self.rank = dist.get_rank() if initialized else 0
-        self.distributed = bool(enabled) and self.world > 1
+        self.distributed = o["balance"] and self.world > 1
         self.group, self.pair_groups = None, {}
         if self.distributed:
             self.group = group if group is not None else dist.new_group(list(range(self.world)))
@@ -620,127 +613,33 @@ class _ExchangeIterator:
         self.comm.what = f"{what} at step {step}"
 
     def _run(self):
-        o, comm = self.o, self.comm
-        R, me = o.world, o.rank
-        step = 0
-        exhausted = False
+        """The exchange thread: one global step per pass, each in the named steps below. Every
+        rank takes the same branches, decided from the gathered headers, so the collectives
+        always match up."""
+        step, exhausted = 0, False
         try:
             while True:
                 cpu0 = time.thread_time()
-                status, msg, local_exc = OK, "", None
-                samples, lengths, ids, sch = [], np.zeros(0, np.int64), np.zeros(0, np.int64), None
-                if exhausted:  # never ask a finished loader again
-                    item = ("end", None)
-                else:
-                    self.phase = f"waiting for its loader's batch of step {step} (the training loop hands it over)"
-                    t_wait = time.thread_time()
-                    item = self._take()
-                    cpu0 += time.thread_time() - t_wait
-                if item is None or self.stop.is_set():
-                    status, msg = ABORT, "its training loop stopped iterating (break, exception or Ctrl-C)"
-                elif item[0] == "end":
-                    status, exhausted = END, True
-                elif item[0] == "error":
-                    status, local_exc, exhausted = ERROR, item[1], True
-                else:
-                    try:
-                        samples, lengths, ids = normalize_batch(item[1], me, step, o.token_fields)
-                        if samples:
-                            sch = _schema(samples, o.token_fields, me)
-                    except BaseException as e:  # noqa: BLE001 - reported to every rank
-                        status, local_exc = ERROR, e
-                        samples, lengths, ids = [], np.zeros(0, np.int64), np.zeros(0, np.int64)
-                if local_exc is not None:
-                    msg = _summary(local_exc)
-                hdr = np.zeros(_HDR, dtype=np.int64)
-                hdr[0], hdr[1], hdr[2] = status, step, len(samples)
-                hdr[3] = _schema_hash(sch) if sch is not None else 0
-                mb = msg.encode("utf-8", "replace")[: 8 * _MSG_WORDS]
-                hdr[8:] = np.frombuffer(mb.ljust(8 * _MSG_WORDS, b"\0"), dtype=np.int64)
-                self._at(step, "waiting for every rank's header (all-gather)")
-                H = comm.all_gather(hdr)
-                if status == ABORT:
+                local = self._local_batch(step, exhausted)
+                cpu0 += local.pop("waited_s")
+                exhausted = local["exhausted"]
+                H = self._share_headers(step, local)
+                if local["status"] == ABORT:
                     return  # peers learn it from this header; nothing more to do
-                failed = [r for r in range(R) if H[r, 0] in (ERROR, ABORT)]
-                if failed:
-                    if local_exc is not None:
-                        raise local_exc
-                    r = failed[0]
-                    text = H[r, 8:].tobytes().rstrip(b"\0").decode("utf-8", "replace")
-                    raise ExchangeError(f"paddle_unpad exchange: rank {r} {_STATUS_TEXT[int(H[r, 0])]} at "
-                                        f"step {int(H[r, 1])}: {text} (this is rank {me})")
-                if np.all(H[:, 0] == END):
+                verdict = self._read_headers(H, local, step)
+                if verdict == "end":
                     self._put(_END_ITEM)
                     return
-                if np.any(H[:, 1] != step):
-                    raise ExchangeError(f"paddle_unpad exchange: ranks are out of step: {H[:, 1].tolist()}")
                 counts = np.where(H[:, 0] == END, 0, H[:, 2])
-                N = int(counts.sum())
-                if N == 0:  # nobody has a sample this step: every rank skips it
+                if int(counts.sum()) == 0:  # nobody has a sample this step: every rank skips it
                     step += 1
                     continue
-                self._agree_schema(H, sch, comm, step)
-                maxn = int(counts.max())
-                rows = np.zeros((maxn, 2), dtype=np.int64)
-                rows[: len(samples), 0] = lengths
-                rows[: len(samples), 1] = ids
-                self._at(step, "waiting for every rank's sample lengths (all-gather)")
-                G = comm.all_gather(rows.reshape(-1)).reshape(R, maxn, 2)
-                lens = [G[r, : counts[r], 0] for r in range(R)]
-                gids = [G[r, : counts[r], 1] for r in range(R)]
-                for r in range(R):  # same check, same message, on every rank
-                    check_lengths(lens[r], gids[r], r, o.max_seqlen)
-                self._at(step, "planning")
-                # equal counts (the usual case): the planner's numpy path, no Python lists
-                dest, _ = plan_dest(G[:, :, 0] if np.all(counts == maxn) else [x.tolist() for x in lens],
-                                    o.cost, o.counts, o.tol)
-                starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-                phash = _plan_hash(dest)
-                if o.check_plan:
-                    self._at(step, "comparing plan hashes (all-gather)")
-                    hs = comm.all_gather(np.array([phash], dtype=np.int64)).reshape(-1)
-                    if np.any(hs != hs[0]):
-                        raise ExchangeError(f"paddle_unpad exchange: ranks computed different plans at step "
-                                            f"{step}: hashes {hs.tolist()}")
-                schema = o._schema_state["schema"]
-                my_dest = dest[starts[me]:starts[me + 1]]
-                sends = {}
-                for d in range(R):
-                    if d != me:
-                        sel = np.nonzero(my_dest == d)[0]
-                        if sel.size:
-                            sends[d] = _encode([samples[k] for k in sel], lengths[sel], schema)
-                recv_words, recv_sel = {}, {}
-                for r in range(R):
-                    if r != me:
-                        sel = np.nonzero(dest[starts[r]:starts[r + 1]] == me)[0]
-                        if sel.size:
-                            recv_sel[r] = sel
-                            recv_words[r] = _words(lens[r][sel], schema)
-                self._at(step, "sending and receiving samples (isend/irecv)")
-                got = comm.exchange(sends, recv_words) if (sends or recv_words) else {}
-                mine, mlens, mids = [], [], []
-                for r in range(R):
-                    if r == me:
-                        sel = np.nonzero(my_dest == me)[0]
-                        mine.extend(samples[k] for k in sel)
-                    elif r in recv_sel:
-                        sel = recv_sel[r]
-                        mine.extend(_decode(got[r], lens[r][sel], schema))
-                    else:
-                        continue
-                    mlens.append(lens[r][sel])
-                    mids.append(gids[r][sel])
-                mlens = np.concatenate(mlens) if mlens else np.zeros(0, np.int64)
-                mids = np.concatenate(mids) if mids else np.zeros(0, np.int64)
-                packed = pack_samples(mine, mlens, mids, o.token_fields, global_num_samples=N, schema=schema)
-                packed["step"] = step
-                packed["plan_hash"] = phash
-                packed["moved_in"] = int(sum(len(s) for s in recv_sel.values()))
-                out = to_paddle(packed, o.place)
+                self._agree_schema(H, local["schema"], self.comm, step)
+                G, lens, gids = self._share_lengths(step, local, counts)
+                dest, starts, phash = self._plan(step, G, lens, counts)
+                out = self._exchange_and_pack(step, local, dest, starts, phash, lens, gids, counts)
                 self.stats["thread_cpu_s"] += time.thread_time() - cpu0
                 self.stats["steps"] += 1
-                self.stats["moved_in"] += packed["moved_in"]
                 step += 1
                 self.phase = f"waiting for the training loop to take the batch of step {step - 1}"
                 if not self._put(out):
@@ -748,6 +647,139 @@ class _ExchangeIterator:
         except BaseException as e:  # noqa: BLE001 - handed to the training loop
             self.phase = f"stopped by {type(e).__name__}"
             self._put(e)
+
+    def _local_batch(self, step, exhausted):
+        """This rank's batch of ``step`` from the training loop, read and checked: its status
+        (OK / END / ERROR / ABORT), samples, lengths, ids and layout."""
+        o = self.o
+        local = {"status": OK, "msg": "", "exc": None, "samples": [], "lengths": np.zeros(0, np.int64),
+                 "ids": np.zeros(0, np.int64), "schema": None, "exhausted": exhausted, "waited_s": 0.0}
+        if exhausted:  # never ask a finished loader again
+            item = ("end", None)
+        else:
+            self.phase = f"waiting for its loader's batch of step {step} (the training loop hands it over)"
+            t_wait = time.thread_time()
+            item = self._take()
+            local["waited_s"] = time.thread_time() - t_wait
+        if item is None or self.stop.is_set():
+            local.update(status=ABORT, msg="its training loop stopped iterating (break, exception or Ctrl-C)")
+        elif item[0] == "end":
+            local.update(status=END, exhausted=True)
+        elif item[0] == "error":
+            local.update(status=ERROR, exc=item[1], exhausted=True)
+        else:
+            try:
+                samples, lengths, ids = normalize_batch(item[1], o.rank, step, o.token_fields)
+                local.update(samples=samples, lengths=lengths, ids=ids,
+                             schema=_schema(samples, o.token_fields, o.rank) if samples else None)
+            except BaseException as e:  # noqa: BLE001 - reported to every rank
+                local.update(status=ERROR, exc=e, samples=[], lengths=np.zeros(0, np.int64),
+                             ids=np.zeros(0, np.int64), schema=None)
+        if local["exc"] is not None:
+            local["msg"] = _summary(local["exc"])
+        return local
+
+    def _share_headers(self, step, local):
+        """All-gather every rank's header: status, step, sample count, layout hash, message."""
+        sch = local["schema"]
+        hdr = np.zeros(_HDR, dtype=np.int64)
+        hdr[0], hdr[1], hdr[2] = local["status"], step, len(local["samples"])
+        hdr[3] = _schema_hash(sch) if sch is not None else 0
+        mb = local["msg"].encode("utf-8", "replace")[: 8 * _MSG_WORDS]
+        hdr[8:] = np.frombuffer(mb.ljust(8 * _MSG_WORDS, b"\0"), dtype=np.int64)
+        self._at(step, "waiting for every rank's header (all-gather)")
+        return self.comm.all_gather(hdr)
+
+    def _read_headers(self, H, local, step):
+        """Raise the first rank's failure on every rank, or say whether every rank has ended."""
+        failed = [r for r in range(self.o.world) if H[r, 0] in (ERROR, ABORT)]
+        if failed:
+            if local["exc"] is not None:
+                raise local["exc"]
+            r = failed[0]
+            text = H[r, 8:].tobytes().rstrip(b"\0").decode("utf-8", "replace")
+            raise ExchangeError(f"paddle_unpad exchange: rank {r} {_STATUS_TEXT[int(H[r, 0])]} at "
+                                f"step {int(H[r, 1])}: {text} (this is rank {self.o.rank})")
+        if np.all(H[:, 0] == END):
+            return "end"
+        if np.any(H[:, 1] != step):
+            raise ExchangeError(f"paddle_unpad exchange: ranks are out of step: {H[:, 1].tolist()}")
+        return "go"
+
+    def _share_lengths(self, step, local, counts):
+        """All-gather every rank's sample lengths and ids; check them the same way on every rank."""
+        o, n = self.o, len(local["samples"])
+        maxn = int(counts.max())
+        rows = np.zeros((maxn, 2), dtype=np.int64)
+        rows[:n, 0] = local["lengths"]
+        rows[:n, 1] = local["ids"]
+        self._at(step, "waiting for every rank's sample lengths (all-gather)")
+        G = self.comm.all_gather(rows.reshape(-1)).reshape(o.world, maxn, 2)
+        lens = [G[r, : counts[r], 0] for r in range(o.world)]
+        gids = [G[r, : counts[r], 1] for r in range(o.world)]
+        for r in range(o.world):  # same check, same message, on every rank
+            check_lengths(lens[r], gids[r], r, o.max_seqlen)
+        return G, lens, gids
+
+    def _plan(self, step, G, lens, counts):
+        """The same plan on every rank: each sample's destination, the ranks' offsets, its hash."""
+        o = self.o
+        self._at(step, "planning")
+        # equal counts (the usual case): the planner's numpy path, no Python lists
+        equal = np.all(counts == counts.max())
+        dest, _ = plan_dest(G[:, :, 0] if equal else [x.tolist() for x in lens], o.cost, o.counts, o.tol)
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        phash = _plan_hash(dest)
+        if o.check_plan:
+            self._at(step, "comparing plan hashes (all-gather)")
+            hs = self.comm.all_gather(np.array([phash], dtype=np.int64)).reshape(-1)
+            if np.any(hs != hs[0]):
+                raise ExchangeError(f"paddle_unpad exchange: ranks computed different plans at step "
+                                    f"{step}: hashes {hs.tolist()}")
+        return dest, starts, phash
+
+    def _exchange_and_pack(self, step, local, dest, starts, phash, lens, gids, counts):
+        """Send the samples that leave, receive those that arrive, pack this rank's batch."""
+        o, me = self.o, self.o.rank
+        samples, lengths = local["samples"], local["lengths"]
+        schema = o._schema_state["schema"]
+        my_dest = dest[starts[me]:starts[me + 1]]
+        sends = {}
+        for d in range(o.world):
+            if d != me:
+                sel = np.nonzero(my_dest == d)[0]
+                if sel.size:
+                    sends[d] = _encode([samples[k] for k in sel], lengths[sel], schema)
+        recv_words, recv_sel = {}, {}
+        for r in range(o.world):
+            if r != me:
+                sel = np.nonzero(dest[starts[r]:starts[r + 1]] == me)[0]
+                if sel.size:
+                    recv_sel[r] = sel
+                    recv_words[r] = _words(lens[r][sel], schema)
+        self._at(step, "sending and receiving samples (isend/irecv)")
+        got = self.comm.exchange(sends, recv_words) if (sends or recv_words) else {}
+        mine, mlens, mids = [], [], []
+        for r in range(o.world):
+            if r == me:
+                sel = np.nonzero(my_dest == me)[0]
+                mine.extend(samples[k] for k in sel)
+            elif r in recv_sel:
+                sel = recv_sel[r]
+                mine.extend(_decode(got[r], lens[r][sel], schema))
+            else:
+                continue
+            mlens.append(lens[r][sel])
+            mids.append(gids[r][sel])
+        mlens = np.concatenate(mlens) if mlens else np.zeros(0, np.int64)
+        mids = np.concatenate(mids) if mids else np.zeros(0, np.int64)
+        packed = pack_samples(mine, mlens, mids, o.token_fields, global_num_samples=int(counts.sum()),
+                              schema=schema)
+        packed["step"] = step
+        packed["plan_hash"] = phash
+        packed["moved_in"] = int(sum(len(x) for x in recv_sel.values()))
+        self.stats["moved_in"] += packed["moved_in"]
+        return to_paddle(packed, o.place)
 
     def _agree_schema(self, H, sch, comm, step):
         st = self.o._schema_state

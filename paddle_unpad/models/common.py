@@ -27,7 +27,7 @@ import paddle.nn.functional as F
 
 from .. import _paddle_compat as _compat
 from .. import layers as _layers
-from ..varlen import pad_input
+from ..varlen import check_cu_seqlens, pad_input
 
 __all__ = ["UnsupportedInput", "Packing", "FamilySpec", "options_of"]
 
@@ -93,6 +93,10 @@ class Packing:
     cu_cpu: int32 ``[B + 1]`` CPU tensor for ``fmha``; cu_dev: the same on the data's device.
     max_seqlen: Python int for ``fmha`` (an upper bound in static graphs).
     total: T (Python int in eager mode; a 0-D tensor in static graphs).
+    place: the device of the data (None in static graphs).
+
+    Construct it with keywords: several fields share a type (batch / seqlen / max_seqlen /
+    total, cu_host / cu_cpu / cu_dev), so a positional slip would go unnoticed.
     """
 
     packed: bool
@@ -145,12 +149,13 @@ class Packing:
             out = paddle.scatter(paddle.zeros([n] + rest, dtype=x.dtype), idx, x, overwrite=True)
             out = out.reshape([self.batch, seqlen] + rest)
         if fill != 0.0:
-            ones = paddle.ones([x.shape[0]] + [1] * (len(x.shape) - 1), dtype=x.dtype)
+            unit = [1] * (len(x.shape) - 1)
+            ones = paddle.ones([x.shape[0]] + unit, dtype=x.dtype)
             if _dynamic():
                 real = pad_input(ones, idx, int(self.batch), int(seqlen))
             else:
-                real = paddle.scatter(paddle.zeros([self.batch * seqlen] + [1] * (len(x.shape) - 1), dtype=x.dtype),
-                                      idx, ones, overwrite=True).reshape([self.batch, seqlen] + [1] * (len(x.shape) - 1))
+                real = paddle.scatter(paddle.zeros([self.batch * seqlen] + unit, dtype=x.dtype), idx, ones,
+                                      overwrite=True).reshape([self.batch, seqlen] + unit)
             out = out + (1.0 - real) * fill
         return out
 
@@ -188,12 +193,6 @@ def _place_of(t):
         return None
 
 
-def _cpu_int32(cu):
-    if isinstance(cu, np.ndarray):
-        return paddle.to_tensor(cu.astype(np.int32), place=paddle.CPUPlace())
-    return cu
-
-
 def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_positions):
     """Packing for inputs that are already packed (``[T]`` ids + ``cu_seqlens``). No device sync
     when ``cu_seqlens`` (or ``cu_seqlens_host``) is a host array / CPU tensor and ``max_seqlen`` an int."""
@@ -203,8 +202,8 @@ def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_posit
         if cu.dtype != paddle.int32:
             cu = cu.astype("int32")
         b = paddle.shape(cu)[0] - 1
-        return Packing(True, b, int(max_positions), None, None, cu, cu, int(max_positions),
-                       paddle.shape(ref)[0], place)
+        return Packing(packed=True, batch=b, seqlen=int(max_positions), indices=None, cu_host=None, cu_cpu=cu,
+                       cu_dev=cu, max_seqlen=int(max_positions), total=paddle.shape(ref)[0], place=place)
     host = None
     if cu_seqlens_host is not None:
         host = np.asarray(cu_seqlens_host.numpy() if is_tensor(cu_seqlens_host) else cu_seqlens_host, np.int32)
@@ -213,22 +212,14 @@ def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_posit
     elif is_tensor(cu_seqlens):  # a device tensor without a host copy costs one device-to-host read
         host = cu_seqlens.numpy().astype(np.int32, copy=False)
     else:
-        raise TypeError(f"paddle_unpad: cu_seqlens must be a paddle.Tensor or numpy array, got {type(cu_seqlens).__name__}")
-    if host.ndim != 1 or host.size < 1:
-        raise ValueError(f"paddle_unpad: cu_seqlens must be 1-D [batch + 1], got shape {list(host.shape)}")
-    total = int(ref.shape[0])
-    if int(host[-1]) != total:
-        raise ValueError(f"paddle_unpad: cu_seqlens[-1] = {int(host[-1])} must equal the number of packed tokens "
-                         f"({total}, the length of input_ids)")
-    longest = int(np.diff(host).max()) if host.size > 1 else 0
-    if max_seqlen is None:
-        max_seqlen = longest
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (int, np.integer)):
+        raise TypeError("paddle_unpad: cu_seqlens must be a paddle.Tensor or numpy array, got "
+                        f"{type(cu_seqlens).__name__}")
+    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (int, np.integer))):
         raise TypeError(f"paddle_unpad: max_seqlen must be a Python int, got {type(max_seqlen).__name__}")
-    max_seqlen = int(max_seqlen)
-    if max_seqlen < longest:
-        raise ValueError(f"paddle_unpad: max_seqlen = {max_seqlen} is smaller than the longest sequence in "
-                         f"cu_seqlens ({longest})")
+    total = int(ref.shape[0])
+    tokens = "input_ids.shape[0]" if len(ref.shape) == 1 else "inputs_embeds.shape[0]"
+    longest = check_cu_seqlens(host, total, max_seqlen, who="paddle_unpad", tokens=tokens)
+    max_seqlen = longest if max_seqlen is None else int(max_seqlen)
     if is_tensor(cu_seqlens) and cu_seqlens.dtype == paddle.int32 and cu_seqlens.place.is_cpu_place():
         cu_cpu = cu_seqlens
     else:
@@ -239,7 +230,8 @@ def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_posit
         cu_dev = cu_seqlens.astype("int32")
     else:
         cu_dev = paddle.to_tensor(host, dtype="int32", place=place)
-    return Packing(True, host.size - 1, max_seqlen, None, host, cu_cpu, cu_dev, max_seqlen, total, place)
+    return Packing(packed=True, batch=host.size - 1, seqlen=max_seqlen, indices=None, cu_host=host, cu_cpu=cu_cpu,
+                   cu_dev=cu_dev, max_seqlen=max_seqlen, total=total, place=place)
 
 
 def _classify_mask(mask_np, ndim):
@@ -326,7 +318,8 @@ def pack_from_mask(ref, input_ids, attention_mask, pad_token_id, needs_cls, max_
     else:
         cu_dev = paddle.to_tensor(cu, dtype="int32", place=place)
         idx = paddle.to_tensor(indices, dtype="int64", place=place)
-    return Packing(False, B, S, idx, cu, cu_cpu, cu_dev, max_seqlen, int(cu[-1]), place)
+    return Packing(packed=False, batch=B, seqlen=S, indices=idx, cu_host=cu, cu_cpu=cu_cpu, cu_dev=cu_dev,
+                   max_seqlen=max_seqlen, total=int(cu[-1]), place=place)
 
 
 def _pack_from_mask_static(ref, input_ids, attention_mask, pad_token_id, max_positions, place):
@@ -348,7 +341,8 @@ def _pack_from_mask_static(ref, input_ids, attention_mask, pad_token_id, max_pos
     seqlens = keep_i32.sum(axis=1)
     cu = paddle.concat([paddle.zeros([1], dtype="int32"), paddle.cumsum(seqlens, axis=0).astype("int32")])
     total = paddle.shape(indices)[0]
-    return Packing(False, B, S, indices, None, cu, cu, int(max_positions), total, place)
+    return Packing(packed=False, batch=B, seqlen=S, indices=indices, cu_host=None, cu_cpu=cu, cu_dev=cu,
+                   max_seqlen=int(max_positions), total=total, place=place)
 
 
 # ---- model families ----------------------------------------------------------------------------------

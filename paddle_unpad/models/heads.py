@@ -35,17 +35,16 @@ from paddlenlp.transformers.model_outputs import (
     TokenClassifierOutput,
 )
 
-from . import common as C
-
+from . import common
 
 
 def _encode(model, spec, a, base, needs_cls=False, want_pooled=True, output_hidden_states=False):
-    return C.encode(spec, base, input_ids=a.get("input_ids"), token_type_ids=a.get("token_type_ids"),
-                    position_ids=a.get("position_ids"), attention_mask=a.get("attention_mask"),
-                    inputs_embeds=a.get("inputs_embeds"), extras={k: a.get(k) for k in spec.embed_extras},
-                    cu_seqlens=a.get("cu_seqlens"), max_seqlen=a.get("max_seqlen"),
-                    cu_seqlens_host=a.get("cu_seqlens_host"), output_hidden_states=output_hidden_states,
-                    needs_cls=needs_cls, want_pooled=want_pooled)
+    return common.encode(spec, base, input_ids=a.get("input_ids"), token_type_ids=a.get("token_type_ids"),
+                         position_ids=a.get("position_ids"), attention_mask=a.get("attention_mask"),
+                         inputs_embeds=a.get("inputs_embeds"), extras={k: a.get(k) for k in spec.embed_extras},
+                         cu_seqlens=a.get("cu_seqlens"), max_seqlen=a.get("max_seqlen"),
+                         cu_seqlens_host=a.get("cu_seqlens_host"), output_hidden_states=output_hidden_states,
+                         needs_cls=needs_cls, want_pooled=want_pooled)
 
 
 def _return_dict(model, a):
@@ -54,8 +53,9 @@ def _return_dict(model, a):
 
 
 def _head_flags(spec, base, a):
-    ohs, oa, uc = C.resolve_flags(spec, base.config, a.get("output_hidden_states"), a.get("output_attentions"), None)
-    C.check_unsupported(oa, None, uc)
+    ohs, oa, uc = common.resolve_flags(spec, base.config, a.get("output_hidden_states"), a.get("output_attentions"),
+                                       None)
+    common.check_unsupported(oa, None, uc)
     return ohs
 
 
@@ -70,13 +70,13 @@ def _tuple_out(loss, main, hidden):
 
 
 def base_forward(model, spec, a):
-    ohs, oa, uc = C.resolve_flags(spec, model.config, a.get("output_hidden_states"), a.get("output_attentions"),
-                                  a.get("use_cache"))
-    C.check_unsupported(oa, a.get("past_key_values"), uc)
+    ohs, oa, uc = common.resolve_flags(spec, model.config, a.get("output_hidden_states"), a.get("output_attentions"),
+                                       a.get("use_cache"))
+    common.check_unsupported(oa, a.get("past_key_values"), uc)
     return_dict = _return_dict(model, a)
     pk, seq, pooled, hidden = _encode(model, spec, a, model, needs_cls=False, output_hidden_states=ohs)
-    seq_out = C.outputs_for_caller(pk, seq)
-    hs = C.hidden_for_caller(pk, hidden)
+    seq_out = common.outputs_for_caller(pk, seq)
+    hs = common.hidden_for_caller(pk, hidden)
     if not return_dict:
         return (seq_out, pooled) if hs is None else (seq_out, pooled, hs)
     return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=seq_out, pooler_output=pooled,
@@ -103,7 +103,7 @@ def _seqcls_loss_bert(model, logits, labels):
             return paddle.nn.MSELoss()(logits.squeeze(), labels.squeeze())
         return paddle.nn.MSELoss()(logits, labels)
     if model.config.problem_type == "single_label_classification":
-        return C.cross_entropy_mean(logits, labels, num_labels)
+        return common.cross_entropy_mean(logits, labels, num_labels)
     return paddle.nn.BCEWithLogitsLoss()(logits, labels)
 
 
@@ -115,7 +115,7 @@ def _seqcls_loss_roberta(model, logits, labels):
     if n == 1:
         return paddle.nn.MSELoss()(logits, labels)
     if labels.dtype in (paddle.int64, paddle.int32):
-        return C.cross_entropy_mean(logits, labels, n)
+        return common.cross_entropy_mean(logits, labels, n)
     return paddle.nn.BCEWithLogitsLoss()(logits, labels)
 
 
@@ -133,7 +133,7 @@ def seqcls_forward(model, spec, a):
         pk, seq, pooled, hidden = _encode(model, spec, a, base, needs_cls=True, output_hidden_states=ohs)
         logits = model.classifier(model.dropout(pooled))
         loss = _seqcls_loss_bert(model, logits, a.get("labels"))
-    hs = C.hidden_for_caller(pk, hidden)
+    hs = common.hidden_for_caller(pk, hidden)
     if not return_dict:
         return _tuple_out(loss, (logits,), hs)
     return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=hs, attentions=None)
@@ -151,10 +151,10 @@ def tokcls_forward(model, spec, a):
     loss = None
     labels = a.get("labels")
     if labels is not None:
-        loss = C.token_cross_entropy(logits_t, C.token_labels(pk, labels), model.config.num_labels,
-                                     pk.batch * pk.seqlen, _token_loss_mode(model), model)
-    logits = C.outputs_for_caller(pk, logits_t)
-    hs = C.hidden_for_caller(pk, hidden)
+        loss = common.token_cross_entropy(logits_t, common.token_labels(pk, labels), model.config.num_labels,
+                                          pk.batch * pk.seqlen, _token_loss_mode(model), model)
+    logits = common.outputs_for_caller(pk, logits_t)
+    hs = common.hidden_for_caller(pk, hidden)
     if not return_dict:
         return _tuple_out(loss, (logits,), hs)
     return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=hs, attentions=None)
@@ -169,7 +169,7 @@ def qa_forward(model, spec, a):
     return_dict = _return_dict(model, a)
     pk, seq, _, hidden = _encode(model, spec, a, base, want_pooled=False, output_hidden_states=ohs)
     logits_t = model.classifier(seq)  # [T, 2]
-    logits = pk.to_padded(logits_t, fill=C.PAD_LOGIT)  # [B, S, 2], -1e4 at padding
+    logits = pk.to_padded(logits_t, fill=common.PAD_LOGIT)  # [B, S, 2], -1e4 at padding
     logits = paddle.transpose(logits, perm=[2, 0, 1])
     start_logits, end_logits = paddle.unstack(x=logits, axis=0)
     total_loss = None
@@ -184,7 +184,7 @@ def qa_forward(model, spec, a):
         end_positions = end_positions.clip(0, ignored_index)
         loss_fct = paddle.nn.CrossEntropyLoss(ignore_index=ignored_index)
         total_loss = (loss_fct(start_logits, start_positions) + loss_fct(end_logits, end_positions)) / 2
-    hs = C.hidden_for_caller(pk, hidden)
+    hs = common.hidden_for_caller(pk, hidden)
     if not return_dict:
         return _tuple_out(total_loss, (start_logits, end_logits), hs)
     return QuestionAnsweringModelOutput(loss=total_loss, start_logits=start_logits, end_logits=end_logits,
@@ -201,11 +201,11 @@ def _mlm_scores(pk, seq, masked_positions, predict):
         scores = predict(paddle.gather(seq, rows, axis=0))  # only the masked rows
         return scores, scores, False
     scores_t = predict(seq)  # [T, V]
-    return C.outputs_for_caller(pk, scores_t), scores_t, True
+    return common.outputs_for_caller(pk, scores_t), scores_t, True
 
 
 def _token_loss_mode(model):
-    return C.options_of(model).get("token_loss", C.DEFAULT_OPTIONS["token_loss"])
+    return common.options_of(model).get("token_loss", common.DEFAULT_OPTIONS["token_loss"])
 
 
 def _mlm_loss(model, pk, scores_loss, labels, per_token):
@@ -213,16 +213,16 @@ def _mlm_loss(model, pk, scores_loss, labels, per_token):
         return None
     vocab = scores_loss.shape[-1]
     if per_token:  # stock divisor: every position of the padded batch
-        labels, rows = C.token_labels(pk, labels), pk.batch * pk.seqlen
+        labels, rows = common.token_labels(pk, labels), pk.batch * pk.seqlen
     else:  # masked rows only: the original's mean over those rows
-        rows = scores_loss.shape[0] if C._dynamic() else paddle.shape(scores_loss)[0]
-    return C.token_cross_entropy(scores_loss, labels, vocab, rows, _token_loss_mode(model), model)
+        rows = scores_loss.shape[0] if common._dynamic() else paddle.shape(scores_loss)[0]
+    return common.token_cross_entropy(scores_loss, labels, vocab, rows, _token_loss_mode(model), model)
 
 
 def _mlm_batch_inputs(a, extra):
     """The original arguments ``masked_positions`` / ``labels`` from a packing collator's
     MLM batch keys when the caller did not pass them (``model(**batch)``)."""
-    keys = {k: extra[k] for k in C.MLM_BATCH_KEYS if extra.get(k) is not None}
+    keys = {k: extra[k] for k in common.MLM_BATCH_KEYS if extra.get(k) is not None}
     if not keys:
         return a
     a = dict(a)
@@ -231,13 +231,13 @@ def _mlm_batch_inputs(a, extra):
     if a.get("labels") is not None:
         return a
     positions = a.get("masked_positions")
-    per_token = next((keys[k] for k in C.MLM_LABEL_FIELDS if k in keys), None)
+    per_token = next((keys[k] for k in common.MLM_LABEL_FIELDS if k in keys), None)
     if positions is not None and "masked_labels" in keys:
         a["labels"] = keys["masked_labels"]
     elif positions is not None and per_token is not None:
         a["labels"] = paddle.gather(per_token.reshape([-1]), positions.reshape([-1]).astype("int64"))
     elif per_token is not None:  # every token scored; the collator marks unmasked ones with any negative
-        a["labels"] = paddle.where(per_token < 0, paddle.full_like(per_token, C.IGNORE_INDEX), per_token)
+        a["labels"] = paddle.where(per_token < 0, paddle.full_like(per_token, common.IGNORE_INDEX), per_token)
     elif "masked_labels" in keys:
         raise ValueError("paddle_unpad: masked_labels was given without masked_positions (the rows they label)")
     return a
@@ -258,8 +258,8 @@ def pretraining_forward(model, spec, a):
         labels, nsl = a.get("labels"), a.get("next_sentence_label")
         if labels is not None and nsl is not None:
             mlm = _mlm_loss(model, pk, scores_loss, labels, per_token)
-            total_loss = mlm + C.cross_entropy_mean(nsp, nsl, 2)
-        hs = C.hidden_for_caller(pk, hidden)
+            total_loss = mlm + common.cross_entropy_mean(nsp, nsl, 2)
+        hs = common.hidden_for_caller(pk, hidden)
         if not return_dict:
             return _tuple_out(total_loss, (scores, nsp), hs)
         out_cls = BertForPreTrainingOutput
@@ -278,7 +278,7 @@ def masked_lm_forward(model, spec, a):
     predict = model.lm_head if spec.roberta_positions else (lambda h: model.cls.predictions(h, None))
     scores, scores_loss, per_token = _mlm_scores(pk, seq, a.get("masked_positions"), predict)
     loss = _mlm_loss(model, pk, scores_loss, a.get("labels"), per_token)
-    hs = C.hidden_for_caller(pk, hidden)
+    hs = common.hidden_for_caller(pk, hidden)
     if not return_dict:
         return _tuple_out(loss, (scores,), hs)
     return MaskedLMOutput(loss=loss, logits=scores, hidden_states=hs, attentions=None)
@@ -292,7 +292,7 @@ def run(model, spec, impl, a, extra):
     """Run ``impl``; on :class:`UnsupportedInput` raise, or (``on_unsupported="fallback"``) warn once
     and run the original forward."""
     mlm_head = impl in (masked_lm_forward, pretraining_forward)
-    unknown = set(extra) - C.COLLATOR_EXTRAS - (C.MLM_BATCH_KEYS if mlm_head else frozenset())
+    unknown = set(extra) - common.COLLATOR_EXTRAS - (common.MLM_BATCH_KEYS if mlm_head else frozenset())
     if unknown:
         raise TypeError(f"{type(model).__name__}.forward() got unexpected keyword argument(s) "
                         f"{', '.join(sorted(unknown))}")
@@ -302,13 +302,13 @@ def run(model, spec, impl, a, extra):
         return _original_forward(model, a)
     try:
         return impl(model, spec, a)
-    except C.UnsupportedInput as e:
+    except common.UnsupportedInput as e:
         packed = a.get("cu_seqlens") is not None
-        if C.options_of(model).get("on_unsupported") != "fallback" or packed or not paddle.in_dynamic_mode():
+        if common.options_of(model).get("on_unsupported") != "fallback" or packed or not paddle.in_dynamic_mode():
             raise
-        C.warn_once(("fallback", type(model).__name__, str(e)),
-                    f"{e} -- running the original padded forward of {type(model).__name__} instead "
-                    "(convert(..., on_unsupported='fallback'))")
+        common.warn_once(("fallback", type(model).__name__, str(e)),
+                         f"{e} -- running the original padded forward of {type(model).__name__} instead "
+                         "(convert(..., on_unsupported='fallback'))")
         _FALLBACK.depth += 1
         try:
             return _original_forward(model, a)
@@ -325,9 +325,9 @@ _FALLBACK = _FallbackState()
 
 def _original_forward(model, a):
     orig = model.__dict__["_paddle_unpad_original_class"]
-    kw = {k: v for k, v in a.items() if k not in C.PACKED_ARGS_ALL}
+    kw = {k: v for k, v in a.items() if k not in common.PACKED_ARGS_ALL}
     if "masked_positions" not in inspect.signature(orig.forward).parameters:  # RoBERTa: only from a batch
         if kw.pop("masked_positions", None) is not None:
-            raise C.UnsupportedInput(f"paddle_unpad: the original {orig.__name__}.forward has no masked_positions; "
-                                     "its padded fallback cannot score only the masked rows")
+            raise common.UnsupportedInput(f"paddle_unpad: the original {orig.__name__}.forward has no "
+                                          "masked_positions; its padded fallback cannot score only the masked rows")
     return orig.forward(model, **kw)

@@ -7,69 +7,21 @@ with packed inputs pass ``position_ids`` only if they already follow that rule
 RoBERTa has no pretraining (MLM+NSP) class in PaddleNLP 2.8.1: ``RobertaForMaskedLM``
 is its pretraining model.
 """
-from paddlenlp.transformers.roberta import modeling as _m
+from paddlenlp.transformers.roberta import modeling
 
-from . import heads as _h
+from . import heads
 from .common import FamilySpec
-from .ernie import _cls_args
+from .forwards import build_heads, forward_args
 
-SPEC = FamilySpec(name="roberta", base_class=_m.RobertaModel, base_attr="roberta", roberta_positions=True)
+SPEC = FamilySpec(name="roberta", base_class=modeling.RobertaModel, base_attr="roberta", roberta_positions=True)
 
-
-class UnpadRobertaModel:
-    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, attention_mask=None,
-                past_key_values=None, inputs_embeds=None, use_cache=None, output_hidden_states=None,
-                output_attentions=None, return_dict=None, *, cu_seqlens=None, max_seqlen=None, cu_seqlens_host=None,
-                **extra):
-        a = dict(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids,
-                 attention_mask=attention_mask, past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-                 use_cache=use_cache, output_hidden_states=output_hidden_states,
-                 output_attentions=output_attentions, return_dict=return_dict, cu_seqlens=cu_seqlens,
-                 max_seqlen=max_seqlen, cu_seqlens_host=cu_seqlens_host)
-        return _h.run(self, SPEC, _h.base_forward, a, extra)
-
-
-class UnpadRobertaForSequenceClassification:
-    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
-                labels=None, output_hidden_states=None, output_attentions=None, return_dict=None, *,
-                cu_seqlens=None, max_seqlen=None, cu_seqlens_host=None, **extra):
-        a = _cls_args(input_ids, token_type_ids, position_ids, attention_mask, inputs_embeds, output_hidden_states,
-                      output_attentions, return_dict, cu_seqlens, max_seqlen, cu_seqlens_host, labels=labels)
-        return _h.run(self, SPEC, _h.seqcls_forward, a, extra)
-
-
-class UnpadRobertaForTokenClassification:
-    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
-                labels=None, output_hidden_states=None, output_attentions=None, return_dict=None, *,
-                cu_seqlens=None, max_seqlen=None, cu_seqlens_host=None, **extra):
-        a = _cls_args(input_ids, token_type_ids, position_ids, attention_mask, inputs_embeds, output_hidden_states,
-                      output_attentions, return_dict, cu_seqlens, max_seqlen, cu_seqlens_host, labels=labels)
-        return _h.run(self, SPEC, _h.tokcls_forward, a, extra)
-
-
-class UnpadRobertaForQuestionAnswering:
-    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
-                start_positions=None, end_positions=None, output_hidden_states=None, output_attentions=None,
-                return_dict=None, *, cu_seqlens=None, max_seqlen=None, cu_seqlens_host=None, **extra):
-        a = _cls_args(input_ids, token_type_ids, position_ids, attention_mask, inputs_embeds, output_hidden_states,
-                      output_attentions, return_dict, cu_seqlens, max_seqlen, cu_seqlens_host,
-                      start_positions=start_positions, end_positions=end_positions)
-        return _h.run(self, SPEC, _h.qa_forward, a, extra)
-
-
-class UnpadRobertaForMaskedLM:
-    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
-                labels=None, output_hidden_states=None, output_attentions=None, return_dict=None, *,
-                cu_seqlens=None, max_seqlen=None, cu_seqlens_host=None, **extra):
-        a = _cls_args(input_ids, token_type_ids, position_ids, attention_mask, inputs_embeds, output_hidden_states,
-                      output_attentions, return_dict, cu_seqlens, max_seqlen, cu_seqlens_host, labels=labels)
-        return _h.run(self, SPEC, _h.masked_lm_forward, a, extra)
-
-
-HEADS = {
-    _m.RobertaModel: UnpadRobertaModel,
-    _m.RobertaForSequenceClassification: UnpadRobertaForSequenceClassification,
-    _m.RobertaForTokenClassification: UnpadRobertaForTokenClassification,
-    _m.RobertaForQuestionAnswering: UnpadRobertaForQuestionAnswering,
-    _m.RobertaForMaskedLM: UnpadRobertaForMaskedLM,
-}
+HEADS = build_heads(SPEC, [
+    (modeling.RobertaModel, heads.base_forward,
+     forward_args("past_key_values", "inputs_embeds", "use_cache")),
+    (modeling.RobertaForSequenceClassification, heads.seqcls_forward, forward_args("inputs_embeds", "labels")),
+    (modeling.RobertaForTokenClassification, heads.tokcls_forward, forward_args("inputs_embeds", "labels")),
+    (modeling.RobertaForQuestionAnswering, heads.qa_forward,
+     forward_args("inputs_embeds", "start_positions", "end_positions")),
+    # RoBERTa's original has no masked_positions (a packing collator's batch may still carry them)
+    (modeling.RobertaForMaskedLM, heads.masked_lm_forward, forward_args("inputs_embeds", "labels")),
+])

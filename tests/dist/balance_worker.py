@@ -231,9 +231,9 @@ def scenario_train():
     check("thread stopped at the end", wait_threads_gone())
 
     # pre-balanced feeding in a single process is a pass-through (no exchange)
-    local = pf.distributed_loader(loader, enabled=False)
+    local = pf.distributed_loader(loader, balance=False)
     b0 = next(iter(local))
-    check("enabled=False packs the rank's own batch", sorted(b0["sample_ids"].tolist()) == steps[0][rank])
+    check("balance=False packs the rank's own batch", sorted(b0["sample_ids"].tolist()) == steps[0][rank])
 
 
 def scenario_errors():

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <vector>
 
+#include "kernels/common/cu_seqlens_checks.h"
 #include "kernels/common/philox.h"
 #include "kernels/cuda/fmha_cuda.cuh"
 #include "kernels/cuda/fmha_params.cuh"
@@ -222,22 +223,9 @@ std::string fmha_cuda_unsupported(const FmhaCudaProblem& p) {
     why << "dropout must be in [0, 1), got " << p.dropout;
   } else if (p.total < 0 || p.total > INT32_MAX) {
     why << "total tokens (q.shape[0]) must be below 2^31 on GPU, got " << p.total;
-  } else if (p.batch < 0 || (p.batch > 0 && p.cu_seqlens == nullptr)) {
-    why << "cu_seqlens (host memory) is missing";
-  } else if (p.batch >= 0 && p.cu_seqlens != nullptr) {
-    if (p.cu_seqlens[0] != 0) {
-      why << "cu_seqlens[0] must be 0, got " << p.cu_seqlens[0];
-    } else {
-      for (int64_t b = 0; b < p.batch; ++b)
-        if (p.cu_seqlens[b + 1] < p.cu_seqlens[b]) {
-          why << "cu_seqlens must be non-decreasing, but cu_seqlens[" << b + 1
-              << "] = " << p.cu_seqlens[b + 1] << " < cu_seqlens[" << b << "] = " << p.cu_seqlens[b];
-          break;
-        }
-      if (why.str().empty() && p.cu_seqlens[p.batch] != p.total)
-        why << "cu_seqlens[-1] = " << p.cu_seqlens[p.batch]
-            << " must equal the number of packed tokens q.shape[0] = " << p.total;
-    }
+  } else {
+    // No max_seqlen here: each launch is sized from the lengths themselves.
+    why << cu_seqlens_invalid(p.cu_seqlens, p.batch, p.total, INT32_MAX);
   }
   return why.str();
 }
