@@ -26,7 +26,8 @@ SUPPORTED_PADDLENLP = ("2.8",)
 
 
 def check_versions():
-    """Warn once when the running Paddle is not one this release was tested with."""
+    """Warn once when the running Paddle is not one this release was tested with, or when it
+    meets a protobuf it does not work with."""
     if PADDLE_VERSION not in SUPPORTED_PADDLE and PADDLE_VERSION != (99, 0):
         tested = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_PADDLE)
         warnings.warn(
@@ -35,6 +36,27 @@ def check_versions():
             RuntimeWarning,
             stacklevel=3,
         )
+    problem = protobuf_problem()
+    if problem:
+        warnings.warn(f"paddle_unpad: {problem}", RuntimeWarning, stacklevel=3)
+
+
+def protobuf_problem(paddle_version=None, protobuf_version=None):
+    """Paddle 2.6's fleet.DistributedStrategy fails with protobuf 7 (its hybrid_configs reads
+    FieldDescriptor.label, which protobuf 7 removed); 6.33 and 5.29 work. A sentence, or None."""
+    paddle_version = PADDLE_VERSION if paddle_version is None else paddle_version
+    if protobuf_version is None:
+        try:
+            from google import protobuf
+
+            protobuf_version = protobuf.__version__
+        except ImportError:
+            return None
+    major = re.match(r"(\d+)", protobuf_version)
+    if paddle_version < (3, 0) and major and int(major.group(1)) >= 7:
+        return (f"Paddle {'.'.join(map(str, paddle_version))} with protobuf {protobuf_version}: fleet's "
+                "DistributedStrategy fails (hybrid_configs: no attribute 'label'); install \"protobuf<7\"")
+    return None
 
 
 _checked_paddlenlp = []

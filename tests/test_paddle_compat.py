@@ -37,6 +37,14 @@ def test_untested_paddle_warns_once_at_import(monkeypatch):
         compat.check_versions()
 
 
+def test_protobuf_that_breaks_paddle_26_fleet_is_named():
+    assert "install \"protobuf<7\"" in compat.protobuf_problem((2, 6), "7.36.2")
+    assert compat.protobuf_problem((2, 6), "6.33.6") is None
+    assert compat.protobuf_problem((3, 3), "7.36.2") is None
+    # and the running pair is one that works (the set-up pins it)
+    assert compat.protobuf_problem() is None
+
+
 def test_untested_paddlenlp_warns():
     with pytest.warns(RuntimeWarning, match="PaddleNLP 2.7.2 has not been tested"):
         compat.check_paddlenlp_version("2.7.2")
