@@ -105,7 +105,7 @@ demo: setup
 
 # Every benchmark prints both sides of its comparison and writes benchmarks/results/*.json;
 # report.py regenerates docs/performance.md and docs/img/*.png from those files.
-# The sizes are chosen so that the whole suite takes under 15 minutes on 2 cores.
+# The sizes are chosen so that the whole suite takes about 18 minutes on 2 cores (17m44s measured).
 bench: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_attention.py --threads $(THREADS)
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_fused_ops.py
