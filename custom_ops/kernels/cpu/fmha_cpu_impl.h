@@ -123,21 +123,39 @@ static inline float exp_row(float* s, int64_t n, int64_t n_pad, float m) {
   return sum;
 }
 
-// Dropout multipliers (0 or 1/(1-p)) of one query row t against keys [j0, j0 + n),
-// j0 % 4 == 0: Philox block j/4 of counter (j / 4, t, h, offset) covers keys 4c .. 4c + 3.
+// Philox words of one query row t against keys [j0, j0 + n), j0 % 4 == 0: block j/4 of
+// counter (j / 4, t, h, offset) covers keys 4c .. 4c + 3; key j is dropped when its word
+// is below the threshold. Valid for at least round_up(n, V) keys; the buffer is per thread.
+static inline const uint32_t* dropout_words(const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
+                                            int64_t n) {
+  thread_local std::vector<uint32_t> buf;
+  const int64_t nblocks = round_up((round_up(n, V) + 3) / 4, L);
+  if (buf.size() < static_cast<size_t>(4 * nblocks)) buf.resize(4 * nblocks);
+  philox_words(buf.data(), static_cast<uint64_t>(j0 >> 2), nblocks, static_cast<uint32_t>(t),
+               static_cast<uint32_t>(h), static_cast<uint32_t>(P.offset), P.seed);
+  return buf.data();
+}
+
+// Dropout multipliers (0 or 1/(1-p)) of row t, keys [j0, j0 + n).
 static inline void dropout_row(float* z, const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
                                int64_t n, uint32_t threshold, float keep_scale) {
-  thread_local std::vector<uint32_t> buf;
-  const int64_t nblocks = round_up((n + 3) / 4, L);
-  if (buf.size() < static_cast<size_t>(4 * nblocks)) buf.resize(4 * nblocks);
-  uint32_t* words = buf.data();
-  philox_words(words, static_cast<uint64_t>(j0 >> 2), nblocks, static_cast<uint32_t>(t),
-               static_cast<uint32_t>(h), static_cast<uint32_t>(P.offset), P.seed);
+  const uint32_t* words = dropout_words(P, t, h, j0, n);
   const vf keep = vsplat(keep_scale), drop = vf{};
   const vu thr = vu{} + threshold;
   int64_t j = 0;
   for (; j + V <= n; j += V) vstore(z + j, (vi)(vloadu(words + j) < thr) ? drop : keep);
   for (; j < n; ++j) z[j] = words[j] < threshold ? 0.0f : keep_scale;
+}
+
+// The dropped entries of row t's probabilities p[0, n_pad) (n_pad % V == 0) set to 0, the
+// kept ones left as they are: the forward applies the common 1/(1-p) once, to the output
+// row, which saves a multiplier row and a pass over it per key block.
+static inline void drop_in_place(float* p, const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
+                                 int64_t n_pad, uint32_t threshold) {
+  const uint32_t* words = dropout_words(P, t, h, j0, n_pad);
+  const vu thr = vu{} + threshold;
+  for (int64_t j = 0; j < n_pad; j += V)
+    vstore(p + j, (vi)(vloadu(words + j) < thr) ? vf{} : vload(p + j));
 }
 
 static inline float* scratch(std::vector<float>& buf, size_t n) {
@@ -161,12 +179,11 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
   thread_local std::vector<float> seq_buf, blk_buf;
   float* Kt = scratch(seq_buf, D * sp + sp * Dp);  // [D][sp], then V [sp][Dp]
   float* Vp = Kt + D * sp;
-  float* Qs = scratch(blk_buf, kBr * Dp + kBr * kBc + kBr * Dp + 3 * kBr + kBc);
+  float* Qs = scratch(blk_buf, kBr * Dp + kBr * kBc + kBr * Dp + 2 * kBr);
   float* S = Qs + kBr * Dp;
   float* O = S + kBr * kBc;
   float* m = O + kBr * Dp;
   float* l = m + kBr;
-  float* z = l + kBr;
 
   for (int64_t j = 0; j < s; ++j) {
     const float* ks = k + (t0 + j) * HD + h * D;
@@ -202,16 +219,13 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
           float* o = O + i * Dp;
           for (int64_t d = 0; d < Dp; d += V) vstore(o + d, vload(o + d) * alpha);
         }
-        if (dropout) {
-          dropout_row(z, P, t0 + i0 + i, h, j0, bc, threshold, keep_scale);
-          for (int64_t j = 0; j < bc; ++j) row[j] *= z[j];
-        }
+        if (dropout) drop_in_place(row, P, t0 + i0 + i, h, j0, bcp, threshold);
       }
       gemm(br, Dp, bc, S, kBc, 1, Vp + j0 * Dp, Dp, O, Dp, true);
     }
 
     for (int64_t i = 0; i < br; ++i) {
-      const float inv = 1.0f / l[i];
+      const float inv = keep_scale / l[i];
       float* dst = out + (t0 + i0 + i) * HD + h * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = O[i * Dp + d] * inv;
       lse[(t0 + i0 + i) * H + h] = m[i] + std::log(l[i]);
