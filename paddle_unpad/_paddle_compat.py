@@ -7,6 +7,7 @@ release is adapted here and nowhere else. Each helper says which versions differ
 This module imports only paddle and the standard library (``_build_config`` uses it
 at build time, before the package exists).
 """
+import atexit
 import functools
 import re
 import warnings
@@ -244,6 +245,75 @@ def wake_dataloader_reader(it):
         return False
     wake()
     return True
+
+
+# ----------------------------------------------------------------------------- exit order of the ranks
+
+_EXIT_KEY = "paddle_unpad/ranks_leaving"
+_EXIT_COUNT_WAIT_S = 5.0  # how long rank 0 waits for its peers to count themselves out
+_exit_order = {}  # rank, world, {peer: gloo group holding ranks 0 and peer}
+
+
+def order_rank_exit(rank, world, peer_groups):
+    """Make rank 0 leave a clean multi-rank CPU job after its peers (once per process).
+
+    Rank 0 hosts the job's TCP store; in Paddle 3.x a libuv thread serves it, and when a
+    peer's connection closes while rank 0 is already in its C++ teardown (the static
+    destructors after ``exit()``), that thread aborts rank 0 -- SIGABRT, no message, the
+    job's work already done, the launcher reporting a failed job (seen in about one of 15
+    two-rank Trainer runs on a loaded 2-core host; the core dump shows
+    ``LibUVClient::readCallback`` under ``LibUVMasterDaemon::run``). So at interpreter
+    exit each peer counts itself out in the store, and rank 0, once all have, waits until
+    every peer's process is gone (a receive on the pair's gloo group fails when the peer's
+    sockets close) before its own teardown. Skipped in a process that dies of an exception,
+    and when a peer has not counted itself out within a few seconds (a failed job: rank 0
+    must not hold up its peers' errors). ``peer_groups``: for each peer, a gloo group of
+    ranks 0 and that peer, as the exchange holds them; NCCL groups are not used."""
+    if world < 2 or _exit_order or not peer_groups:
+        return
+    _exit_order.update(rank=rank, world=world, peer_groups=dict(peer_groups))
+
+
+def _tcp_store():
+    try:
+        from paddle.base import core  # 2.6 and 3.x
+
+        return core.create_or_get_global_tcp_store()
+    except Exception:  # noqa: BLE001 - no store, no ordering
+        return None
+
+
+def _leave_in_order():
+    import sys
+    import time
+
+    o = _exit_order
+    if not o or getattr(sys, "last_value", None) is not None:  # dying of an exception
+        return
+    store = _tcp_store()
+    if store is None:
+        return
+    try:
+        if o["rank"] != 0:
+            store.add(_EXIT_KEY, 1)
+            return
+        deadline = time.monotonic() + _EXIT_COUNT_WAIT_S
+        while store.add(_EXIT_KEY, 0) < o["world"] - 1:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        buf = paddle.to_tensor([0], dtype="int64", place=paddle.CPUPlace())
+        for peer, group in sorted(o["peer_groups"].items()):
+            try:  # nobody sends: this returns when the peer's connection closes
+                paddle.distributed.irecv(buf, peer, group=group).wait()
+            except Exception:  # noqa: BLE001 - the expected end of the wait
+                pass
+        time.sleep(0.1)  # the store's thread takes the peers' hang-ups while rank 0 is whole
+    except Exception:  # noqa: BLE001 - ordering is best effort; never fail an exit
+        return
+
+
+atexit.register(_leave_in_order)  # after the exchange's own exit handler (registered later)
 
 
 # ----------------------------------------------------------------------------- threads, memory

@@ -243,3 +243,15 @@ def test_unequal_batch_counts_finish_on_every_rank():
         assert rk.rc == 0, rk
         res = [r for r in rk.results if "complete" in r]
         assert res and res[0]["complete"] and res[0]["steps"] == 3, rk
+
+
+# ------------------------------------------------------------------ exit order
+def test_rank_0_leaves_a_clean_job_after_its_peers():
+    """Rank 0 hosts the job's TCP store, and a peer hanging up while rank 0 is in its C++
+    teardown aborts rank 0 (Paddle 3.x, after the work is done): on a clean exit rank 0
+    waits until its peers' processes are gone, even when a peer is slow to leave."""
+    r0, r1 = run_ranks("clean_exit_order")
+    assert_no_abort([r0, r1])
+    assert r0.rc == 0 and r1.rc == 0, (r0, r1)
+    assert [r["steps"] for r in r0.results if "steps" in r] == [2], r0
+    assert r0.exit_s >= r1.exit_s, f"rank 0 ended at {r0.exit_s} s, before rank 1 ({r1.exit_s} s)"

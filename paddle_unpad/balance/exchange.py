@@ -460,6 +460,8 @@ class BalancedLoader:
         if self.distributed:
             self.group = group if group is not None else dist.new_group(list(range(self.world)))
             self.pair_groups = _Comm.make_pair_groups(self.world, self.group)
+            _compat.order_rank_exit(self.rank, self.world,  # rank 0 leaves a clean job last
+                                    {b: g for (a, b), g in self.pair_groups.items() if a == 0})
         self._active = None
         self.stats = {"steps": 0, "thread_cpu_s": 0.0, "moved_in": 0}  # of the latest epoch
         self._schema_state = {"hash": 0, "schema": None}  # agreed across ranks, kept over epochs

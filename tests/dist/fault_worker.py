@@ -7,6 +7,7 @@ launcher).  It prints ``READY`` once the exchange's process groups exist, then o
 exception end the process, as a user's script would: the test checks the exit code, and
 that nothing aborted on the way out.  Nothing here leaves through ``os._exit``.
 """
+import atexit
 import json
 import os
 import signal
@@ -238,6 +239,20 @@ def scenario_unequal_batches():
     result(complete=flat == want, steps=len(seen))
 
 
+def scenario_clean_exit_order():
+    """Two ranks finish cleanly; rank 1 then lingers 1.5 s in its exit (an exit handler that
+    runs before the package's): rank 0 must still end after rank 1 (see
+    paddle_unpad._paddle_compat.order_rank_exit)."""
+    rank = init()
+    batches = [[smp(10 * rank + 2 * s + k, 3 + 5 * k + 7 * rank, np.int64(k)) for k in range(2)] for s in range(2)]
+    loader = pf.distributed_loader(batches)
+    print("READY", flush=True)
+    seen = run_loop(loader, expect_failure=False)
+    if rank == 1:
+        atexit.register(time.sleep, 1.5)
+    result(steps=len(seen))
+
+
 SCENARIOS = {
     "shape_scalar_then_vector": scenario_shape_scalar_then_vector,
     "shape_vector_then_scalar": scenario_shape_vector_then_scalar,
@@ -248,6 +263,7 @@ SCENARIOS = {
     "peer_killed": lambda: scenario_peer_signal(signal.SIGKILL),
     "peer_stopped": lambda: scenario_peer_signal(signal.SIGSTOP),
     "unequal_batches": scenario_unequal_batches,
+    "clean_exit_order": scenario_clean_exit_order,
 }
 
 if __name__ == "__main__":
