@@ -163,18 +163,19 @@ def median_time(fn, warmup, repeats):
     return statistics.median(bench_util.time_calls(fn, repeats, warmup))
 
 
-def matmul_gflops(n=1024, repeats=5):
-    a = paddle.randn([n, n], dtype="float32")
-    b = paddle.randn([n, n], dtype="float32")
+def gemm_gflops(m, k, n, repeats=5):
+    a = paddle.randn([m, k], dtype="float32")
+    b = paddle.randn([k, n], dtype="float32")
     t = median_time(lambda: paddle.matmul(a, b).numpy(), 1, repeats)  # .numpy(): ensure done
-    return 2.0 * n**3 / t / 1e9
+    return 2.0 * m * k * n / t / 1e9
+
+
+def matmul_gflops(n=1024, repeats=5):
+    return gemm_gflops(n, n, n, repeats)
 
 
 def encoder_gemm_gflops(tokens, repeats=5, h=384, ffn=1536):
-    a = paddle.randn([tokens, h], dtype="float32")
-    b = paddle.randn([h, ffn], dtype="float32")
-    t = median_time(lambda: paddle.matmul(a, b).numpy(), 1, repeats)
-    return 2.0 * tokens * h * ffn / t / 1e9
+    return gemm_gflops(tokens, h, ffn, repeats)
 
 
 def make_cases(lengths, H, D, rng):

@@ -17,11 +17,12 @@ speeches (``paddle_unpad.data.corpora.pretraining_samples``, max length 512), th
 next-sentence prediction. The ways run in turn at every step (order rotated per step), so
 load changes on a shared machine hit them alike.
 
-A step: forward, loss, backward, then the gradient all-reduce done by hand so its two parts
-can be told apart (what ``fleet.distributed_model`` does, without overlapping it with the
-backward): a 1-element all-reduce that returns when the slowest rank arrives (= the time
-this rank *waits at the all-reduce*), then one all-reduce of all gradients (communication),
-then AdamW. Reported per way: samples/s and real tokens/s of the whole job, step time per
+A step: forward, loss, backward, then the gradient all-reduce, then AdamW. The all-reduce
+is ``paddle_unpad.fleet.GradientAllReduce`` (``--grad-sync overlap``, the default: buckets
+reduced while the backward runs, embedding tables by rows) or one flat all-reduce of all
+gradients after the backward (``--grad-sync serial``, what ``fleet.distributed_model`` sends
+without its overlap); before it, a 1-element all-reduce that returns when the slowest rank
+arrives measures the time this rank *waits at the all-reduce*. Reported per way: samples/s and real tokens/s of the whole job, step time per
 rank and its parts, the wait, the peak of live Paddle tensors during a step (Paddle's host
 allocator statistics; the ways share a process, so RSS cannot be split between them --
 ``bench_encoder.py`` measures RSS per side in separate processes), and the model-FLOP
@@ -443,7 +444,7 @@ class _Rank:
         paddle, ps = self.paddle, self.params[w]
         flat = paddle.concat([p.grad.reshape([-1]) for p in ps])
         self.dist.all_reduce(flat)
-        flat = flat * (1.0 / self.world)
+        flat.scale_(1.0 / self.world)
         for p, g in zip(ps, paddle.split(flat, [int(p.numel()) for p in ps])):
             p.grad.set_value(g.reshape(p.shape))
 

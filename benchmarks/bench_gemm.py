@@ -420,15 +420,7 @@ class _Worker:
                 "tol": tolerance(k), "ok": bool(rel <= tolerance(k))}
 
     def time(self, side, name, reps, warmup=1):
-        fn = self.fns[(side, name)]
-        for _ in range(warmup):
-            fn()
-        out = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        return out
+        return bench_util.time_calls(self.fns[(side, name)], reps, warmup)
 
     def spin(self, side, name, seconds):
         fn = self.fns[(side, name)]

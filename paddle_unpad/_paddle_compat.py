@@ -251,10 +251,10 @@ def wake_dataloader_reader(it):
 
 _EXIT_KEY = "paddle_unpad/ranks_leaving"
 _EXIT_COUNT_WAIT_S = 5.0  # how long rank 0 waits for its peers to count themselves out
-_exit_order = {}  # rank, world, {peer: gloo group holding ranks 0 and peer}
+_exit_order = {}  # rank, {peer: gloo group holding ranks 0 and peer} (one per peer)
 
 
-def order_rank_exit(rank, world, peer_groups):
+def order_rank_exit(rank, peer_groups):
     """Make rank 0 leave a clean multi-rank CPU job after its peers (once per process).
 
     Rank 0 hosts the job's TCP store; in Paddle 3.x a libuv thread serves it, and when a
@@ -267,11 +267,11 @@ def order_rank_exit(rank, world, peer_groups):
     every peer's process is gone (a receive on the pair's gloo group fails when the peer's
     sockets close) before its own teardown. Skipped in a process that dies of an exception,
     and when a peer has not counted itself out within a few seconds (a failed job: rank 0
-    must not hold up its peers' errors). ``peer_groups``: for each peer, a gloo group of
-    ranks 0 and that peer, as the exchange holds them; NCCL groups are not used."""
-    if world < 2 or _exit_order or not peer_groups:
+    must not hold up its peers' errors). ``peer_groups``: for each peer (rank >= 1), a gloo
+    group of ranks 0 and that peer, as the exchange holds them; NCCL groups are not used."""
+    if _exit_order or not peer_groups:
         return
-    _exit_order.update(rank=rank, world=world, peer_groups=dict(peer_groups))
+    _exit_order.update(rank=rank, peer_groups=dict(peer_groups))
 
 
 def _tcp_store():
@@ -298,7 +298,7 @@ def _leave_in_order():
             store.add(_EXIT_KEY, 1)
             return
         deadline = time.monotonic() + _EXIT_COUNT_WAIT_S
-        while store.add(_EXIT_KEY, 0) < o["world"] - 1:
+        while store.add(_EXIT_KEY, 0) < len(o["peer_groups"]):
             if time.monotonic() > deadline:
                 return
             time.sleep(0.02)

@@ -16,7 +16,7 @@ before the package exists.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Tuple
 
 PREFIX = "PADDLE_UNPAD_"
 _TRUE = ("1", "true", "yes", "on")
@@ -74,16 +74,6 @@ def variable(name):
         raise KeyError(f"no configuration variable {name!r} (known: {', '.join(sorted(_BY_NAME))})") from None
 
 
-def raw(name) -> Optional[str]:
-    """The variable's text as set in the environment (stripped), or None when unset or empty."""
-    value = os.environ.get(variable(name).env, "").strip()
-    return value or None
-
-
-def is_set(name) -> bool:
-    return raw(name) is not None
-
-
 def get(name, environ=None):
     """The parsed value of a variable (its default when unset or empty)."""
     var = variable(name)
@@ -120,17 +110,6 @@ def parse(var: Variable, text: str):
 def resolve(argument, name):
     """``argument`` when given (not None), else the variable's value: the explicit argument wins."""
     return get(name) if argument is None else argument
-
-
-def snapshot(environ=None):
-    """Every variable's parsed value (for logs and benchmark records); a bad value is reported, not raised."""
-    out = {}
-    for var in VARIABLES:
-        try:
-            out[var.env] = get(var.name, environ)
-        except ConfigError as e:
-            out[var.env] = f"invalid: {e}"
-    return out
 
 
 def markdown_table():

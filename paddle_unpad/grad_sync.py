@@ -31,8 +31,9 @@ What it does, compared with reducing one flat copy of every gradient after the b
   busy the thread shares the cores with the compute; ``benchmarks/bench_e2e.py`` measures
   what it still saves there (``overlap=False`` reduces in ``wait``, after the backward).
 
-Dygraph only; one :meth:`~GradientAllReduce.wait` per optimizer step (with gradient
-accumulation: after the last backward).
+Dygraph only; one :meth:`~GradientAllReduce.wait` per optimizer step. With gradient
+accumulation use ``overlap=False`` and call ``wait`` after the last backward only: with
+overlap, a bucket is reduced as soon as the first micro-batch completes it.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class GradientSyncError(RuntimeError):
 
 
 def _nbytes(p):
-    return int(np.prod(p.shape)) * paddle.empty([0], dtype=p.dtype).element_size()
+    return int(np.prod(p.shape)) * p.element_size()
 
 
 class _Bucket:
@@ -74,7 +75,7 @@ class _Table:
     def __init__(self, layer):
         self.rows = int(layer.weight.shape[0])
         self.ids: List[np.ndarray] = []
-        layer.register_forward_pre_hook(self._record)
+        self.hook = layer.register_forward_pre_hook(self._record)
 
     def _record(self, layer, inputs):
         ids = inputs[0]
@@ -264,7 +265,7 @@ class GradientAllReduce:
             gathered = []
             dist.all_gather(gathered, paddle.to_tensor(padded), group=self._group)
             union = np.unique(np.concatenate([t.numpy()[:c] for t, c in zip(gathered, counts)]))
-        sent = 8 * (width + 1) * self.world
+        sent = 8 * self.world * (1 + (width if union is not None else 0))  # the counts, the ids if sent
         if union is None or len(union) > self.dense_fraction * b.table.rows:
             self._all_reduce_in_place(g)
             return sent + b.nbytes
@@ -310,10 +311,13 @@ class GradientAllReduce:
         return dt
 
     def close(self):
-        """Stop the communication thread; the hooks then do nothing."""
+        """Stop the communication thread and remove the embedding lookups' hooks; the
+        gradient hooks then do nothing."""
         self._closed = True
         for b in self._buckets:
             b.ready.set()
+            if b.table is not None:
+                b.table.hook.remove()
         if self._thread is not None:
             self._work.put(None)
             self._thread.join(timeout=10)

@@ -103,7 +103,7 @@ def _fmha_kernel_device(q):
     exists for q's device in this build and the plain-Paddle reference takes any dtype."""
     if _on_cpu(q):
         return "cpu"  # the reference follows the kernel's rules there too, loaded or not
-    return "gpu" if _native.has_op("pu_fmha") and _native.has_cuda_kernels() else None
+    return "gpu" if _native_ok("pu_fmha", q) else None
 
 
 def _sizes_in_words(sizes):

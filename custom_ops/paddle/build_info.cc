@@ -20,10 +20,10 @@ int paddle_unpad_build_flags() {
 // registers the library, before any kernel runs. cpu_isa: "auto", "avx512", "avx2", "sse2".
 void paddle_unpad_configure(int num_threads, const char* cpu_isa, int fmha_streams) {
   paddle_unpad::RuntimeSettings& s = paddle_unpad::runtime_settings();
-  s.num_threads = num_threads > 0 ? num_threads : 0;
+  s.num_threads = num_threads;  // <= 0: OMP_NUM_THREADS, else the cores (thread_pool.cc)
   const std::string isa = cpu_isa ? cpu_isa : "auto";
   s.cpu_isa = isa == "sse2" ? 0 : isa == "avx2" ? 1 : isa == "avx512" ? 2 : -1;
-  s.fmha_streams = fmha_streams < 1 ? 1 : (fmha_streams > 16 ? 16 : fmha_streams);
+  s.fmha_streams = fmha_streams;  // the launch keeps it within [1, kMaxStreams]
 }
 
 // Instruction set the CPU kernels dispatch to on this machine.

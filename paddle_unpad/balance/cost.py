@@ -119,22 +119,22 @@ def as_cost_fn(cost) -> Callable[[np.ndarray], np.ndarray]:
         return COST_NAMES[cost].costs
     if isinstance(cost, CostModel):
         return cost.costs
-    if callable(cost):
-        def fn(lengths):
-            # one Python call per distinct length; a lookup table indexed by length when
-            # lengths are small (a sort-free np.unique: the planner's hot path at 1024 ranks)
-            lengths = np.asarray(lengths, dtype=np.int64)
-            if lengths.size == 0:
-                return np.zeros(lengths.shape, dtype=np.float64)
-            top = int(lengths.max())
-            if 0 <= int(lengths.min()) and top <= max(_TABLE_MIN, 8 * lengths.size):
-                uniq = np.flatnonzero(np.bincount(lengths.reshape(-1), minlength=top + 1))
-                table = np.zeros(top + 1, dtype=np.float64)
-                table[uniq] = _call_each(cost, uniq)
-                return table[lengths]
-            uniq, inv = np.unique(lengths, return_inverse=True)
-            return _call_each(cost, uniq)[inv.reshape(lengths.shape)]
-        return fn
+    # a callable (check_cost refused everything else)
+    def fn(lengths):
+        # one Python call per distinct length; a lookup table indexed by length when
+        # lengths are small (a sort-free np.unique: the planner's hot path at 1024 ranks)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.size == 0:
+            return np.zeros(lengths.shape, dtype=np.float64)
+        top = int(lengths.max())
+        if 0 <= int(lengths.min()) and top <= max(_TABLE_MIN, 8 * lengths.size):
+            uniq = np.flatnonzero(np.bincount(lengths.reshape(-1)))
+            table = np.zeros(top + 1, dtype=np.float64)
+            table[uniq] = _call_each(cost, uniq)
+            return table[lengths]
+        uniq, inv = np.unique(lengths, return_inverse=True)
+        return _call_each(cost, uniq)[inv.reshape(lengths.shape)]
+    return fn
 
 
 # a lookup table indexed by length costs O(max length): used while that is small next to the batch

@@ -460,7 +460,7 @@ class BalancedLoader:
         if self.distributed:
             self.group = group if group is not None else dist.new_group(list(range(self.world)))
             self.pair_groups = _Comm.make_pair_groups(self.world, self.group)
-            _compat.order_rank_exit(self.rank, self.world,  # rank 0 leaves a clean job last
+            _compat.order_rank_exit(self.rank,  # rank 0 leaves a clean job last
                                     {b: g for (a, b), g in self.pair_groups.items() if a == 0})
         self._active = None
         self.stats = {"steps": 0, "thread_cpu_s": 0.0, "moved_in": 0}  # of the latest epoch
@@ -637,8 +637,8 @@ class _ExchangeIterator:
                     step += 1
                     continue
                 self._agree_schema(H, local["schema"], self.comm, step)
-                G, lens, gids = self._share_lengths(step, local, counts)
-                dest, starts, phash = self._plan(step, G, lens, counts)
+                lens, gids = self._share_lengths(step, local, counts)
+                dest, starts, phash = self._plan(step, lens, counts)
                 out = self._exchange_and_pack(step, local, dest, starts, phash, lens, gids, counts)
                 self.stats["thread_cpu_s"] += time.thread_time() - cpu0
                 self.stats["steps"] += 1
@@ -675,8 +675,7 @@ class _ExchangeIterator:
                 local.update(samples=samples, lengths=lengths, ids=ids,
                              schema=_schema(samples, o.token_fields, o.rank) if samples else None)
             except BaseException as e:  # noqa: BLE001 - reported to every rank
-                local.update(status=ERROR, exc=e, samples=[], lengths=np.zeros(0, np.int64),
-                             ids=np.zeros(0, np.int64), schema=None)
+                local.update(status=ERROR, exc=e)  # the update above built its values first: local is as it was
         if local["exc"] is not None:
             local["msg"] = _summary(local["exc"])
         return local
@@ -721,15 +720,13 @@ class _ExchangeIterator:
         gids = [G[r, : counts[r], 1] for r in range(o.world)]
         for r in range(o.world):  # same check, same message, on every rank
             check_lengths(lens[r], gids[r], r, o.max_seqlen)
-        return G, lens, gids
+        return lens, gids
 
-    def _plan(self, step, G, lens, counts):
+    def _plan(self, step, lens, counts):
         """The same plan on every rank: each sample's destination, the ranks' offsets, its hash."""
         o = self.o
         self._at(step, "planning")
-        # equal counts (the usual case): the planner's numpy path, no Python lists
-        equal = np.all(counts == counts.max())
-        dest, _ = plan_dest(G[:, :, 0] if equal else [x.tolist() for x in lens], o.cost, o.counts, o.tol)
+        dest, _ = plan_dest(lens, o.cost, o.counts, o.tol)
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         phash = _plan_hash(dest)
         if o.check_plan:

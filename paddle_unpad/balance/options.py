@@ -31,7 +31,7 @@ OPTIONS: Dict[str, tuple] = {
 DEFAULTS: Dict[str, Any] = {k: v[0] for k, v in OPTIONS.items()}
 
 
-def _seconds(v, strictly_positive):
+def _finite_number(v, strictly_positive):
     return (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
             and (v > 0 if strictly_positive else v >= 0))
 
@@ -45,11 +45,11 @@ def _check(key, v, where):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     elif key in ("timeout", "close_timeout"):
-        if not _seconds(v, key == "timeout"):
+        if not _finite_number(v, key == "timeout"):
             raise ValueError(f"{name} must be a finite number of seconds {'> 0' if key == 'timeout' else '>= 0'}, "
                              f"got {v!r}")
     elif key == "tol":
-        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+        if not _finite_number(v, False):
             raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
     elif key == "max_seqlen":
         return check_max_seqlen(v, name)

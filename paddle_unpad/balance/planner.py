@@ -114,6 +114,12 @@ def _flatten(lengths_per_rank) -> Tuple[np.ndarray, np.ndarray]:
                             f"{type(row).__name__}")
     counts_l = [len(r) for r in rows]
     counts = np.array(counts_l, dtype=np.int64)
+    if all(isinstance(row, np.ndarray) for row in rows):  # integer rows (checked above): no per-element read
+        flat = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
+        bad = (flat < 0) | (flat >= _MAX_EXACT)
+        if np.any(bad):
+            raise _bad_length(flat, counts, bad)
+        return counts, flat
     total = sum(counts_l)
     try:
         # float64 first: np.fromiter(..., int64) would truncate 2.5 to 2 without a word

@@ -129,7 +129,7 @@ static inline float exp_row(float* s, int64_t n, int64_t n_pad, float m) {
 static inline const uint32_t* dropout_words(const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
                                             int64_t n) {
   thread_local std::vector<uint32_t> buf;
-  const int64_t nblocks = round_up((round_up(n, V) + 3) / 4, L);
+  const int64_t nblocks = round_up((n + 3) / 4, L);  // 4L = 2V words: a multiple of V
   if (buf.size() < static_cast<size_t>(4 * nblocks)) buf.resize(4 * nblocks);
   philox_words(buf.data(), static_cast<uint64_t>(j0 >> 2), nblocks, static_cast<uint32_t>(t),
                static_cast<uint32_t>(h), static_cast<uint32_t>(P.offset), P.seed);

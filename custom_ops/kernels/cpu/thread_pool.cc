@@ -17,7 +17,7 @@ namespace paddle_unpad {
 namespace {
 
 int read_thread_count() {
-  if (runtime_settings().num_threads > 0) return std::min(runtime_settings().num_threads, 1024);
+  if (const int n = runtime_settings().num_threads; n > 0) return std::min(n, 1024);
   const char* v = std::getenv("OMP_NUM_THREADS");  // what Paddle's own CPU kernels use
   if (v && *v) {
     const int n = std::atoi(v);
