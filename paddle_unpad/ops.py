@@ -192,7 +192,8 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
         cu_seqlens: [B + 1] int32 on the CPU: 0, then prefix sums of the lengths.
             Zero-length sequences are allowed and produce nothing.
         max_seqlen: Python int >= the longest sequence (a host value: no device sync).
-        dropout: attention-probability dropout in [0, 1), applied when ``training``.
+        dropout: attention-probability dropout in [0, 1), applied when ``training``;
+            resolved to 2**-16 (16 random bits per element, ``paddle_unpad.philox``).
         scale: multiplier of q k^T; default 1/sqrt(D).
         training: dropout is applied only when True.
         rng_state: ``(seed, offset)`` ints or a [2] int64 CPU tensor fixing the Philox

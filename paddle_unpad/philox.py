@@ -5,15 +5,18 @@ reference implementation of ``fmha`` uses it so that it drops exactly the elemen
 native kernels drop:
 
     key     = (seed & 0xffffffff, seed >> 32)
-    counter = (j // 4, t, h, offset & 0xffffffff)   # j: key index in its sequence,
+    counter = (j // 8, t, h, offset & 0xffffffff)   # j: key index in its sequence,
                                                     # t: query row in the packed tensor
-    word    = philox(counter, key)[j % 4]
-    dropped iff word < floor(p * 2**32)             # kept values are scaled by 1/(1-p)
+    word    = philox(counter, key)[(j % 8) // 2]
+    draw    = word & 0xffff if j is even else word >> 16   # 16 bits per element
+    dropped iff draw < floor(p * 2**16)             # kept values are scaled by 1/(1-p)
 
 The fused ``bias_dropout_residual_layer_norm`` drops element (r, j) of its [N, F] input
 (r: row, all leading dimensions flattened; j: column) with the row-wise layout
 
-    counter = (j // 4, r, 0xffffffff, offset & 0xffffffff)  # same key, word, threshold
+    counter = (j // 4, r, 0xffffffff, offset & 0xffffffff)  # same key
+    word    = philox(counter, key)[j % 4]           # 32 bits per element
+    dropped iff word < floor(p * 2**32)
 
 (see ``rowwise_keep_mask``); counter word 2 = 0xffffffff is never a head index, so it
 never shares a counter with the attention layout.
@@ -49,10 +52,18 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 
 def dropout_threshold(p):
-    """32-bit threshold below which a Philox word means "drop" (p in [0, 1))."""
+    """32-bit threshold below which a Philox word means "drop" (row-wise layout, p in [0, 1))."""
     t = float(p) * 4294967296.0
     if t >= 4294967295.0:
         return 0xFFFFFFFF
+    return max(int(np.floor(t)), 0)
+
+
+def attention_dropout_threshold(p):
+    """16-bit threshold below which a draw means "drop" (attention layout, p in [0, 1))."""
+    t = float(p) * 65536.0
+    if t >= 65535.0:
+        return 0xFFFF
     return max(int(np.floor(t)), 0)
 
 
@@ -74,10 +85,11 @@ def attention_keep_mask(seed, offset, p, t0, seqlen, num_heads):
     h = np.arange(num_heads, dtype=np.uint64)[:, None, None]
     t = (t0 + np.arange(seqlen, dtype=np.uint64))[None, :, None]
     j = np.arange(seqlen, dtype=np.uint64)[None, None, :]
-    words = philox4x32_10(j >> np.uint64(2), t, h, int(offset) & 0xFFFFFFFF, seed & 0xFFFFFFFF, seed >> 32)
-    lane = (j & np.uint64(3)).astype(np.int64)
+    words = philox4x32_10(j >> np.uint64(3), t, h, int(offset) & 0xFFFFFFFF, seed & 0xFFFFFFFF, seed >> 32)
+    lane = ((j >> np.uint64(1)) & np.uint64(3)).astype(np.int64)
     w = np.choose(np.broadcast_to(lane, words[0].shape), words)
-    return w >= np.uint32(dropout_threshold(p))
+    draw = (w >> ((j & np.uint64(1)) * np.uint64(16)).astype(np.uint32)) & np.uint32(0xFFFF)
+    return draw >= np.uint32(attention_dropout_threshold(p))
 
 
 ROWWISE_COUNTER_WORD2 = 0xFFFFFFFF

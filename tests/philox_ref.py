@@ -16,10 +16,13 @@ unbumped key). All arithmetic is on uint64 arrays holding 32-bit values, so the
 Dropout layout used by the FMHA kernels (and checked by ``dropout_keep_mask``):
 
 * key ``(k0, k1) = (seed & 0xffffffff, (seed >> 32) & 0xffffffff)``, seed as uint64;
-* counter ``(j // 4, t, h, offset & 0xffffffff)``: ``t`` the query's global row in the
+* counter ``(j // 8, t, h, offset & 0xffffffff)``: ``t`` the query's global row in the
   packed ``[T, H, D]`` tensor, ``j`` the key's index inside its sequence, ``h`` the head;
-* random word ``r = out[j % 4]``; threshold ``min(floor(p * 2**32), 2**32 - 1)`` (float64);
-  the element is dropped iff ``r < threshold``; kept elements are scaled by ``1 / (1 - p)``.
+* 16-bit draw ``r``: word ``out[(j % 8) // 2]``, its low half for even ``j``, its high half
+  for odd ``j``; threshold ``min(floor(p * 2**16), 2**16 - 1)`` (float64); the element is
+  dropped iff ``r < threshold``; kept elements are scaled by ``1 / (1 - p)``.
+
+The fused ops' row-wise layout (``rowwise_keep``) keeps a whole 32-bit word per element.
 """
 from __future__ import annotations
 
@@ -73,8 +76,13 @@ def philox4x32(counter, key, rounds=ROUNDS):
 
 
 def dropout_threshold(p):
-    """uint32 threshold: an element whose random word is below it is dropped."""
+    """uint32 threshold of the row-wise layout: an element whose word is below it is dropped."""
     return min(math.floor(float(p) * 2.0**32), 2**32 - 1)
+
+
+def attention_threshold(p):
+    """16-bit threshold of the attention layout: an element whose draw is below it is dropped."""
+    return min(math.floor(float(p) * 2.0**16), 2**16 - 1)
 
 
 def seed_key(seed):
@@ -83,22 +91,24 @@ def seed_key(seed):
     return s & MASK32, (s >> 32) & MASK32
 
 
-def random_words(seed, offset, t, h, s):
-    """The uint32 words r[h, i, j] for query rows ``t`` (array [n]) and heads ``h`` (array [H]).
+def random_draws(seed, offset, t, h, s):
+    """The 16-bit draws r[h, i, j] for query rows ``t`` (array [n]) and heads ``h`` (array [H]).
 
-    Returns uint32 ``[len(h), len(t), s]``: the word for key index ``j < s``.
+    Returns uint32 ``[len(h), len(t), s]`` holding values < 2**16: the draw for key ``j < s``.
     """
     k0, k1 = seed_key(seed)
     t = np.asarray(t, dtype=np.uint64)
     h = np.asarray(h, dtype=np.uint64)
-    nblk = (s + 3) // 4
+    nblk = (s + 7) // 8
     c0 = np.arange(nblk, dtype=np.uint64)[None, None, :]
     c1 = t[None, :, None]
     c2 = h[:, None, None]
     c3 = _U64(int(offset) & MASK32)
     out = philox4x32((c0, c1, c2, c3), (k0, k1))  # each [H, n, nblk]
-    words = np.stack(out, axis=-1)  # [H, n, nblk, 4]: word j = out[j % 4] of counter j // 4
-    return words.reshape(words.shape[0], words.shape[1], nblk * 4)[:, :, :s]
+    words = np.stack(out, axis=-1)  # [H, n, nblk, 4]
+    halves = np.stack([words & np.uint32(0xFFFF), words >> np.uint32(16)], axis=-1)  # [H, n, nblk, 4, 2]
+    # key 8c + 2w + e: half e of word w of counter c
+    return halves.reshape(words.shape[0], words.shape[1], nblk * 8)[:, :, :s]
 
 
 def dropout_keep_mask(seed, offset, p, cu_seqlens, num_heads):
@@ -115,7 +125,7 @@ def dropout_keep_mask(seed, offset, p, cu_seqlens, num_heads):
         is kept.
     """
     cu = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)
-    thr = np.uint32(dropout_threshold(p)) if dropout_threshold(p) > 0 else None
+    thr = np.uint32(attention_threshold(p)) if attention_threshold(p) > 0 else None
     heads = np.arange(num_heads)
     masks = []
     for b in range(cu.shape[0] - 1):
@@ -124,8 +134,8 @@ def dropout_keep_mask(seed, offset, p, cu_seqlens, num_heads):
         if s == 0 or thr is None:
             masks.append(np.ones((num_heads, s, s), dtype=bool))
             continue
-        words = random_words(seed, offset, np.arange(start, end), heads, s)
-        masks.append(words >= thr)
+        draws = random_draws(seed, offset, np.arange(start, end), heads, s)
+        masks.append(draws >= thr)
     return masks
 
 

@@ -45,6 +45,10 @@ def test_threshold():
     assert P.dropout_threshold(0.5) == 2**31
     assert P.dropout_threshold(0.1) == int(np.floor(0.1 * 2.0**32))
     assert P.dropout_threshold(1.0) == 2**32 - 1
+    assert P.attention_threshold(0.0) == 0
+    assert P.attention_threshold(0.5) == 2**15
+    assert P.attention_threshold(0.1) == 6553  # floor(6553.6)
+    assert P.attention_threshold(1.0) == 2**16 - 1
 
 
 def test_seed_key():
@@ -53,20 +57,23 @@ def test_seed_key():
 
 
 def test_keep_mask_layout_by_hand():
-    """Element [h, i, j] of sequence b uses counter (j // 4, cu[b] + i, h, offset) and word j % 4."""
+    """Element [h, i, j] of sequence b uses counter (j // 8, cu[b] + i, h, offset), word
+    (j % 8) // 2, its low 16 bits for even j and its high 16 bits for odd j."""
     seed, offset, p = 0x1234_5678_9ABC_DEF0, 0x1_0000_0007, 0.3
-    cu = [0, 4, 4, 11]
+    cu = [0, 4, 4, 11, 30]
     masks = P.dropout_keep_mask(seed, offset, p, cu, num_heads=2)
-    thr = P.dropout_threshold(p)
+    thr = P.attention_threshold(p)
     key = (seed & 0xFFFFFFFF, seed >> 32)
-    assert [m.shape for m in masks] == [(2, 4, 4), (2, 0, 0), (2, 7, 7)]
-    for b in range(3):
+    assert [m.shape for m in masks] == [(2, 4, 4), (2, 0, 0), (2, 7, 7), (2, 19, 19)]
+    for b in range(4):
         s = cu[b + 1] - cu[b]
         for h in range(2):
             for i in range(s):
                 for j in range(s):
-                    words = P.philox4x32((j // 4, cu[b] + i, h, 7), key)  # offset & 0xffffffff == 7
-                    assert masks[b][h, i, j] == (int(words[j % 4]) >= thr)
+                    words = P.philox4x32((j // 8, cu[b] + i, h, 7), key)  # offset & 0xffffffff == 7
+                    word = int(words[(j % 8) // 2])
+                    draw = word & 0xFFFF if j % 2 == 0 else word >> 16
+                    assert masks[b][h, i, j] == (draw >= thr)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -120,6 +127,7 @@ def test_package_threshold_agrees():
     mod = _package_philox()
     for p in (0.0, 1e-12, 0.1, 0.25, 0.5, 0.9, 0.999999999, 1 - 2**-40):
         assert int(mod.dropout_threshold(p)) == P.dropout_threshold(p), p
+        assert int(mod.attention_dropout_threshold(p)) == P.attention_threshold(p), p
 
 
 def test_package_dropout_mask_agrees():

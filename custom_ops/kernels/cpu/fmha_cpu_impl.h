@@ -123,28 +123,36 @@ static inline float exp_row(float* s, int64_t n, int64_t n_pad, float m) {
   return sum;
 }
 
-// Philox words of one query row t against keys [j0, j0 + n), j0 % 4 == 0: block j/4 of
-// counter (j / 4, t, h, offset) covers keys 4c .. 4c + 3; key j is dropped when its word
-// is below the threshold. Valid for at least round_up(n, V) keys; the buffer is per thread.
-static inline const uint32_t* dropout_words(const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
+// Dropout draws of one query row t against keys [j0, j0 + n), j0 % 8 == 0: 16 bits per
+// key (kernels/common/philox.h), so block c of counter (c, t, h, offset) covers keys
+// 8c .. 8c + 7 and, read as little-endian halves, draw j is element j of the result.
+// Valid for at least round_up(n, V) keys; the buffer is per thread.
+static inline const uint16_t* dropout_draws(const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
                                             int64_t n) {
   thread_local std::vector<uint32_t> buf;
-  const int64_t nblocks = round_up((n + 3) / 4, L);  // 4L = 2V words: a multiple of V
+  const int64_t nblocks = round_up((n + 7) / 8, L);  // 8L = 4V draws: a multiple of V
   if (buf.size() < static_cast<size_t>(4 * nblocks)) buf.resize(4 * nblocks);
-  philox_words(buf.data(), static_cast<uint64_t>(j0 >> 2), nblocks, static_cast<uint32_t>(t),
+  philox_words(buf.data(), static_cast<uint64_t>(j0 >> 3), nblocks, static_cast<uint32_t>(t),
                static_cast<uint32_t>(h), static_cast<uint32_t>(P.offset), P.seed);
-  return buf.data();
+  return reinterpret_cast<const uint16_t*>(buf.data());
+}
+
+typedef uint16_t vh_u __attribute__((vector_size(V * 2), aligned(2)));
+
+// V draws widened to 32-bit lanes (vpmovzxwd), to compare against the threshold.
+static inline vu vload_draws(const uint16_t* p) {
+  return __builtin_convertvector(*reinterpret_cast<const vh_u*>(p), vu);
 }
 
 // Dropout multipliers (0 or 1/(1-p)) of row t, keys [j0, j0 + n).
 static inline void dropout_row(float* z, const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
                                int64_t n, uint32_t threshold, float keep_scale) {
-  const uint32_t* words = dropout_words(P, t, h, j0, n);
+  const uint16_t* draws = dropout_draws(P, t, h, j0, n);
   const vf keep = vsplat(keep_scale), drop = vf{};
   const vu thr = vu{} + threshold;
   int64_t j = 0;
-  for (; j + V <= n; j += V) vstore(z + j, (vi)(vloadu(words + j) < thr) ? drop : keep);
-  for (; j < n; ++j) z[j] = words[j] < threshold ? 0.0f : keep_scale;
+  for (; j + V <= n; j += V) vstore(z + j, (vi)(vload_draws(draws + j) < thr) ? drop : keep);
+  for (; j < n; ++j) z[j] = draws[j] < threshold ? 0.0f : keep_scale;
 }
 
 // The dropped entries of row t's probabilities p[0, n_pad) (n_pad % V == 0) set to 0, the
@@ -152,10 +160,10 @@ static inline void dropout_row(float* z, const FmhaProblem& P, int64_t t, int64_
 // row, which saves a multiplier row and a pass over it per key block.
 static inline void drop_in_place(float* p, const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
                                  int64_t n_pad, uint32_t threshold) {
-  const uint32_t* words = dropout_words(P, t, h, j0, n_pad);
+  const uint16_t* draws = dropout_draws(P, t, h, j0, n_pad);
   const vu thr = vu{} + threshold;
   for (int64_t j = 0; j < n_pad; j += V)
-    vstore(p + j, (vi)(vloadu(words + j) < thr) ? vf{} : vload(p + j));
+    vstore(p + j, (vi)(vload_draws(draws + j) < thr) ? vf{} : vload(p + j));
 }
 
 static inline float* scratch(std::vector<float>& buf, size_t n) {
@@ -173,7 +181,7 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
   const int64_t t0 = P.cu_seqlens[b], s = P.cu_seqlens[b + 1] - t0;
   const int64_t sp = round_up(s, kBc);  // K^T row stride; multiple of V
   const bool dropout = P.dropout > 0.0f;
-  const uint32_t threshold = dropout_threshold(P.dropout);
+  const uint32_t threshold = attention_dropout_threshold(P.dropout);
   const float keep_scale = dropout ? 1.0f / (1.0f - P.dropout) : 1.0f;
 
   thread_local std::vector<float> seq_buf, blk_buf;
@@ -243,7 +251,7 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
   const int64_t Dp = round_up(D, V);
   const int64_t t0 = P.cu_seqlens[b], s = P.cu_seqlens[b + 1] - t0;
   const bool dropout = P.dropout > 0.0f;
-  const uint32_t threshold = dropout_threshold(P.dropout);
+  const uint32_t threshold = attention_dropout_threshold(P.dropout);
   const float keep_scale = dropout ? 1.0f / (1.0f - P.dropout) : 1.0f;
 
   thread_local std::vector<float> seq_buf, blk_buf;

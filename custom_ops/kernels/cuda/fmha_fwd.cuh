@@ -17,25 +17,29 @@
 namespace paddle_unpad {
 namespace cuda {
 
-// Dropout multipliers of two adjacent keys j, j + 1 (j even) for query row t: the
-// Philox counter layout of kernels/common/philox.h.
+// Philox word holding the 16-bit draws of keys j and j ^ 1 for query row t: the
+// attention layout of kernels/common/philox.h (block j / 8, word (j % 8) / 2).
+__device__ __forceinline__ uint32_t dropout_word(const FmhaParams& p, uint32_t j, uint32_t t,
+                                                 uint32_t h) {
+  const Philox4 r = philox4x32_10(j >> 3, t, h, p.offset, p.seed_lo, p.seed_hi);
+  const uint32_t q = (j >> 1) & 3u;
+  return q == 0u ? r.v[0] : (q == 1u ? r.v[1] : (q == 2u ? r.v[2] : r.v[3]));
+}
+
+// Dropout multipliers of two adjacent keys j, j + 1 (j even): the low and high halves of
+// one word.
 __device__ __forceinline__ void dropout_pair(const FmhaParams& p, uint32_t j, uint32_t t,
                                              uint32_t h, float* z0, float* z1) {
-  const Philox4 r = philox4x32_10(j >> 2, t, h, p.offset, p.seed_lo, p.seed_hi);
-  const bool hi = (j & 2u) != 0u;
-  const uint32_t w0 = hi ? r.v[2] : r.v[0];
-  const uint32_t w1 = hi ? r.v[3] : r.v[1];
-  *z0 = w0 < p.drop_threshold ? 0.0f : p.keep_scale;
-  *z1 = w1 < p.drop_threshold ? 0.0f : p.keep_scale;
+  const uint32_t w = dropout_word(p, j, t, h);
+  *z0 = (w & 0xffffu) < p.drop_threshold ? 0.0f : p.keep_scale;
+  *z1 = (w >> 16) < p.drop_threshold ? 0.0f : p.keep_scale;
 }
 
 // Dropout multiplier of one (query row t, key j).
 __device__ __forceinline__ float dropout_one(const FmhaParams& p, uint32_t j, uint32_t t,
                                              uint32_t h) {
-  const Philox4 r = philox4x32_10(j >> 2, t, h, p.offset, p.seed_lo, p.seed_hi);
-  const uint32_t q = j & 3u;
-  const uint32_t w = q == 0u ? r.v[0] : (q == 1u ? r.v[1] : (q == 2u ? r.v[2] : r.v[3]));
-  return w < p.drop_threshold ? 0.0f : p.keep_scale;
+  const uint32_t draw = (dropout_word(p, j, t, h) >> ((j & 1u) * 16u)) & 0xffffu;
+  return draw < p.drop_threshold ? 0.0f : p.keep_scale;
 }
 
 template <typename T, int D, int kWarps>

@@ -33,7 +33,7 @@ struct FmhaParams {
   float scale;       // of q k^T
   float scale_log2;  // scale * log2(e)
   int dropout;       // 0 or 1
-  uint32_t drop_threshold;  // Philox word < threshold => dropped
+  uint32_t drop_threshold;  // 16-bit draw < threshold => dropped
   float keep_scale;         // 1 / (1 - p)
   uint32_t seed_lo, seed_hi, offset;
   int num_seqs;  // entries used in seqs
