@@ -14,8 +14,11 @@ Compared, for the forward pass and for forward + backward:
 Reported per scenario: padding ratio ``1 - T / (B * S_max)``, the ideal speedup
 ``B * S_max^2 / sum(s_i^2)`` (attention work is quadratic), median times, useful GFLOP/s
 (attention FLOPs of real tokens only: forward ``4 * sum(s_i^2) * D * H``, forward+backward
-3.5x that), the speedup of packed over each padded path and speedup / ideal. Paddle's fp32
-matmul GFLOP/s (1024^3) measured in the same run is printed as the practical ceiling.
+3.5x that), the speedup of packed over each padded path and speedup / ideal, and the packed
+path's share of Paddle's fp32 matmul (1024^3), that matmul timed in the same interleaved rounds
+(on a shared machine the GEMM rate itself drifts by up to 2x within a minute). The
+per-head-size section gives packed ``fmha`` alone as a share of the faster of that GEMM and the
+encoder's FFN GEMM, timed the same way.
 
 Length distributions:
 
@@ -163,11 +166,16 @@ def median_time(fn, warmup, repeats):
     return statistics.median(bench_util.time_calls(fn, repeats, warmup))
 
 
-def gemm_gflops(m, k, n, repeats=5):
+def gemm_call(m, k, n):
+    """A timed call of one fp32 [m, k] x [k, n] matmul, and its FLOPs."""
     a = paddle.randn([m, k], dtype="float32")
     b = paddle.randn([k, n], dtype="float32")
-    t = median_time(lambda: paddle.matmul(a, b).numpy(), 1, repeats)  # .numpy(): ensure done
-    return 2.0 * m * k * n / t / 1e9
+    return (lambda: paddle.matmul(a, b).numpy()), 2.0 * m * k * n  # .numpy(): ensure done
+
+
+def gemm_gflops(m, k, n, repeats=5):
+    call, flops = gemm_call(m, k, n)
+    return flops / median_time(call, 1, repeats) / 1e9
 
 
 def matmul_gflops(n=1024, repeats=5):
@@ -229,7 +237,10 @@ def check_agreement(c):
             for name, (fn, _, _) in METHODS.items() if name != "packed"}
 
 
-def bench_scenario(name, lengths, args, rng, ceiling):
+def bench_scenario(name, lengths, args, rng, matmul):
+    """One batch: packed fmha vs the padded paths, forward and forward+backward, with the
+    1024^3 matmul (``matmul`` = (call, flops)) timed in the same interleaved rounds for the
+    packed path's share of it."""
     H, D = args.heads, args.head_dim
     B, S = len(lengths), max(lengths)
     T = int(sum(lengths))
@@ -257,13 +268,16 @@ def bench_scenario(name, lengths, args, rng, ceiling):
                     grads = paddle.grad([fn(c)], ins, grad_outputs=[dout])
                     [g.numpy() for g in grads]
             steps[mname] = step
+        steps["matmul"] = matmul[0]
         med = interleaved_medians(steps, args.warmup, args.repeats)
+        matmul_rate = matmul[1] / med.pop("matmul") / 1e9
         row = {m: {"ms": t * 1e3, "useful_gflops": mult * flops_fwd / t / 1e9} for m, t in med.items()}
         for base in ("sdpa", "mha"):
             sp = row[base]["ms"] / row["packed"]["ms"]
             row[f"speedup_vs_{base}"] = sp
             row[f"speedup_vs_{base}_over_ideal"] = sp / res["ideal_ratio"]
-        row["packed_fraction_of_matmul_peak"] = row["packed"]["useful_gflops"] / ceiling
+        row["matmul_gflops"] = matmul_rate
+        row["packed_fraction_of_matmul_peak"] = row["packed"]["useful_gflops"] / matmul_rate
         res[mode] = row
     return res
 
@@ -271,11 +285,14 @@ def bench_scenario(name, lengths, args, rng, ceiling):
 TARGET_OF_MATMUL = 0.55  # fmha forward and backward at >= 55% of the fastest measured fp32 GEMM
 
 
-def bench_head_sizes(lengths, args, rng, ceiling):
+def bench_head_sizes(lengths, args, rng, gemm_shape):
     """Packed fmha alone on one batch, per head size and dropout: useful GFLOP/s and its share of
-    the fastest fp32 GEMM measured in this run (``ceiling``)."""
+    the fastest fp32 GEMM of this run (``gemm_shape`` = (m, k, n)), that GEMM timed in the same
+    interleaved rounds as the row's fmha calls, so that load from other processes weighs on
+    both sides of the share alike."""
     rows = []
     sum_sq = float(np.sum(np.asarray(lengths, dtype=np.float64) ** 2))
+    gemm, gemm_flops = gemm_call(*gemm_shape)
     for d in (int(x) for x in args.head_sizes.split(",") if x.strip()):
         c = make_cases(lengths, args.heads, d, rng)
         q, k, v = c["packed"]
@@ -289,8 +306,9 @@ def bench_head_sizes(lengths, args, rng, ceiling):
                 out = paddle_unpad.fmha(q, k, v, c["cu"], c["max_seqlen"], dropout=p, training=True)
                 [g.numpy() for g in paddle.grad([out], c["packed"], grad_outputs=[c["dout_packed"]])]
 
-            med = interleaved_medians({"fwd": fwd, "fwd_bwd": fwd_bwd}, args.warmup, args.repeats)
-            row = {"head_dim": d, "heads": args.heads, "dropout": p}
+            med = interleaved_medians({"fwd": fwd, "fwd_bwd": fwd_bwd, "gemm": gemm}, args.warmup, args.repeats)
+            ceiling = gemm_flops / med["gemm"] / 1e9
+            row = {"head_dim": d, "heads": args.heads, "dropout": p, "gemm_gflops": ceiling}
             for mode, mult in (("fwd", 1.0), ("fwd_bwd", 3.5)):
                 g = mult * flops / med[mode] / 1e9
                 row[mode] = {"ms": med[mode] * 1e3, "useful_gflops": g, "of_matmul": g / ceiling}
@@ -323,11 +341,13 @@ def print_tables(results, header):
           "speedup / ideal ratio B*Smax^2/sum(s^2)")
     print("GF/s: useful attention GFLOP/s (real tokens only; fwd 4*sum(s^2)*D*H, fwd+bwd 3.5x)")
     if results.get("head_sizes"):
+        m, k, n = results["gemm_ceiling_shape"]
         print(f"\n== packed fmha per head size (real batch, {results['config']['heads']} heads; share of the "
-              f"fastest fp32 GEMM of this run, {results['gemm_ceiling_gflops']:.1f} GFLOP/s; target >= "
+              f"fastest fp32 GEMM of this run, {m}x{k}x{n}, timed in the same rounds; target >= "
               f"{100 * TARGET_OF_MATMUL:.0f}%) ==")
         for r in results["head_sizes"]:
-            print(f"D={r['head_dim']:<4d} dropout {r['dropout']:.1f}:  fwd {r['fwd']['ms']:8.1f} ms "
+            print(f"D={r['head_dim']:<4d} dropout {r['dropout']:.1f}:  GEMM {r['gemm_gflops']:6.1f} GF/s  "
+                  f"fwd {r['fwd']['ms']:8.1f} ms "
                   f"{r['fwd']['useful_gflops']:7.1f} GF/s {100 * r['fwd']['of_matmul']:5.0f}%   fwd+bwd "
                   f"{r['fwd_bwd']['ms']:8.1f} ms {r['fwd_bwd']['useful_gflops']:7.1f} GF/s "
                   f"{100 * r['fwd_bwd']['of_matmul']:5.0f}%   {'meets' if r['meets_target'] else 'BELOW'} target")
@@ -374,7 +394,10 @@ def main(argv=None):
     matmul_n = 1024 if not args.quick else 256
     ceiling = matmul_gflops(matmul_n, repeats=max(args.repeats, 3))
     # the fastest fp32 GEMM of this run: the square one, or the encoder's FFN shape
-    gemm_ceiling = max(ceiling, encoder_gemm_gflops(256 if args.quick else 2048, repeats=max(args.repeats, 3)))
+    ffn_shape = (256 if args.quick else 2048, 384, 1536)
+    ffn_gflops = gemm_gflops(*ffn_shape, repeats=max(args.repeats, 3))
+    gemm_ceiling = max(ceiling, ffn_gflops)
+    gemm_shape = ffn_shape if ffn_gflops >= ceiling else (matmul_n,) * 3
     results = {
         "config": {
             "threads": args.threads, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
@@ -386,16 +409,17 @@ def main(argv=None):
         "matmul_gflops": ceiling,
         "matmul_n": matmul_n,
         "gemm_ceiling_gflops": gemm_ceiling,
+        "gemm_ceiling_shape": list(gemm_shape),
         "scenarios": [],
     }
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     for name, lengths in scenarios:
         print(f"running {name}: B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...", flush=True)
-        results["scenarios"].append(bench_scenario(name, lengths, args, rng, ceiling))
+        results["scenarios"].append(bench_scenario(name, lengths, args, rng, gemm_call(*(matmul_n,) * 3)))
 
     if args.head_sizes.strip():
         print(f"running per head size {args.head_sizes} on the {scenarios[0][0]} batch ...", flush=True)
-        results["head_sizes"] = bench_head_sizes(real, args, rng, gemm_ceiling)
+        results["head_sizes"] = bench_head_sizes(real, args, rng, gemm_shape)
     load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     results["config"]["loadavg_1min"] = [load_start, load_end]
     header = (f"\nattention: packed fmha ({impl}) vs padded, threads={args.threads}, H={args.heads}, "

@@ -41,13 +41,15 @@ def test_bench_attention_quick(tmp_path):
             m = s[mode]
             for method in ("packed", "sdpa", "mha"):
                 assert m[method]["ms"] > 0 and m[method]["useful_gflops"] > 0
+            # the packed path's share of the matmul timed in the same rounds
+            assert abs(m["packed_fraction_of_matmul_peak"] - m["packed"]["useful_gflops"] / m["matmul_gflops"]) < 1e-9
             for base in ("sdpa", "mha"):
                 sp = m[f"speedup_vs_{base}"]
                 assert abs(sp - m[base]["ms"] / m["packed"]["ms"]) < 1e-9 * sp
                 assert abs(m[f"speedup_vs_{base}_over_ideal"] - sp / s["ideal_ratio"]) < 1e-9
     pad0 = res["scenarios"][names.index("pad_0")]
     assert pad0["padding_ratio"] == 0.0 and pad0["ideal_ratio"] == 1.0
-    # per head size: packed fmha alone, dropout off and on, share of the run's fastest GEMM
+    # per head size: packed fmha alone, dropout off and on, share of the run's fastest GEMM shape
     hs = res["head_sizes"]
     assert sorted({(r["head_dim"], r["dropout"]) for r in hs}) == [(16, 0.0), (16, 0.1), (32, 0.0), (32, 0.1)]
     real = res["scenarios"][0]
@@ -56,9 +58,11 @@ def test_bench_attention_quick(tmp_path):
         for mode, mult in (("fwd", 1.0), ("fwd_bwd", 3.5)):
             g = mult * 4.0 * sum_sq * r["head_dim"] * cfg["heads"] / (r[mode]["ms"] / 1e3) / 1e9
             assert abs(r[mode]["useful_gflops"] - g) < 1e-6 * g
-            assert abs(r[mode]["of_matmul"] - g / res["gemm_ceiling_gflops"]) < 1e-6
+            assert abs(r[mode]["of_matmul"] - g / r["gemm_gflops"]) < 1e-6  # the GEMM of the same rounds
+        assert r["gemm_gflops"] > 0
         assert r["meets_target"] == (min(r["fwd"]["of_matmul"], r["fwd_bwd"]["of_matmul"]) >= 0.55)
     assert res["gemm_ceiling_gflops"] >= res["matmul_gflops"]
+    assert len(res["gemm_ceiling_shape"]) == 3
     assert res["machine"]["cpu_model"] and res["machine"]["cores"] >= 1
 
 

@@ -100,29 +100,6 @@ static inline float row_max(const float* x, int64_t n, float init) {
   return m;
 }
 
-// p[j] = exp(s[j] - m) for j < n, 0 for n <= j < n_pad (n_pad % V == 0); returns sum p.
-static inline float exp_row(float* s, int64_t n, int64_t n_pad, float m) {
-  const vf mv = vsplat(m);
-  vf acc = vf{};
-  int64_t j = 0;
-  for (; j + V <= n; j += V) {
-    vf p = vexp(vload(s + j) - mv);
-    vstore(s + j, p);
-    acc += p;
-  }
-  float sum = 0.0f;
-  for (int e = 0; e < V; ++e) sum += acc[e];
-  if (j < n_pad) {  // tail: exp on the valid part of one vector, zeros after it
-    vf p = vexp(vload(s + j) - mv);
-    for (int e = 0; e < V; ++e) {
-      float pe = (j + e < n) ? p[e] : 0.0f;
-      s[j + e] = pe;
-      sum += pe;
-    }
-  }
-  return sum;
-}
-
 // Dropout draws of one query row t against keys [j0, j0 + n), j0 % 8 == 0: 16 bits per
 // key (kernels/common/philox.h), so block c of counter (c, t, h, offset) covers keys
 // 8c .. 8c + 7 and, read as little-endian halves, draw j is element j of the result.
@@ -144,6 +121,35 @@ static inline vu vload_draws(const uint16_t* p) {
   return __builtin_convertvector(*reinterpret_cast<const vh_u*>(p), vu);
 }
 
+// p[j] = exp(s[j] - m) for j < n, 0 for n <= j < n_pad (n_pad % V == 0); returns sum p.
+// With kDrop, the p of dropped keys (draw < threshold) are stored as 0 while the sum
+// keeps them: the forward's dropout, done in the pass that writes p.
+template <bool kDrop = false>
+static inline float exp_row(float* s, int64_t n, int64_t n_pad, float m, const uint16_t* draws = nullptr,
+                            uint32_t threshold = 0) {
+  const vf mv = vsplat(m);
+  const vu thr = vu{} + threshold;
+  vf acc = vf{};
+  int64_t j = 0;
+  for (; j + V <= n; j += V) {
+    vf p = vexp(vload(s + j) - mv);
+    acc += p;
+    if (kDrop) p = (vi)(vload_draws(draws + j) < thr) ? vf{} : p;
+    vstore(s + j, p);
+  }
+  float sum = 0.0f;
+  for (int e = 0; e < V; ++e) sum += acc[e];
+  if (j < n_pad) {  // tail: exp on the valid part of one vector, zeros after it
+    vf p = vexp(vload(s + j) - mv);
+    for (int e = 0; e < V; ++e) {
+      float pe = (j + e < n) ? p[e] : 0.0f;
+      sum += pe;
+      s[j + e] = (kDrop && draws[j + e] < threshold) ? 0.0f : pe;
+    }
+  }
+  return sum;
+}
+
 // Dropout multipliers (0 or 1/(1-p)) of row t, keys [j0, j0 + n).
 static inline void dropout_row(float* z, const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
                                int64_t n, uint32_t threshold, float keep_scale) {
@@ -155,15 +161,14 @@ static inline void dropout_row(float* z, const FmhaProblem& P, int64_t t, int64_
   for (; j < n; ++j) z[j] = draws[j] < threshold ? 0.0f : keep_scale;
 }
 
-// The dropped entries of row t's probabilities p[0, n_pad) (n_pad % V == 0) set to 0, the
-// kept ones left as they are: the forward applies the common 1/(1-p) once, to the output
-// row, which saves a multiplier row and a pass over it per key block.
-static inline void drop_in_place(float* p, const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
-                                 int64_t n_pad, uint32_t threshold) {
-  const uint16_t* draws = dropout_draws(P, t, h, j0, n_pad);
-  const vu thr = vu{} + threshold;
-  for (int64_t j = 0; j < n_pad; j += V)
-    vstore(p + j, (vi)(vload_draws(draws + j) < thr) ? vf{} : vload(p + j));
+// Asks for the head slices x[t][h0 .. h0 + D) of rows t in [t_begin, t_end) of a [T, H, D]
+// tensor (row stride HD). An item reads 4*D bytes per token at a stride of 4*H*D bytes,
+// which the hardware prefetchers follow too late: without this, the loads of q and k
+// were a tenth of the forward at head size 32.
+static inline void prefetch_rows(const float* x, int64_t t_begin, int64_t t_end, int64_t HD, int64_t h0,
+                                 int64_t D) {
+  for (int64_t t = t_begin; t < t_end; ++t)
+    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(x + t * HD + h0 + d);
 }
 
 static inline float* scratch(std::vector<float>& buf, size_t n) {
@@ -193,9 +198,17 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
   float* m = O + kBr * Dp;
   float* l = m + kBr;
 
+  constexpr int64_t kAhead = 32;  // tokens: a DRAM latency's worth of the packing loop
+  prefetch_rows(q, t0 + qb0 * kBr, t0 + std::min(s, qb0 * kBr + kBr), HD, h * D, D);
+  prefetch_rows(k, t0, t0 + std::min(s, kAhead), HD, h * D, D);
+  prefetch_rows(v, t0, t0 + std::min(s, kAhead), HD, h * D, D);
   for (int64_t j = 0; j < s; ++j) {
     const float* ks = k + (t0 + j) * HD + h * D;
     const float* vs = v + (t0 + j) * HD + h * D;
+    if (j + kAhead < s) {
+      prefetch_rows(k, t0 + j + kAhead, t0 + j + kAhead + 1, HD, h * D, D);
+      prefetch_rows(v, t0 + j + kAhead, t0 + j + kAhead + 1, HD, h * D, D);
+    }
     for (int64_t d = 0; d < D; ++d) Kt[d * sp + j] = ks[d];
     std::memcpy(Vp + j * Dp, vs, sizeof(float) * D);
     for (int64_t d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
@@ -205,6 +218,7 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
 
   for (int64_t qb = qb0; qb < qb1; ++qb) {
     const int64_t i0 = qb * kBr, br = std::min(kBr, s - i0);
+    if (qb + 1 < qb1) prefetch_rows(q, t0 + i0 + kBr, t0 + std::min(s, i0 + 2 * kBr), HD, h * D, D);
     for (int64_t i = 0; i < br; ++i) {
       const float* src = q + (t0 + i0 + i) * HD + h * D;
       for (int64_t d = 0; d < D; ++d) Qs[i * Dp + d] = src[d] * P.scale;
@@ -220,14 +234,17 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
         float* row = S + i * kBc;
         const float mx = row_max(row, bc, m[i]);
         const float alpha = std::exp(m[i] - mx);  // 0 on the first block (m = -inf)
-        const float sum = exp_row(row, bc, bcp, mx);
+        // dropped probabilities are zeroed as they are written; the common 1/(1-p) is
+        // applied once, to the output row
+        const float sum =
+            dropout ? exp_row<true>(row, bc, bcp, mx, dropout_draws(P, t0 + i0 + i, h, j0, bcp), threshold)
+                    : exp_row(row, bc, bcp, mx);
         l[i] = l[i] * alpha + sum;
         m[i] = mx;
         if (alpha != 1.0f) {
           float* o = O + i * Dp;
           for (int64_t d = 0; d < Dp; d += V) vstore(o + d, vload(o + d) * alpha);
         }
-        if (dropout) drop_in_place(row, P, t0 + i0 + i, h, j0, bcp, threshold);
       }
       gemm(br, Dp, bc, S, kBc, 1, Vp + j0 * Dp, Dp, O, Dp, true);
     }
