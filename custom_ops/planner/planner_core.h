@@ -36,29 +36,29 @@ inline int64_t plan_core(const int64_t* counts, int64_t R, const int64_t* q, int
   for (int64_t r = 0; r < R; ++r) tsum += targets[r];
   if (tsum != N) throw std::invalid_argument("plan_core: sum(targets) != N");
 
-  // step 3: identity, surplus -> deficit
-  std::vector<std::vector<int64_t>> members(R);
-  std::vector<int64_t> pool;
-  for (int64_t r = 0; r < R; ++r) {
-    int64_t keep = std::min<int64_t>(counts[r], targets[r]);
-    for (int64_t i = starts[r]; i < starts[r] + keep; ++i) members[r].push_back(i);
-    for (int64_t i = starts[r] + keep; i < starts[r + 1]; ++i) pool.push_back(i);
-  }
-  size_t p = 0;
-  for (int64_t r = 0; r < R; ++r) {
-    while ((int64_t)members[r].size() < targets[r]) members[r].push_back(pool[p++]);
-  }
-
+  // step 3: identity, surplus -> deficit. Rank r keeps its first min(count, target)
+  // samples; the rest, in (rank, index) order, fill the ranks below target in rank order.
   std::vector<std::vector<Item>> lists(R);
   std::vector<int64_t> loads(R, 0);
   int64_t total = 0;
+  int64_t pool_r = 0, pool_i = 0;  // next surplus sample: rank pool_r, flat index pool_i
+  auto next_surplus = [&]() {
+    for (;; ++pool_r) {
+      const int64_t first = starts[pool_r] + std::min<int64_t>(counts[pool_r], targets[pool_r]);
+      if (pool_i < first) pool_i = first;
+      if (pool_i < starts[pool_r + 1]) return pool_i++;
+    }
+  };
   for (int64_t r = 0; r < R; ++r) {
     auto& lst = lists[r];
-    lst.reserve(members[r].size() + 1);
-    for (int64_t i : members[r]) {
+    lst.reserve(targets[r] + 1);
+    const int64_t keep = std::min<int64_t>(counts[r], targets[r]);
+    for (int64_t i = starts[r]; i < starts[r] + keep; ++i) lst.push_back(Item{q[i], i});
+    for (int64_t k = keep; k < targets[r]; ++k) {
+      const int64_t i = next_surplus();
       lst.push_back(Item{q[i], i});
-      loads[r] += q[i];
     }
+    for (const Item& it : lst) loads[r] += it.cost;
     std::sort(lst.begin(), lst.end());
     total += loads[r];
   }
