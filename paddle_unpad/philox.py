@@ -51,20 +51,22 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
     return tuple(x.astype(np.uint32) for x in (c0, c1, c2, c3))
 
 
-def dropout_threshold(p):
-    """32-bit threshold below which a Philox word means "drop" (row-wise layout, p in [0, 1))."""
-    t = float(p) * 4294967296.0
-    if t >= 4294967295.0:
-        return 0xFFFFFFFF
+ATTENTION_DRAW_BITS = 16  # bits of one attention-dropout draw; the row-wise layout draws 32
+
+
+def dropout_threshold(p, bits=32):
+    """Threshold below which a ``bits``-bit draw means "drop" (p in [0, 1)):
+    ``min(floor(p * 2**bits), 2**bits - 1)``."""
+    top = float(1 << bits)
+    t = float(p) * top
+    if t >= top - 1.0:
+        return (1 << bits) - 1
     return max(int(np.floor(t)), 0)
 
 
 def attention_dropout_threshold(p):
-    """16-bit threshold below which a draw means "drop" (attention layout, p in [0, 1))."""
-    t = float(p) * 65536.0
-    if t >= 65535.0:
-        return 0xFFFF
-    return max(int(np.floor(t)), 0)
+    """The attention layout's 16-bit threshold."""
+    return dropout_threshold(p, ATTENTION_DRAW_BITS)
 
 
 def attention_keep_mask(seed, offset, p, t0, seqlen, num_heads):

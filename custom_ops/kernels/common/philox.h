@@ -68,21 +68,17 @@ PU_HOST_DEVICE Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint
   return Philox4{{c0, c1, c2, c3}};
 }
 
-// Threshold below which a 32-bit word means "drop" for drop probability p in [0, 1)
-// (row-wise layout).
-PU_HOST_DEVICE uint32_t dropout_threshold(double p) {
-  double t = p * 4294967296.0;
-  if (t >= 4294967295.0) return 0xffffffffu;
+// Bits of one attention-dropout draw (the row-wise layout draws a whole 32-bit word).
+constexpr int kAttentionDrawBits = 16;
+
+// Threshold below which a `bits`-bit draw means "drop" for drop probability p in [0, 1):
+// min(floor(p * 2^bits), 2^bits - 1).
+PU_HOST_DEVICE uint32_t dropout_threshold(double p, int bits = 32) {
+  const double range = static_cast<double>(uint64_t{1} << bits);
+  const double t = p * range;
+  if (t >= range - 1.0) return static_cast<uint32_t>(range - 1.0);
   if (t <= 0.0) return 0u;
   return static_cast<uint32_t>(t);  // truncation == floor for t >= 0
-}
-
-// Threshold below which a 16-bit draw means "drop" (attention layout).
-PU_HOST_DEVICE uint32_t attention_dropout_threshold(double p) {
-  double t = p * 65536.0;
-  if (t >= 65535.0) return 0xffffu;
-  if (t <= 0.0) return 0u;
-  return static_cast<uint32_t>(t);
 }
 
 }  // namespace paddle_unpad

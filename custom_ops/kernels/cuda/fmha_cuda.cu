@@ -139,7 +139,7 @@ FmhaParams base_params(const FmhaCudaProblem& p) {
   fp.scale = p.scale;
   fp.scale_log2 = p.scale * 1.4426950408889634f;
   fp.dropout = p.dropout > 0.0f ? 1 : 0;
-  fp.drop_threshold = attention_dropout_threshold(static_cast<double>(p.dropout));
+  fp.drop_threshold = dropout_threshold(static_cast<double>(p.dropout), kAttentionDrawBits);
   fp.keep_scale = p.dropout > 0.0f ? 1.0f / (1.0f - p.dropout) : 1.0f;
   fp.seed_lo = static_cast<uint32_t>(p.seed);
   fp.seed_hi = static_cast<uint32_t>(p.seed >> 32);
