@@ -207,6 +207,95 @@ def user_defined_strategy():
     return getattr(fleet.fleet, "_user_defined_strategy", None)
 
 
+# ----------------------------------------------------------------------------- gloo group rendezvous
+
+_GROUP_STORE_KEY = "paddle_unpad/gloo_group_store"
+_group_stores = []  # each group's own store, alive as long as the process (its group holds it too)
+_group_store_uses = {}  # gid -> groups created with it so far (a reused custom gid gets a new key)
+
+
+def isolate_gloo_group_stores(enabled=True):
+    """Give every gloo process group after the default one a rendezvous store of its own.
+
+    Why: ``ProcessGroupGloo.create`` (Paddle 2.6 and 3.x) connects the group's gloo context
+    through the job's TCP store under the keys ``"0"`` .. ``"n-1"``, with no per-group
+    prefix, so each new group overwrites the keys of the one before. A rank that reads a
+    peer's key before the peer has rewritten it gets the peer's address in an earlier
+    group and fails: ``pair.cc ... connect ...: Connection refused`` (that listener is
+    closed), or ``address.cc ... 136 vs 68`` when the two groups differ in size. It hits
+    ``fleet.init`` (its data-parallel group follows the default one) and any job that
+    creates groups one after the other, more often the more loaded the machine; creating
+    40 groups of 3 and 2 ranks on 3 ranks failed in 3 of 3 launches on a 2-core host.
+
+    With this, ``paddle.distributed.new_group`` on gloo gives the group a TCP store served by
+    its first member (address passed through the job's store under a key unique to the
+    group), so no key it reads can be stale. The default group (gid 0, created first) and
+    other backends are left as they are. Installed at ``import paddle_unpad``;
+    the ``GLOO_GROUP_STORES`` setting off leaves Paddle as it ships. Returns whether the
+    rendezvous is now isolated."""
+    from paddle.distributed import collective
+
+    impl = getattr(collective, "_new_process_group_impl", None)
+    if impl is None:  # a Paddle without this hook: leave it alone
+        return False
+    original = getattr(impl, "_paddle_unpad_original", impl)
+    if not enabled:
+        collective._new_process_group_impl = original
+        return False
+    if impl is not original:
+        return True
+
+    @functools.wraps(original)
+    def new_process_group_impl(backend, store, rank, world_size, group_name, pg_options, group_id=0,
+                               *args, **kwargs):
+        if backend == "gloo" and group_id != 0 and world_size > 1:
+            store = _group_store(store, rank, world_size, group_id)
+        return original(backend, store, rank, world_size, group_name, pg_options, group_id, *args, **kwargs)
+
+    new_process_group_impl._paddle_unpad_original = original
+    collective._new_process_group_impl = new_process_group_impl
+    return True
+
+
+def _group_store(job_store, rank, size, gid):
+    """The fresh TCP store of group ``gid``: served by its rank 0, joined by the others."""
+    import os
+    import socket
+
+    from paddle.base import core  # 2.6 and 3.x
+
+    uses = _group_store_uses.get(gid, 0)
+    _group_store_uses[gid] = uses + 1
+    key = f"{_GROUP_STORE_KEY}/{gid}/{uses}"
+    timeout = 900  # seconds, Paddle's default for its own store
+    if rank == 0:
+        # the address the other members reach this process at: the launcher's endpoint
+        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "").rpartition(":")[0] or "127.0.0.1"
+        error = None
+        for _ in range(5):  # the port is picked free, but another process could take it first
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+            try:
+                own = core.TCPStore(host, port, True, 0, timeout)  # 0 workers: returns at once
+                break
+            except Exception as e:  # noqa: BLE001 - retried on another port, then reported
+                error = e
+        else:
+            job_store.set(key, f"error: {error}".encode())
+            raise RuntimeError(f"paddle_unpad: could not start the rendezvous store of gloo group {gid}: {error}")
+        job_store.set(key, f"{host}:{port}".encode())
+    else:
+        value = job_store.get(key).decode()  # waits for the key (2.6 and 3.x)
+        if value.startswith("error: "):
+            raise RuntimeError(f"paddle_unpad: the first member of gloo group {gid} could not start its "
+                               f"rendezvous store ({value[7:]})")
+        host, _, port = value.rpartition(":")
+        own = core.TCPStore(host, int(port), False, 0, timeout)
+    _group_stores.append(own)
+    return own
+
+
 # ----------------------------------------------------------------------------- gradients
 
 

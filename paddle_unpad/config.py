@@ -51,6 +51,10 @@ VARIABLES = tuple(Variable(*v) for v in (
     ("MKL_DISPATCH", "choice", "auto",
      "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels "
      "(MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
+    # run time: distributed
+    ("GLOO_GROUP_STORES", "flag", True,
+     "give every gloo process group after the default one a rendezvous store of its own (read at import; "
+     "off: Paddle's groups share the job's store and can read each other's addresses)"),
     # build time
     ("SKIP_CUDA", "flag", False, "never compile the CUDA sources", (), "build"),
     ("REQUIRE_CUDA", "flag", False, "fail the build unless the CUDA kernels are compiled (make setup PADDLE=gpu)",

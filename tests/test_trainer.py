@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
+from launch_util import run_bounded
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "examples", "trainer_classifier.py")
 WORKER = os.path.join(ROOT, "tests", "dist", "trainer_resume_worker.py")
 # creating a gloo group now and then fails on these machines before any of our code runs
-GLOO_FLAKE = "gloo/transport/tcp/pair.cc"
 ARGS = ["--max-train", "96", "--max-dev", "40", "--batch-size", "16"]
 
 
@@ -84,26 +85,18 @@ def _worker_env():
     return env
 
 
-def _worker(tmp_path, name, args, nproc=1, retries=2):
-    """Run the worker (under fleetrun when nproc > 1); returns {rank: [(global_step, loss), ...]}."""
+def _worker(tmp_path, name, args, nproc=1):
+    """Run the worker (under fleetrun when nproc > 1), bounded; returns {rank: [(global_step, loss), ...]}."""
     prefix = str(tmp_path / name)
-    for attempt in range(retries + 1):
-        log_dir = tmp_path / f"log_{name}_{attempt}"
-        cmd = [sys.executable, WORKER, str(tmp_path / f"out_{name}"), prefix, *args]
-        if nproc > 1:
-            cmd[1:1] = ["-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", str(log_dir)]
-        try:
-            proc = subprocess.run(cmd, cwd=str(tmp_path), env=_worker_env(), capture_output=True, text=True,
-                                  timeout=300)
-            rc, out = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, out = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else ""
-        logs = "".join(f"\n--- {f.name}\n" + f.read_text(errors="replace")[-4000:]
-                       for f in sorted(log_dir.glob("workerlog.*"))) if log_dir.exists() else ""
-        if rc == 0 and all(os.path.exists(f"{prefix}.rank{r}.json") for r in range(nproc)):
-            return {r: [tuple(x) for x in json.load(open(f"{prefix}.rank{r}.json"))["losses"]] for r in range(nproc)}
-        if GLOO_FLAKE not in out + logs:
-            break
+    log_dir = tmp_path / f"log_{name}"
+    cmd = [sys.executable, WORKER, str(tmp_path / f"out_{name}"), prefix, *args]
+    if nproc > 1:
+        cmd[1:1] = ["-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", str(log_dir)]
+    rc, out = run_bounded(cmd, 300, cwd=str(tmp_path), env=_worker_env())
+    if rc == 0 and all(os.path.exists(f"{prefix}.rank{r}.json") for r in range(nproc)):
+        return {r: [tuple(x) for x in json.load(open(f"{prefix}.rank{r}.json"))["losses"]] for r in range(nproc)}
+    logs = "".join(f"\n--- {f.name}\n" + f.read_text(errors="replace")[-4000:]
+                   for f in sorted(log_dir.glob("workerlog.*"))) if log_dir.exists() else ""
     pytest.fail(f"worker {name} failed ({rc}):\n{out[-3000:]}{logs}")
 
 
