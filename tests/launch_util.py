@@ -3,7 +3,9 @@ launcher and every process under it are killed (the launcher starts each worker 
 session of its own, so killing the launcher alone would leave them running)."""
 import os
 import signal
+import socket
 import subprocess
+import sys
 
 
 def descendants(pid):
@@ -41,3 +43,44 @@ def run_bounded(cmd, timeout, **kw):
         out, _ = p.communicate()
         rc = "timeout"
     return rc, out.decode(errors="replace")
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 at the time of the call."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_env(**extra):
+    """The environment of a test's job: one math thread per process, this checkout first on
+    the path, no endpoints inherited from an enclosing job; ``extra`` added."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("PADDLE_TRAINER_ENDPOINTS", None)
+    return env
+
+
+def worker_logs(log_dir):
+    """``{"workerlog.N": text}`` of a launch's log folder (empty when there is none)."""
+    log_dir = str(log_dir)
+    if not os.path.isdir(log_dir):
+        return {}
+    out = {}
+    for name in sorted(os.listdir(log_dir)):
+        if name.startswith("workerlog."):
+            with open(os.path.join(log_dir, name), errors="replace") as f:
+                out[name] = f.read()
+    return out
+
+
+def launch_job(script_args, nproc, log_dir, timeout, cwd=ROOT, env=None):
+    """``python -m paddle.distributed.launch --nproc_per_node nproc`` of ``script_args``,
+    bounded (:func:`run_bounded`): ``(returncode, launcher output, worker_logs(log_dir))``."""
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
+           "--log_dir", str(log_dir), *script_args]
+    rc, out = run_bounded(cmd, timeout, cwd=cwd, env=job_env() if env is None else env)
+    return rc, out, worker_logs(log_dir)

@@ -9,39 +9,19 @@ store, which removes the "Connection refused" that group creation used to hit no
 then (tests/test_gloo_groups.py shows it and its cause), so a failed launch is a failure.
 """
 import os
-import sys
 
 import pytest
 
-from launch_util import run_bounded
+from launch_util import launch_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "dist", "balance_worker.py")
 
 pytestmark = pytest.mark.dist
 
 
-def _logs(log_dir):
-    out = {}
-    if os.path.isdir(log_dir):
-        for name in sorted(os.listdir(log_dir)):
-            if name.startswith("workerlog."):
-                with open(os.path.join(log_dir, name), errors="replace") as f:
-                    out[name] = f.read()
-    return out
-
-
 def launch(tmp_path, nproc, scenario, timeout=150):
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("PADDLE_TRAINER_ENDPOINTS", None)
-    log_dir = str(tmp_path / f"log_{scenario}_{nproc}")
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
-           "--log_dir", log_dir, WORKER, scenario]
-    rc, out = run_bounded(cmd, timeout, cwd=ROOT, env=env)
-    logs = _logs(log_dir)
+    rc, out, logs = launch_job([WORKER, scenario], nproc, tmp_path / f"log_{scenario}_{nproc}", timeout)
     if rc == 0 and len(logs) == nproc and all("ALL OK" in t for t in logs.values()):
         return logs
     text = [f"launch of {scenario} with {nproc} ranks failed (rc={rc})", "--- launcher output (tail) ---", out[-3000:]]

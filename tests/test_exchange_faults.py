@@ -12,7 +12,6 @@ rendezvous store, see tests/test_gloo_groups.py): a failed launch is a failure.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import time
 
 import pytest
 
-from launch_util import run_bounded
+from launch_util import free_port, launch_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -29,12 +28,6 @@ ABORT_MARKS = ("terminate called", "SIGABRT", "Process abort signal", "Aborted (
                "core dumped", "Segmentation fault", "SIGSEGV")
 
 pytestmark = pytest.mark.dist
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(rank, master, endpoints):
@@ -72,8 +65,8 @@ def run_ranks(scenario, bound=60.0, kill_after_first_exit=False):
     stopped peer never exits by itself).  Every process is killed at the end whatever
     happens; a rank still alive at ``bound`` fails the test."""
     with tempfile.TemporaryDirectory() as tmp:
-        master = f"127.0.0.1:{_free_port()}"
-        endpoints = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
+        master = f"127.0.0.1:{free_port()}"
+        endpoints = [f"127.0.0.1:{free_port()}" for _ in range(2)]
         t0 = time.monotonic()
         ranks = []
         try:
@@ -157,19 +150,12 @@ def test_mis_shaped_per_token_field_and_ranks_with_different_layouts():
 
 # ------------------------------------------------------------------ DataLoader workers
 def test_dataloader_with_workers_is_balanced_and_exits(tmp_path):
-    log_dir = str(tmp_path / "log")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("PADDLE_TRAINER_ENDPOINTS", None)
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", log_dir,
-           WORKER, "num_workers"]
     t0 = time.monotonic()
-    rc, out = run_bounded(cmd, 90, cwd=ROOT, env=env)
+    rc, out, logs = launch_job([WORKER, "num_workers"], 2, tmp_path / "log", 90)
     assert rc != "timeout", f"the launcher did not exit within 90 s: {out[-3000:]}"
     took = time.monotonic() - t0
-    logs = []
-    for r in range(2):
-        with open(os.path.join(log_dir, f"workerlog.{r}"), errors="replace") as f:
-            logs.append(f.read())
+    logs = list(logs.values())
+    assert len(logs) == 2, (out[-3000:], logs)
     assert rc == 0, (out[-3000:], logs)
     for t in logs:
         for mark in ABORT_MARKS:

@@ -8,14 +8,12 @@ race (which a run can miss): Paddle's next group overwrites the default group's 
 (if a Paddle release stops sharing the keys, the control fails and the workaround can go).
 """
 import os
-import sys
 
 import pytest
 
-from launch_util import run_bounded
+from launch_util import job_env, launch_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "dist", "gloo_groups_worker.py")
 N_GROUPS = 12  # 6 of all three ranks, 6 of two, interleaved
 NPROC = 3
@@ -24,15 +22,7 @@ pytestmark = pytest.mark.dist
 
 
 def _launch(tmp_path, name, timeout, n_groups, **env_extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("PADDLE_TRAINER_ENDPOINTS", None)
-    log_dir = tmp_path / name
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(NPROC),
-           "--log_dir", str(log_dir), WORKER, str(n_groups)]
-    rc, out = run_bounded(cmd, timeout, cwd=ROOT, env=env)
-    logs = {f.name: f.read_text(errors="replace") for f in sorted(log_dir.glob("workerlog.*"))}
-    return rc, out, logs
+    return launch_job([WORKER, str(n_groups)], NPROC, tmp_path / name, timeout, env=job_env(**env_extra))
 
 
 def _report(rc, out, logs):

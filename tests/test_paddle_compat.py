@@ -81,8 +81,7 @@ def test_gloo_groups_get_their_own_store_and_nothing_else_changes(monkeypatch):
     """The rendezvous wrapper is installed at import, once; it hands a gloo group after the
     default one a fresh store (published under the group's key), passes every other call
     through untouched, and switching it off restores Paddle's function."""
-    import socket
-
+    from launch_util import free_port
     from paddle.base import core
     from paddle.distributed import collective
 
@@ -102,9 +101,7 @@ def test_gloo_groups_get_their_own_store_and_nothing_else_changes(monkeypatch):
     assert wrapper is not fake and wrapper._paddle_unpad_original is fake
     assert compat.isolate_gloo_group_stores(True) and collective._new_process_group_impl is wrapper  # once
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     job = core.TCPStore("127.0.0.1", port, True, 0, 30)
     assert wrapper("nccl", job, 0, 2, "g", None, group_id=7, nccl_config=None) == "pg"
     assert wrapper("gloo", job, 0, 2, "g", None, group_id=0) == "pg"  # the default group

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launch_util import run_bounded
+from launch_util import job_env, launch_job, run_bounded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "examples", "trainer_classifier.py")
@@ -78,26 +78,18 @@ def test_pad_collator_pads_to_batch_max_or_pad_to():
         PadCollator(pad_to=0)
 
 
-def _worker_env():
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("PADDLE_TRAINER_ENDPOINTS", None)
-    return env
-
-
 def _worker(tmp_path, name, args, nproc=1):
     """Run the worker (under fleetrun when nproc > 1), bounded; returns {rank: [(global_step, loss), ...]}."""
     prefix = str(tmp_path / name)
-    log_dir = tmp_path / f"log_{name}"
-    cmd = [sys.executable, WORKER, str(tmp_path / f"out_{name}"), prefix, *args]
+    worker = [WORKER, str(tmp_path / f"out_{name}"), prefix, *args]
     if nproc > 1:
-        cmd[1:1] = ["-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", str(log_dir)]
-    rc, out = run_bounded(cmd, 300, cwd=str(tmp_path), env=_worker_env())
+        rc, out, logs = launch_job(worker, nproc, tmp_path / f"log_{name}", 300, cwd=str(tmp_path))
+    else:
+        (rc, out), logs = run_bounded([sys.executable, *worker], 300, cwd=str(tmp_path), env=job_env()), {}
     if rc == 0 and all(os.path.exists(f"{prefix}.rank{r}.json") for r in range(nproc)):
         return {r: [tuple(x) for x in json.load(open(f"{prefix}.rank{r}.json"))["losses"]] for r in range(nproc)}
-    logs = "".join(f"\n--- {f.name}\n" + f.read_text(errors="replace")[-4000:]
-                   for f in sorted(log_dir.glob("workerlog.*"))) if log_dir.exists() else ""
-    pytest.fail(f"worker {name} failed ({rc}):\n{out[-3000:]}{logs}")
+    tails = "".join(f"\n--- {n}\n{t[-4000:]}" for n, t in logs.items())
+    pytest.fail(f"worker {name} failed ({rc}):\n{out[-3000:]}{tails}")
 
 
 @pytest.mark.dist
