@@ -16,6 +16,6 @@
 #pragma GCC target("avx2,fma,bmi2")
 #define FMHA_ISA avx2
 #define FMHA_VLEN 8
-#define FMHA_MR 4
+#define FMHA_MR 6
 #define FMHA_NV 2
 #include "kernels/cpu/fmha_cpu_impl.h"

@@ -67,6 +67,9 @@ static inline void gemm_cols(int64_t M, int64_t K, const float* A, int64_t sam, 
   int64_t m = 0;
   for (; m + MR <= M; m += MR)
     gemm_tile<MR, NVT>(K, A + m * sam, sam, sak, B, ldb, C + m * ldc, ldc, accumulate);
+  if (MR > 4)  // e.g. 64 = 10 * 6 + 4 rows: the 4 in one tile, not two latency-bound halves
+    for (; m + 4 <= M; m += 4)
+      gemm_tile<4, NVT>(K, A + m * sam, sam, sak, B, ldb, C + m * ldc, ldc, accumulate);
   for (; m + 2 <= M; m += 2)
     gemm_tile<2, NVT>(K, A + m * sam, sam, sak, B, ldb, C + m * ldc, ldc, accumulate);
   for (; m < M; ++m)
@@ -85,90 +88,146 @@ static void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, i
   for (; n < N; n += V) gemm_cols<1>(M, K, A, sam, sak, B + n, ldb, C + n, ldc, accumulate);
 }
 
+// max(init, x[0 .. n)); x is readable up to round_up(n, V).
 static inline float row_max(const float* x, int64_t n, float init) {
-  int64_t j = 0;
-  float m = init;
-  if (n >= V) {
-    vf mv = vload(x);
-    for (j = V; j + V <= n; j += V) {
-      vf y = vload(x + j);
-      mv = y > mv ? y : mv;
-    }
-    for (int e = 0; e < V; ++e) m = std::max(m, mv[e]);
+  vf mv = vsplat(init);
+  for (int64_t j = 0; j < n; j += V) {
+    const vf y = j + V <= n ? vload(x + j) : vhead(vload(x + j), n - j, -std::numeric_limits<float>::infinity());
+    mv = y > mv ? y : mv;
   }
-  for (; j < n; ++j) m = std::max(m, x[j]);
-  return m;
+  return vreduce_max(mv);
 }
 
-// Dropout draws of one query row t against keys [j0, j0 + n), j0 % 8 == 0: 16 bits per
-// key (kernels/common/philox.h), so block c of counter (c, t, h, offset) covers keys
-// 8c .. 8c + 7 and, read as little-endian halves, draw j is element j of the result.
-// Valid for at least round_up(n, V) keys; the buffer is per thread.
-static inline const uint16_t* dropout_draws(const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
-                                            int64_t n) {
+// Dropout draws of query rows [t, t + rows) against keys [j0, j0 + n), j0 % 8 == 0: 16 bits
+// per key (kernels/common/philox.h), so block c of counter (c, t, h, offset) covers keys
+// 8c .. 8c + 7 and, read as little-endian halves, draw j of row t + r is element
+// r * stride + j of the result, stride >= round_up(n, V) (set here). The buffer is per
+// thread. All rows in one call: an AVX-512 row of a key block is only two Philox groups.
+static inline const uint16_t* dropout_draws(const FmhaProblem& P, int64_t t, int64_t rows, int64_t h, int64_t j0,
+                                            int64_t n, int64_t* stride) {
   thread_local std::vector<uint32_t> buf;
   const int64_t nblocks = round_up((n + 7) / 8, L);  // 8L = 4V draws: a multiple of V
-  if (buf.size() < static_cast<size_t>(4 * nblocks)) buf.resize(4 * nblocks);
-  philox_words(buf.data(), static_cast<uint64_t>(j0 >> 3), nblocks, static_cast<uint32_t>(t),
-               static_cast<uint32_t>(h), static_cast<uint32_t>(P.offset), P.seed);
+  if (buf.size() < static_cast<size_t>(4 * nblocks * rows)) buf.resize(4 * nblocks * rows);
+  philox_words_rows(buf.data(), static_cast<uint64_t>(j0 >> 3), nblocks, static_cast<uint32_t>(t), rows,
+                    static_cast<uint32_t>(h), static_cast<uint32_t>(P.offset), P.seed);
+  *stride = 8 * nblocks;
   return reinterpret_cast<const uint16_t*>(buf.data());
 }
 
-typedef uint16_t vh_u __attribute__((vector_size(V * 2), aligned(2)));
-
-// V draws widened to 32-bit lanes (vpmovzxwd), to compare against the threshold.
-static inline vu vload_draws(const uint16_t* p) {
-  return __builtin_convertvector(*reinterpret_cast<const vh_u*>(p), vu);
+// x where the draws keep their keys (draw >= threshold, threshold < 2^16), 0 where they
+// drop them. AVX-512BW compares the 16-bit draws as they are; the other paths widen them
+// to 32-bit lanes (vpmovzxwd), where the signed compare is the unsigned one.
+static inline vf vkeep(vf x, const uint16_t* draws, uint32_t threshold) {
+#if FMHA_VLEN == 16
+  const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(draws));
+  const __mmask16 keep = _mm256_cmpge_epu16_mask(d, _mm256_set1_epi16(static_cast<int16_t>(threshold)));
+  return (vf)_mm512_maskz_mov_ps(keep, (__m512)x);
+#else
+#if FMHA_VLEN == 8
+  const vi w = (vi)_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(draws)));
+#else
+  const vi w = (vi)_mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(draws)), _mm_setzero_si128());
+#endif
+  return w < static_cast<int32_t>(threshold) ? vf{} : x;
+#endif
 }
 
-// p[j] = exp(s[j] - m) for j < n, 0 for n <= j < n_pad (n_pad % V == 0); returns sum p.
+// max(lo, x) in one instruction; a NaN x stays NaN (maxps returns its second operand when
+// either is NaN).
+static inline vf vmax_keep_nan(vf lo, vf x) {
+#if FMHA_VLEN == 16
+  return (vf)_mm512_max_ps((__m512)lo, (__m512)x);
+#elif FMHA_VLEN == 8
+  return (vf)_mm256_max_ps((__m256)lo, (__m256)x);
+#else
+  return (vf)_mm_max_ps((__m128)lo, (__m128)x);
+#endif
+}
+
+// exp(x) for the softmax's x = s - max <= 0, clamped at -87 (e^-87 is still a normal
+// float). AVX-512 rounds and scales with vrndscaleps and vscalefps instead of the
+// magic-number rounding and the exponent bits.
+static inline vf softmax_exp(vf x) {
+  x = vmax_keep_nan(vsplat(-87.0f), x);
+#if FMHA_VLEN == 16
+  const vf n = (vf)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT);
+  return (vf)_mm512_scalef_ps((__m512)vexp_poly5(vexp_residual(x, n)), (__m512)n);
+#else
+  return vexp5(x);
+#endif
+}
+
+// One vector of exp_row below: p = exp(s[j..] - m) (zeros past n), added into acc, returned
+// with the dropped keys zeroed under kDrop.
+template <bool kDrop = false>
+static inline vf exp_vec(float* s, int64_t j, int64_t n, vf mv, const uint16_t* draws, uint32_t threshold,
+                          vf& acc) {
+  vf p = softmax_exp(vload(s + j) - mv);
+  if (j + V > n) p = vhead(p, n - j, 0.0f);  // the tail: zeros after the valid part
+  acc += p;
+  if (kDrop) p = vkeep(p, draws + j, threshold);
+  return p;
+}
+
+// p[j] = exp(s[j] - m) for j < n, 0 for n <= j < n_pad (n_pad % V == 0; s is readable
+// there); returns the lanes' sums of p (reduced once per query block by the forward).
 // With kDrop, the p of dropped keys (draw < threshold) are stored as 0 while the sum
 // keeps them: the forward's dropout, done in the pass that writes p.
 template <bool kDrop = false>
-static inline float exp_row(float* s, int64_t n, int64_t n_pad, float m, const uint16_t* draws = nullptr,
-                            uint32_t threshold = 0) {
+static inline vf exp_row(float* s, int64_t n, int64_t n_pad, float m, const uint16_t* draws = nullptr,
+                         uint32_t threshold = 0) {
   const vf mv = vsplat(m);
-  const vu thr = vu{} + threshold;
-  vf acc = vf{};
+  vf acc0 = vf{}, acc1 = vf{};
   int64_t j = 0;
-  for (; j + V <= n; j += V) {
-    vf p = vexp(vload(s + j) - mv);
-    acc += p;
-    if (kDrop) p = (vi)(vload_draws(draws + j) < thr) ? vf{} : p;
-    vstore(s + j, p);
+  // two vectors per step: exp is a chain of a dozen dependent operations, and a row of a
+  // key block has only kBc / V vectors for the out-of-order window to overlap
+  for (; j + 2 * V <= n_pad; j += 2 * V) {
+    const vf p0 = exp_vec<kDrop>(s, j, n, mv, draws, threshold, acc0);
+    const vf p1 = exp_vec<kDrop>(s, j + V, n, mv, draws, threshold, acc1);
+    vstore(s + j, p0);
+    vstore(s + j + V, p1);
   }
-  float sum = 0.0f;
-  for (int e = 0; e < V; ++e) sum += acc[e];
-  if (j < n_pad) {  // tail: exp on the valid part of one vector, zeros after it
-    vf p = vexp(vload(s + j) - mv);
-    for (int e = 0; e < V; ++e) {
-      float pe = (j + e < n) ? p[e] : 0.0f;
-      sum += pe;
-      s[j + e] = (kDrop && draws[j + e] < threshold) ? 0.0f : pe;
-    }
-  }
-  return sum;
+  if (j < n_pad) vstore(s + j, exp_vec<kDrop>(s, j, n, mv, draws, threshold, acc0));
+  return acc0 + acc1;
 }
 
-// Dropout multipliers (0 or 1/(1-p)) of row t, keys [j0, j0 + n).
-static inline void dropout_row(float* z, const FmhaProblem& P, int64_t t, int64_t h, int64_t j0,
-                               int64_t n, uint32_t threshold, float keep_scale) {
-  const uint16_t* draws = dropout_draws(P, t, h, j0, n);
-  const vf keep = vsplat(keep_scale), drop = vf{};
-  const vu thr = vu{} + threshold;
+// Dropout multipliers (0 or 1/(1-p)) of n keys from their draws.
+static inline void dropout_row(float* z, const uint16_t* draws, int64_t n, uint32_t threshold, float keep_scale) {
+  const vf keep = vsplat(keep_scale);
   int64_t j = 0;
-  for (; j + V <= n; j += V) vstore(z + j, (vi)(vload_draws(draws + j) < thr) ? drop : keep);
+  for (; j + V <= n; j += V) vstore(z + j, vkeep(keep, draws + j, threshold));
   for (; j < n; ++j) z[j] = draws[j] < threshold ? 0.0f : keep_scale;
 }
 
 // Asks for the head slices x[t][h0 .. h0 + D) of rows t in [t_begin, t_end) of a [T, H, D]
-// tensor (row stride HD). An item reads 4*D bytes per token at a stride of 4*H*D bytes,
-// which the hardware prefetchers follow too late: without this, the loads of q and k
-// were about 7% of the forward at head size 32.
+// tensor (row stride HD), into L1, or into L2 only with kL2 (for rows needed after a
+// query block's work, which streams more than L1 holds past them). An item reads 4*D
+// bytes per token at a stride of 4*H*D bytes, which the hardware prefetchers follow too
+// late: without this, the loads of q and k were about 7% of the forward at head size 32.
+template <bool kL2 = false, bool kWrite = false>
 static inline void prefetch_rows(const float* x, int64_t t_begin, int64_t t_end, int64_t HD, int64_t h0,
                                  int64_t D) {
   for (int64_t t = t_begin; t < t_end; ++t)
-    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(x + t * HD + h0 + d);
+    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(x + t * HD + h0 + d, kWrite ? 1 : 0, kL2 ? 2 : 3);
+}
+
+// dst[d * ld + j] = x[j * stride + d] for j < n, d < D (n rows of D floats, transposed):
+// V x V blocks through registers, the edges one float at a time.
+static inline void transpose_rows(const float* x, int64_t stride, int64_t n, int64_t D, float* dst, int64_t ld) {
+  int64_t j = 0;
+  for (; j + V <= n; j += V) {
+    int64_t d = 0;
+    for (; d + V <= D; d += V) {
+      vf r[V];
+      for (int jj = 0; jj < V; ++jj) r[jj] = vload(x + (j + jj) * stride + d);
+      vtranspose(r);
+      for (int dd = 0; dd < V; ++dd) vstore(dst + (d + dd) * ld + j, r[dd]);
+    }
+    for (; d < D; ++d)
+      for (int jj = 0; jj < V; ++jj) dst[d * ld + j + jj] = x[(j + jj) * stride + d];
+  }
+  for (; j < n; ++j)
+    for (int64_t d = 0; d < D; ++d) dst[d * ld + j] = x[j * stride + d];
 }
 
 static inline float* scratch(std::vector<float>& buf, size_t n) {
@@ -192,54 +251,56 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
   thread_local std::vector<float> seq_buf, blk_buf;
   float* Kt = scratch(seq_buf, D * sp + sp * Dp);  // [D][sp], then V [sp][Dp]
   float* Vp = Kt + D * sp;
-  float* Qs = scratch(blk_buf, kBr * Dp + kBr * kBc + kBr * Dp + 2 * kBr);
+  float* Qs = scratch(blk_buf, kBr * Dp + kBr * kBc + kBr * Dp + kBr + kBr * V);
   float* S = Qs + kBr * Dp;
   float* O = S + kBr * kBc;
   float* m = O + kBr * Dp;
-  float* l = m + kBr;
+  float* l = m + kBr;  // [kBr][V]: row i's sum of p, by lane
 
   constexpr int64_t kAhead = 32;  // tokens: a DRAM latency's worth of the packing loop
   prefetch_rows(q, t0 + qb0 * kBr, t0 + std::min(s, qb0 * kBr + kBr), HD, h * D, D);
   prefetch_rows(k, t0, t0 + std::min(s, kAhead), HD, h * D, D);
   prefetch_rows(v, t0, t0 + std::min(s, kAhead), HD, h * D, D);
-  for (int64_t j = 0; j < s; ++j) {
-    const float* ks = k + (t0 + j) * HD + h * D;
-    const float* vs = v + (t0 + j) * HD + h * D;
-    if (j + kAhead < s) {
-      prefetch_rows(k, t0 + j + kAhead, t0 + j + kAhead + 1, HD, h * D, D);
-      prefetch_rows(v, t0 + j + kAhead, t0 + j + kAhead + 1, HD, h * D, D);
+  for (int64_t j = 0; j < s; j += V) {
+    const int64_t n = std::min<int64_t>(V, s - j);
+    prefetch_rows(k, t0 + j + kAhead, t0 + std::min(s, j + kAhead + V), HD, h * D, D);
+    prefetch_rows(v, t0 + j + kAhead, t0 + std::min(s, j + kAhead + V), HD, h * D, D);
+    transpose_rows(k + (t0 + j) * HD + h * D, HD, n, D, Kt + j, sp);
+    for (int64_t jj = j; jj < j + n; ++jj) {
+      std::memcpy(Vp + jj * Dp, v + (t0 + jj) * HD + h * D, sizeof(float) * D);
+      for (int64_t d = D; d < Dp; ++d) Vp[jj * Dp + d] = 0.0f;
     }
-    for (int64_t d = 0; d < D; ++d) Kt[d * sp + j] = ks[d];
-    std::memcpy(Vp + j * Dp, vs, sizeof(float) * D);
-    for (int64_t d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
   }
   for (int64_t d = 0; d < D; ++d)
     for (int64_t j = s; j < sp; ++j) Kt[d * sp + j] = 0.0f;
 
   for (int64_t qb = qb0; qb < qb1; ++qb) {
     const int64_t i0 = qb * kBr, br = std::min(kBr, s - i0);
-    if (qb + 1 < qb1) prefetch_rows(q, t0 + i0 + kBr, t0 + std::min(s, i0 + 2 * kBr), HD, h * D, D);
+    if (qb + 1 < qb1) prefetch_rows<true>(q, t0 + i0 + kBr, t0 + std::min(s, i0 + 2 * kBr), HD, h * D, D);
+    prefetch_rows<true, true>(out, t0 + i0, t0 + i0 + br, HD, h * D, D);  // written at the block's end
     for (int64_t i = 0; i < br; ++i) {
       const float* src = q + (t0 + i0 + i) * HD + h * D;
       for (int64_t d = 0; d < D; ++d) Qs[i * Dp + d] = src[d] * P.scale;
       m[i] = -std::numeric_limits<float>::infinity();
-      l[i] = 0.0f;
+      vstore(l + i * V, vf{});
     }
     std::memset(O, 0, sizeof(float) * br * Dp);
 
     for (int64_t j0 = 0; j0 < s; j0 += kBc) {
       const int64_t bc = std::min(kBc, s - j0), bcp = round_up(bc, V);
       gemm(br, bcp, D, Qs, Dp, 1, Kt + j0, sp, S, kBc, false);
+      int64_t dstride = 0;
+      const uint16_t* draws = dropout ? dropout_draws(P, t0 + i0, br, h, j0, bcp, &dstride) : nullptr;
       for (int64_t i = 0; i < br; ++i) {
         float* row = S + i * kBc;
         const float mx = row_max(row, bc, m[i]);
-        const float alpha = std::exp(m[i] - mx);  // 0 on the first block (m = -inf)
+        // 0 on the first block (m = -inf); often exactly 1 later, without calling exp
+        const float alpha = mx == m[i] ? 1.0f : std::exp(m[i] - mx);
         // dropped probabilities are zeroed as they are written; the common 1/(1-p) is
         // applied once, to the output row
-        const float sum =
-            dropout ? exp_row<true>(row, bc, bcp, mx, dropout_draws(P, t0 + i0 + i, h, j0, bcp), threshold)
-                    : exp_row(row, bc, bcp, mx);
-        l[i] = l[i] * alpha + sum;
+        const vf sum = dropout ? exp_row<true>(row, bc, bcp, mx, draws + i * dstride, threshold)
+                               : exp_row(row, bc, bcp, mx);
+        vstore(l + i * V, vload(l + i * V) * alpha + sum);
         m[i] = mx;
         if (alpha != 1.0f) {
           float* o = O + i * Dp;
@@ -250,10 +311,11 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
     }
 
     for (int64_t i = 0; i < br; ++i) {
-      const float inv = keep_scale / l[i];
+      const float li = vreduce_add(vload(l + i * V));
+      const float inv = keep_scale / li;
       float* dst = out + (t0 + i0 + i) * HD + h * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = O[i * Dp + d] * inv;
-      lse[(t0 + i0 + i) * H + h] = m[i] + std::log(l[i]);
+      lse[(t0 + i0 + i) * H + h] = m[i] + std::log(li);
     }
   }
 }
@@ -305,14 +367,10 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
 
   for (int64_t j0 = 0; j0 < s; j0 += kBc) {
     const int64_t bc = std::min(kBc, s - j0), bcp = round_up(bc, V);
+    transpose_rows(k + (t0 + j0) * HD + h * D, HD, bc, D, Kt, kBc);
+    transpose_rows(v + (t0 + j0) * HD + h * D, HD, bc, D, Vt, kBc);
     for (int64_t j = 0; j < bc; ++j) {
-      const float* ks = k + (t0 + j0 + j) * HD + h * D;
-      const float* vs = v + (t0 + j0 + j) * HD + h * D;
-      for (int64_t d = 0; d < D; ++d) {
-        Kt[d * kBc + j] = ks[d];
-        Vt[d * kBc + j] = vs[d];
-      }
-      std::memcpy(Kp + j * Dp, ks, sizeof(float) * D);
+      std::memcpy(Kp + j * Dp, k + (t0 + j0 + j) * HD + h * D, sizeof(float) * D);
       for (int64_t d = D; d < Dp; ++d) Kp[j * Dp + d] = 0.0f;
     }
     for (int64_t d = 0; d < D; ++d)
@@ -327,9 +385,11 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
       gemm(br, bcp, D, Qb, Dp, 1, Kt, kBc, Pm, kBc, false);
       for (int64_t i = 0; i < br; ++i) exp_row(Pm + i * kBc, bc, bcp, lse_s[i0 + i]);
       if (dropout) {
+        int64_t dstride = 0;
+        const uint16_t* draws = dropout_draws(P, t0 + i0, br, h, j0, bc, &dstride);
         for (int64_t i = 0; i < br; ++i) {
           float* z = Pd + i * kBc;
-          dropout_row(z, P, t0 + i0 + i, h, j0, bc, threshold, keep_scale);
+          dropout_row(z, draws + i * dstride, bc, threshold, keep_scale);
           for (int64_t j = bc; j < bcp; ++j) z[j] = 0.0f;
         }
       }

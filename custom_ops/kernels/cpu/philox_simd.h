@@ -36,26 +36,28 @@ static inline vi64 interleave_mask(int first) {
   return m;
 }
 
-// G groups of L Philox blocks with counters (c0 + i, c1, c2, c3), i in [0, G*L), written
-// to words[4 * i ..] in element order. G independent dependency chains per round keep
-// the multiplier busy (one chain is latency-bound: mul -> shift -> xor -> next mul).
+// G groups of L Philox blocks: group g has counters (c0[g] + i, c1[g], c2, c3), i in [0, L),
+// its words written to out[g][4 * i ..] in element order. G independent dependency chains
+// per round keep the multiplier busy (one chain is latency-bound: mul -> shift -> xor ->
+// next mul).
 template <int G>
-static inline void philox_groups(uint32_t* words, uint64_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                                 uint64_t seed) {
+static inline void philox_groups(uint32_t* const* out, const uint64_t* c0, const uint32_t* c1, uint32_t c2,
+                                 uint32_t c3, uint64_t seed) {
   const vu64 m0 = vu64{} + 0xD2511F53ull, m1 = vu64{} + 0xCD9E8D57ull;
   const vu64 lo32 = vu64{} + 0xffffffffull;
   vu64 lane = vu64{};
   for (int e = 0; e < L; ++e) lane[e] = static_cast<uint64_t>(e);
   vu64 x0[G], x1[G], x2[G], x3[G];
   for (int g = 0; g < G; ++g) {
-    x0[g] = lane + (c0 + static_cast<uint64_t>(g * L));
-    x1[g] = vu64{} + static_cast<uint64_t>(c1);
+    x0[g] = lane + c0[g];
+    x1[g] = vu64{} + static_cast<uint64_t>(c1[g]);
     x2[g] = vu64{} + static_cast<uint64_t>(c2);
     x3[g] = vu64{} + static_cast<uint64_t>(c3);
   }
-  uint64_t k0 = seed & 0xffffffffull, k1 = seed >> 32;
-  // The high halves of the lanes may hold garbage inside the rounds: the multiplies
-  // read the low 32 bits only, and the words are masked at the end.
+  // The high halves of the lanes may hold garbage inside the rounds (the keys' carries
+  // too): the multiplies read the low 32 bits only, and the words are masked at the end.
+  vu64 k0 = vu64{} + (seed & 0xffffffffull), k1 = vu64{} + (seed >> 32);
+#pragma GCC unroll 10
   for (int round = 0; round < 10; ++round) {
     for (int g = 0; g < G; ++g) {
       const vu64 p0 = mul_lo32(x0[g], m0);
@@ -65,17 +67,50 @@ static inline void philox_groups(uint32_t* words, uint64_t c0, uint32_t c1, uint
       x2[g] = (p0 >> 32) ^ x3[g] ^ k1;
       x3[g] = p0;
     }
-    k0 = (k0 + 0x9E3779B9u) & 0xffffffffull;
-    k1 = (k1 + 0xBB67AE85u) & 0xffffffffull;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
   }
   for (int g = 0; g < G; ++g) {
     // Interleave to element order: (x1 << 32 | x0) holds words 0, 1 of each block and
     // (x3 << 32 | x2) words 2, 3 (little-endian); alternating their 64-bit lanes gives
     // block e's four words at 4e.. (one two-source permute per half).
     const vu64 w01 = (x1[g] << 32) | (x0[g] & lo32), w23 = (x3[g] << 32) | (x2[g] & lo32);
-    vu_u* w = reinterpret_cast<vu_u*>(words + g * L * 4);
+    vu_u* w = reinterpret_cast<vu_u*>(out[g]);
     w[0] = (vu)__builtin_shuffle(w01, w23, interleave_mask(0));
     w[1] = (vu)__builtin_shuffle(w01, w23, interleave_mask(L / 2));
+  }
+}
+
+// Chains per philox_groups call: as many as the registers hold (4 state vectors each;
+// AVX2 and SSE2 have 16 vector registers, and a fourth chain there spills to the stack
+// every round: 3 chains are a third faster than 4 with AVX2).
+constexpr int kChains = PU_SIMD_VLEN == 16 ? 4 : 3;
+
+// The words of `rows` runs of nblocks blocks: run r has counters (c0 + i, c1 + r, c2, c3),
+// i in [0, nblocks), and its words at words + 4 * nblocks * r, in element order (word e of
+// block i at 4 i + e). nblocks % L == 0. The groups of L blocks of all runs are generated
+// kChains at a time, so that short runs (an attention row's key block is 2 groups with
+// AVX-512) still keep every chain busy.
+static inline void philox_words_rows(uint32_t* words, uint64_t c0, int64_t nblocks, uint32_t c1, int64_t rows,
+                                     uint32_t c2, uint32_t c3, uint64_t seed) {
+  const int64_t per_run = nblocks / L, units = per_run * rows;
+  uint32_t* out[kChains];
+  uint64_t ctr0[kChains];
+  uint32_t ctr1[kChains];
+  auto unit = [&](int64_t u, int g) {
+    const int64_t r = u / per_run, i = (u % per_run) * L;
+    out[g] = words + 4 * (r * nblocks + i);
+    ctr0[g] = c0 + static_cast<uint64_t>(i);
+    ctr1[g] = c1 + static_cast<uint32_t>(r);
+  };
+  int64_t u = 0;
+  for (; u + kChains <= units; u += kChains) {
+    for (int g = 0; g < kChains; ++g) unit(u + g, g);
+    philox_groups<kChains>(out, ctr0, ctr1, c2, c3, seed);
+  }
+  for (; u < units; ++u) {
+    unit(u, 0);
+    philox_groups<1>(out, ctr0, ctr1, c2, c3, seed);
   }
 }
 
@@ -83,8 +118,5 @@ static inline void philox_groups(uint32_t* words, uint64_t c0, uint32_t c1, uint
 // order: words[4 i + e] = word e of block i. nblocks % L == 0.
 static inline void philox_words(uint32_t* words, uint64_t c0, int64_t nblocks, uint32_t c1, uint32_t c2,
                                 uint32_t c3, uint64_t seed) {
-  constexpr int G = 4;
-  int64_t i = 0;
-  for (; i + G * L <= nblocks; i += G * L) philox_groups<G>(words + 4 * i, c0 + i, c1, c2, c3, seed);
-  for (; i < nblocks; i += L) philox_groups<1>(words + 4 * i, c0 + i, c1, c2, c3, seed);
+  philox_words_rows(words, c0, nblocks, c1, 1, c2, c3, seed);
 }
