@@ -204,11 +204,11 @@ static inline void dropout_row(float* z, const uint16_t* draws, int64_t n, uint3
 // query block's work, which streams more than L1 holds past them). An item reads 4*D
 // bytes per token at a stride of 4*H*D bytes, which the hardware prefetchers follow too
 // late: without this, the loads of q and k were about 7% of the forward at head size 32.
-template <bool kL2 = false, bool kWrite = false>
+template <bool kL2 = false>
 static inline void prefetch_rows(const float* x, int64_t t_begin, int64_t t_end, int64_t HD, int64_t h0,
                                  int64_t D) {
   for (int64_t t = t_begin; t < t_end; ++t)
-    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(x + t * HD + h0 + d, kWrite ? 1 : 0, kL2 ? 2 : 3);
+    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(x + t * HD + h0 + d, 0, kL2 ? 2 : 3);
 }
 
 // dst[d * ld + j] = x[j * stride + d] for j < n, d < D (n rows of D floats, transposed):
@@ -277,7 +277,7 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
   for (int64_t qb = qb0; qb < qb1; ++qb) {
     const int64_t i0 = qb * kBr, br = std::min(kBr, s - i0);
     if (qb + 1 < qb1) prefetch_rows<true>(q, t0 + i0 + kBr, t0 + std::min(s, i0 + 2 * kBr), HD, h * D, D);
-    prefetch_rows<true, true>(out, t0 + i0, t0 + i0 + br, HD, h * D, D);  // written at the block's end
+    prefetch_rows<true>(out, t0 + i0, t0 + i0 + br, HD, h * D, D);  // written at the block's end
     for (int64_t i = 0; i < br; ++i) {
       const float* src = q + (t0 + i0 + i) * HD + h * D;
       for (int64_t d = 0; d < D; ++d) Qs[i * Dp + d] = src[d] * P.scale;
