@@ -47,7 +47,8 @@ thread settings themselves. ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE`` and any
 setting of the calling shell are cleared in every worker (recorded in the JSON), so ``default``
 means Paddle's default.
 
-Writes ``benchmarks/results/gemm.json``.
+Writes ``benchmarks/results/gemm_<kind>.json``, one file per host kind (``intel``, ``amd``, else the
+CPU vendor string), so that a run on one kind keeps the other kind's figures in docs/performance.md.
 
 Usage::
 
@@ -168,11 +169,14 @@ def parse_args(argv=None):
                     help=f"comma list of configurations (default all: {','.join(VARIANTS)})")
     ap.add_argument("--no-probes", action="store_true", help="skip the perf / verbose / to_static probes")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "gemm.json"))
+    ap.add_argument("--out", default=None,
+                    help="result file (default benchmarks/results/gemm_<kind>.json, kind from the CPU vendor)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 3 configurations, 2 rounds: a smoke run")
     ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--_probe_static_onednn", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = os.path.join(HERE, "results", f"gemm_{host_kind()}.json")
     if args.quick:
         args.tokens, args.rounds, args.reps, args.step_reps, args.pause = 256, 2, 2, 1, 0.05
         if args.variants == ",".join(VARIANTS):
@@ -216,6 +220,12 @@ def cpu_info():
     except OSError:
         pass
     return info
+
+
+def host_kind():
+    """``intel`` / ``amd`` / the lower-cased CPU vendor: the kinds differ several-fold in Paddle's GEMM."""
+    vendor = cpu_info()["vendor"] or platform.machine()
+    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor, re.sub(r"[^a-z0-9]+", "_", vendor.lower()))
 
 
 def loadavg():

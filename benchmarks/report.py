@@ -209,10 +209,10 @@ def balance():
 
 
 def _gemm_files():
-    """gemm.json (this host) and gemm_*.json (the same benchmark run on other hosts, ``--out``)."""
+    """gemm_<kind>.json: bench_gemm's result per host kind (intel, amd), each from its last run on that kind."""
     if not os.path.isdir(RESULTS):
         return []
-    return sorted(n for n in os.listdir(RESULTS) if n == "gemm.json" or (n.startswith("gemm_") and n.endswith(".json")))
+    return sorted(n for n in os.listdir(RESULTS) if n.startswith("gemm_") and n.endswith(".json"))
 
 
 def _gemm_host(d, when):
