@@ -5,6 +5,7 @@ Public API (see docs/api.md)::
     packed, indices, cu_seqlens, max_seqlen = unpad_input(x, attention_mask)
     x = pad_input(packed, indices, batch_size, seqlen)
     out = fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True)
+    out = fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0)
     ops_available()
 
 Importing this package never needs compiled code: when the native operators are
@@ -25,7 +26,7 @@ _paddle_compat.check_versions()
 _paddle_compat.isolate_gloo_group_stores(config.get("GLOO_GROUP_STORES"))
 from . import balance, data, fleet, grad_sync, ops, varlen  # noqa: F401
 from .models import convert, revert  # noqa: E402  (paddlenlp is imported only when convert() runs)
-from .ops import fmha, ops_available
+from .ops import fmha, fmha_qkvpacked, ops_available
 from .varlen import cu_seqlens_from_lengths, pad_input, unpad_input
 
 __version__ = "0.1.0"
@@ -34,6 +35,7 @@ _native.load_at_import()
 
 __all__ = [
     "fmha",
+    "fmha_qkvpacked",
     "ops_available",
     "convert",
     "revert",

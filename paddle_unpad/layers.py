@@ -5,8 +5,9 @@ on packed tokens (see :mod:`paddle_unpad.varlen` for the notation) and reuse **t
 parameter objects**: nothing is copied, so checkpoints, optimizers and ``state_dict`` keys
 do not change. One layer computes::
 
-    qkv  = x @ concat(Wq, Wk, Wv) + concat(bq, bk, bv)        # one GEMM, [T, 3h]
-    ctx  = fmha(q, k, v, cu_seqlens, max_seqlen, attn_dropout)   # [T, heads, head_dim]
+    qkv  = x @ concat(Wq, Wk, Wv)                              # one GEMM, [T, 3h]
+    ctx  = fmha_qkvpacked(qkv, cu_seqlens, max_seqlen,         # [T, heads, head_dim]; adds
+                          bias=concat(bq, bk, bv), dropout=attn_dropout)  # the bias as it reads qkv
     x    = LayerNorm1(x + dropout1(ctx @ Wo + bo))               # bias+dropout+residual+LN
     f    = act(x @ W1 + b1)                                      # bias+GELU
     out  = LayerNorm2(x + dropout2(f @ W2 + b2))                 # bias+dropout+residual+LN
@@ -117,13 +118,11 @@ def encoder_layer_forward(layer, x, cu_seqlens, max_seqlen):
     training = layer.training
     heads, head_dim = attn.num_heads, attn.head_dim
     w, b = qkv_weight_and_bias(attn)
-    qkv = F.linear(x, w, b)  # [T, 3h]: the one QKV GEMM
-    q, k, v = paddle.split(qkv, 3, axis=-1)
-    q = q.reshape([-1, heads, head_dim])
-    k = k.reshape([-1, heads, head_dim])
-    v = v.reshape([-1, heads, head_dim])
-    ctx = _ops.fmha(q, k, v, cu_seqlens, max_seqlen, dropout=float(attn.dropout or 0.0),
-                    training=bool(attn.training))
+    # the one QKV GEMM, its bias added by the attention as it reads q, k and v
+    qkv = paddle.matmul(x, w).reshape([-1, 3, heads, head_dim])
+    bias = None if b is None else b.reshape([3, heads, head_dim])
+    ctx = _ops.fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=bias, dropout=float(attn.dropout or 0.0),
+                              training=bool(attn.training))
     ctx = ctx.reshape([-1, heads * head_dim])
     a = paddle.matmul(ctx, attn.out_proj.weight)
     x = bias_dropout_residual_layer_norm(a, attn.out_proj.bias, x, layer.norm1.weight, layer.norm1.bias,

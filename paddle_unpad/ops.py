@@ -18,7 +18,7 @@ from ._op_rules import (FMHA_GPU_TOLERANCE, FMHA_SUPPORT, FMHA_TOLERANCE, FUSED_
 from .philox import attention_keep_mask, rowwise_keep_mask
 from .varlen import check_cu_seqlens
 
-__all__ = ["fmha", "fmha_reference", "ops_available", "FMHA_SUPPORT", "FMHA_TOLERANCE", "FMHA_GPU_TOLERANCE"]
+__all__ = ["fmha", "fmha_reference", "fmha_qkvpacked", "fmha_qkvpacked_reference", "ops_available", "FMHA_SUPPORT", "FMHA_TOLERANCE", "FMHA_GPU_TOLERANCE"]
 
 
 def ops_available():
@@ -52,50 +52,51 @@ _host_only = paddle.jit.not_to_static
 
 
 @_host_only
-def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale):
+def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha"):
     for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens", cu_seqlens)):
-        if not _is_tensor(t):
-            raise TypeError(f"fmha: {name} must be a paddle.Tensor, got {type(t).__name__}")
+        if not (_is_tensor(t) or isinstance(t, _ShapeOf)):
+            raise TypeError(f"{op}: {name} must be a paddle.Tensor, got {type(t).__name__}")
     if len(q.shape) != 3:
-        raise ValueError(f"fmha: q must be 3-D [total_tokens, heads, head_dim], got shape {list(q.shape)}")
+        raise ValueError(f"{op}: q must be 3-D [total_tokens, heads, head_dim], got shape {list(q.shape)}")
     for name, t in (("k", k), ("v", v)):
         if list(t.shape) != list(q.shape):
-            raise ValueError(f"fmha: {name} shape {list(t.shape)} differs from q shape {list(q.shape)}")
+            raise ValueError(f"{op}: {name} shape {list(t.shape)} differs from q shape {list(q.shape)}")
         if t.dtype != q.dtype:
-            raise TypeError(f"fmha: {name} dtype {_dtype_name(t)} differs from q dtype {_dtype_name(q)}")
+            raise TypeError(f"{op}: {name} dtype {_dtype_name(t)} differs from q dtype {_dtype_name(q)}")
     if cu_seqlens.dtype != paddle.int32:
-        raise TypeError(f"fmha: cu_seqlens must be int32, got {_dtype_name(cu_seqlens)}")
+        raise TypeError(f"{op}: cu_seqlens must be int32, got {_dtype_name(cu_seqlens)}")
     if len(cu_seqlens.shape) != 1:
-        raise ValueError(f"fmha: cu_seqlens must be 1-D [batch + 1], got shape {list(cu_seqlens.shape)}")
+        raise ValueError(f"{op}: cu_seqlens must be 1-D [batch + 1], got shape {list(cu_seqlens.shape)}")
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, numbers.Integral):
         raise TypeError(
-            f"fmha: max_seqlen must be a Python int (known on the host), got {type(max_seqlen).__name__}"
+            f"{op}: max_seqlen must be a Python int (known on the host), got {type(max_seqlen).__name__}"
         )
     if max_seqlen < 0:
-        raise ValueError(f"fmha: max_seqlen must be >= 0, got {max_seqlen}")
+        raise ValueError(f"{op}: max_seqlen must be >= 0, got {max_seqlen}")
     if max_seqlen > _INT32_MAX:  # cu_seqlens is int32: no sequence is longer
-        raise ValueError(f"fmha: max_seqlen must be at most {_INT32_MAX} (cu_seqlens is int32), got {max_seqlen}")
+        raise ValueError(f"{op}: max_seqlen must be at most {_INT32_MAX} (cu_seqlens is int32), got {max_seqlen}")
     if not (0.0 <= float(dropout) < 1.0):
-        raise ValueError(f"fmha: dropout must be in [0, 1), got {dropout}")
+        raise ValueError(f"{op}: dropout must be in [0, 1), got {dropout}")
     if scale is not None and not (math.isfinite(float(scale)) and abs(float(scale)) <= _FLOAT32_MAX):
         # the kernels take scale as a float32: 1e39 would become inf and every output NaN
-        raise ValueError(f"fmha: scale must be a finite float32 number (|scale| <= {_FLOAT32_MAX:.6g}), got {scale}")
+        raise ValueError(f"{op}: scale must be a finite float32 number (|scale| <= {_FLOAT32_MAX:.6g}), got {scale}")
     d = q.shape[2]
+    hd_name = "q.shape[2]" if op == "fmha" else "qkv.shape[3]"
     if d is not None and d == 0:
-        raise ValueError(f"fmha: head size q.shape[2] must be >= 1, got shape {list(q.shape)}")
+        raise ValueError(f"{op}: head size {hd_name} must be >= 1, got {d}")
     device = _fmha_kernel_device(q)
     if device is not None:
         rules = FMHA_SUPPORT[device]
         if d is not None and d > 0 and d not in rules["head_dim"]:
-            raise ValueError(f"fmha: head size (q.shape[2]) {d} is not supported on {device.upper()}: "
+            raise ValueError(f"{op}: head size ({hd_name}) {d} is not supported on {device.upper()}: "
                              f"supported are {_sizes_in_words(rules['head_dim'])}")
         if _dtype_name(q) not in rules["dtypes"]:
-            raise TypeError(f"fmha: q/k/v dtype {_dtype_name(q)} is not supported on {device.upper()} "
+            raise TypeError(f"{op}: {'q/k/v' if op == 'fmha' else 'qkv'} dtype {_dtype_name(q)} is not supported on {device.upper()} "
                             f"(supported: {', '.join(rules['dtypes'])})")
     # cu_seqlens' values are checked where they are read, by the same rules in the same words:
     # by the native op (C++), or by _fmha_reference. Reading them here as well would be one
     # more host read per call, which a model forward on packed inputs does not make.
-    _compat.refuse_empty("fmha", "q", q)
+    _compat.refuse_empty(op, "q", q)
 
 
 def _fmha_kernel_device(q):
@@ -156,7 +157,7 @@ def _as_int64(seed):
 
 
 # PD_CHECK messages of the custom ops start with the op's public name.
-_OP_ERROR_PREFIXES = ("fmha:", "bias_gelu:", "bias_dropout_residual_layer_norm:")
+_OP_ERROR_PREFIXES = ("fmha:", "fmha_qkvpacked:", "bias_gelu:", "bias_dropout_residual_layer_norm:")
 
 
 def _call_native(name, *args):
@@ -267,6 +268,88 @@ def _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng):
     if not outs:
         return q * 0.0
     return paddle.concat(outs, axis=0)
+
+
+@_host_only
+def _check_qkvpacked_args(qkv, bias):
+    if not _is_tensor(qkv):
+        raise TypeError(f"fmha_qkvpacked: qkv must be a paddle.Tensor, got {type(qkv).__name__}")
+    if len(qkv.shape) != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"fmha_qkvpacked: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape "
+                         f"{list(qkv.shape)}")
+    if bias is not None:
+        if not _is_tensor(bias):
+            raise TypeError(f"fmha_qkvpacked: bias must be a paddle.Tensor or None, got {type(bias).__name__}")
+        if list(bias.shape) != [3] + list(qkv.shape[2:]):
+            raise ValueError(f"fmha_qkvpacked: bias must have shape [3, heads, head_dim] = "
+                             f"{[3] + list(qkv.shape[2:])}, got {list(bias.shape)}")
+        if bias.dtype != qkv.dtype:
+            raise TypeError(f"fmha_qkvpacked: bias dtype {_dtype_name(bias)} differs from qkv dtype "
+                            f"{_dtype_name(qkv)}")
+
+
+def _split_qkv(qkv, bias):
+    x = qkv if bias is None else qkv + bias
+    return paddle.unbind(x, axis=1)
+
+
+@_host_only
+def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=None, training=True, *,
+                   rng_state=None, grouping=None):
+    """:func:`fmha` on the output of one QKV GEMM: ``q, k, v = unbind(qkv + bias, axis=1)``.
+
+    On the CPU with the native kernels this is one operator that reads q, k and v in place
+    and adds the bias as it reads them: no ``[T, 3, H, D]`` copies for the add and the
+    split, and no concat of their gradients; the bias gradient is the column sum of the
+    qkv gradient, taken in the operator. Its output and the gradient of ``qkv`` are bitwise
+    those of :func:`fmha` on the split (same ``rng_state``, same mask). Elsewhere (GPU, no
+    native library) it adds, splits and calls :func:`fmha`.
+
+    Args:
+        qkv: [T, 3, H, D] float32 on CPU (GPU: the dtypes of :func:`fmha`): the q, k and v
+            of every token side by side, as ``x @ concat(Wq, Wk, Wv)`` reshaped.
+        cu_seqlens, max_seqlen, dropout, scale, training, rng_state, grouping: as for
+            :func:`fmha` (``grouping`` applies where the split path runs on a GPU).
+        bias: [3, H, D] (bq, bk, bv) of qkv's dtype, or None.
+    Returns:
+        out: [T, H, D], same dtype as qkv. Differentiable w.r.t. qkv and bias.
+    Raises:
+        TypeError / ValueError naming the argument and value for bad input.
+    """
+    _check_qkvpacked_args(qkv, bias)
+    if not (_native.has_op("pu_fmha_qkv") and _on_cpu(qkv) and paddle.in_dynamic_mode()):
+        q, k, v = _split_qkv(qkv, bias)
+        return fmha(q, k, v, cu_seqlens, max_seqlen, dropout, scale, training, rng_state=rng_state,
+                    grouping=grouping)
+    # the checks of fmha, on a q of the same shape (no copy is made: only shapes are read)
+    q = _ShapeOf(qkv)
+    _check_fmha_args(q, q, q, cu_seqlens, max_seqlen, dropout, scale, op="fmha_qkvpacked")
+    _grouping(grouping)
+    d = qkv.shape[3]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    p = float(dropout) if training else 0.0
+    rng = _rng_state_tensor(rng_state, qkv) if p > 0.0 else None
+    if bias is None:
+        bias = paddle.zeros([3] + list(qkv.shape[2:]), dtype=qkv.dtype)
+    out, _lse = _call_native("pu_fmha_qkv", qkv, bias, cu_seqlens, rng, int(max_seqlen), scale, p)
+    return out
+
+
+def fmha_qkvpacked_reference(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=None, training=True, *,
+                             rng_state=None, grouping=None):
+    """Plain-Paddle :func:`fmha_qkvpacked`: add, split, :func:`fmha_reference`."""
+    _check_qkvpacked_args(qkv, bias)
+    q, k, v = _split_qkv(qkv, bias)
+    return fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout, scale, training, rng_state=rng_state,
+                          grouping=grouping)
+
+
+class _ShapeOf:
+    """Shape, dtype and place of q = qkv[:, i] for fmha's argument checks, without slicing qkv."""
+
+    def __init__(self, qkv):
+        self.shape = [qkv.shape[0]] + list(qkv.shape[2:])
+        self.dtype, self.place = qkv.dtype, qkv.place
 
 
 # ----------------------------------------------------------------------------- fused encoder ops

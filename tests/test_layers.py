@@ -95,18 +95,26 @@ def test_same_parameter_objects_and_one_qkv_gemm(monkeypatch):
     w, b = layers.qkv_weight_and_bias(layer.self_attn)
     assert list(w.shape) == [64, 192] and list(b.shape) == [192]
     np.testing.assert_array_equal(w.numpy()[:, 64:128], layer.self_attn.k_proj.weight.numpy())
-    # the layer makes exactly one GEMM with the [h, 3h] weight for q, k and v
-    calls = []
-    real_linear = F.linear
+    # the layer makes exactly one GEMM with the [h, 3h] weight for q, k and v, and hands its
+    # output and the [3, heads, head_dim] bias to the packed attention
+    calls, attn = [], []
+    real_matmul, real_attn = layers.paddle.matmul, layers._ops.fmha_qkvpacked
 
-    def spy(x, weight, bias=None, name=None):
-        calls.append(list(weight.shape))
-        return real_linear(x, weight, bias)
+    def spy(x, y, *a, **kw):
+        calls.append(list(y.shape))
+        return real_matmul(x, y, *a, **kw)
 
-    monkeypatch.setattr(layers.F, "linear", spy)
+    def attn_spy(qkv, cu_seqlens, max_seqlen, bias=None, **kw):
+        attn.append((list(qkv.shape), None if bias is None else list(bias.shape)))
+        return real_attn(qkv, cu_seqlens, max_seqlen, bias=bias, **kw)
+
+    monkeypatch.setattr(layers.paddle, "matmul", spy)
+    monkeypatch.setattr(layers._ops, "fmha_qkvpacked", attn_spy)
     cu, mx = pu.cu_seqlens_from_lengths([3, 5])
     layers.encoder_layer_forward(layer, paddle.randn([8, 64]), cu, mx)
-    assert calls == [[64, 192]]
+    monkeypatch.undo()
+    assert [c for c in calls if c[1] == 192] == [[64, 192]]
+    assert attn == [([8, 3, 4, 16], [3, 4, 16])]
     # gradients reach the original q/k/v parameters through the concatenation
     out = layers.encoder_layer_forward(layer, paddle.randn([8, 64]), cu, mx)
     out.sum().backward()

@@ -2,7 +2,8 @@
 // Framework-free: raw pointers and sizes only (the Paddle glue lives in custom_ops/paddle).
 //
 // Tensors (T = total tokens, H = heads, D = head size, B = sequences):
-//   q, k, v, out, dout, dq, dk, dv : [T, H, D] fp32, contiguous
+//   q, k, v, out, dout, dq, dk, dv : [T, H, D] fp32, contiguous (q, k, v, dq, dk, dv may
+//                                    instead be views of a packed [T, 3, H, D], qkv_stride)
 //   lse                            : [T, H] fp32, log-sum-exp of each scaled score row
 //   cu_seqlens                     : [B + 1] int32, 0 = cu[0] <= cu[1] <= ... <= cu[B] = T
 //
@@ -25,6 +26,14 @@ struct FmhaProblem {
   float dropout = 0.0f;                 // attention-probability dropout, 0 = off
   uint64_t seed = 0;                    // Philox key
   uint64_t offset = 0;                  // Philox counter word 3 (low 32 bits used)
+  // Packed QKV (the output of one QKV GEMM, [T, 3, H, D]): q, k, v and dq, dk, dv are then
+  // views into it, `qkv_stride` floats from one token to the next (0: H * D, separate
+  // tensors); out, dout and lse keep their own layout.
+  int64_t qkv_stride = 0;
+  // Per-(head, dim) biases added to q, k and v as they are read ([H * D] each), or null.
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
 };
 
 constexpr int64_t kFmhaMaxHeadDim = 256;
@@ -38,6 +47,11 @@ void fmha_fwd_cpu(const FmhaProblem& p, const float* q, const float* k, const fl
 void fmha_bwd_cpu(const FmhaProblem& p, const float* q, const float* k, const float* v,
                   const float* out, const float* lse, const float* dout, float* dq,
                   float* dk, float* dv);
+
+// out[c] = sum over r of x[r * cols + c]: the bias gradient of a packed-QKV call (from
+// dqkv). Fixed chunks of rows, their partials added in chunk order: the bits do not depend
+// on the thread count.
+void column_sums_cpu(int64_t rows, int64_t cols, const float* x, float* out);
 
 // Name of the instruction set the kernels dispatched to ("avx512", "avx2", "sse2").
 const char* fmha_cpu_isa();

@@ -200,8 +200,8 @@ static inline void dropout_row(float* z, const uint16_t* draws, int64_t n, uint3
 }
 
 // Asks for the head slices x[t][h0 .. h0 + D) of rows t in [t_begin, t_end) of a [T, H, D]
-// tensor (row stride HD), into L1, or into L2 only with kL2 (for rows needed after a
-// query block's work, which streams more than L1 holds past them). An item reads 4*D
+// tensor (row stride HD; 3HD in a packed QKV), into L1, or into L2 only with kL2 (for rows
+// needed after a query block's work, which streams more than L1 holds past them). An item reads 4*D
 // bytes per token at a stride of 4*H*D bytes, which the hardware prefetchers follow too
 // late: without this, the loads of q and k were about 7% of the forward at head size 32.
 template <bool kL2 = false>
@@ -230,6 +230,29 @@ static inline void transpose_rows(const float* x, int64_t stride, int64_t n, int
     for (int64_t d = 0; d < D; ++d) dst[d * ld + j] = x[j * stride + d];
 }
 
+// dst[d * ld + j] += bias[d] for d < D, j < n: a bias of k or v, added to its transposed
+// rows (the same single rounding as adding it before the transpose).
+static inline void add_bias_rows(float* dst, int64_t ld, int64_t n, int64_t D, const float* bias) {
+  for (int64_t d = 0; d < D; ++d) {
+    const float b = bias[d];
+    for (int64_t j = 0; j < n; ++j) dst[d * ld + j] += b;
+  }
+}
+
+// n rows of D floats, x[j * stride ..] (+ bias) -> dst[j * ld ..], zeros from D up to ld.
+static inline void copy_rows(const float* x, int64_t stride, int64_t n, int64_t D, const float* bias, float* dst,
+                             int64_t ld) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* src = x + j * stride;
+    float* row = dst + j * ld;
+    if (bias)
+      for (int64_t d = 0; d < D; ++d) row[d] = src[d] + bias[d];
+    else
+      std::memcpy(row, src, sizeof(float) * D);
+    for (int64_t d = D; d < ld; ++d) row[d] = 0.0f;
+  }
+}
+
 static inline float* scratch(std::vector<float>& buf, size_t n) {
   if (buf.size() < n) buf.resize(n);
   return buf.data();
@@ -241,6 +264,10 @@ static inline float* scratch(std::vector<float>& buf, size_t n) {
 void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float* v, float* out,
               float* lse, int64_t b, int64_t h, int64_t qb0, int64_t qb1) {
   const int64_t H = P.heads, D = P.head_dim, HD = H * D;
+  const int64_t LD = P.qkv_stride ? P.qkv_stride : HD;  // token stride of q, k, v
+  const float* bq = P.q_bias ? P.q_bias + h * D : nullptr;
+  const float* bk = P.k_bias ? P.k_bias + h * D : nullptr;
+  const float* bv = P.v_bias ? P.v_bias + h * D : nullptr;
   const int64_t Dp = round_up(D, V);
   const int64_t t0 = P.cu_seqlens[b], s = P.cu_seqlens[b + 1] - t0;
   const int64_t sp = round_up(s, kBc);  // K^T row stride; multiple of V
@@ -258,29 +285,30 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
   float* l = m + kBr;  // [kBr][V]: row i's sum of p, by lane
 
   constexpr int64_t kAhead = 32;  // tokens: a DRAM latency's worth of the packing loop
-  prefetch_rows(q, t0 + qb0 * kBr, t0 + std::min(s, qb0 * kBr + kBr), HD, h * D, D);
-  prefetch_rows(k, t0, t0 + std::min(s, kAhead), HD, h * D, D);
-  prefetch_rows(v, t0, t0 + std::min(s, kAhead), HD, h * D, D);
+  prefetch_rows(q, t0 + qb0 * kBr, t0 + std::min(s, qb0 * kBr + kBr), LD, h * D, D);
+  prefetch_rows(k, t0, t0 + std::min(s, kAhead), LD, h * D, D);
+  prefetch_rows(v, t0, t0 + std::min(s, kAhead), LD, h * D, D);
   for (int64_t j = 0; j < s; j += V) {
     const int64_t n = std::min<int64_t>(V, s - j);
-    prefetch_rows(k, t0 + j + kAhead, t0 + std::min(s, j + kAhead + V), HD, h * D, D);
-    prefetch_rows(v, t0 + j + kAhead, t0 + std::min(s, j + kAhead + V), HD, h * D, D);
-    transpose_rows(k + (t0 + j) * HD + h * D, HD, n, D, Kt + j, sp);
-    for (int64_t jj = j; jj < j + n; ++jj) {
-      std::memcpy(Vp + jj * Dp, v + (t0 + jj) * HD + h * D, sizeof(float) * D);
-      for (int64_t d = D; d < Dp; ++d) Vp[jj * Dp + d] = 0.0f;
-    }
+    prefetch_rows(k, t0 + j + kAhead, t0 + std::min(s, j + kAhead + V), LD, h * D, D);
+    prefetch_rows(v, t0 + j + kAhead, t0 + std::min(s, j + kAhead + V), LD, h * D, D);
+    transpose_rows(k + (t0 + j) * LD + h * D, LD, n, D, Kt + j, sp);
+    copy_rows(v + (t0 + j) * LD + h * D, LD, n, D, bv, Vp + j * Dp, Dp);
   }
+  if (bk) add_bias_rows(Kt, sp, s, D, bk);
   for (int64_t d = 0; d < D; ++d)
     for (int64_t j = s; j < sp; ++j) Kt[d * sp + j] = 0.0f;
 
   for (int64_t qb = qb0; qb < qb1; ++qb) {
     const int64_t i0 = qb * kBr, br = std::min(kBr, s - i0);
-    if (qb + 1 < qb1) prefetch_rows<true>(q, t0 + i0 + kBr, t0 + std::min(s, i0 + 2 * kBr), HD, h * D, D);
+    if (qb + 1 < qb1) prefetch_rows<true>(q, t0 + i0 + kBr, t0 + std::min(s, i0 + 2 * kBr), LD, h * D, D);
     prefetch_rows<true>(out, t0 + i0, t0 + i0 + br, HD, h * D, D);  // written at the block's end
     for (int64_t i = 0; i < br; ++i) {
-      const float* src = q + (t0 + i0 + i) * HD + h * D;
-      for (int64_t d = 0; d < D; ++d) Qs[i * Dp + d] = src[d] * P.scale;
+      const float* src = q + (t0 + i0 + i) * LD + h * D;
+      if (bq)
+        for (int64_t d = 0; d < D; ++d) Qs[i * Dp + d] = (src[d] + bq[d]) * P.scale;
+      else
+        for (int64_t d = 0; d < D; ++d) Qs[i * Dp + d] = src[d] * P.scale;
       m[i] = -std::numeric_limits<float>::infinity();
       vstore(l + i * V, vf{});
     }
@@ -327,6 +355,10 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
               const float* out, const float* lse, const float* dout, float* dq, float* dk,
               float* dv, int64_t b, int64_t h) {
   const int64_t H = P.heads, D = P.head_dim, HD = H * D;
+  const int64_t LD = P.qkv_stride ? P.qkv_stride : HD;  // token stride of q, k, v, dq, dk, dv
+  const float* bq = P.q_bias ? P.q_bias + h * D : nullptr;
+  const float* bk = P.k_bias ? P.k_bias + h * D : nullptr;
+  const float* bv = P.v_bias ? P.v_bias + h * D : nullptr;
   const int64_t Dp = round_up(D, V);
   const int64_t t0 = P.cu_seqlens[b], s = P.cu_seqlens[b + 1] - t0;
   const bool dropout = P.dropout > 0.0f;
@@ -350,12 +382,16 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
 
   for (int64_t i = 0; i < s; ++i) {
     const int64_t t = t0 + i;
-    const float* qs = q + t * HD + h * D;
+    const float* qs = q + t * LD + h * D;
     const float* gs = dout + t * HD + h * D;
     const float* os = out + t * HD + h * D;
+    // q's own loop: a bias must not change how the compiler builds delta's sum below
+    if (bq)
+      for (int64_t d = 0; d < D; ++d) Qs[i * Dp + d] = (qs[d] + bq[d]) * P.scale;
+    else
+      for (int64_t d = 0; d < D; ++d) Qs[i * Dp + d] = qs[d] * P.scale;
     float dlt = 0.0f;
     for (int64_t d = 0; d < D; ++d) {
-      Qs[i * Dp + d] = qs[d] * P.scale;
       dOp[i * Dp + d] = gs[d];
       dlt += gs[d] * os[d];
     }
@@ -367,12 +403,11 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
 
   for (int64_t j0 = 0; j0 < s; j0 += kBc) {
     const int64_t bc = std::min(kBc, s - j0), bcp = round_up(bc, V);
-    transpose_rows(k + (t0 + j0) * HD + h * D, HD, bc, D, Kt, kBc);
-    transpose_rows(v + (t0 + j0) * HD + h * D, HD, bc, D, Vt, kBc);
-    for (int64_t j = 0; j < bc; ++j) {
-      std::memcpy(Kp + j * Dp, k + (t0 + j0 + j) * HD + h * D, sizeof(float) * D);
-      for (int64_t d = D; d < Dp; ++d) Kp[j * Dp + d] = 0.0f;
-    }
+    transpose_rows(k + (t0 + j0) * LD + h * D, LD, bc, D, Kt, kBc);
+    transpose_rows(v + (t0 + j0) * LD + h * D, LD, bc, D, Vt, kBc);
+    if (bk) add_bias_rows(Kt, kBc, bc, D, bk);
+    if (bv) add_bias_rows(Vt, kBc, bc, D, bv);
+    copy_rows(k + (t0 + j0) * LD + h * D, LD, bc, D, bk, Kp, Dp);
     for (int64_t d = 0; d < D; ++d)
       for (int64_t j = bc; j < bcp; ++j) Kt[d * kBc + j] = Vt[d * kBc + j] = 0.0f;
     std::memset(dK, 0, sizeof(float) * bc * Dp);
@@ -424,12 +459,12 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
       gemm(br, Dp, bc, Pm, kBc, 1, Kp, Dp, dQ + i0 * Dp, Dp, true);         // dQ += dS K
     }
     for (int64_t j = 0; j < bc; ++j) {
-      std::memcpy(dk + (t0 + j0 + j) * HD + h * D, dK + j * Dp, sizeof(float) * D);
-      std::memcpy(dv + (t0 + j0 + j) * HD + h * D, dV + j * Dp, sizeof(float) * D);
+      std::memcpy(dk + (t0 + j0 + j) * LD + h * D, dK + j * Dp, sizeof(float) * D);
+      std::memcpy(dv + (t0 + j0 + j) * LD + h * D, dV + j * Dp, sizeof(float) * D);
     }
   }
   for (int64_t i = 0; i < s; ++i) {
-    float* dst = dq + (t0 + i) * HD + h * D;
+    float* dst = dq + (t0 + i) * LD + h * D;
     for (int64_t d = 0; d < D; ++d) dst[d] = dQ[i * Dp + d] * P.scale;
   }
 }

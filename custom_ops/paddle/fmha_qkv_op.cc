@@ -1,0 +1,169 @@
+// Paddle registration of the packed-QKV FMHA operator (CPU): attention straight from the
+// output of the one QKV GEMM, with its bias added as q, k and v are read. It replaces
+// add(bias) + split + fmha, whose forward copies and backward concat and column sums
+// are whole passes over [T, 3h]; the math is that of pu_fmha (custom_ops/kernels).
+//
+//   pu_fmha_qkv(QKV [T,3,H,D], Bias [3,H,D], CuSeqlens [B+1] int32 (CPU),
+//               RngState [2] int64 (optional: seed, offset))
+//     attrs: max_seqlen (int64), scale (float), dropout (float)
+//     -> Out [T,H,D], Lse [T,H] float32
+//   Out and Lse are bitwise those of pu_fmha on q, k, v = split(QKV + Bias); the gradient
+//   of QKV is bitwise that of q, k and v; that of Bias is the column sum of it.
+#include <vector>
+
+#include "kernels/common/cu_seqlens_checks.h"
+#include "kernels/cpu/fmha_cpu.h"
+#include "paddle/extension.h"
+#include "op_common.h"  // same folder
+
+namespace {
+
+using paddle::DataType;
+using paddle::Tensor;
+
+using paddle_unpad::glue::dense;
+using paddle_unpad::glue::place_name;
+using paddle_unpad::glue::shape_str;
+
+paddle_unpad::FmhaProblem describe(const Tensor& qkv, const Tensor& bias, const Tensor& cu,
+                                   const paddle::optional<Tensor>& rng, int64_t max_seqlen,
+                                   float scale, float dropout) {
+  PD_CHECK(qkv.shape().size() == 4 && qkv.shape()[1] == 3,
+           "fmha_qkvpacked: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape ",
+           shape_str(qkv.shape()));
+  PD_CHECK(bias.shape() == std::vector<int64_t>({3, qkv.shape()[2], qkv.shape()[3]}),
+           "fmha_qkvpacked: bias must have shape [3, heads, head_dim] = [3, ", qkv.shape()[2], ", ",
+           qkv.shape()[3], "], got ", shape_str(bias.shape()));
+  PD_CHECK(qkv.is_cpu(), "fmha_qkvpacked: the native kernel runs on the CPU, qkv is on ",
+           place_name(qkv), " (paddle_unpad.fmha_qkvpacked splits qkv for fmha there)");
+  PD_CHECK(bias.is_cpu(), "fmha_qkvpacked: bias is on ", place_name(bias), " but qkv is on the CPU");
+  PD_CHECK(qkv.dtype() == DataType::FLOAT32, "fmha_qkvpacked: qkv dtype ", qkv.dtype(),
+           " is not supported on CPU (supported: float32)");
+  PD_CHECK(bias.dtype() == qkv.dtype(), "fmha_qkvpacked: bias dtype ", bias.dtype(),
+           " differs from qkv dtype ", qkv.dtype());
+  PD_CHECK(cu.dtype() == DataType::INT32, "fmha_qkvpacked: cu_seqlens must be int32, got ", cu.dtype());
+  PD_CHECK(cu.shape().size() == 1, "fmha_qkvpacked: cu_seqlens must be 1-D [batch + 1], got shape ",
+           shape_str(cu.shape()));
+  PD_CHECK(cu.is_cpu(), "fmha_qkvpacked: cu_seqlens must be on the CPU, got a tensor on ",
+           place_name(cu));
+  PD_CHECK(max_seqlen >= 0, "fmha_qkvpacked: max_seqlen must be >= 0, got ", max_seqlen);
+  PD_CHECK(dropout >= 0.0f && dropout < 1.0f, "fmha_qkvpacked: dropout must be in [0, 1), got ", dropout);
+  PD_CHECK(scale == scale, "fmha_qkvpacked: scale must be a number, got NaN");
+
+  paddle_unpad::FmhaProblem p;
+  p.total = qkv.shape()[0];
+  p.heads = qkv.shape()[2];
+  p.head_dim = qkv.shape()[3];
+  p.qkv_stride = 3 * p.heads * p.head_dim;
+  p.batch = cu.numel() - 1;
+  p.scale = scale;
+  p.dropout = dropout;
+  p.cu_seqlens = p.batch >= 0 ? cu.data<int32_t>() : nullptr;
+  const std::string why = paddle_unpad::cu_seqlens_invalid(p.cu_seqlens, p.batch, p.total, max_seqlen);
+  PD_CHECK(why.empty(), "fmha_qkvpacked: ", why);
+  const std::string unsupported = paddle_unpad::fmha_cpu_unsupported(p);
+  PD_CHECK(unsupported.empty(), "fmha_qkvpacked: ", unsupported);
+  if (dropout > 0.0f) {
+    PD_CHECK(rng.is_initialized(), "fmha_qkvpacked: dropout = ", dropout,
+             " needs rng_state ([seed, offset] int64), got none");
+    PD_CHECK(rng->is_cpu() && rng->dtype() == DataType::INT64 && rng->numel() == 2,
+             "fmha_qkvpacked: rng_state must be an int64 CPU tensor [seed, offset], got dtype ",
+             rng->dtype(), " with ", rng->numel(), " elements on ", place_name(*rng));
+    p.seed = static_cast<uint64_t>(rng->data<int64_t>()[0]);
+    p.offset = static_cast<uint64_t>(rng->data<int64_t>()[1]);
+  }
+  return p;
+}
+
+// q, k and v: views into the packed tensor, H * D floats apart within a token.
+struct Views {
+  const float *q, *k, *v;
+};
+
+Views views(const paddle_unpad::FmhaProblem& p, const float* base) {
+  const int64_t hd = p.heads * p.head_dim;
+  return {base, base + hd, base + 2 * hd};
+}
+
+void set_biases(paddle_unpad::FmhaProblem* p, const float* bias) {
+  const int64_t hd = p->heads * p->head_dim;
+  p->q_bias = bias;
+  p->k_bias = bias + hd;
+  p->v_bias = bias + 2 * hd;
+}
+
+std::vector<Tensor> FmhaQkvForward(const Tensor& qkv, const Tensor& bias, const Tensor& cu,
+                                   const paddle::optional<Tensor>& rng, int64_t max_seqlen,
+                                   float scale, float dropout) {
+  auto p = describe(qkv, bias, cu, rng, max_seqlen, scale, dropout);
+  const Tensor x = dense(qkv), b = dense(bias);
+  set_biases(&p, b.data<float>());
+  Tensor out = paddle::empty({p.total, p.heads, p.head_dim}, qkv.dtype(), qkv.place());
+  Tensor lse = paddle::empty({p.total, p.heads}, DataType::FLOAT32, qkv.place());
+  const Views in = views(p, x.data<float>());
+  paddle_unpad::fmha_fwd_cpu(p, in.q, in.k, in.v, out.data<float>(), lse.data<float>());
+  return {out, lse};
+}
+
+std::vector<Tensor> FmhaQkvBackward(const Tensor& qkv, const Tensor& bias, const Tensor& cu,
+                                    const paddle::optional<Tensor>& rng, const Tensor& out,
+                                    const Tensor& lse, const Tensor& dout, int64_t max_seqlen,
+                                    float scale, float dropout) {
+  auto p = describe(qkv, bias, cu, rng, max_seqlen, scale, dropout);
+  PD_CHECK(dout.shape() == out.shape(), "fmha_qkvpacked: grad of out has shape ", shape_str(dout.shape()),
+           ", expected ", shape_str(out.shape()));
+  const Tensor x = dense(qkv), b = dense(bias), g = dense(dout);
+  set_biases(&p, b.data<float>());
+  Tensor dqkv = paddle::empty(qkv.shape(), qkv.dtype(), qkv.place());
+  Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
+  const Views in = views(p, x.data<float>());
+  float* d = dqkv.data<float>();
+  const int64_t hd = p.heads * p.head_dim;
+  paddle_unpad::fmha_bwd_cpu(p, in.q, in.k, in.v, out.data<float>(), lse.data<float>(), g.data<float>(), d,
+                             d + hd, d + 2 * hd);
+  paddle_unpad::column_sums_cpu(p.total, 3 * hd, d, dbias.data<float>());
+  return {dqkv, dbias};
+}
+
+std::vector<std::vector<int64_t>> FmhaQkvInferShape(const std::vector<int64_t>& qkv,
+                                                    const std::vector<int64_t>& bias,
+                                                    const std::vector<int64_t>& cu,
+                                                    const paddle::optional<std::vector<int64_t>>& rng) {
+  return {{qkv[0], qkv[2], qkv[3]}, {qkv[0], qkv[2]}};
+}
+
+std::vector<DataType> FmhaQkvInferDtype(DataType qkv, DataType bias, DataType cu,
+                                        const paddle::optional<DataType>& rng) {
+  return {qkv, DataType::FLOAT32};
+}
+
+std::vector<std::vector<int64_t>> FmhaQkvGradInferShape(
+    const std::vector<int64_t>& qkv, const std::vector<int64_t>& bias, const std::vector<int64_t>& cu,
+    const paddle::optional<std::vector<int64_t>>& rng, const std::vector<int64_t>& out,
+    const std::vector<int64_t>& lse, const std::vector<int64_t>& dout) {
+  return {qkv, bias};
+}
+
+std::vector<DataType> FmhaQkvGradInferDtype(DataType qkv, DataType bias, DataType cu,
+                                            const paddle::optional<DataType>& rng, DataType out,
+                                            DataType lse, DataType dout) {
+  return {qkv, bias};
+}
+
+}  // namespace
+
+PD_BUILD_OP(pu_fmha_qkv)
+    .Inputs({"QKV", "Bias", "CuSeqlens", paddle::Optional("RngState")})
+    .Outputs({"Out", "Lse"})
+    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float"})
+    .SetKernelFn(PD_KERNEL(FmhaQkvForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(FmhaQkvInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(FmhaQkvInferDtype));
+
+PD_BUILD_GRAD_OP(pu_fmha_qkv)
+    .Inputs({"QKV", "Bias", "CuSeqlens", paddle::Optional("RngState"), "Out", "Lse", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("QKV"), paddle::Grad("Bias")})
+    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float"})
+    .SetKernelFn(PD_KERNEL(FmhaQkvBackward))
+    .SetInferShapeFn(PD_INFER_SHAPE(FmhaQkvGradInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(FmhaQkvGradInferDtype));
