@@ -130,7 +130,7 @@ def make_step(model, opt, batch):
         loss = model(**batch)[0]
         loss.backward()
         opt.step()
-        opt.clear_grad()
+        opt.clear_grad(set_to_zero=False)
         return loss
 
     return step

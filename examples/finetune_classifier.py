@@ -184,7 +184,9 @@ def main(argv=None):
             if grad_sync is not None:
                 grad_sync.wait()
             opt.step()
-            opt.clear_grad()
+            # None rather than zeros: the next backward then writes each gradient instead of adding it
+            # to a zeroed copy (with an embedding table, ~50 MB of memset and add per step saved)
+            opt.clear_grad(set_to_zero=False)
             schedule.step()
             t_train += time.perf_counter() - t0
             step += 1

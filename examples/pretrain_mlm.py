@@ -134,7 +134,7 @@ def main(argv=None):
         if grad_sync is not None:
             grad_sync.wait()
         opt.step()
-        opt.clear_grad()
+        opt.clear_grad(set_to_zero=False)
         schedule.step()
         t_train += time.perf_counter() - t0
         tokens += int(batch["cu_seqlens_host"][-1])
