@@ -635,7 +635,38 @@ def demo():
                        ("dev accuracy", "dev_accuracy"), ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0"),
                        ("train time (s)", "train_seconds")):
         rows.append([label, pad[key], unp[key], f"{unp[key] / pad[key]:.2f}" if pad[key] else "-"])
-    return lines + _table(["", "stock (padded)", "paddle_unpad", "ratio"], rows)
+    lines += _table(["", "stock (padded)", "paddle_unpad", "ratio"], rows)
+    return lines + demo_seeds()
+
+
+def demo_seeds():
+    """The demo's accuracy difference against the seed-to-seed scatter (bench_demo_seeds.py)."""
+    d, when = _load("demo_seeds.json")
+    if d is None:
+        return []
+    c = d["config"]
+    m = d.get("machine") or {}
+    lines = ["### Is the accuracy difference noise?", "",
+             f"Command: `{d['command']}` (not part of `make bench`: {d['seconds'] / 60:.0f} minutes here)  ",
+             f"Machine: {_machine(d)}; results written {m.get('date', when)}.", "",
+             f"The demo's two jobs ({c['nproc']} ranks, batch {c['batch_size']} per rank, the same "
+             f"{c['max_train']}-snippet slice, {c['steps']} steps each, {c['max_dev']} dev snippets) once per seed, "
+             "with the demo's dropout 0.1 and with dropout 0. Both paths train the same samples in the same order "
+             "with the same schedule; with dropout their random numbers differ (Paddle's generator vs the fused "
+             "kernels' Philox), without it they compute the same function.", ""]
+    rows = [[p["seed"], p["dropout"], f"{p['stock']:.4f}", f"{p['unpadded']:.4f}", f"{p['diff']:+.4f}"]
+            for p in d["pairs"]]
+    lines += _table(["seed", "dropout", "stock accuracy", "paddle_unpad accuracy", "difference"], rows)
+    for key, s in sorted(d["summary"].items(), key=lambda kv: -float(kv[0])):
+        text = (f"Dropout {key}: {s['pairs']} pairs, mean difference {s['mean_diff']:+.4f}, largest "
+                f"{s['max_abs_diff']:.4f} ({s['max_abs_diff'] * s['dev_samples']:.0f} of {s['dev_samples']} dev "
+                "snippets)")
+        if "sd_diff" in s:
+            t = "" if s.get("t_of_mean_diff") is None else f" (t = {s['t_of_mean_diff']:+.2f})"
+            text += (f"; sd of the differences {s['sd_diff']:.4f}{t}, stock accuracy sd over the seeds "
+                     f"{s['sd_stock_over_seeds']:.4f}")
+        lines += [text + ".", ""]
+    return lines
 
 
 def main():

@@ -23,7 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(mode, args, workdir, max_steps=0):
+def run(mode, args, workdir, max_steps=0, extra=()):
     out = os.path.join(workdir, f"{mode}.json")
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(args.nproc),
            "--log_dir", os.path.join(workdir, f"log_{mode}"), os.path.join(HERE, "finetune_classifier.py"),
@@ -38,6 +38,7 @@ def run(mode, args, workdir, max_steps=0):
             cmd += ["--time-budget", str(args.time_budget)]
     if max_steps:
         cmd += ["--max-steps", str(max_steps)]
+    cmd += list(extra)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_rank))
     print(f"\n=== {mode}: {' '.join(cmd[1:])}", flush=True)
     t = time.time()

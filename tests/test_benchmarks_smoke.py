@@ -106,3 +106,35 @@ def test_bench_gemm_quick(tmp_path):
     for st in steps.values():  # the same weights and batch everywhere: the same eval loss
         assert st["loss_rel_diff_vs_default"] < 1e-5
     assert res["machine"]["cpu_model"]
+
+
+@pytest.mark.dist
+def test_bench_demo_seeds_smoke(tmp_path):
+    """Two tiny seed pairs (dropout 0.1 and 0) of the demo's jobs: a complete JSON whose
+    differences are the accuracies' differences, and the report renders it."""
+    out = tmp_path / "demo_seeds.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_demo_seeds.py"), "--seeds", "3",
+                        "--no-dropout-seeds", "3", "--steps", "2", "--max-train", "128", "--max-dev", "64",
+                        "--batch-size", "8", "--out", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    res = json.loads(out.read_text())
+    assert [(p["seed"], p["dropout"]) for p in res["pairs"]] == [(3, 0.1), (3, 0.0)]
+    for p in res["pairs"]:
+        assert p["steps"] == 2 and p["dev_samples"] == 64
+        assert 0.0 <= p["stock"] <= 1.0 and 0.0 <= p["unpadded"] <= 1.0
+        assert p["diff"] == p["unpadded"] - p["stock"]
+    assert set(res["summary"]) == {"0.1", "0.0"} and res["summary"]["0.1"]["pairs"] == 1
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import report
+    finally:
+        sys.path.pop(0)
+    old = report.RESULTS
+    report.RESULTS = str(tmp_path)
+    try:
+        text = "\n".join(report.demo_seeds())
+    finally:
+        report.RESULTS = old
+    assert "| 3 | 0.1 |" in text and "| 3 | 0.0 |" in text and "Dropout 0.1: 1 pairs" in text
