@@ -161,8 +161,8 @@ def parse_args(argv=None):
     ap.add_argument("--tokens", type=int, default=2048, help="packed tokens T of the encoder shapes (default 2048)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds over every configuration (default 3)")
     ap.add_argument("--reps", type=int, default=2, help="timed calls per (side, shape) and round, after 1 warm-up")
-    ap.add_argument("--step-reps", type=int, default=1,
-                    help="timed encoder steps per configuration and round (default 1; 1 warm-up in the first)")
+    ap.add_argument("--step-reps", type=int, default=2,
+                    help="timed encoder steps per configuration and round (default 2; 1 warm-up in the first)")
     ap.add_argument("--pause", type=float, default=0.1,
                     help="seconds between two measurements, for the previous one's spinning threads to sleep")
     ap.add_argument("--variants", default=",".join(VARIANTS),
