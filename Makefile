@@ -91,7 +91,7 @@ test-fast: setup
 # CI's second stage: paddlepaddle-gpu 2.6.2 in a venv of its own, the CUDA kernels built
 # with nvcc and registered (set-up fails otherwise), and the CPU-place tests run under it.
 GPU_VENV ?= .venv-gpu
-GPU_STAGE_TESTS := tests/test_paddle_compat.py tests/test_fmha.py tests/test_varlen.py \
+GPU_STAGE_TESTS := tests/test_paddle_compat.py tests/test_fmha.py tests/test_fmha_qkvpacked.py tests/test_varlen.py \
 	tests/test_fused_ops.py tests/test_layers.py tests/test_convert.py tests/test_convert_args.py \
 	tests/test_export_load.py tests/test_collate.py tests/test_balance.py tests/test_trainer.py \
 	tests/test_philox.py tests/test_build.py tests/test_config.py tests/test_cpu_gemm.py tests/test_fleet.py \
