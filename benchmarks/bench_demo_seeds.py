@@ -44,7 +44,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="1,2,3,4,5,6", help="seeds of the runs with the demo's dropout")
     ap.add_argument("--no-dropout-seeds", default="1,2", help="seeds of the runs with dropout 0")
-    ap.add_argument("--steps", type=int, default=24, help="training steps of every job (the demo's 60 s on a fast host)")
+    ap.add_argument("--steps", type=int, default=24,
+                    help="training steps of every job (the demo's 60 s on a fast host)")
     ap.add_argument("--max-train", type=int, default=3200)
     ap.add_argument("--max-dev", type=int, default=640)
     ap.add_argument("--batch-size", type=int, default=32)

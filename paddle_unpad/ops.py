@@ -18,7 +18,8 @@ from ._op_rules import (FMHA_GPU_TOLERANCE, FMHA_SUPPORT, FMHA_TOLERANCE, FUSED_
 from .philox import attention_keep_mask, rowwise_keep_mask
 from .varlen import check_cu_seqlens
 
-__all__ = ["fmha", "fmha_reference", "fmha_qkvpacked", "fmha_qkvpacked_reference", "ops_available", "FMHA_SUPPORT", "FMHA_TOLERANCE", "FMHA_GPU_TOLERANCE"]
+__all__ = ["fmha", "fmha_reference", "fmha_qkvpacked", "fmha_qkvpacked_reference", "ops_available", "FMHA_SUPPORT",
+           "FMHA_TOLERANCE", "FMHA_GPU_TOLERANCE"]
 
 
 def ops_available():
@@ -81,7 +82,8 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha")
         # the kernels take scale as a float32: 1e39 would become inf and every output NaN
         raise ValueError(f"{op}: scale must be a finite float32 number (|scale| <= {_FLOAT32_MAX:.6g}), got {scale}")
     d = q.shape[2]
-    hd_name = "q.shape[2]" if op == "fmha" else "qkv.shape[3]"
+    # fmha_qkvpacked checks its qkv through a q of the same shape: name what its caller passed
+    in_name, hd_name = ("q/k/v", "q.shape[2]") if op == "fmha" else ("qkv", "qkv.shape[3]")
     if d is not None and d == 0:
         raise ValueError(f"{op}: head size {hd_name} must be >= 1, got {d}")
     device = _fmha_kernel_device(q)
@@ -91,7 +93,7 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha")
             raise ValueError(f"{op}: head size ({hd_name}) {d} is not supported on {device.upper()}: "
                              f"supported are {_sizes_in_words(rules['head_dim'])}")
         if _dtype_name(q) not in rules["dtypes"]:
-            raise TypeError(f"{op}: {'q/k/v' if op == 'fmha' else 'qkv'} dtype {_dtype_name(q)} is not supported on {device.upper()} "
+            raise TypeError(f"{op}: {in_name} dtype {_dtype_name(q)} is not supported on {device.upper()} "
                             f"(supported: {', '.join(rules['dtypes'])})")
     # cu_seqlens' values are checked where they are read, by the same rules in the same words:
     # by the native op (C++), or by _fmha_reference. Reading them here as well would be one

@@ -107,7 +107,8 @@ def test_without_the_native_operator_it_splits(native_ops, monkeypatch):
 
 
 @pytest.mark.parametrize("qkv_shape, bias_shape, match", [
-    ([10, 2, 4], None, r"^fmha_qkvpacked: qkv must be 4-D \[total_tokens, 3, heads, head_dim\], got shape \[10, 2, 4\]"),
+    ([10, 2, 4], None,
+     r"^fmha_qkvpacked: qkv must be 4-D \[total_tokens, 3, heads, head_dim\], got shape \[10, 2, 4\]"),
     ([10, 2, 2, 4], None, r"^fmha_qkvpacked: qkv must be 4-D .* got shape \[10, 2, 2, 4\]"),
     ([10, 3, 2, 4], [3, 2, 5], r"^fmha_qkvpacked: bias must have shape \[3, heads, head_dim\] = \[3, 2, 4\], "
                                r"got \[3, 2, 5\]"),

@@ -10,10 +10,9 @@
 #include <vector>
 
 #include "fmha_gpu.h"  // GPU half (fmha_gpu.cu), declared only with PADDLE_WITH_CUDA
-#include "kernels/common/cu_seqlens_checks.h"
 #include "kernels/cpu/fmha_cpu.h"
 #include "paddle/extension.h"
-#include "op_common.h"  // same folder
+#include "fmha_op_common.h"  // same folder
 
 namespace {
 
@@ -22,6 +21,7 @@ using paddle::Tensor;
 
 using paddle_unpad::glue::dense;
 using paddle_unpad::glue::place_name;
+using paddle_unpad::glue::read_rng_state;
 using paddle_unpad::glue::shape_str;
 
 // Checks shared by forward and backward; returns the problem description.
@@ -38,43 +38,8 @@ paddle_unpad::FmhaProblem check_and_describe(const Tensor& q, const Tensor& k, c
   PD_CHECK(v.dtype() == q.dtype(), "fmha: v dtype ", v.dtype(), " differs from q dtype ", q.dtype());
   PD_CHECK(k.place() == q.place(), "fmha: k is on ", place_name(k), " but q is on ", place_name(q));
   PD_CHECK(v.place() == q.place(), "fmha: v is on ", place_name(v), " but q is on ", place_name(q));
-  PD_CHECK(cu.dtype() == DataType::INT32, "fmha: cu_seqlens must be int32, got ", cu.dtype());
-  PD_CHECK(cu.shape().size() == 1, "fmha: cu_seqlens must be 1-D [batch + 1], got shape ",
-           shape_str(cu.shape()));
-  PD_CHECK(cu.is_cpu(), "fmha: cu_seqlens must be on the CPU (a host copy; the kernels read it "
-           "without a device sync), got a tensor on ", place_name(cu));
-  PD_CHECK(max_seqlen >= 0, "fmha: max_seqlen must be >= 0, got ", max_seqlen);
-  PD_CHECK(dropout >= 0.0f && dropout < 1.0f, "fmha: dropout must be in [0, 1), got ", dropout);
-  PD_CHECK(scale == scale, "fmha: scale must be a number, got NaN");
-
-  paddle_unpad::FmhaProblem p;
-  p.total = q.shape()[0];
-  p.heads = q.shape()[1];
-  p.head_dim = q.shape()[2];
-  p.batch = cu.numel() - 1;
-  p.scale = scale;
-  p.dropout = dropout;
-  p.cu_seqlens = p.batch >= 0 ? cu.data<int32_t>() : nullptr;
-  // Checked here, where the values are read, for every caller (Python does not read them
-  // on this path); paddle_unpad.varlen.check_cu_seqlens states the same rules in the same words.
-  const std::string why =
-      paddle_unpad::cu_seqlens_invalid(p.cu_seqlens, p.batch, p.total, max_seqlen);
-  PD_CHECK(why.empty(), "fmha: ", why);
-  return p;
-}
-
-void read_rng_state(const paddle::optional<Tensor>& rng, paddle_unpad::FmhaProblem* p) {
-  if (p->dropout <= 0.0f) return;
-  PD_CHECK(rng.is_initialized(), "fmha: dropout = ", p->dropout,
-           " needs rng_state ([seed, offset] int64), got none");
-  // The GPU kernels take the state by value too: a device copy (a traced program's
-  // paddle.randint) is read back once here.
-  const Tensor r = rng->is_cpu() ? *rng : rng->copy_to(paddle::CPUPlace(), true);
-  PD_CHECK(r.dtype() == DataType::INT64 && r.numel() == 2,
-           "fmha: rng_state must be int64 with 2 elements [seed, offset], got dtype ", r.dtype(),
-           " with ", r.numel(), " elements");
-  p->seed = static_cast<uint64_t>(r.data<int64_t>()[0]);
-  p->offset = static_cast<uint64_t>(r.data<int64_t>()[1]);
+  return paddle_unpad::glue::fmha_problem("fmha", cu, q.shape()[0], q.shape()[1], q.shape()[2], max_seqlen,
+                                           scale, dropout);
 }
 
 void check_cpu_dtype_and_support(const Tensor& q, const paddle_unpad::FmhaProblem& p) {
@@ -88,7 +53,7 @@ std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& 
                                 const paddle::optional<Tensor>& rng, int64_t max_seqlen, float scale,
                                 float dropout, bool grouping) {
   auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
-  read_rng_state(rng, &p);
+  read_rng_state("fmha", rng, &p);
   Tensor out = paddle::empty(q.shape(), q.dtype(), q.place());
   Tensor lse = paddle::empty({p.total, p.heads}, DataType::FLOAT32, q.place());
   if (q.is_cpu()) {
@@ -113,7 +78,7 @@ std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor&
                                  const Tensor& lse, const Tensor& dout, int64_t max_seqlen,
                                  float scale, float dropout, bool grouping) {
   auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
-  read_rng_state(rng, &p);
+  read_rng_state("fmha", rng, &p);
   PD_CHECK(dout.shape() == q.shape(), "fmha: grad of out has shape ", shape_str(dout.shape()),
            ", expected ", shape_str(q.shape()));
   Tensor dq = paddle::empty(q.shape(), q.dtype(), q.place());

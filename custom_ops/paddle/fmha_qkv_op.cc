@@ -11,10 +11,10 @@
 //   of QKV is bitwise that of q, k and v; that of Bias is the column sum of it.
 #include <vector>
 
-#include "kernels/common/cu_seqlens_checks.h"
 #include "kernels/cpu/fmha_cpu.h"
+#include "kernels/cpu/fused_cpu.h"
 #include "paddle/extension.h"
-#include "op_common.h"  // same folder
+#include "fmha_op_common.h"  // same folder
 
 namespace {
 
@@ -41,50 +41,16 @@ paddle_unpad::FmhaProblem describe(const Tensor& qkv, const Tensor& bias, const 
            " is not supported on CPU (supported: float32)");
   PD_CHECK(bias.dtype() == qkv.dtype(), "fmha_qkvpacked: bias dtype ", bias.dtype(),
            " differs from qkv dtype ", qkv.dtype());
-  PD_CHECK(cu.dtype() == DataType::INT32, "fmha_qkvpacked: cu_seqlens must be int32, got ", cu.dtype());
-  PD_CHECK(cu.shape().size() == 1, "fmha_qkvpacked: cu_seqlens must be 1-D [batch + 1], got shape ",
-           shape_str(cu.shape()));
-  PD_CHECK(cu.is_cpu(), "fmha_qkvpacked: cu_seqlens must be on the CPU, got a tensor on ",
-           place_name(cu));
-  PD_CHECK(max_seqlen >= 0, "fmha_qkvpacked: max_seqlen must be >= 0, got ", max_seqlen);
-  PD_CHECK(dropout >= 0.0f && dropout < 1.0f, "fmha_qkvpacked: dropout must be in [0, 1), got ", dropout);
-  PD_CHECK(scale == scale, "fmha_qkvpacked: scale must be a number, got NaN");
-
-  paddle_unpad::FmhaProblem p;
-  p.total = qkv.shape()[0];
-  p.heads = qkv.shape()[2];
-  p.head_dim = qkv.shape()[3];
+  auto p = paddle_unpad::glue::fmha_problem("fmha_qkvpacked", cu, qkv.shape()[0], qkv.shape()[2], qkv.shape()[3],
+                                            max_seqlen, scale, dropout);
   p.qkv_stride = 3 * p.heads * p.head_dim;
-  p.batch = cu.numel() - 1;
-  p.scale = scale;
-  p.dropout = dropout;
-  p.cu_seqlens = p.batch >= 0 ? cu.data<int32_t>() : nullptr;
-  const std::string why = paddle_unpad::cu_seqlens_invalid(p.cu_seqlens, p.batch, p.total, max_seqlen);
-  PD_CHECK(why.empty(), "fmha_qkvpacked: ", why);
   const std::string unsupported = paddle_unpad::fmha_cpu_unsupported(p);
   PD_CHECK(unsupported.empty(), "fmha_qkvpacked: ", unsupported);
-  if (dropout > 0.0f) {
-    PD_CHECK(rng.is_initialized(), "fmha_qkvpacked: dropout = ", dropout,
-             " needs rng_state ([seed, offset] int64), got none");
-    PD_CHECK(rng->is_cpu() && rng->dtype() == DataType::INT64 && rng->numel() == 2,
-             "fmha_qkvpacked: rng_state must be an int64 CPU tensor [seed, offset], got dtype ",
-             rng->dtype(), " with ", rng->numel(), " elements on ", place_name(*rng));
-    p.seed = static_cast<uint64_t>(rng->data<int64_t>()[0]);
-    p.offset = static_cast<uint64_t>(rng->data<int64_t>()[1]);
-  }
+  paddle_unpad::glue::read_rng_state("fmha_qkvpacked", rng, &p);
   return p;
 }
 
-// q, k and v: views into the packed tensor, H * D floats apart within a token.
-struct Views {
-  const float *q, *k, *v;
-};
-
-Views views(const paddle_unpad::FmhaProblem& p, const float* base) {
-  const int64_t hd = p.heads * p.head_dim;
-  return {base, base + hd, base + 2 * hd};
-}
-
+// bq, bk, bv: the three [H, D] rows of the [3, H, D] bias.
 void set_biases(paddle_unpad::FmhaProblem* p, const float* bias) {
   const int64_t hd = p->heads * p->head_dim;
   p->q_bias = bias;
@@ -100,8 +66,10 @@ std::vector<Tensor> FmhaQkvForward(const Tensor& qkv, const Tensor& bias, const 
   set_biases(&p, b.data<float>());
   Tensor out = paddle::empty({p.total, p.heads, p.head_dim}, qkv.dtype(), qkv.place());
   Tensor lse = paddle::empty({p.total, p.heads}, DataType::FLOAT32, qkv.place());
-  const Views in = views(p, x.data<float>());
-  paddle_unpad::fmha_fwd_cpu(p, in.q, in.k, in.v, out.data<float>(), lse.data<float>());
+  // q, k and v are views into the packed rows, H * D floats apart within a token
+  const float* q = x.data<float>();
+  const int64_t hd = p.heads * p.head_dim;
+  paddle_unpad::fmha_fwd_cpu(p, q, q + hd, q + 2 * hd, out.data<float>(), lse.data<float>());
   return {out, lse};
 }
 
@@ -116,10 +84,10 @@ std::vector<Tensor> FmhaQkvBackward(const Tensor& qkv, const Tensor& bias, const
   set_biases(&p, b.data<float>());
   Tensor dqkv = paddle::empty(qkv.shape(), qkv.dtype(), qkv.place());
   Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
-  const Views in = views(p, x.data<float>());
+  const float* q = x.data<float>();
   float* d = dqkv.data<float>();
   const int64_t hd = p.heads * p.head_dim;
-  paddle_unpad::fmha_bwd_cpu(p, in.q, in.k, in.v, out.data<float>(), lse.data<float>(), g.data<float>(), d,
+  paddle_unpad::fmha_bwd_cpu(p, q, q + hd, q + 2 * hd, out.data<float>(), lse.data<float>(), g.data<float>(), d,
                              d + hd, d + 2 * hd);
   paddle_unpad::column_sums_cpu(p.total, 3 * hd, d, dbias.data<float>());
   return {dqkv, dbias};

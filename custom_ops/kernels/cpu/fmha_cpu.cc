@@ -119,20 +119,4 @@ void fmha_bwd_cpu(const FmhaProblem& p, const float* q, const float* k, const fl
   });
 }
 
-void column_sums_cpu(int64_t rows, int64_t cols, const float* x, float* out) {
-  constexpr int64_t kChunk = 256;  // rows per partial: a function of the shape only
-  const int64_t chunks = std::max<int64_t>(1, (rows + kChunk - 1) / kChunk);
-  std::vector<float> partial(static_cast<size_t>(chunks * cols), 0.0f);
-  parallel_for(chunks, [&](int64_t c, int) {
-    float* acc = partial.data() + c * cols;
-    for (int64_t r = c * kChunk; r < std::min(rows, (c + 1) * kChunk); ++r) {
-      const float* row = x + r * cols;
-      for (int64_t j = 0; j < cols; ++j) acc[j] += row[j];
-    }
-  });
-  for (int64_t j = 0; j < cols; ++j) out[j] = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c)
-    for (int64_t j = 0; j < cols; ++j) out[j] += partial[c * cols + j];
-}
-
 }  // namespace paddle_unpad

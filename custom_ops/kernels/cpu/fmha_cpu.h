@@ -48,11 +48,6 @@ void fmha_bwd_cpu(const FmhaProblem& p, const float* q, const float* k, const fl
                   const float* out, const float* lse, const float* dout, float* dq,
                   float* dk, float* dv);
 
-// out[c] = sum over r of x[r * cols + c]: the bias gradient of a packed-QKV call (from
-// dqkv). Fixed chunks of rows, their partials added in chunk order: the bits do not depend
-// on the thread count.
-void column_sums_cpu(int64_t rows, int64_t cols, const float* x, float* out);
-
 // Name of the instruction set the kernels dispatched to ("avx512", "avx2", "sse2").
 const char* fmha_cpu_isa();
 

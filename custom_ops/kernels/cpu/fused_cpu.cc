@@ -130,6 +130,23 @@ void bias_gelu_bwd_cpu(int64_t rows, int64_t cols, const float* x, const float* 
   reduce_partials(parts.p, nchunks, stride, cols, dbias);
 }
 
+void column_sums_cpu(int64_t rows, int64_t cols, const float* x, float* out) {
+  if (cols <= 0) return;
+  const int64_t rpc = fused_rows_per_chunk(rows, cols);
+  const int64_t nchunks = rows > 0 ? ceil_div(rows, rpc) : 0;
+  const int64_t stride = padded_stride(cols);
+  Partials parts(nchunks * stride);
+  parallel_for(nchunks, [&](int64_t i, int) {
+    float* acc = parts.p + i * stride;
+    std::memset(acc, 0, sizeof(float) * cols);
+    for (int64_t r = i * rpc; r < std::min(rows, (i + 1) * rpc); ++r) {
+      const float* row = x + r * cols;
+      for (int64_t c = 0; c < cols; ++c) acc[c] += row[c];
+    }
+  });
+  reduce_partials(parts.p, nchunks, stride, cols, out);
+}
+
 std::string bdrln_cpu_unsupported(const BdrlnProblem& p) {
   return bdrln_problem_unsupported(p.rows, p.cols, p.dropout, p.epsilon);
 }

@@ -31,6 +31,10 @@ namespace paddle_unpad {
 
 void bias_gelu_fwd_cpu(int64_t rows, int64_t cols, const float* x, const float* bias, float* y);
 
+// out[c] = sum over r of x[r * cols + c], in the chunks and order of the other column
+// sums here (a bias gradient, e.g. that of a packed QKV from its gradient).
+void column_sums_cpu(int64_t rows, int64_t cols, const float* x, float* out);
+
 void bias_gelu_bwd_cpu(int64_t rows, int64_t cols, const float* x, const float* bias,
                        const float* dy, float* dx, float* dbias);
 
