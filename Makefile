@@ -95,7 +95,7 @@ GPU_STAGE_TESTS := tests/test_paddle_compat.py tests/test_fmha.py tests/test_fmh
 	tests/test_fused_ops.py tests/test_layers.py tests/test_convert.py tests/test_convert_args.py \
 	tests/test_export_load.py tests/test_collate.py tests/test_balance.py tests/test_trainer.py \
 	tests/test_philox.py tests/test_build.py tests/test_config.py tests/test_cpu_gemm.py tests/test_fleet.py \
-	tests/test_grad_sync.py tests/test_gloo_groups.py
+	tests/test_grad_sync.py tests/test_gloo_groups.py tests/test_host_malloc.py
 test-paddle-gpu:
 	$(MAKE) setup PADDLE=gpu VENV=$(GPU_VENV)
 	OMP_NUM_THREADS=$(THREADS) $(GPU_VENV)/bin/python -m pytest -q -rs $(GPU_STAGE_TESTS)

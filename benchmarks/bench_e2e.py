@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -396,6 +397,7 @@ class _Rank:
 
         m, opt, sync = self.models[w], self.opts[w], self.sync
         sync()
+        faults0 = _thread_page_faults()
         t0 = time.perf_counter()
         with span("waiting for the batch"):
             batch = next(self.iters[w])
@@ -432,6 +434,7 @@ class _Rank:
         opt.clear_grad(set_to_zero=False)
         sync()
         t5 = time.perf_counter()
+        faults = _thread_page_faults()
         # the length every sample is computed at: its own (unpadded) or the padded batch's
         padded_to = {"padded_max_len": self.args.max_len, "padded_batch_max": max(lengths, default=0)}.get(w)
         return {"step": t5 - t0, "fetch": t1 - t0, "compute": t2 - t1, "wait": t3 - t2, "comm": t4 - t3,
@@ -440,6 +443,7 @@ class _Rank:
                 "sumsq": int(sum(s * s for s in lengths)), "padded_to": padded_to,
                 "alloc_peak": self._memory_peak(before), "loss": float(loss) / self.world,
                 "lengths": [int(x) for x in lengths],
+                "page_faults": None if faults is None else faults - faults0,
                 "grad_bytes": (self.grad_sync[w].stats["last_bytes"] if grad_sync == "overlap"
                                else self.grad_sync[w].stats["dense_bytes"])}
 
@@ -579,6 +583,13 @@ def worker(args):
     print(f"rank {r.rank}: done", flush=True)  # the launcher tells a failure from a teardown problem by it
 
 
+def _thread_page_faults():
+    """Minor page faults of the calling thread so far (None where the OS does not count them per thread):
+    host memory the step touches for the first time since the kernel mapped it (see paddle_unpad.host_malloc)."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return None if who is None else resource.getrusage(who).ru_minflt
+
+
 def _model_inputs(batch):
     keys = ("input_ids", "token_type_ids", "position_ids", "attention_mask", "cu_seqlens", "cu_seqlens_host",
             "max_seqlen")
@@ -704,6 +715,8 @@ def summarize(raw, args):
                 round(max(x["alloc_peak"] for x in recs) / 2 ** 20, 1),
                 "loss_first_last": [recs[0]["loss"], recs[-1]["loss"]],
                 "lengths_per_step": [x["lengths"] for x in recs],
+                "page_faults_per_step": None if recs[0]["page_faults"] is None else
+                float(np.mean([x["page_faults"] for x in recs])),
             })
         # ranks finish each step together (the all-reduce); the job's step time is the slowest rank's
         step_s = max(pr["step_ms"] for pr in per_rank) / 1e3
@@ -722,6 +735,8 @@ def summarize(raw, args):
             "useful_gflops_per_rank": useful / (n * step_s) / world / 1e9,
             "mfu": useful / (n * step_s) / world / (peak_per_rank * 1e9),
             "alloc_peak_mib": max((pr["alloc_peak_mib"] or 0) for pr in per_rank) or None,
+            "page_faults_per_step": None if per_rank[0]["page_faults_per_step"] is None else
+            float(np.mean([pr["page_faults_per_step"] for pr in per_rank])),
         }
     # ideal FLOP ratios from the samples themselves (same samples in every way)
     ideal = {}
@@ -807,12 +822,13 @@ def print_summary(res):
     print(f"\n{c['model']}; {c['world']} ranks x {c['threads_per_rank']} thread(s) on {c['device']}, "
           f"{c['batch_per_rank']} samples/rank/step, {c['steps']} timed steps per way\n{c['length_distribution']}")
     head = f"{'way':20s}{'samples/s':>10s}{'tokens/s':>10s}{'step ms':>9s}{'wait ms':>9s}{'comm ms':>9s}" \
-           f"{'pad %':>7s}{'MFU':>7s}{'alloc MiB':>10s}"
+           f"{'pad %':>7s}{'MFU':>7s}{'alloc MiB':>10s}{'faults/step':>12s}"
     print(head)
     for w, d in ways.items():
         print(f"{w:20s}{d['samples_per_s']:10.2f}{d['tokens_per_s']:10.0f}{d['step_ms']:9.0f}{d['wait_ms']:9.0f}"
               f"{d['comm_ms']:9.0f}{d['padding_computed_pct']:7.1f}{100 * d['mfu']:6.1f}%"
-              f"{(d['alloc_peak_mib'] or float('nan')):10.0f}")
+              f"{(d['alloc_peak_mib'] or float('nan')):10.0f}"
+              f"{d['page_faults_per_step'] if d['page_faults_per_step'] is not None else float('nan'):12.0f}")
     for base, sp in res["speedup"].items():
         print(f"speedup over {base} (ideal FLOP ratio {res['ideal'][base]:.2f}): " +
               ", ".join(f"{w} {v:.2f}x" for w, v in sp.items() if w != base))

@@ -65,6 +65,8 @@ def run_info():
         if pu is not None and hasattr(pu, "cpu_gemm"):
             info = pu.cpu_gemm.info()
             out["mkl_kernels"], out["mkl_dispatch"] = info.get("mkl_kernels"), info.get("action")
+            if hasattr(pu, "host_malloc"):
+                out["host_malloc"] = pu.host_malloc.info()["action"]
     return out
 
 

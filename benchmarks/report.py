@@ -84,6 +84,8 @@ def _machine(d):
         text += f", MKL {m['mkl_kernels']} GEMM kernels"
     if m.get("paddle"):
         text += f", Paddle {m['paddle']}"
+    if m.get("host_malloc"):
+        text += f", freed host memory {'kept (paddle_unpad.host_malloc)' if m['host_malloc'] == 'retain' else 'returned (glibc defaults)'}"
     if m.get("loadavg"):
         text += f", load average {'/'.join(f'{x:.1f}' for x in m['loadavg'])} at the end"
     return text
@@ -549,7 +551,9 @@ def e2e():
               f"MFU = useful (real-token) training FLOPs per second per "
               f"rank over the {c['mfu_against']} ({', '.join(f'{x:.0f}' for x in c['matmul_gflops_per_rank'])} "
               f"GFLOP/s); alloc peak = peak of live Paddle tensors during a step (the ways share a process, so "
-              f"RSS per way is in the encoder section, measured in separate processes).", ""]
+              f"RSS per way is in the encoder section, measured in separate processes); page faults = minor page "
+              f"faults of a rank's training thread per step (host memory touched for the first time since the "
+              f"kernel mapped it; see `paddle_unpad.host_malloc`).", ""]
     rows = []
     sp = d["speedup"].get("padded_batch_max", {})
     for w, x in ways.items():
@@ -557,9 +561,10 @@ def e2e():
         rows.append([w, f"{x['samples_per_s']:.2f}", f"{x['tokens_per_s']:.0f}", f"{x['step_ms']:.0f}", comp,
                      f"{x['wait_ms']:.0f}", f"{x['comm_ms']:.0f}", f"{x['padding_computed_pct']:.0f}%",
                      f"{100 * x['mfu']:.1f}%", "-" if x["alloc_peak_mib"] is None else f"{x['alloc_peak_mib']:.0f}",
+                     "-" if x.get("page_faults_per_step") is None else f"{x['page_faults_per_step']:.0f}",
                      f"{sp[w]:.2f}x" if w in sp else "-"])
     lines += _table(["way", "samples/s", "tokens/s", "step ms", "compute ms per rank", "wait ms", "comm ms",
-                     "padding computed", "MFU", "alloc peak MiB", "vs batch-max"], rows)
+                     "padding computed", "MFU", "alloc peak MiB", "page faults per step", "vs batch-max"], rows)
     a = d["acceptance"]
     if "ideal_vs_batch_max" in a:
         lines += [f"Unpadded + balanced vs stock padded to the batch max: **{a['balanced_speedup_vs_batch_max']:.2f}x** "

@@ -16,9 +16,10 @@ When they are present, importing registers them with Paddle, so that an exported
 """
 import zlib  # noqa: F401  (before paddle: paddle-gpu 2.6's libpaddle clashes with a zlib loaded after it)
 
-from . import config, cpu_gemm
+from . import config, cpu_gemm, host_malloc
 
 cpu_gemm.configure()  # before anything can run a GEMM: MKL reads its kernel choice once
+host_malloc.configure()
 from . import _native  # noqa: E402
 from . import _paddle_compat  # noqa: E402
 
@@ -46,6 +47,7 @@ __all__ = [
     "config",
     "cpu_gemm",
     "data",
+    "host_malloc",
     "fleet",
     "grad_sync",
     "ops",
