@@ -15,8 +15,9 @@ threshold has grown past them.
 So at import (:func:`configure`, called by ``paddle_unpad/__init__.py``), on Linux with
 glibc, the plugin tells ``malloc`` (``mallopt``) never to serve a block by ``mmap``
 (``M_MMAP_MAX = 0``) and never to give the top of its heap back (``M_TRIM_THRESHOLD =
--1``): freed memory is reused by the next step instead of being faulted in again. The
-cost is that the process keeps its high-water mark of host memory: the peak RSS of the
+-1``): freed memory is reused by later steps instead of being faulted in again (after the
+heap has grown to the loop's working set: a few steps). The cost is that the process
+keeps its high-water mark of host memory, fragments included: the peak RSS of the
 2-rank end-to-end job grew by 4% (unpadded ways alone) to 15% (with the padded ways'
 large tensors), measured by ``benchmarks/bench_e2e.py``. Memory allocated before the import
 is unaffected until it is freed.
