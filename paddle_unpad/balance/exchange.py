@@ -7,9 +7,10 @@ process group of its own (``paddle.distributed.new_group``)
 
 1. checks the batch (:func:`paddle_unpad.data.normalize_batch`: every sample has the same
    fields, dtypes, numbers of dimensions and trailing shapes as the batch's first one),
-2. all-gathers a small int64 header ``[status, step, count, schema hash, message]``
-   (status: ok / loader exhausted / loader raised / closing), so that every rank learns
-   at the same collective that a peer failed, finished or is shutting down,
+2. all-gathers a small int64 header ``[status, step, count, schema hash, planner settings
+   fingerprint, message]`` (status: ok / loader exhausted / loader raised / closing), so
+   that every rank learns at the same collective that a peer failed, finished or is
+   shutting down, or plans with other settings (cost, counts, tol),
 3. all-gathers ``(length, sample id)`` of every sample (int64, padded to the largest count),
 4. computes the same plan on every rank (:func:`paddle_unpad.balance.plan_dest`; optionally
    all-gathers its hash to prove it),
@@ -27,6 +28,8 @@ Failures (see docs/distributed.md for what a user sees on each):
 * a bad sample or a loader that raises on one rank: that rank raises its own exception,
   every other rank :class:`ExchangeError` naming the rank and the message, at the same
   step (the header carries them), before any sample is sent;
+* ranks that plan with different settings (a cost model fitted on each rank, say):
+  every rank raises :class:`ExchangeError` at the first step, before any sample is sent;
 * a peer that dies: the next collective fails at once, and every survivor raises
   :class:`ExchangeError`;
 * a peer that stalls (or is stopped): the training loop waits at most ``timeout``
@@ -54,6 +57,7 @@ from .. import _paddle_compat as _compat
 from ..data.collate import (DEFAULT_TOKEN_FIELDS, SampleError, check_lengths, normalize_batch, pack_samples,
                             to_paddle)
 from .options import resolve as resolve_options
+from .cost import CostModel, as_cost_fn
 from .planner import plan_dest
 
 __all__ = ["BalancedLoader", "ExchangeError", "ExchangeTimeout"]
@@ -449,6 +453,7 @@ class BalancedLoader:
         self.max_seqlen = o["max_seqlen"]
         self.token_fields = tuple(token_fields)
         self.check_plan = o["check_plan"]
+        self.plan_key, self.plan_desc = _plan_settings(self.cost, self.counts, self.tol)
         self.place = place
         import paddle.distributed as dist
 
@@ -686,6 +691,7 @@ class _ExchangeIterator:
         hdr = np.zeros(_HDR, dtype=np.int64)
         hdr[0], hdr[1], hdr[2] = local["status"], step, len(local["samples"])
         hdr[3] = _schema_hash(sch) if sch is not None else 0
+        hdr[4] = self.o.plan_key
         mb = local["msg"].encode("utf-8", "replace")[: 8 * _MSG_WORDS]
         hdr[8:] = np.frombuffer(mb.ljust(8 * _MSG_WORDS, b"\0"), dtype=np.int64)
         self._at(step, "waiting for every rank's header (all-gather)")
@@ -701,6 +707,16 @@ class _ExchangeIterator:
             text = H[r, 8:].tobytes().rstrip(b"\0").decode("utf-8", "replace")
             raise ExchangeError(f"paddle_unpad exchange: rank {r} {_STATUS_TEXT[int(H[r, 0])]} at "
                                 f"step {int(H[r, 1])}: {text} (this is rank {self.o.rank})")
+        if np.any(H[:, 4] != H[0, 4]):  # before any plan: different settings give different plans
+            groups = {}
+            for r in range(self.o.world):
+                groups.setdefault(int(H[r, 4]), []).append(r)
+            raise ExchangeError(
+                "paddle_unpad exchange: the ranks balance with different planner settings (cost, counts or tol), "
+                "so they would compute different plans (ranks with the same settings: "
+                f"{' / '.join(str(g) for g in groups.values())}); pass the same settings on every rank (a calibrated "
+                f"cost model: fit it on one rank and share its coefficients) -- this is rank {self.o.rank}: "
+                f"{self.o.plan_desc}")
         if np.all(H[:, 0] == END):
             return "end"
         if np.any(H[:, 1] != step):
@@ -793,6 +809,33 @@ class _ExchangeIterator:
                                   f"layouts: {_describe_schema_difference(schemas)} (every sample of a global "
                                   "batch needs the same fields, dtypes and trailing shapes)")
             st["hash"], st["schema"] = hashes[0], next(s for s in schemas if s is not None)
+
+
+# lengths at which a cost is evaluated to tell cost models apart (0, 1, odd, powers of two +-1)
+_COST_PROBES = np.array([0, 1, 2, 3, 7, 31, 63, 64, 65, 127, 128, 129, 255, 256, 384, 511, 512, 513, 1024, 4096],
+                        dtype=np.int64)
+
+
+def _plan_settings(cost, counts, tol):
+    """A fingerprint (int) of the settings the plan depends on, identical on ranks that plan alike,
+    and their description. A cost is fingerprinted by its values at fixed lengths, so a name, a
+    CostModel and a callable that give the same costs agree."""
+    try:
+        values = np.asarray(as_cost_fn(cost)(_COST_PROBES), dtype=np.float64)
+        cost_part = values.tobytes()
+    except Exception as e:  # noqa: BLE001 -- a callable that refuses some probe lengths: compare that instead
+        cost_part = f"raises {type(e).__name__} on probe lengths".encode()
+    counts_part = repr(list(counts) if isinstance(counts, (list, tuple)) else counts).encode()
+    tol_part = repr(float(tol)).encode()
+    h = hashlib.blake2b(cost_part + b"|" + counts_part + b"|" + tol_part, digest_size=8).digest()
+    desc = f"cost={_describe_cost(cost)}, counts={counts!r}, tol={float(tol):g}"
+    return int.from_bytes(h, "little") & ((1 << 62) - 1), desc
+
+
+def _describe_cost(cost):
+    if cost is None or isinstance(cost, str) or isinstance(cost, CostModel):
+        return repr(cost)
+    return getattr(cost, "__qualname__", type(cost).__name__)
 
 
 def _plan_hash(dest: np.ndarray) -> int:

@@ -27,7 +27,7 @@ import paddle.distributed as dist  # noqa: E402
 from paddle.distributed import fleet  # noqa: E402
 
 import paddle_unpad.fleet as pf  # noqa: E402
-from paddle_unpad.balance import BalancedLoader, ExchangeError, ExchangeTimeout  # noqa: E402
+from paddle_unpad.balance import DEFAULT_COST, BalancedLoader, CostModel, ExchangeError, ExchangeTimeout  # noqa: E402
 from paddle_unpad.data import SampleError, sample_list_collate  # noqa: E402
 
 VOCAB, HID, MAXLEN = 37, 8, 64
@@ -285,6 +285,17 @@ def scenario_errors():
     expect("empty sample: clear error naming sample id and rank", make(data), SampleError,
            "sample id 555 on rank 0", "empty")
     check("thread stopped after empty sample", wait_threads_gone())
+
+    # the ranks' cost models differ (a model calibrated on each rank): every rank refuses at step 0
+    data = [[smp(10 * rank + k, 4 + 3 * k) for k in range(3)] for _ in range(2)]
+    own_cost = CostModel(a=1.0, b=1e-3 if rank == 0 else 2e-3)
+    expect("different planner settings: clear error on every rank", make(data, cost=own_cost), ExchangeError,
+           "different planner settings", "same settings: [0] / [1]", f"this is rank {rank}", repr(own_cost), within=10)
+    check("thread stopped after different planner settings", wait_threads_gone())
+    # the same cost spelled two ways (a name and the CostModel it stands for) plans alike: no error
+    same = "quadratic" if rank == 0 else DEFAULT_COST
+    got = [int(b["plan_hash"]) for b in make(data, cost=same)]
+    check("the same cost spelled two ways is accepted", len(got) == 2)
 
     # rank 1's loader raises at step 2
     def raising():
