@@ -35,7 +35,7 @@ Length distributions:
   others uniform around the mean that gives the target ratio).
 
 Threads are set once, before Paddle is imported, and are the same for every side
-(``--threads``, default 2). Writes ``benchmarks/results/attention.json``.
+(``--threads``, default 2). Writes ``benchmarks/results/attention_<kind>.json`` (one file per host kind).
 
 Usage::
 
@@ -77,7 +77,8 @@ def parse_args(argv=None):
                     help="head sizes of the per-head-size section (packed fmha alone on the real batch, --heads "
                          "heads, dropout 0 and 0.1; empty: skip)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "attention.json"))
+    ap.add_argument("--out", default=bench_util.kind_result_path("attention"),
+                    help="result file (default benchmarks/results/attention_<kind>.json, kind from the CPU vendor)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat: a smoke run")
     args = ap.parse_args(argv)
     if args.quick:

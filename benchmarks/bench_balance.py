@@ -16,7 +16,7 @@
     python benchmarks/bench_balance.py --quick    # fewer batches/steps
     python benchmarks/bench_balance.py --no-real  # simulation only
 
-Results: ``benchmarks/results/bench_balance.json``.  Threads: OMP_NUM_THREADS=1 per rank
+Results: ``benchmarks/results/balance_<kind>.json`` (one file per host kind).  Threads: OMP_NUM_THREADS=1 per rank
 (2 ranks on 2 cores), set for every side alike.
 """
 import argparse
@@ -372,7 +372,7 @@ def main():
         allres = real_run(steps, a.per_rank, a.warmup, rounds)
         out["real_2rank"] = {"per_rank": allres, "summary": print_real(allres), "steps": steps,
                              "samples_per_rank": a.per_rank}
-    path = bench_util.write_result(bench_util.result_path("bench_balance.json"), out)
+    path = bench_util.write_result(bench_util.kind_result_path("balance"), out)
     print(f"\nwrote {path}")
 
 

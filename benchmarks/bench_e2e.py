@@ -36,7 +36,7 @@ other element-wise, pack/unpack & layout, embeddings, loss & head, optimizer, gr
 all-reduce, waiting at the all-reduce, waiting for the batch, and framework/Python overhead
 (step time not inside any operator).
 
-Writes ``benchmarks/results/e2e.json``; ``benchmarks/report.py`` renders it.
+Writes ``benchmarks/results/e2e_<kind>.json`` (``intel``, ``amd``: one file per host kind); ``benchmarks/report.py`` renders it.
 
     python benchmarks/bench_e2e.py            # make bench size: 2 ranks x 1 thread, ~4 min
     python benchmarks/bench_e2e.py --quick    # smoke run: tiny model, max length 64, ~1 min
@@ -85,7 +85,8 @@ def parse_args(argv=None):
                          "with the backward, embedding tables by rows; default) or one flat all-reduce of every "
                          "gradient after the backward; the profile runs the balanced way both ways")
     ap.add_argument("--trace-dir", default="", help="also keep each rank's profiler trace here (chrome://tracing)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "e2e.json"))
+    ap.add_argument("--out", default=bench_util.kind_result_path("e2e"),
+                    help="result file (default benchmarks/results/e2e_<kind>.json, kind from the CPU vendor)")
     ap.add_argument("--quick", action="store_true", help="tiny model, max length 64, 2 steps: a smoke run")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # internal: rank-0 result path
     args = ap.parse_args(argv)

@@ -176,7 +176,7 @@ def parse_args(argv=None):
     ap.add_argument("--_probe_static_onednn", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.out is None:
-        args.out = os.path.join(HERE, "results", f"gemm_{host_kind()}.json")
+        args.out = bench_util.kind_result_path("gemm")
     if args.quick:
         args.tokens, args.rounds, args.reps, args.step_reps, args.pause = 256, 2, 2, 1, 0.05
         if args.variants == ",".join(VARIANTS):
@@ -220,12 +220,6 @@ def cpu_info():
     except OSError:
         pass
     return info
-
-
-def host_kind():
-    """``intel`` / ``amd`` / the lower-cased CPU vendor: the kinds differ several-fold in Paddle's GEMM."""
-    vendor = cpu_info()["vendor"] or platform.machine()
-    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor, re.sub(r"[^a-z0-9]+", "_", vendor.lower()))
 
 
 def loadavg():

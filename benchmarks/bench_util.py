@@ -149,3 +149,22 @@ def write_result(path, result):
 
 def result_path(name):
     return os.path.join(RESULTS, name)
+
+
+def kind_of_vendor(vendor):
+    """``intel`` / ``amd`` / the lower-cased CPU vendor string."""
+    import re
+
+    vendor = vendor or platform.machine()
+    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor, re.sub(r"[^a-z0-9]+", "_", vendor.lower()))
+
+
+def host_kind():
+    """This host's kind (:func:`kind_of_vendor`): the kinds differ several-fold in Paddle's GEMM and in
+    what the plugin's kernels reach, so results that measure a target are kept per kind."""
+    return kind_of_vendor(_host.cpu_identity()[0])
+
+
+def kind_result_path(stem):
+    """``benchmarks/results/<stem>_<kind>.json``: a run on one host kind keeps the other kind's file."""
+    return result_path(f"{stem}_{host_kind()}.json")

@@ -64,6 +64,32 @@ def _load(name):
     return data, when.strftime("%Y-%m-%d %H:%M UTC")
 
 
+def _kind_files(stem):
+    """{kind: (data, when)} of ``<stem>_<kind>.json``: a benchmark's result per host kind (intel, amd), each
+    from its last run on that kind."""
+    if not os.path.isdir(RESULTS):
+        return {}
+    out = {}
+    for n in sorted(os.listdir(RESULTS)):
+        if n.startswith(stem + "_") and n.endswith(".json"):
+            out[n[len(stem) + 1:-5]] = _load(n)
+    return out
+
+
+def _date(d, when):
+    m = (d or {}).get("machine")
+    return m["date"] if isinstance(m, dict) and m.get("date") else when
+
+
+def _newest(stem):
+    """(data, when) of the most recent ``<stem>_<kind>.json`` (the full section shows it; the targets
+    table shows every kind)."""
+    files = _kind_files(stem)
+    if not files:
+        return None, None
+    return max(files.values(), key=lambda dw: _date(*dw))
+
+
 def _cpu():
     try:
         for line in open("/proc/cpuinfo"):
@@ -104,8 +130,130 @@ def _table(head, rows):
     return out + [""]
 
 
+# e2e MFU targets per host kind; the other targets are the same on every kind
+_MFU_TARGET = {"intel": 0.60, "amd": 0.50}
+_FMHA_TARGET = 0.55
+_PLAN_TARGET_MS = 10.0
+_KIND_NAME = {"intel": "Intel host", "amd": "AMD host"}
+
+
+def _verdict(ok):
+    return "met" if ok else "**NOT met**"
+
+
+def targets():
+    """Every efficiency target on every host kind measured, from the per-kind result files."""
+    e2e, att, bal, gem = (_kind_files(s) for s in ("e2e", "attention", "balance", "gemm"))
+    demo, demo_when = _load("demo.json")
+    demo_kind = bench_util.kind_of_vendor(((demo or {}).get("machine") or {}).get("cpu_vendor")) if demo else None
+    kinds = sorted(set(e2e) | set(att) | set(bal) | set(gem))
+    if not kinds:
+        return []
+    rows = []
+
+    def row(label, fn):
+        rows.append([label] + [fn(k) for k in kinds])
+
+    def mfu(k):
+        if k not in e2e:
+            return "-"
+        v, t = e2e[k][0]["acceptance"]["mfu_balanced"], _MFU_TARGET.get(k)
+        return f"{100 * v:.1f}%" + ("" if t is None else f" (>= {100 * t:.0f}%: {_verdict(v >= t)})")
+
+    def vs_stock(k):
+        if k not in e2e:
+            return "-"
+        a = e2e[k][0]["acceptance"]
+        sp, ideal = a["balanced_speedup_vs_batch_max"], a["ideal_vs_batch_max"]
+        return f"{sp:.2f}x, ideal {ideal:.2f}x ({_verdict(sp >= ideal)})"
+
+    def comm(k):
+        if k not in e2e:
+            return "-"
+        v = e2e[k][0]["acceptance"]["exposed_comm_share_balanced"]
+        return f"{100 * v:.1f}% ({_verdict(v <= 0.05)})"
+
+    row("end-to-end MFU, unpadded + balanced (useful FLOPs over the job's fp32 matmul)", mfu)
+    row("unpadded + balanced vs stock padded to the batch max (>= the ideal FLOP ratio)", vs_stock)
+    row("exposed gradient communication, share of the step (<= 5%)", comm)
+    combos = sorted({(r["head_dim"], r["dropout"]) for d, _ in att.values() for r in d.get("head_sizes") or []},
+                    key=lambda x: (x[0], -x[1]))
+    for hd, p in combos:
+        def fmha(k, hd=hd, p=p):
+            r = [r for r in (att[k][0].get("head_sizes") or []) if (r["head_dim"], r["dropout"]) == (hd, p)] \
+                if k in att else []
+            if not r:
+                return "-"
+            f, fb = r[0]["fwd"]["of_matmul"], r[0]["fwd_bwd"]["of_matmul"]
+            return f"{100 * f:.0f}% / {100 * fb:.0f}% ({_verdict(min(f, fb) >= _FMHA_TARGET)})"
+
+        row(f"`fmha` head size {hd}, dropout {p}: forward / forward+backward, share of the fastest fp32 GEMM "
+            f"(>= {100 * _FMHA_TARGET:.0f}%)", fmha)
+
+    def plan(k):
+        pm = bal[k][0].get("planner_ms", {}) if k in bal else {}
+        keys = [x for x in pm if x.startswith("1024x64 native numpy")]
+        if not keys:
+            return "-"
+        worst = max(pm[x] for x in keys)
+        return " / ".join(f"{pm[x]:.2f}" for x in keys) + f" ms ({_verdict(worst < _PLAN_TARGET_MS)})"
+
+    row(f"planner, 1024 ranks x 64 samples, numpy in and out: default cost / Python callable cost "
+        f"(< {_PLAN_TARGET_MS:.0f} ms)", plan)
+
+    def gemm_rate(k):
+        if k not in gem:
+            return "-"
+        res = gem[k][0]["results"]
+        a, b = res.get("default/paddle_matmul"), res.get("paddle_unpad/paddle_matmul")
+        if not (a and b):
+            return "-"
+        return (f"{a['gflops_best'].get('ffn1', 0):.0f} -> {b['gflops_best'].get('ffn1', 0):.0f} GFLOP/s "
+                f"(all shapes {b.get('speedup_vs_default_matmul', 1):.2f}x)")
+
+    def enc_step(k):
+        st = gem[k][0].get("encoder_step") or {} if k in gem else {}
+        if "default" not in st or "paddle_unpad" not in st:
+            return "-"
+        return f"{st['default']['ms_best']:.0f} -> {st['paddle_unpad']['ms_best']:.0f} ms"
+
+    row("Paddle fp32 matmul (ffn1 shape), Paddle as installed -> with `import paddle_unpad`", gemm_rate)
+    row("converted encoder training step, Paddle as installed -> with `import paddle_unpad`", enc_step)
+
+    def demo_row(k):
+        if k != demo_kind:
+            return "-"
+        pad, unp = demo["padded"], demo["unpadded"]
+        return (f"dev accuracy {pad['dev_accuracy']:.4f} stock, {unp['dev_accuracy']:.4f} paddle_unpad; "
+                f"{unp['tokens_per_s'] / pad['tokens_per_s']:.2f}x tokens/s")
+
+    if demo:
+        row("`make demo` (accuracy: see the seed scatter below)", demo_row)
+
+    def host(k):
+        files = [f for f in (e2e.get(k), att.get(k), bal.get(k)) if f] + ([gem[k]] if k in gem else [])
+        dates = sorted(_date(d, w) for d, w in files)
+        m = (files[0][0].get("machine") or {}) if files else {}
+        if not m and k in gem:
+            m = {"cpu_model": gem[k][0]["config"]["cpu"]["model"]}
+        load = (e2e[k][0].get("machine") or {}).get("loadavg") if k in e2e else None
+        text = f"{m.get('cpu_model', '?')}; {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
+        if load:
+            text += f"; load {'/'.join(f'{x:.1f}' for x in load)} at the end of the end-to-end job"
+        return text
+
+    row("machine, results written, load", host)
+    lines = ["## Targets on each host kind", "",
+             "The efficiency targets, each from the last `make bench` on that kind of host (result files "
+             "`benchmarks/results/<benchmark>_<kind>.json`; the sections below show the newest run in full). "
+             "Shares are against fp32 GEMM rates measured in the same run; hosts of one kind differ, so compare "
+             "across columns only the shares and ratios, not times.", ""]
+    lines += _table(["target"] + [f"{_KIND_NAME.get(k, k)}" for k in kinds], rows)
+    return lines
+
+
 def attention():
-    d, when = _load("attention.json")
+    d, when = _newest("attention")
     if d is None:
         return []
     c = d["config"]
@@ -177,7 +325,7 @@ def fused():
 
 
 def balance():
-    d, when = _load("bench_balance.json")
+    d, when = _newest("balance")
     if d is None:
         return []
     lines = _header("Load balance", "OMP_NUM_THREADS=1 python benchmarks/bench_balance.py", d, when,
@@ -208,13 +356,6 @@ def balance():
         lines += [f"Exchange overhead against pre-balanced feeding: {100 * sm['exchange_overhead']:+.1f}% "
                   "(wall clock, target <= 2%; this shared machine adds about +-10% noise between runs).", ""]
     return lines
-
-
-def _gemm_files():
-    """gemm_<kind>.json: bench_gemm's result per host kind (intel, amd), each from its last run on that kind."""
-    if not os.path.isdir(RESULTS):
-        return []
-    return sorted(n for n in os.listdir(RESULTS) if n.startswith("gemm_") and n.endswith(".json"))
 
 
 def _gemm_host(d, when):
@@ -296,7 +437,7 @@ def _gemm_host(d, when):
 
 
 def gemm():
-    files = _gemm_files()
+    files = _kind_files("gemm")
     if not files:
         return []
     lines = ["## GEMM speed on AMD and Intel hosts", "",
@@ -313,8 +454,7 @@ def gemm():
              "(`paddle_unpad.cpu_gemm`; the `paddle_unpad` configuration below; opt out with "
              f"`{bench_util.config.variable('MKL_DISPATCH').env}=off`); every other configuration opts out, so `default` is Paddle as "
              "installed.", ""]
-    for name in files:
-        d, when = _load(name)
+    for d, when in files.values():
         lines += _gemm_host(d, when)
     return lines
 
@@ -537,7 +677,7 @@ def encoder():
 
 
 def e2e():
-    d, when = _load("e2e.json")
+    d, when = _newest("e2e")
     if d is None:
         return []
     c, ways = d["config"], d["ways"]
@@ -681,14 +821,15 @@ def main():
              "this report. Each benchmark runs both sides of its comparison in one process (or one fleetrun "
              "job), interleaved, with the same thread count; absolute times on these shared 2-core machines "
              "are noise, ratios are the result.", "",
-             "Sections: [the main job](#the-main-job-fleetrun-fine-tuning-make-demo), "
+             "Sections: [targets on each host kind](#targets-on-each-host-kind), "
+             "[the main job](#the-main-job-fleetrun-fine-tuning-make-demo), "
              "[end-to-end training four ways + profile](#end-to-end-fleetrun-training-four-ways-side-by-side), "
              "[attention](#attention-fmha-packed-vs-paddles-padded-attention), "
              "[fused ops](#fused-encoder-ops-vs-the-unfused-paddle-sequence), "
              "[encoder step and scaling](#encoder-training-step-converted-vs-original-paddlenlp-model), "
              "[load balance](#load-balance), [GEMM speed on AMD and Intel hosts](#gemm-speed-on-amd-and-intel-hosts), "
              "[GPU](#gpu).", ""]
-    for section in (demo, e2e, attention, fused, encoder, balance, gemm):
+    for section in (targets, demo, e2e, attention, fused, encoder, balance, gemm):
         parts += section()
     parts += ["## GPU", "", "No GPU figures yet: the CUDA kernels compile in CI but have not run on a GPU "
               "(see [gpu.md](gpu.md); `benchmarks/gpu_check.sh` produces them on one).", ""]
