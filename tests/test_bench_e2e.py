@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WAYS = ("padded_max_len", "padded_batch_max", "unpadded", "unpadded_balanced")
+WAYS = ("padded_max_len", "padded_batch_max", "unpadded", "unpadded_balanced", "unpadded_balanced_after")
 
 pytestmark = pytest.mark.dist
 
@@ -44,6 +44,9 @@ def test_every_way_sees_the_same_samples(quick_run, native_ops):
             assert pr["samples"] == sum(len(step) for step in pr["lengths_per_step"])
     # the balancer moves samples between ranks but loses and duplicates none
     assert everything["unpadded_balanced"] == everything["unpadded"] == everything["padded_batch_max"]
+    # the two balanced ways differ only in when the gradients are reduced: the same plan, step by step
+    assert [pr["lengths_per_step"] for pr in ways["unpadded_balanced"]["per_rank"]] == \
+           [pr["lengths_per_step"] for pr in ways["unpadded_balanced_after"]["per_rank"]]
     for w in ("padded_max_len", "padded_batch_max", "unpadded"):  # without balancing: the same per rank
         assert [pr["lengths_per_step"] for pr in ways[w]["per_rank"]] == \
                [pr["lengths_per_step"] for pr in ways["unpadded"]["per_rank"]]
@@ -110,6 +113,9 @@ def test_profiles_before_and_after_and_the_exposed_communication(quick_run, nati
     acc = res["acceptance"]
     assert abs(acc["exposed_comm_share_balanced"] - ub["comm_ms"] / ub["step_ms"]) < 1e-12
     assert acc["exposed_comm_at_most_5pct"] == (ub["comm_ms"] <= 0.05 * ub["step_ms"])
+    ua = res["ways"]["unpadded_balanced_after"]
+    assert acc["mfu_balanced_after"] == ua["mfu"] and acc["mfu_balanced"] == ub["mfu"]
+    assert abs(acc["exposed_comm_share_balanced_after"] - ua["comm_ms"] / ua["step_ms"]) < 1e-12
     assert res["config"]["grad_sync"] == "overlap"
     m = res["machine"]
     assert m["cpu_model"] and m["cores"] >= 1 and "mkl_kernels" in m
