@@ -826,6 +826,9 @@ def _profile_summary(profs, mm, h, ffn, L):
     return {"way": "unpadded_balanced", "grad_sync": profs[0]["grad_sync"], "steps_per_rank": profs[0]["steps"],
             "ms_per_step": per_step, "achieved": achieved, "shares": shares, "profiled_step_ms": total,
             "timer_step_ms": float(np.mean([p["timer_step_ms"] for p in profs])),
+            # the profiled steps of the two modes train different batches: compare rates, not times
+            "useful_gflops_per_rank": float(np.mean([3 * L * layer_flops(p["tokens"], p["sumsq"], h, ffn) / p["steps"]
+                                                     / (p["timer_step_ms"] * 1e-3) / 1e9 for p in profs])),
             "grad_bytes_per_step": float(np.mean([p["grad_bytes"] for p in profs])),
             "top3": [{"category": c, "share": shares[c], "reduce_by": REDUCE_HINTS.get(c, "")} for c in top3]}
 

@@ -241,7 +241,9 @@ def targets():
         if not m and k in gem:
             m = {"cpu_model": gem[k][0]["config"]["cpu"]["model"]}
         load = (e2e[k][0].get("machine") or {}).get("loadavg") if k in e2e else None
-        text = f"{m.get('cpu_model', '?')}; {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
+        cpu = gem[k][0]["config"]["cpu"] if k in gem else {}
+        ident = f" (family {cpu['family']} model {cpu['model_id']})" if cpu.get("family") is not None else ""
+        text = f"{m.get('cpu_model', '?')}{ident}; {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
         if load:
             text += f"; load {'/'.join(f'{x:.1f}' for x in load)} at the end of the end-to-end job"
         return text
@@ -728,8 +730,8 @@ def e2e():
             ua = ways["unpadded_balanced_after"]
             lines[-1] += (f" With the gradients reduced after the backward instead (`unpadded_balanced_after`): MFU "
                           f"{100 * a['mfu_balanced_after']:.1f}%, exposed communication {ua['comm_ms']:.0f} ms = "
-                          f"{100 * a['exposed_comm_share_balanced_after']:.1f}% of its step -- on CPU ranks that keep "
-                          "every core busy, the overlap's thread takes its cycles from the compute.")
+                          f"{100 * a['exposed_comm_share_balanced_after']:.1f}% of its step (on CPU ranks that keep every "
+                          "core busy, what the overlap hides is paid partly in compute: its thread shares the cores).")
         lines += [""]
     lines += _plot("e2e_throughput.png", "End-to-end tokens/s per way (real tokens)", "way", "tokens/s",
                    [("tokens/s", list(range(len(ways))), [x["tokens_per_s"] for x in ways.values()])],
@@ -745,6 +747,9 @@ def e2e():
                   "ranks:", ""]
         rows = [[k] + [f"{profs[m]['ms_per_step'].get(k, 0.0):.1f}" for m in ("serial", "overlap")] for k in cats]
         rows.append(["**step (timer)**"] + [f"**{profs[m]['timer_step_ms']:.0f}**" for m in ("serial", "overlap")])
+        if all("useful_gflops_per_rank" in profs[m] for m in ("serial", "overlap")):
+            rows.append(["useful GFLOP/s per rank (the steps train different batches)"]
+                        + [f"{profs[m]['useful_gflops_per_rank']:.0f}" for m in ("serial", "overlap")])
         rows.append(["gradient bytes sent per step (MB)"] + [f"{profs[m]['grad_bytes_per_step'] / 1e6:.1f}"
                                                              for m in ("serial", "overlap")])
         lines += _table(["category", "before: flat all-reduce after the backward", "after: GradientAllReduce"],

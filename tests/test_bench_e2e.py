@@ -107,6 +107,7 @@ def test_profiles_before_and_after_and_the_exposed_communication(quick_run, nati
     assert set(profiles) == {"overlap", "serial"} and res["profile"] == profiles["overlap"]
     for mode, p in profiles.items():
         assert p["grad_sync"] == mode and p["ms_per_step"].get("gradient all-reduce", 0.0) > 0.0
+        assert p["useful_gflops_per_rank"] > 0.0
     # the serial all-reduce sends every gradient; by rows the word-embedding table sends only used rows
     assert profiles["overlap"]["grad_bytes_per_step"] < profiles["serial"]["grad_bytes_per_step"]
     ub = res["ways"]["unpadded_balanced"]
