@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
 import time
 
@@ -153,8 +154,6 @@ def result_path(name):
 
 def kind_of_vendor(vendor):
     """``intel`` / ``amd`` / the lower-cased CPU vendor string."""
-    import re
-
     vendor = vendor or platform.machine()
     return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor, re.sub(r"[^a-z0-9]+", "_", vendor.lower()))
 

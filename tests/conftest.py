@@ -2,6 +2,7 @@
 
 * Thread count: ``OMP_NUM_THREADS`` defaults to 2 (these machines have 2 cores); set it
   before running pytest to override. It must be set before paddle is imported.
+* ``report``: ``benchmarks/report.py`` reading its result files from the test's ``tmp_path``.
 * ``native_ops``: for tests of compiled code. When the native FMHA op is not loaded, the
   test is skipped locally (with the reason) but FAILS under CI (env ``CI`` = true/1/yes),
   so a broken build can never pass as a row of skips.
@@ -37,3 +38,17 @@ def native_ops():
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def report(tmp_path):
+    """``benchmarks/report.py`` reading its result files from ``tmp_path``."""
+    sys.path.insert(0, os.path.join(_ROOT, "benchmarks"))
+    try:
+        import report as mod
+    finally:
+        sys.path.pop(0)
+    old = mod.RESULTS
+    mod.RESULTS = str(tmp_path)
+    yield mod
+    mod.RESULTS = old

@@ -109,7 +109,7 @@ def test_bench_gemm_quick(tmp_path):
 
 
 @pytest.mark.dist
-def test_bench_demo_seeds_smoke(tmp_path):
+def test_bench_demo_seeds_smoke(tmp_path, report):
     """Two tiny seed pairs (dropout 0.1 and 0) of the demo's jobs: a complete JSON whose
     differences are the accuracies' differences, and the report renders it."""
     out = tmp_path / "demo_seeds.json"
@@ -126,15 +126,5 @@ def test_bench_demo_seeds_smoke(tmp_path):
         assert 0.0 <= p["stock"] <= 1.0 and 0.0 <= p["unpadded"] <= 1.0
         assert p["diff"] == p["unpadded"] - p["stock"]
     assert set(res["summary"]) == {"0.1", "0.0"} and res["summary"]["0.1"]["pairs"] == 1
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import report
-    finally:
-        sys.path.pop(0)
-    old = report.RESULTS
-    report.RESULTS = str(tmp_path)
-    try:
-        text = "\n".join(report.demo_seeds())
-    finally:
-        report.RESULTS = old
+    text = "\n".join(report.demo_seeds())
     assert "| 3 | 0.1 |" in text and "| 3 | 0.0 |" in text and "Dropout 0.1: 1 pairs" in text
