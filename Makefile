@@ -95,7 +95,8 @@ GPU_STAGE_TESTS := tests/test_paddle_compat.py tests/test_fmha.py tests/test_fmh
 	tests/test_fused_ops.py tests/test_layers.py tests/test_convert.py tests/test_convert_args.py \
 	tests/test_export_load.py tests/test_collate.py tests/test_balance.py tests/test_trainer.py \
 	tests/test_philox.py tests/test_build.py tests/test_config.py tests/test_cpu_gemm.py tests/test_fleet.py \
-	tests/test_grad_sync.py tests/test_gloo_groups.py tests/test_host_malloc.py
+	tests/test_grad_sync.py tests/test_gloo_groups.py tests/test_host_malloc.py \
+	tests/test_bucketed_attention.py
 test-paddle-gpu:
 	$(MAKE) setup PADDLE=gpu VENV=$(GPU_VENV)
 	OMP_NUM_THREADS=$(THREADS) $(GPU_VENV)/bin/python -m pytest -q -rs $(GPU_STAGE_TESTS)
@@ -109,6 +110,7 @@ demo: setup
 bench: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_attention.py --threads $(THREADS)
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_fused_ops.py
+	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_fp32_attention.py --threads $(THREADS)
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_encoder.py
 	OMP_NUM_THREADS=1 $(VPY) benchmarks/bench_balance.py
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_gemm.py

@@ -7,6 +7,8 @@ CUDA events (median of --iters after warm-up), forward and forward+backward:
 * ``bias_gelu``  ours vs ``gelu(x + bias)`` (torch: two kernels, autograd backward)
 * ``bdrln``      ours (dropout 0.1) vs ``layer_norm(residual + dropout(x + bias))``
                  (torch: dropout with its own generator, so only the speed is comparable)
+* ``bdrln_amp_o1`` the same with AMP O1's dtypes: half x and bias, float32 residual, y and
+                 LayerNorm parameters
 
 GB/s count the bytes a fused kernel must move at least (each tensor read or written
 once; vectors and mean/rstd ignored), for both sides, so the ratio is a time ratio.
@@ -61,17 +63,22 @@ def gelu_case(torch, harness, rows, cols, dt, warmup, iters):
                    fwd_bytes, fb_bytes, warmup, iters)
 
 
-def bdrln_case(torch, harness, rows, cols, dt, warmup, iters):
+def bdrln_case(torch, harness, rows, cols, dt, warmup, iters, residual_dt=None, ln_dt=None):
+    """residual_dt / ln_dt: AMP O1's mix (float32 residual stream and LayerNorm parameters next
+    to a half GEMM output); default: x's dtype."""
+    rdt, wdt = residual_dt or dt, ln_dt or dt
     g = torch.Generator(device="cuda").manual_seed(1)
-    x, res, dy = (torch.randn(rows, cols, device="cuda", generator=g).to(dt) for _ in range(3))
-    bias, w, b = (torch.randn(cols, device="cuda", generator=g).to(dt) for _ in range(3))
-    y, dx, dres = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    x = torch.randn(rows, cols, device="cuda", generator=g).to(dt)
+    res, dy = (torch.randn(rows, cols, device="cuda", generator=g).to(rdt) for _ in range(2))
+    bias = torch.randn(cols, device="cuda", generator=g).to(dt)
+    w, b = (torch.randn(cols, device="cuda", generator=g).to(wdt) for _ in range(2))
+    y, dx, dres = torch.empty_like(res), torch.empty_like(x), torch.empty_like(res)
     mean, rstd = torch.empty(rows, device="cuda"), torch.empty(rows, device="cuda")
-    db, dw, dlb = torch.empty_like(bias), torch.empty_like(bias), torch.empty_like(bias)
+    db, dw, dlb = torch.empty_like(bias), torch.empty_like(w), torch.empty_like(w)
     ws = torch.empty(harness.lib.pu_bdrln_bwd_workspace_bytes(rows, cols) // 4 + 1, device="cuda")
-    elem = x.element_size()
+    ex, er = x.element_size(), res.element_size()
     # fwd: x, residual, y; bwd: x, residual, dy, dx, dresidual
-    fwd_bytes, fb_bytes = 3 * rows * cols * elem, 8 * rows * cols * elem
+    fwd_bytes, fb_bytes = rows * cols * (ex + 2 * er), rows * cols * (2 * ex + 6 * er)
     kw = dict(dropout=P_DROP, epsilon=1e-12, seed=1234, offset=5)
 
     def ours_f():
@@ -86,8 +93,8 @@ def bdrln_case(torch, harness, rows, cols, dt, warmup, iters):
 
     def torch_y():
         xt, bt, rt, wt, lbt = leaves
-        h = torch.nn.functional.dropout(xt + bt, P_DROP, training=True)
-        return torch.nn.functional.layer_norm(rt + h, (cols,), wt, lbt, 1e-12)
+        h = torch.nn.functional.dropout(xt + bt, P_DROP, training=True).to(rdt)
+        return torch.nn.functional.layer_norm(rt + h, (cols,), wt.to(rdt), lbt.to(rdt), 1e-12)
 
     def torch_f():
         with torch.no_grad():
@@ -143,6 +150,8 @@ def main():
                 "rows": rows, "hidden": hidden, "intermediate": inter,
                 "bias_gelu": gelu_case(torch, harness, rows, inter, dt, args.warmup, args.iters),
                 "bdrln": bdrln_case(torch, harness, rows, hidden, dt, args.warmup, args.iters),
+                "bdrln_amp_o1": bdrln_case(torch, harness, rows, hidden, dt, args.warmup, args.iters,
+                                           residual_dt=torch.float32, ln_dt=torch.float32),
             }
             print(json.dumps({key: result["cases"][key]}, indent=1), flush=True)
     result["seconds"] = time.time() - t0

@@ -328,6 +328,31 @@ def fused():
     return lines + _table(["op", "shape", "dropout", "pass", "fused ms", "unfused ms", "speedup", "fused GB/s"], rows)
 
 
+def fp32_attention():
+    d, when = _newest("fp32_attention")
+    if d is None:
+        return []
+    lines = _header("float32 attention without a kernel (GPU float32: bucketed plain-Paddle attention)",
+                    "OMP_NUM_THREADS=2 python benchmarks/bench_fp32_attention.py", d, when,
+                    f"Threads {d['threads']} on every side.")
+    lines += ["Where no kernel takes the tensors (float32 on a GPU, see [gpu.md](gpu.md#training-modes)), `fmha` "
+              "runs `paddle_unpad.bucketed_attention`: length buckets, each padded to its own longest sequence. "
+              "Work per batch relative to the real tokens' (`sum s^2`; the stock model pads to the batch "
+              "maximum), attention's share of one encoder layer's FLOPs, and float32 forward+backward on this "
+              "CPU with Paddle's ops (12 heads of 32, one batch):", ""]
+    rows = []
+    for name, e in d["distributions"].items():
+        t, base = e["cpu_fp32_fwd_bwd"], e["share_of_layer_flops"]["bert-base (h=768)"]
+        rows.append([name, f"{e['bucketed_over_useful']:.2f}x", f"{e['batch_max_over_useful']:.2f}x",
+                     f"{base['packed']:.1%} / {base['bucketed']:.1%} / {base['stock']:.1%}",
+                     f"{t['ms']['packed_kernel']:.0f}", f"{t['ms']['bucketed']:.0f}", f"{t['ms']['stock_batch_max']:.0f}",
+                     f"{t['bucketed_vs_stock']:.2f}x"])
+    lines += _table(["lengths", "bucketed work", "stock work", "share of a BERT-base layer: packed / bucketed / stock",
+                     "CPU kernel ms", "bucketed ms", "stock ms", "stock / bucketed"], rows)
+    return lines + ["On a CPU, Paddle's element-wise passes over the score tensors (scale, mask, softmax) dominate "
+                    "both padded paths; the CPU kernel, which never materialises them, is what runs there.", ""]
+
+
 def balance():
     d, when = _newest("balance")
     if d is None:
@@ -840,10 +865,11 @@ def main():
              "[end-to-end training five ways + profile](#end-to-end-fleetrun-training-five-ways-side-by-side), "
              "[attention](#attention-fmha-packed-vs-paddles-padded-attention), "
              "[fused ops](#fused-encoder-ops-vs-the-unfused-paddle-sequence), "
+             "[float32 attention without a kernel](#float32-attention-without-a-kernel-gpu-float32-bucketed-plain-paddle-attention), "
              "[encoder step and scaling](#encoder-training-step-converted-vs-original-paddlenlp-model), "
              "[load balance](#load-balance), [GEMM speed on AMD and Intel hosts](#gemm-speed-on-amd-and-intel-hosts), "
              "[GPU](#gpu).", ""]
-    for section in (targets, demo, e2e, attention, fused, encoder, balance, gemm):
+    for section in (targets, demo, e2e, attention, fused, fp32_attention, encoder, balance, gemm):
         parts += section()
     parts += ["## GPU", "", "No GPU figures yet: the CUDA kernels compile in CI but have not run on a GPU "
               "(see [gpu.md](gpu.md); `benchmarks/gpu_check.sh` produces them on one).", ""]

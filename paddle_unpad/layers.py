@@ -19,8 +19,8 @@ parameters and checkpoints keep their layout.
 
 The element-wise pieces go through the fused operators of :mod:`paddle_unpad.ops`
 (``bias_gelu``, ``bias_dropout_residual_layer_norm``; each runs its compiled kernel or its
-plain-Paddle reference, see ``paddle_unpad.ops_available()``), except where their inputs
-do not fit them (another activation, mixed dtypes under AMP): those run as plain Paddle ops.
+plain-Paddle reference, see ``paddle_unpad.ops_available()``) in every training mode (float32,
+AMP O1 and O2); an activation other than exact GELU runs as plain Paddle ops.
 
 Public API:
 
@@ -54,8 +54,9 @@ __all__ = [
 
 
 def bias_act(x, bias, activation):
-    """``activation(x + bias)``; exact GELU with a bias of x's dtype goes through ``ops.bias_gelu``."""
-    if activation is F.gelu and bias is not None and bias.dtype == x.dtype:
+    """``activation(x + bias)``; exact GELU goes through ``ops.bias_gelu`` (which takes AMP's
+    dtypes: a float32 bias next to a half x is cast to x's dtype, as AMP casts a linear bias)."""
+    if activation is F.gelu and bias is not None:
         return _ops.bias_gelu(x, bias)
     if bias is not None:
         x = x + bias
@@ -63,16 +64,12 @@ def bias_act(x, bias, activation):
 
 
 def bias_dropout_residual_layer_norm(x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training):
-    """``LayerNorm(residual + dropout(x + bias))`` over the last axis (upscale-in-train dropout)."""
+    """``LayerNorm(residual + dropout(x + bias))`` over the last axis (upscale-in-train dropout),
+    by ``ops.bias_dropout_residual_layer_norm`` whatever dtypes AMP hands over (a half x with
+    the float32 residual and LayerNorm parameters of O1, half ones of O2; see its rules)."""
     p = float(dropout) if training else 0.0
-    if all(t is None or t.dtype == x.dtype for t in (residual, bias, ln_weight, ln_bias)):
-        # (mixed dtypes, e.g. under AMP, take the plain path below, which Paddle's AMP casts)
-        return _ops.bias_dropout_residual_layer_norm(x, bias, residual, ln_weight, ln_bias, dropout=p,
-                                                     epsilon=float(epsilon), training=bool(training))
-    y = x + bias if bias is not None else x
-    if p > 0.0:
-        y = F.dropout(y, p=p, training=True, mode="upscale_in_train")
-    return F.layer_norm(residual + y, [y.shape[-1]], weight=ln_weight, bias=ln_bias, epsilon=float(epsilon))
+    return _ops.bias_dropout_residual_layer_norm(x, bias, residual, ln_weight, ln_bias, dropout=p,
+                                                 epsilon=float(epsilon), training=bool(training))
 
 
 def qkv_weight_and_bias(self_attn):

@@ -6,6 +6,7 @@ references are written for clarity, not speed; tests compare the two.
 """
 import math
 import numbers
+import warnings
 
 import numpy as np
 import paddle
@@ -14,12 +15,13 @@ from . import _native, config
 from . import _paddle_compat as _compat
 # The op rules as data, in a module without imports: tests/gpu read it where Paddle is missing.
 from ._op_rules import (FMHA_GPU_TOLERANCE, FMHA_SUPPORT, FMHA_TOLERANCE, FUSED_OPS_GPU_TOLERANCE,
-                        FUSED_OPS_SUPPORT, FUSED_OPS_TOLERANCE)
+                        FUSED_OPS_SUPPORT, FUSED_OPS_TOLERANCE, MODEL_TOLERANCE)
+from .bucketed_attention import bucketed_attention
 from .philox import attention_keep_mask, rowwise_keep_mask
 from .varlen import check_cu_seqlens
 
 __all__ = ["fmha", "fmha_reference", "fmha_qkvpacked", "fmha_qkvpacked_reference", "ops_available", "FMHA_SUPPORT",
-           "FMHA_TOLERANCE", "FMHA_GPU_TOLERANCE"]
+           "FMHA_TOLERANCE", "FMHA_GPU_TOLERANCE", "MODEL_TOLERANCE"]
 
 
 def ops_available():
@@ -86,27 +88,48 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha")
     in_name, hd_name = ("q/k/v", "q.shape[2]") if op == "fmha" else ("qkv", "qkv.shape[3]")
     if d is not None and d == 0:
         raise ValueError(f"{op}: head size {hd_name} must be >= 1, got {d}")
-    device = _fmha_kernel_device(q)
-    if device is not None:
-        rules = FMHA_SUPPORT[device]
+    if _on_cpu(q):  # the CPU kernel is the only CPU path: its rules are the op's rules there
+        rules = FMHA_SUPPORT["cpu"]
         if d is not None and d > 0 and d not in rules["head_dim"]:
-            raise ValueError(f"{op}: head size ({hd_name}) {d} is not supported on {device.upper()}: "
+            raise ValueError(f"{op}: head size ({hd_name}) {d} is not supported on CPU: "
                              f"supported are {_sizes_in_words(rules['head_dim'])}")
         if _dtype_name(q) not in rules["dtypes"]:
-            raise TypeError(f"{op}: {in_name} dtype {_dtype_name(q)} is not supported on {device.upper()} "
+            raise TypeError(f"{op}: {in_name} dtype {_dtype_name(q)} is not supported on CPU "
                             f"(supported: {', '.join(rules['dtypes'])})")
+    elif not _is_floating(q):
+        raise TypeError(f"{op}: {in_name} dtype {_dtype_name(q)} is not a floating-point dtype")
     # cu_seqlens' values are checked where they are read, by the same rules in the same words:
     # by the native op (C++), or by _fmha_reference. Reading them here as well would be one
     # more host read per call, which a model forward on packed inputs does not make.
     _compat.refuse_empty(op, "q", q)
 
 
-def _fmha_kernel_device(q):
-    """Whose rules (FMHA_SUPPORT) apply to q: "cpu", "gpu", or None where no fmha kernel
-    exists for q's device in this build and the plain-Paddle reference takes any dtype."""
-    if _on_cpu(q):
-        return "cpu"  # the reference follows the kernel's rules there too, loaded or not
-    return "gpu" if _native_ok("pu_fmha", q) else None
+def _fmha_gpu_kernel_refusal(q):
+    """Off the CPU: None when the CUDA fmha kernel takes q, else why not (in words). Where it
+    does not, fmha runs :func:`paddle_unpad.bucketed_attention.bucketed_attention`."""
+    if not _native_ok("pu_fmha", q):
+        return "this build of paddle_unpad has no CUDA kernels" if _native.has_op("pu_fmha") else \
+            "the compiled operators are not loaded"
+    rules, dtype, d = FMHA_SUPPORT["gpu"], _dtype_name(q), q.shape[2]
+    if dtype not in rules["dtypes"]:
+        return (f"the CUDA kernel takes {' and '.join(rules['dtypes'])}, not {dtype} "
+                f"(AMP, e.g. paddle.amp.auto_cast(), is the fast path)")
+    if d not in rules["head_dim"]:
+        return f"the CUDA kernel takes head sizes {_sizes_in_words(rules['head_dim'])}, not {d}"
+    return None
+
+
+_warned = set()
+
+
+def _warn_once(key, message):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _is_floating(t):
+    return t.dtype in (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 
 
 def _sizes_in_words(sizes):
@@ -190,8 +213,11 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     padding is stored or computed.
 
     Args:
-        q, k, v: [T, H, D] float32 on CPU (float16/bfloat16 on GPU builds), the tokens
-            of all sequences packed back to back; T = cu_seqlens[-1].
+        q, k, v: [T, H, D] of one dtype, the tokens of all sequences packed back to back;
+            T = cu_seqlens[-1]. CPU: float32 (the CPU kernel). GPU: float16 / bfloat16 with
+            head size 32, 64 or 128 run the CUDA kernel; anything else (float32 without AMP,
+            other head sizes) runs :func:`paddle_unpad.bucketed_attention.bucketed_attention`,
+            plain Paddle ops over length buckets, with one warning saying why.
         cu_seqlens: [B + 1] int32 on the CPU: 0, then prefix sums of the lengths.
             Zero-length sequences are allowed and produce nothing.
         max_seqlen: Python int >= the longest sequence (a host value: no device sync).
@@ -201,7 +227,8 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
         training: dropout is applied only when True.
         rng_state: ``(seed, offset)`` ints or a [2] int64 CPU tensor fixing the Philox
             stream of the dropout mask; default: drawn from Paddle's generator, so
-            ``paddle.seed(n)`` makes runs reproducible.
+            ``paddle.seed(n)`` makes runs reproducible. (The plain-Paddle GPU path drops
+            with ``paddle.nn.functional.dropout`` unless ``rng_state`` is given.)
         grouping: how the GPU kernels are launched (the CPU kernel ignores it). True:
             the sequences are bucketed by length and each bucket is launched with the
             tile configuration that suits it, on a small pool of CUDA streams joined back
@@ -220,18 +247,27 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     d = q.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
-    rng = _rng_state_tensor(rng_state, q) if p > 0.0 else None
-    if _native_ok("pu_fmha", q):
+    on_cpu = _on_cpu(q)
+    refusal = None if on_cpu else _fmha_gpu_kernel_refusal(q)
+    if _native_ok("pu_fmha", q) and refusal is None:
+        rng = _rng_state_tensor(rng_state, q) if p > 0.0 else None
         out, _lse = _call_native(
             "pu_fmha", q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p, grouping
         )
         return out
     if not paddle.in_dynamic_mode():
         raise RuntimeError(
-            "fmha: the compiled operator is needed inside paddle.jit.to_static (the reference "
-            "implementation reads cu_seqlens on the host); see paddle_unpad._native.info()"
+            "fmha: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle "
+            f"attention reads cu_seqlens on the host){'' if refusal is None else ', and ' + refusal}; "
+            "see paddle_unpad._native.info()"
         )
-    return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
+    if on_cpu:
+        rng = _rng_state_tensor(rng_state, q) if p > 0.0 else None
+        return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
+    _warn_once(("fmha", refusal), f"fmha: {refusal}; attention runs as plain Paddle ops over length buckets "
+                                  "(paddle_unpad.bucketed_attention, slower). This warning is shown once.")
+    rng = _rng_state_tensor(rng_state, q) if p > 0.0 and rng_state is not None else None
+    return bucketed_attention(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
 
 
 def fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
@@ -285,14 +321,29 @@ def _check_qkvpacked_args(qkv, bias):
         if list(bias.shape) != [3] + list(qkv.shape[2:]):
             raise ValueError(f"fmha_qkvpacked: bias must have shape [3, heads, head_dim] = "
                              f"{[3] + list(qkv.shape[2:])}, got {list(bias.shape)}")
-        if bias.dtype != qkv.dtype:
-            raise TypeError(f"fmha_qkvpacked: bias dtype {_dtype_name(bias)} differs from qkv dtype "
-                            f"{_dtype_name(qkv)}")
+        if not _is_floating(bias):
+            raise TypeError(f"fmha_qkvpacked: bias dtype {_dtype_name(bias)} is not a floating-point dtype")
+        _check_mixable("fmha_qkvpacked", "bias", bias, qkv, "qkv")
 
 
 def _split_qkv(qkv, bias):
-    x = qkv if bias is None else qkv + bias
+    x = qkv if bias is None else qkv + _like_x(bias, qkv)
     return paddle.unbind(x, axis=1)
+
+
+def _like_x(bias, x):
+    """The bias in x's dtype, as AMP hands a GEMM's bias to its fused epilogue (and Paddle's own
+    fused ops cast it): under O1 the parameter is float32 next to a half activation."""
+    return bias if bias.dtype == x.dtype else bias.astype(x.dtype)
+
+
+def _check_mixable(op, name, t, x, x_name="x"):
+    """AMP mixes float16 / bfloat16 / float32; a float64 next to another dtype is a mistake
+    (casting it would silently drop precision), refused here naming both."""
+    if t is not None and t.dtype != x.dtype and paddle.float64 in (t.dtype, x.dtype):
+        raise TypeError(f"{op}: {name} dtype {_dtype_name(t)} differs from {x_name} dtype {_dtype_name(x)} "
+                        "(mixed dtypes are lined up among float16, bfloat16 and float32, as AMP makes them; "
+                        "float64 only with every tensor float64)")
 
 
 @_host_only
@@ -312,7 +363,8 @@ def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=No
             of every token side by side, as ``x @ concat(Wq, Wk, Wv)`` reshaped.
         cu_seqlens, max_seqlen, dropout, scale, training, rng_state, grouping: as for
             :func:`fmha` (``grouping`` applies where the split path runs on a GPU).
-        bias: [3, H, D] (bq, bk, bv) of qkv's dtype, or None.
+        bias: [3, H, D] (bq, bk, bv), or None. A bias of another floating dtype (a float32
+            parameter under AMP O1) is cast to qkv's dtype, as AMP casts a GEMM's bias.
     Returns:
         out: [T, H, D], same dtype as qkv. Differentiable w.r.t. qkv and bias.
     Raises:
@@ -331,8 +383,7 @@ def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=No
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
     rng = _rng_state_tensor(rng_state, qkv) if p > 0.0 else None
-    if bias is None:
-        bias = paddle.zeros([3] + list(qkv.shape[2:]), dtype=qkv.dtype)
+    bias = paddle.zeros([3] + list(qkv.shape[2:]), dtype=qkv.dtype) if bias is None else _like_x(bias, qkv)
     out, _lse = _call_native("pu_fmha_qkv", qkv, bias, cu_seqlens, rng, int(max_seqlen), scale, p)
     return out
 
@@ -398,14 +449,15 @@ def _same_place(a, b):
 
 @_host_only
 def _check_feature_vector(op, name, t, x):
-    """t must be a 1-D [F] tensor (F = x.shape[-1]) with x's dtype and place."""
+    """t must be a floating 1-D [F] tensor (F = x.shape[-1]) on x's place (its dtype is lined
+    up with x's by :func:`_like_x` / :func:`_bdrln_dtypes`)."""
     if not _is_tensor(t):
         raise TypeError(f"{op}: {name} must be a paddle.Tensor or None, got {type(t).__name__}")
     f = x.shape[-1]
     if len(t.shape) != 1 or (_known(f) and _known(t.shape[0]) and t.shape[0] != f):
         raise ValueError(f"{op}: {name} must be 1-D [{f}] (F = x.shape[-1]), got shape {list(t.shape)}")
-    if t.dtype != x.dtype:
-        raise TypeError(f"{op}: {name} dtype {_dtype_name(t)} differs from x dtype {_dtype_name(x)}")
+    if not _is_floating(t):
+        raise TypeError(f"{op}: {name} dtype {_dtype_name(t)} is not a floating-point dtype")
     if not _same_place(t, x):
         raise ValueError(f"{op}: {name} is on {t.place} but x is on {x.place}")
 
@@ -447,6 +499,7 @@ def _check_bias_gelu_args(x, bias):
     _check_x("bias_gelu", x)
     if bias is not None:
         _check_feature_vector("bias_gelu", "bias", bias, x)
+        _check_mixable("bias_gelu", "bias", bias, x)
 
 
 @_host_only
@@ -460,7 +513,8 @@ def bias_gelu(x, bias):
         x: [..., F] float32 on CPU; float16, bfloat16 or float32 on GPU (builds with
             CUDA; fp32 arithmetic). Typically the packed ``[T, intermediate_size]``
             output of the first FFN GEMM, without its bias. ``T = 0`` is allowed.
-        bias: [F], same dtype and device as x; ``None`` means no bias.
+        bias: [F] on x's device; ``None`` means no bias. Another floating dtype (a float32
+            parameter under AMP O1) is cast to x's dtype, as AMP casts a linear layer's bias.
     Returns:
         y: same shape and dtype as x. Differentiable w.r.t. x and bias (the bias gradient
         is a column sum reduced in a fixed order: reruns and thread counts give
@@ -469,23 +523,33 @@ def bias_gelu(x, bias):
         TypeError / ValueError naming the argument and value for bad input.
     """
     _check_bias_gelu_args(x, bias)
-    if bias is None:
-        bias = _filled_vector(x, 0.0)
+    bias = _filled_vector(x, 0.0) if bias is None else _like_x(bias, x)
     if _native_ok("pu_bias_gelu", x):
         return _call_native("pu_bias_gelu", x, bias)[0]
     return _bias_gelu_reference(x, bias)
 
 
 def bias_gelu_reference(x, bias):
-    """Plain-Paddle ``bias_gelu``: ``paddle.nn.functional.gelu(x + bias, approximate=False)``."""
+    """Plain-Paddle ``bias_gelu``: ``paddle.nn.functional.gelu(x + bias, approximate=False)``,
+    computed in float32 (float64 if x is) and rounded once to x's dtype, as the kernels do."""
     _check_bias_gelu_args(x, bias)
-    if bias is None:
-        bias = _filled_vector(x, 0.0)
+    bias = _filled_vector(x, 0.0) if bias is None else _like_x(bias, x)
     return _bias_gelu_reference(x, bias)
 
 
 def _bias_gelu_reference(x, bias):
-    return paddle.nn.functional.gelu(x + bias, approximate=False)
+    wide = _wide_dtype(x)
+    y = paddle.nn.functional.gelu(_as(x, wide) + _as(bias, wide), approximate=False)
+    return _as(y, x.dtype)
+
+
+def _wide_dtype(*ts):
+    """float64 if any tensor is, else float32: the references' arithmetic, as the kernels'."""
+    return paddle.float64 if any(t.dtype == paddle.float64 for t in ts) else paddle.float32
+
+
+def _as(t, dtype):
+    return t if t.dtype == dtype else t.astype(dtype)
 
 
 @_host_only
@@ -497,8 +561,6 @@ def _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon):
     rs, xs = list(residual.shape), list(x.shape)
     if len(rs) != len(xs) or any(_known(a) and _known(b) and a != b for a, b in zip(rs, xs)):
         raise ValueError(f"{op}: residual shape {rs} differs from x shape {xs}")
-    if residual.dtype != x.dtype:
-        raise TypeError(f"{op}: residual dtype {_dtype_name(residual)} differs from x dtype {_dtype_name(x)}")
     if not _same_place(residual, x):
         raise ValueError(f"{op}: residual is on {residual.place} but x is on {x.place}")
     for name, t in (("bias", bias), ("ln_weight", ln_weight), ("ln_bias", ln_bias)):
@@ -512,6 +574,8 @@ def _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon):
         math.isfinite(float(epsilon)) and float(epsilon) > 0.0
     ):
         raise ValueError(f"{op}: epsilon must be a finite number > 0, got {epsilon!r}")
+    for name, t in (("residual", residual), ("bias", bias), ("ln_weight", ln_weight), ("ln_bias", ln_bias)):
+        _check_mixable(op, name, t, x)
 
 
 @_host_only
@@ -533,9 +597,12 @@ def bias_dropout_residual_layer_norm(
         x: [..., F] float32 on CPU; float16, bfloat16 or float32 on GPU (builds with
             CUDA; fp32 arithmetic, mean and 1/std kept in fp32). Typically ``[T, hidden]``.
             ``T = 0`` is allowed.
-        bias: [F] or None (no bias), same dtype and device as x.
-        residual: same shape, dtype and device as x.
-        ln_weight, ln_bias: [F] or None (ones / zeros), the LayerNorm affine parameters.
+        bias: [F] or None (no bias), on x's device; cast to x's dtype when it differs (as
+            AMP casts a linear layer's bias).
+        residual: x's shape and device; x's dtype, or float32 next to a half x (AMP O1's
+            float32 residual stream). A half residual next to a float32 x is cast up.
+        ln_weight, ln_bias: [F] or None (ones / zeros), the LayerNorm affine parameters:
+            x's dtype or float32 (AMP keeps them float32); any other is cast to float32.
         dropout: drop probability of ``x + bias`` in [0, 1), applied when ``training``;
             kept values are scaled by ``1 / (1 - dropout)`` (``upscale_in_train``).
         epsilon: > 0, added to the variance; PaddleNLP BERT uses 1e-12.
@@ -544,12 +611,14 @@ def bias_dropout_residual_layer_norm(
             mask; default: drawn from Paddle's generator (``paddle.seed(n)`` makes runs
             reproducible), as for :func:`fmha`.
     Returns:
-        y: same shape and dtype as x. Differentiable w.r.t. x, bias, residual, ln_weight
-        and ln_bias (vector gradients are column sums reduced in a fixed order).
+        y: x's shape; the residual's dtype after the rule above (x's, or float32 when the
+        residual is float32 -- Paddle's promotion of ``residual + dropout(...)``). Differentiable
+        w.r.t. x, bias, residual, ln_weight and ln_bias (vector gradients are column sums
+        reduced in a fixed order).
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
-    bias, ln_weight, ln_bias, p, rng = _bdrln_prepare(
+    x, bias, residual, ln_weight, ln_bias, p, rng = _bdrln_prepare(
         x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state)
     if _native_ok("pu_bias_dropout_residual_layer_norm", x):
         y, _mean, _rstd = _call_native(
@@ -574,24 +643,52 @@ def bias_dropout_residual_layer_norm_reference(
     Same arguments and result as :func:`bias_dropout_residual_layer_norm`. With dropout,
     eager mode only.
     """
-    bias, ln_weight, ln_bias, p, rng = _bdrln_prepare(
+    x, bias, residual, ln_weight, ln_bias, p, rng = _bdrln_prepare(
         x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state)
     return _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, float(epsilon), rng)
 
 
 @_host_only
 def _bdrln_prepare(x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state):
-    """Checks, default vectors (None: zeros / ones / zeros), effective p and the Philox state."""
+    """Checks, dtypes lined up (:func:`_bdrln_dtypes`), default vectors (None: zeros / ones /
+    zeros), effective p and the Philox state."""
     _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon)
-    bias = _filled_vector(x, 0.0) if bias is None else bias
-    ln_weight = _filled_vector(x, 1.0) if ln_weight is None else ln_weight
-    ln_bias = _filled_vector(x, 0.0) if ln_bias is None else ln_bias
+    y_dtype, ln_dtype = _bdrln_dtypes(x, residual, ln_weight, ln_bias)
+    residual = _as(residual, y_dtype)
+    bias = _filled_vector(x, 0.0) if bias is None else _like_x(bias, x)
+    ln_weight = paddle.full([x.shape[-1]], 1.0, dtype=ln_dtype) if ln_weight is None else _as(ln_weight, ln_dtype)
+    ln_bias = paddle.full([x.shape[-1]], 0.0, dtype=ln_dtype) if ln_bias is None else _as(ln_bias, ln_dtype)
     p = float(dropout) if training else 0.0
     rng = _rng_state_tensor(rng_state, x) if p > 0.0 else None
-    return bias, ln_weight, ln_bias, p, rng
+    return x, bias, residual, ln_weight, ln_bias, p, rng
+
+
+def _bdrln_dtypes(x, residual, ln_weight, ln_bias):
+    """``(y dtype, LayerNorm parameter dtype)`` for the tensors AMP hands over, by Paddle's
+    rules for the ops this one fuses:
+
+    * y (and the residual) take x's dtype when the residual has it, else float32 -- Paddle's
+      promotion of ``residual + dropout(linear(h))``: under O1 a half GEMM output meets the
+      float32 residual stream, and LayerNorm keeps the sum's float32;
+    * the LayerNorm parameters keep their dtype when it is x's or float32 (O1 and O2 leave
+      them float32; LayerNorm takes float32 parameters next to a half input), else float32;
+    * the bias takes x's dtype (as AMP casts a linear layer's bias; :func:`_like_x`).
+
+    The kernels compute in float32 whatever the dtypes and round each output once. (float64
+    mixes are refused by the argument checks.)
+    """
+    y_dtype = x.dtype if residual.dtype == x.dtype else paddle.float32
+    given = [t.dtype for t in (ln_weight, ln_bias) if t is not None]
+    if not given:
+        return y_dtype, x.dtype  # ones / zeros stand in: exact in any dtype
+    ln_dtype = given[0] if all(d == given[0] for d in given) else paddle.float32
+    return y_dtype, ln_dtype if ln_dtype in (x.dtype, paddle.float32) else paddle.float32
 
 
 def _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, epsilon, rng):
+    y_dtype = residual.dtype
+    wide = _wide_dtype(x, residual, ln_weight)
+    x, bias, residual, ln_weight, ln_bias = (_as(t, wide) for t in (x, bias, residual, ln_weight, ln_bias))
     h = x + bias
     if p > 0.0:
         seed, offset = (int(v) for v in rng.numpy())
@@ -605,4 +702,4 @@ def _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, epsilon, rng):
     mean = u.mean(axis=-1, keepdim=True)
     centered = u - mean
     var = (centered * centered).mean(axis=-1, keepdim=True)  # biased, as LayerNorm
-    return centered * paddle.rsqrt(var + epsilon) * ln_weight + ln_bias
+    return _as(centered * paddle.rsqrt(var + epsilon) * ln_weight + ln_bias, y_dtype)

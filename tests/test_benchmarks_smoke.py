@@ -1,4 +1,4 @@
-"""Smoke test: benchmarks/bench_attention.py --quick runs and writes a complete JSON."""
+"""Smoke tests: benchmarks/bench_attention.py and bench_fp32_attention.py --quick run and write complete JSON."""
 import json
 import math
 import os
@@ -128,3 +128,24 @@ def test_bench_demo_seeds_smoke(tmp_path, report):
     assert set(res["summary"]) == {"0.1", "0.0"} and res["summary"]["0.1"]["pairs"] == 1
     text = "\n".join(report.demo_seeds())
     assert "| 3 | 0.1 |" in text and "| 3 | 0.0 |" in text and "Dropout 0.1: 1 pairs" in text
+
+
+def test_bench_fp32_attention_quick(tmp_path):
+    """benchmarks/bench_fp32_attention.py --quick: both distributions, the work counts consistent with
+    their definitions (bucketed between the real tokens' work and the batch maximum's), every side timed."""
+    out = tmp_path / "fp32_attention.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_fp32_attention.py"), "--quick",
+                        "--threads", "1", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    res = json.loads(out.read_text())
+    assert len(res["distributions"]) == 2
+    for name, e in res["distributions"].items():
+        w = e["work"]
+        assert 0 < w["useful_s2"] <= w["bucketed_s2"] <= w["batch_max_s2"], (name, w)
+        for share in e["share_of_layer_flops"].values():
+            assert 0 < share["packed"] <= share["bucketed"] <= share["stock"] < 1
+        t = e["cpu_fp32_fwd_bwd"]
+        assert all(v > 0 for v in t["ms"].values()) and set(t["ms"]) == {"packed_kernel", "bucketed", "stock_batch_max"}
+        assert max(t["max_abs_diff_vs_kernel"].values()) < 1e-4

@@ -41,7 +41,7 @@ def lib():
     """The emulated kernels and harness (tests/cuda_emu/emu_build.py), typed for the fused ops."""
     lib = emu_build.load(pytest)
     i64, i32, f32, u64, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_uint64, ctypes.c_void_p
-    gelu, ln = [i64, i64, i32, i32], [i64, i64, i32, f32, f32, u64, u64, i32]
+    gelu, ln = [i64, i64, i32, i32], [i64, i64, i32, i32, i32, f32, f32, u64, u64, i32]
     for name, args in (("pu_bias_gelu_fwd", gelu + [vp] * 4), ("pu_bias_gelu_bwd", gelu + [vp] * 7),
                        ("pu_bdrln_fwd", ln + [vp] * 9), ("pu_bdrln_bwd", ln + [vp] * 14)):
         getattr(lib, name).argtypes = args
@@ -97,14 +97,26 @@ def run_gelu(lib, rows, cols, dt, path=0):
         assert_close(dt, "out" if name == "y" else "grad", f"bias_gelu {name}", buf.values(), r)
 
 
-def run_bdrln(lib, rows, cols, dt, p, path=0, seed=cpu_tests.SEED, offset=cpu_tests.OFFSET):
-    v = {k: to_storage(a, dt) for k, a in values(rows, cols, 2).items()}
-    ins = {k: Buffer(s.shape, dt, s) for k, (s, _) in v.items()}
-    outs = {k: Buffer((rows, cols), dt) for k in ("y", "dx", "dresidual")}
-    outs.update({k: Buffer((cols,), dt) for k in ("dbias", "dln_weight", "dln_bias")})
+# bdrln's three dtypes (fused_cuda.cuh): x and bias (and dx, dbias) in dt; residual, y, dy,
+# dresidual in the residual's; ln_weight, ln_bias and their gradients in the LayerNorm's.
+X_KEYS, RES_KEYS = ("x", "bias", "dx", "dbias"), ("residual", "y", "dy", "dresidual")
+
+
+def run_bdrln(lib, rows, cols, dt, p, path=0, seed=cpu_tests.SEED, offset=cpu_tests.OFFSET, rdt=None, wdt=None):
+    """Forward + backward of bdrln through the harness against the float64 reference; each
+    output within the tolerance of its own dtype. Returns the raw output bits."""
+    rdt, wdt = rdt or dt, wdt or dt
+
+    def dtype_of(k):
+        return dt if k in X_KEYS else (rdt if k in RES_KEYS else wdt)
+
+    v = {k: to_storage(a, dtype_of(k)) for k, a in values(rows, cols, 2).items()}
+    ins = {k: Buffer(s.shape, dtype_of(k), s) for k, (s, _) in v.items()}
+    outs = {k: Buffer((rows, cols), dtype_of(k)) for k in ("y", "dx", "dresidual")}
+    outs.update({k: Buffer((cols,), dtype_of(k)) for k in ("dbias", "dln_weight", "dln_bias")})
     mean, rstd = Buffer((rows,), "float32"), Buffer((rows,), "float32")
     ws = np.zeros(lib.pu_bdrln_bwd_workspace_bytes(rows, cols) // 4 + 1, np.float32)
-    head = (rows, cols, CODE[dt], p, cpu_tests.EPS, seed & (2**64 - 1), offset, path)
+    head = (rows, cols, CODE[dt], CODE[rdt], CODE[wdt], p, cpu_tests.EPS, seed & (2**64 - 1), offset, path)
     call(lib, lib.pu_bdrln_fwd(*head, *(ins[k].ptr for k in ("x", "bias", "residual", "ln_weight", "ln_bias")),
                                outs["y"].ptr, mean.ptr, rstd.ptr, None), "bdrln forward")
     call(lib, lib.pu_bdrln_bwd(*head, *(ins[k].ptr for k in ("x", "bias", "residual", "ln_weight")), mean.ptr,
@@ -119,13 +131,16 @@ def run_bdrln(lib, rows, cols, dt, p, path=0, seed=cpu_tests.SEED, offset=cpu_te
     ref = {"y": y, "dx": dx, "dresidual": dres, "dbias": dbias, "dln_weight": dw, "dln_bias": db}
     for name, buf in outs.items():
         buf.check(name)
-        assert_close(dt, "out" if name == "y" else "grad", f"bdrln {name}", buf.values(), ref[name])
+        assert_close(dtype_of(name), "out" if name == "y" else "grad", f"bdrln {name}", buf.values(), ref[name])
     mean.check("mean")
     rstd.check("rstd")
     assert_close("float32", "out", "bdrln mean", mean.values(), z.mean(-1) if rows else np.zeros(0))
     if p > 0 and rows:  # the backward drops what the forward dropped: dx = 0 there, else dz / (1 - p)
         live = outs["dresidual"].values() != 0
         np.testing.assert_array_equal((outs["dx"].values() != 0)[live], keep[live])
+    bits = {k: b.view.copy() for k, b in outs.items()}
+    bits.update(mean=mean.view.copy(), rstd=rstd.view.copy())
+    return bits
 
 
 # ------------------------------------------------------------------------- tests
@@ -160,9 +175,38 @@ def test_dropout_layout_with_a_high_seed(lib):
     run_bdrln(lib, 33, 96, "float16", 0.2, seed=2**63 + 5, offset=2**32 + 9)
 
 
+# The combinations AMP hands over: half GEMM output with float32 LayerNorm parameters and a
+# half (O2, pure half stream) or float32 (O1, and O2 with promotion) residual; and the half
+# residual with half parameters of a fully cast model.
+AMP_COMBOS = [(dt, rdt, wdt) for dt in ("float16", "bfloat16")
+              for rdt, wdt in ((dt, "float32"), ("float32", "float32"), ("float32", dt))]
+
+
+@pytest.mark.parametrize("path", [0, ELEMENTWISE, WIDE])
+@pytest.mark.parametrize("rows,cols,p", [(0, 32, 0.1), (7, 771, 0.1), (40, 64, 0.1), (33, 384, 0.0)])
+@pytest.mark.parametrize("dt,rdt,wdt", AMP_COMBOS)
+def test_bdrln_mixed_dtypes(lib, dt, rdt, wdt, rows, cols, p, path):
+    first = run_bdrln(lib, rows, cols, dt, p, path, rdt=rdt, wdt=wdt)
+    if rows and path == 0:  # reruns give the same bits
+        again = run_bdrln(lib, rows, cols, dt, p, path, rdt=rdt, wdt=wdt)
+        for name, bits in first.items():
+            np.testing.assert_array_equal(bits.view(np.uint8), again[name].view(np.uint8), err_msg=name)
+
+
+def test_bdrln_mixed_dtypes_long_rows(lib):
+    run_bdrln(lib, 3, 8200, "bfloat16", 0.1, rdt="float32", wdt="float32")  # general path: 1025 vectors
+
+
 def test_refusals_name_the_argument(lib):
-    head = (4, 8, CODE["float32"], 0.0, 0.0, 0, 0, 0)  # epsilon = 0
+    f32, f16, bf16 = CODE["float32"], CODE["float16"], CODE["bfloat16"]
+    head = (4, 8, f32, f32, f32, 0.0, 0.0, 0, 0, 0)  # epsilon = 0
     assert lib.pu_bdrln_fwd(*head, *([None] * 8), None) != 0
     assert "epsilon" in lib.pu_harness_last_error().decode()
+    for rdt, wdt, word in ((bf16, f32, "residual dtype bfloat16"), (f16, bf16, "ln_weight/ln_bias dtype bfloat16"),
+                           (f16, 9, "ln_weight/ln_bias dtype code 9")):
+        assert lib.pu_bdrln_fwd(4, 8, f16, rdt, wdt, 0.0, 1e-5, 0, 0, 0, *([None] * 8), None) != 0
+        assert word in lib.pu_harness_last_error().decode()
+    assert lib.pu_bdrln_fwd(4, 8, f32, f16, f32, 0.0, 1e-5, 0, 0, 0, *([None] * 8), None) != 0
+    assert "x dtype float32" in lib.pu_harness_last_error().decode()
     assert lib.pu_bias_gelu_fwd(4, 8, 7, 0, None, None, None, None) != 0
     assert "dtype" in lib.pu_harness_last_error().decode()

@@ -289,20 +289,24 @@ def test_refused_cu_seqlens_read_as_in_python(lib, cu):
     assert lib.pu_harness_last_error().decode() == str(py.value)
 
 
-def test_refused_dtype_and_head_size_read_as_in_python(lib, monkeypatch):
-    """FMHA_SUPPORT["gpu"], as the Python check states it where the CUDA kernels are built,
-    in the words of the CUDA layer."""
+def test_python_routes_by_the_cuda_layers_own_limits(lib, monkeypatch):
+    """FMHA_SUPPORT["gpu"], as the Python dispatch reads it where the CUDA kernels are built,
+    agrees with the CUDA layer: what Python sends to the kernel the kernel takes, and what
+    Python routes to the bucketed attention (naming why) the kernel refuses."""
     import paddle
 
     monkeypatch.setattr(ops, "_on_cpu", lambda t: False)  # as if q lived on a GPU of a CUDA build
     monkeypatch.setattr(ops._native, "has_op", lambda name: True)
     monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: True)
     cu = cu_of((4,))
-    for code, dt, d in ((0, "float16", 48), (2, "float32", 64)):
+    for code, dt, d in ((0, "float16", 48), (2, "float32", 64), (0, "float16", 64), (1, "bfloat16", 128)):
         q = paddle.ones([4, 1, d], dtype=dt)
-        with pytest.raises((TypeError, ValueError)) as py:
-            ops._check_fmha_args(q, q, q, paddle.to_tensor(cu), 4, 0.0, None)
+        refusal = ops._fmha_gpu_kernel_refusal(q)
         x = Buffer((4, 1, d), "float16", PAD)
+        lse = Buffer((4, 1), "float32", PAD)
         head = (cu.ctypes.data_as(ctypes.c_void_p), 1, 4, 1, d, code, 0.1, 0.0, 0, 0, 1, 4)
-        assert lib.pu_fmha_fwd(*head, x.ptr, x.ptr, x.ptr, x.ptr, x.ptr, None) != 0
-        assert lib.pu_harness_last_error().decode() == str(py.value), (dt, d)
+        rc = lib.pu_fmha_fwd(*head, x.ptr, x.ptr, x.ptr, x.ptr, lse.ptr, None)
+        assert (rc != 0) == (refusal is not None), (dt, d, refusal, lib.pu_harness_last_error().decode())
+        if refusal is not None:  # both name what they refuse
+            word = dt if "float32" in refusal else str(d)
+            assert word in refusal and word in lib.pu_harness_last_error().decode(), (refusal, dt, d)

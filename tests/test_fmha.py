@@ -587,28 +587,33 @@ def test_support_table_states_the_kernels_limits():
 
 
 def test_checks_read_the_support_table(monkeypatch):
-    """The argument checks take their rules from FMHA_SUPPORT: for the CPU always, for the
-    GPU where this build has the CUDA kernels (elsewhere the reference runs, any dtype)."""
+    """The CPU's rules (FMHA_SUPPORT["cpu"]) are the op's rules on the CPU: refusals name
+    them. On a GPU the CUDA kernel's rules (FMHA_SUPPORT["gpu"]) decide between the kernel
+    and the plain-Paddle bucketed attention, and the reason is given in the same words."""
     monkeypatch.setitem(ops.FMHA_SUPPORT["cpu"], "head_dim", range(1, 9))
     with pytest.raises(ValueError, match=r"^fmha: head size \(q.shape\[2\]\) 16 is not supported on CPU: "
                                          r"supported are 1\.\.8$"):
         _call()
     monkeypatch.undo()
     cu = paddle.to_tensor(np.array([0, 2, 6], np.int32))
-    f32, f16_48 = paddle.ones([6, 2, 64]), paddle.ones([6, 2, 48], dtype="float16")
+    f32, f16_48, f16 = paddle.ones([6, 2, 64]), paddle.ones([6, 2, 48], dtype="float16"), \
+        paddle.ones([6, 2, 64], dtype="float16")
     monkeypatch.setattr(ops, "_on_cpu", lambda t: False)  # as if q lived on a GPU
     monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: False)
-    ops._check_fmha_args(f32, f32, f32, cu, 4, 0.0, None)  # the reference would run: no kernel rule
+    for q in (f32, f16_48, f16):
+        ops._check_fmha_args(q, q, q, cu, 4, 0.0, None)  # nothing refused: a path exists for each
+    assert ops._fmha_gpu_kernel_refusal(f16) == "this build of paddle_unpad has no CUDA kernels"
     monkeypatch.setattr(ops._native, "has_op", lambda name: True)
     monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: True)
-    with pytest.raises(TypeError, match=r"^fmha: q/k/v dtype float32 is not supported on GPU "
-                                        r"\(supported: float16, bfloat16\)$"):
-        ops._check_fmha_args(f32, f32, f32, cu, 4, 0.0, None)
-    with pytest.raises(ValueError, match=r"^fmha: head size \(q.shape\[2\]\) 48 is not supported on GPU: "
-                                         r"supported are 32, 64, 128$"):
-        ops._check_fmha_args(f16_48, f16_48, f16_48, cu, 4, 0.0, None)
+    assert ops._fmha_gpu_kernel_refusal(f16) is None
+    assert ops._fmha_gpu_kernel_refusal(f32) == ("the CUDA kernel takes float16 and bfloat16, not float32 "
+                                                 "(AMP, e.g. paddle.amp.auto_cast(), is the fast path)")
+    assert ops._fmha_gpu_kernel_refusal(f16_48) == "the CUDA kernel takes head sizes 32, 64, 128, not 48"
     monkeypatch.setitem(ops.FMHA_SUPPORT["gpu"], "head_dim", (48,))
-    ops._check_fmha_args(f16_48, f16_48, f16_48, cu, 4, 0.0, None)
+    assert ops._fmha_gpu_kernel_refusal(f16_48) is None
+    with pytest.raises(TypeError, match=r"^fmha: q/k/v dtype int32 is not a floating-point dtype$"):
+        qi = paddle.ones([6, 2, 64], dtype="int32")
+        ops._check_fmha_args(qi, qi, qi, cu, 4, 0.0, None)
 
 
 def test_to_static_dropout_draws_a_fresh_state_per_run(native_ops, tmp_path):

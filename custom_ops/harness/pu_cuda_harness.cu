@@ -3,7 +3,8 @@
 // pointers, sizes and a cudaStream_t (NULL = legacy default stream); host cu_seqlens.
 //
 // Every function returns 0 on success, else a non-zero code; pu_harness_last_error()
-// then says why (per thread). dtype: 0 = float16, 1 = bfloat16, 2 = float32.
+// then says why (per thread). dtype: 0 = float16, 1 = bfloat16, 2 = float32. bdrln takes
+// three: x's (x, bias), the residual's (residual, y) and the LayerNorm parameters'.
 //
 // Fused ops (bias_gelu, bdrln = bias_dropout_residual_layer_norm): rows x cols tensors,
 // `path` bit 0 forces element-wise loads (no 16-byte vectors), bit 1 the general (wide)
@@ -67,12 +68,15 @@ paddle_unpad::cuda::BiasGeluCudaProblem gelu_problem(int64_t rows, int64_t cols,
 }
 
 paddle_unpad::cuda::BdrlnCudaProblem bdrln_problem(int64_t rows, int64_t cols, int dtype,
+                                                   int residual_dtype, int ln_dtype,
                                                    float dropout, float epsilon, uint64_t seed,
                                                    uint64_t offset) {
   paddle_unpad::cuda::BdrlnCudaProblem p;
   p.rows = rows;
   p.cols = cols;
   p.dtype = static_cast<paddle_unpad::cuda::DType>(dtype);
+  p.residual_dtype = static_cast<paddle_unpad::cuda::DType>(residual_dtype);
+  p.ln_dtype = static_cast<paddle_unpad::cuda::DType>(ln_dtype);
   p.dropout = dropout;
   p.epsilon = epsilon;
   p.seed = seed;
@@ -91,7 +95,7 @@ paddle_unpad::cuda::FmhaLaunchOptions options(int grouping, int num_streams) {
 
 extern "C" {
 
-int pu_harness_abi_version() { return 2; }  // 2: fused ops added
+int pu_harness_abi_version() { return 3; }  // 2: fused ops added; 3: bdrln's three dtypes
 
 const char* pu_harness_last_error() { return g_last_error.c_str(); }
 
@@ -166,11 +170,12 @@ int pu_bias_gelu_bwd(int64_t rows, int64_t cols, int dtype, int path, const void
 
 // ----------------------------------------------------------------------------- bdrln
 
-int pu_bdrln_fwd(int64_t rows, int64_t cols, int dtype, float dropout, float epsilon,
-                 uint64_t seed, uint64_t offset, int path, const void* x, const void* bias,
-                 const void* residual, const void* ln_weight, const void* ln_bias, void* y,
-                 float* mean, float* rstd, void* stream) {
-  const auto p = bdrln_problem(rows, cols, dtype, dropout, epsilon, seed, offset);
+int pu_bdrln_fwd(int64_t rows, int64_t cols, int dtype, int residual_dtype, int ln_dtype,
+                 float dropout, float epsilon, uint64_t seed, uint64_t offset, int path,
+                 const void* x, const void* bias, const void* residual, const void* ln_weight,
+                 const void* ln_bias, void* y, float* mean, float* rstd, void* stream) {
+  const auto p = bdrln_problem(rows, cols, dtype, residual_dtype, ln_dtype, dropout, epsilon, seed,
+                               offset);
   const std::string why = paddle_unpad::cuda::bdrln_cuda_unsupported(p);
   if (!why.empty()) return fail("bias_dropout_residual_layer_norm: " + why);
   return from_cuda(paddle_unpad::cuda::bdrln_cuda_fwd(p, x, bias, residual, ln_weight, ln_bias, y,
@@ -183,12 +188,13 @@ int64_t pu_bdrln_bwd_workspace_bytes(int64_t rows, int64_t cols) {
   return static_cast<int64_t>(paddle_unpad::cuda::bdrln_cuda_bwd_workspace_bytes(rows, cols));
 }
 
-int pu_bdrln_bwd(int64_t rows, int64_t cols, int dtype, float dropout, float epsilon,
-                 uint64_t seed, uint64_t offset, int path, const void* x, const void* bias,
-                 const void* residual, const void* ln_weight, const float* mean,
-                 const float* rstd, const void* dy, void* dx, void* dresidual, void* dbias,
-                 void* dln_weight, void* dln_bias, void* workspace, void* stream) {
-  const auto p = bdrln_problem(rows, cols, dtype, dropout, epsilon, seed, offset);
+int pu_bdrln_bwd(int64_t rows, int64_t cols, int dtype, int residual_dtype, int ln_dtype,
+                 float dropout, float epsilon, uint64_t seed, uint64_t offset, int path,
+                 const void* x, const void* bias, const void* residual, const void* ln_weight,
+                 const float* mean, const float* rstd, const void* dy, void* dx, void* dresidual,
+                 void* dbias, void* dln_weight, void* dln_bias, void* workspace, void* stream) {
+  const auto p = bdrln_problem(rows, cols, dtype, residual_dtype, ln_dtype, dropout, epsilon, seed,
+                               offset);
   const std::string why = paddle_unpad::cuda::bdrln_cuda_unsupported(p);
   if (!why.empty()) return fail("bias_dropout_residual_layer_norm: " + why);
   return from_cuda(paddle_unpad::cuda::bdrln_cuda_bwd(p, x, bias, residual, ln_weight, mean, rstd,

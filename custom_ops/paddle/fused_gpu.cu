@@ -19,10 +19,10 @@ using glue::dense;
 constexpr const char* kGelu = "bias_gelu";
 constexpr const char* kLn = "bias_dropout_residual_layer_norm";
 
-cuda::DType gpu_dtype(const char* op, const Tensor& x) {
+cuda::DType gpu_dtype(const char* op, const Tensor& x, const char* name = "x") {
   const DataType t = x.dtype();
   PD_CHECK(t == DataType::FLOAT16 || t == DataType::BFLOAT16 || t == DataType::FLOAT32, op,
-           ": x dtype ", t, " is not supported on GPU (supported: float16, bfloat16, float32)");
+           ": ", name, " dtype ", t, " is not supported on GPU (supported: float16, bfloat16, float32)");
   if (t == DataType::FLOAT16) return cuda::DType::kFloat16;
   return t == DataType::BFLOAT16 ? cuda::DType::kBFloat16 : cuda::DType::kFloat32;
 }
@@ -56,7 +56,8 @@ cuda::BiasGeluCudaProblem gelu_problem(const Tensor& x) {
   return c;
 }
 
-cuda::BdrlnCudaProblem ln_problem(const BdrlnProblem& p, const Tensor& x) {
+cuda::BdrlnCudaProblem ln_problem(const BdrlnProblem& p, const Tensor& x, const Tensor& residual,
+                                  const Tensor& ln_weight) {
   cuda::BdrlnCudaProblem c;
   c.rows = p.rows;
   c.cols = p.cols;
@@ -65,6 +66,8 @@ cuda::BdrlnCudaProblem ln_problem(const BdrlnProblem& p, const Tensor& x) {
   c.seed = p.seed;
   c.offset = p.offset;
   c.dtype = gpu_dtype(kLn, x);
+  c.residual_dtype = gpu_dtype(kLn, residual, "residual");
+  c.ln_dtype = gpu_dtype(kLn, ln_weight, "ln_weight");
   const std::string why = cuda::bdrln_cuda_unsupported(c);
   PD_CHECK(why.empty(), kLn, ": ", why);
   return c;
@@ -93,7 +96,7 @@ void BiasGeluBackwardGpu(const Tensor& x, const Tensor& bias, const Tensor& dy, 
 void BdrlnForwardGpu(const BdrlnProblem& p, const Tensor& x, const Tensor& bias,
                      const Tensor& residual, const Tensor& ln_weight, const Tensor& ln_bias,
                      Tensor* y, Tensor* mean, Tensor* rstd) {
-  const cuda::BdrlnCudaProblem c = ln_problem(p, x);
+  const cuda::BdrlnCudaProblem c = ln_problem(p, x, residual, ln_weight);
   const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
                lbc = dense(ln_bias);
   check_launch(kLn, "forward",
@@ -105,8 +108,8 @@ void BdrlnBackwardGpu(const BdrlnProblem& p, const Tensor& x, const Tensor& bias
                       const Tensor& residual, const Tensor& ln_weight, const Tensor& mean,
                       const Tensor& rstd, const Tensor& dy, Tensor* dx, Tensor* dresidual,
                       Tensor* dbias, Tensor* dln_weight, Tensor* dln_bias) {
-  const cuda::BdrlnCudaProblem c = ln_problem(p, x);
-  check_grad_dtype(kLn, dy, x);
+  const cuda::BdrlnCudaProblem c = ln_problem(p, x, residual, ln_weight);
+  check_grad_dtype(kLn, dy, residual);  // y has the residual's dtype
   PD_CHECK(mean.dtype() == DataType::FLOAT32 && rstd.dtype() == DataType::FLOAT32, kLn,
            ": saved mean/rstd must be float32, got ", mean.dtype(), "/", rstd.dtype());
   const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),

@@ -15,7 +15,8 @@ void BiasGeluForwardGpu(const paddle::Tensor& x, const paddle::Tensor& bias, pad
 void BiasGeluBackwardGpu(const paddle::Tensor& x, const paddle::Tensor& bias,
                          const paddle::Tensor& dy, paddle::Tensor* dx, paddle::Tensor* dbias);
 
-// y (x's dtype), mean and rstd [N] fp32, already allocated on x's GPU.
+// y (the residual's dtype), mean and rstd [N] fp32, already allocated on x's GPU. x and
+// bias share a dtype; the residual and the LayerNorm parameters have x's or float32.
 void BdrlnForwardGpu(const BdrlnProblem& p, const paddle::Tensor& x, const paddle::Tensor& bias,
                      const paddle::Tensor& residual, const paddle::Tensor& ln_weight,
                      const paddle::Tensor& ln_bias, paddle::Tensor* y, paddle::Tensor* mean,

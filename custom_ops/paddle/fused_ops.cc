@@ -10,6 +10,8 @@
 //     attrs: dropout (float), epsilon (float)
 //     -> Y [..., F], Mean [N], Rstd [N] float32 (N = product of the leading dims)
 //     y = LayerNorm(residual + dropout(x + bias)) * ln_weight + ln_bias
+//     dtypes: x and bias one dtype; on GPU, the residual (and y) and the LayerNorm
+//     parameters x's dtype or float32 each (what AMP hands over); on CPU all float32.
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -29,13 +31,27 @@ using paddle_unpad::glue::dense;
 using paddle_unpad::glue::place_name;
 using paddle_unpad::glue::shape_str;
 
-// The 1-D per-feature vector `name` of op `op` must be [F] with x's dtype and place.
-void check_vector(const char* op, const char* name, const Tensor& t, const Tensor& x) {
+// `t` next to x: x's dtype, or -- where `float32_ok` (bdrln's residual and LayerNorm
+// parameters, which AMP leaves in float32 next to a half GEMM output) -- float32.
+void check_dtype_next_to_x(const char* op, const char* name, const Tensor& t, const Tensor& x,
+                           bool float32_ok) {
+  if (float32_ok) {
+    PD_CHECK(t.dtype() == x.dtype() || t.dtype() == DataType::FLOAT32, op, ": ", name, " dtype ",
+             t.dtype(), " must be x's dtype ", x.dtype(), " or float32");
+  } else {
+    PD_CHECK(t.dtype() == x.dtype(), op, ": ", name, " dtype ", t.dtype(), " differs from x dtype ",
+             x.dtype());
+  }
+}
+
+// The 1-D per-feature vector `name` of op `op` must be [F] on x's place, of x's dtype
+// (or float32 where `float32_ok`).
+void check_vector(const char* op, const char* name, const Tensor& t, const Tensor& x,
+                  bool float32_ok = false) {
   const int64_t F = x.shape().back();
   PD_CHECK(t.shape().size() == 1 && t.shape()[0] == F, op, ": ", name, " must be 1-D [", F,
            "] (F = x.shape[-1]), got shape ", shape_str(t.shape()));
-  PD_CHECK(t.dtype() == x.dtype(), op, ": ", name, " dtype ", t.dtype(), " differs from x dtype ",
-           x.dtype());
+  check_dtype_next_to_x(op, name, t, x, float32_ok);
   PD_CHECK(t.place() == x.place(), op, ": ", name, " is on ", place_name(t), " but x is on ",
            place_name(x));
 }
@@ -142,13 +158,14 @@ paddle_unpad::BdrlnProblem check_and_describe_ln(const Tensor& x, const Tensor& 
   check_x(kLn, x);
   PD_CHECK(residual.shape() == x.shape(), kLn, ": residual shape ", shape_str(residual.shape()),
            " differs from x shape ", shape_str(x.shape()));
-  PD_CHECK(residual.dtype() == x.dtype(), kLn, ": residual dtype ", residual.dtype(),
-           " differs from x dtype ", x.dtype());
+  check_dtype_next_to_x(kLn, "residual", residual, x, true);
   PD_CHECK(residual.place() == x.place(), kLn, ": residual is on ", place_name(residual),
            " but x is on ", place_name(x));
   check_vector(kLn, "bias", bias, x);
-  check_vector(kLn, "ln_weight", ln_weight, x);
-  check_vector(kLn, "ln_bias", ln_bias, x);
+  check_vector(kLn, "ln_weight", ln_weight, x, true);
+  check_vector(kLn, "ln_bias", ln_bias, x, true);
+  PD_CHECK(ln_bias.dtype() == ln_weight.dtype(), kLn, ": ln_bias dtype ", ln_bias.dtype(),
+           " differs from ln_weight dtype ", ln_weight.dtype());
   PD_CHECK(x.shape().back() >= 1, kLn, ": the normalised size x.shape[-1] must be at least 1, got ",
            x.shape().back());
   PD_CHECK(dropout >= 0.0f && dropout < 1.0f, kLn, ": dropout must be in [0, 1), got ", dropout);
@@ -176,9 +193,13 @@ void read_rng_state(const paddle::optional<Tensor>& rng, paddle_unpad::BdrlnProb
   p->offset = static_cast<uint64_t>(r.data<int64_t>()[1]);
 }
 
-// CPU-only limits (the GPU path checks its own in fused_gpu.cu).
-void check_ln_cpu(const Tensor& x, const paddle_unpad::BdrlnProblem& p) {
+// CPU-only limits (the GPU path checks its own in fused_gpu.cu): every tensor float32.
+void check_ln_cpu(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
+                  const paddle_unpad::BdrlnProblem& p) {
   check_cpu_float32(kLn, x);
+  PD_CHECK(residual.dtype() == DataType::FLOAT32 && ln_weight.dtype() == DataType::FLOAT32, kLn,
+           ": residual / ln_weight dtypes ", residual.dtype(), " / ", ln_weight.dtype(),
+           " are not supported on CPU (supported: float32)");
   const std::string why = paddle_unpad::bdrln_cpu_unsupported(p);
   PD_CHECK(why.empty(), kLn, ": ", why);
 }
@@ -188,11 +209,11 @@ std::vector<Tensor> BdrlnForward(const Tensor& x, const Tensor& bias, const Tens
                                  const paddle::optional<Tensor>& rng, float dropout, float epsilon) {
   auto p = check_and_describe_ln(x, bias, residual, ln_weight, ln_bias, dropout, epsilon);
   read_rng_state(rng, &p);
-  Tensor y = paddle::empty(x.shape(), x.dtype(), x.place());
+  Tensor y = paddle::empty(x.shape(), residual.dtype(), x.place());  // AMP: the residual stream's dtype
   Tensor mean = paddle::empty({p.rows}, DataType::FLOAT32, x.place());
   Tensor rstd = paddle::empty({p.rows}, DataType::FLOAT32, x.place());
   if (x.is_cpu()) {
-    check_ln_cpu(x, p);
+    check_ln_cpu(x, residual, ln_weight, p);
     const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
                  lbc = dense(ln_bias);
     paddle_unpad::bdrln_fwd_cpu(p, xc.data<float>(), bc.data<float>(), rc.data<float>(),
@@ -215,16 +236,16 @@ std::vector<Tensor> BdrlnBackward(const Tensor& x, const Tensor& bias, const Ten
   // ln_bias does not enter the backward; ln_weight stands in for it in the shape checks.
   auto p = check_and_describe_ln(x, bias, residual, ln_weight, ln_weight, dropout, epsilon);
   read_rng_state(rng, &p);
-  if (x.is_cpu()) check_ln_cpu(x, p);
+  if (x.is_cpu()) check_ln_cpu(x, residual, ln_weight, p);
   if (!dy.initialized())  // y does not reach the loss
-    return {zero_grad_like(x), zero_grad_like(bias), zero_grad_like(x), zero_grad_like(ln_weight),
+    return {zero_grad_like(x), zero_grad_like(bias), zero_grad_like(residual), zero_grad_like(ln_weight),
             zero_grad_like(ln_weight)};
   PD_CHECK(dy.shape() == x.shape(), kLn, ": grad of y has shape ", shape_str(dy.shape()),
            ", expected ", shape_str(x.shape()));
   PD_CHECK(mean.numel() == p.rows && rstd.numel() == p.rows, kLn, ": saved mean/rstd have ",
            mean.numel(), "/", rstd.numel(), " elements, expected ", p.rows);
   Tensor dx = paddle::empty(x.shape(), x.dtype(), x.place());
-  Tensor dres = paddle::empty(x.shape(), x.dtype(), x.place());
+  Tensor dres = paddle::empty(x.shape(), residual.dtype(), x.place());
   Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
   Tensor dw = paddle::empty(ln_weight.shape(), ln_weight.dtype(), ln_weight.place());
   Tensor db = paddle::empty(ln_weight.shape(), ln_weight.dtype(), ln_weight.place());
@@ -267,7 +288,7 @@ std::vector<std::vector<int64_t>> BdrlnInferShape(
 std::vector<DataType> BdrlnInferDtype(DataType x, DataType bias, DataType residual,
                                       DataType ln_weight, DataType ln_bias,
                                       const paddle::optional<DataType>& rng) {
-  return {x, DataType::FLOAT32, DataType::FLOAT32};
+  return {residual, DataType::FLOAT32, DataType::FLOAT32};
 }
 
 std::vector<std::vector<int64_t>> BdrlnGradInferShape(

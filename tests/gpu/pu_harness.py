@@ -19,8 +19,9 @@ DEFAULT_LIB = os.path.join(HARNESS_DIR, "build", "libpu_cuda_harness.so")
 _i64, _i32, _f32, _u64, _vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_uint64, ctypes.c_void_p
 _PROBLEM = [_vp, _i64, _i64, _i64, _i64, _i32, _f32, _f32, _u64, _u64, _i32, _i32]
 _GELU = [_i64, _i64, _i32, _i32]  # rows, cols, dtype, path
-_BDRLN = [_i64, _i64, _i32, _f32, _f32, _u64, _u64, _i32]  # + dropout, epsilon, seed, offset
-ABI_VERSION = 2
+# rows, cols, dtypes of x / residual / LayerNorm parameters, dropout, epsilon, seed, offset, path
+_BDRLN = [_i64, _i64, _i32, _i32, _i32, _f32, _f32, _u64, _u64, _i32]
+ABI_VERSION = 3  # pu_harness_abi_version() of custom_ops/harness (3: bdrln takes three dtypes)
 
 # `path` of the fused-op entries: bit 0 = element-wise loads, bit 1 = general (wide) bdrln path.
 PATH_DEFAULT, PATH_ELEMENTWISE, PATH_WIDE = 0, 1, 2
@@ -180,17 +181,21 @@ class Harness:
                                               self._ptr(workspace), self._stream(stream)))
         return dx, dbias
 
+    def _bdrln_codes(self, x, residual, ln_weight):
+        return (self._fused_dtype_code(x), self._fused_dtype_code(residual), self._fused_dtype_code(ln_weight))
+
     def bdrln_fwd(self, x, bias, residual, ln_weight, ln_bias, dropout=0.0, epsilon=1e-12, seed=0, offset=0,
                   y=None, mean=None, rstd=None, path=PATH_DEFAULT, stream=None):
-        """y (x's dtype), mean, rstd ([rows] fp32)."""
+        """y (the residual's dtype), mean, rstd ([rows] fp32). x and bias share a dtype; the
+        residual and the LayerNorm parameters have x's or float32 (AMP's mixes)."""
         import torch
 
         rows, cols = self._rows_cols(x)
-        y = torch.empty_like(x) if y is None else y
+        y = torch.empty_like(residual) if y is None else y
         mean = torch.empty(rows, dtype=torch.float32, device=x.device) if mean is None else mean
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device) if rstd is None else rstd
         self._check(self.lib.pu_bdrln_fwd(
-            rows, cols, self._fused_dtype_code(x), float(dropout), float(epsilon),
+            rows, cols, *self._bdrln_codes(x, residual, ln_weight), float(dropout), float(epsilon),
             int(seed) & 0xFFFFFFFFFFFFFFFF, int(offset) & 0xFFFFFFFFFFFFFFFF, path,
             *(self._ptr(t) for t in (x, bias, residual, ln_weight, ln_bias, y, mean, rstd)),
             self._stream(stream)))
@@ -204,7 +209,7 @@ class Harness:
 
         rows, cols = self._rows_cols(x)
         dx = torch.empty_like(x) if dx is None else dx
-        dresidual = torch.empty_like(x) if dresidual is None else dresidual
+        dresidual = torch.empty_like(residual) if dresidual is None else dresidual
         dbias = torch.empty_like(bias) if dbias is None else dbias
         dln_weight = torch.empty_like(ln_weight) if dln_weight is None else dln_weight
         dln_bias = torch.empty_like(ln_weight) if dln_bias is None else dln_bias
@@ -212,7 +217,7 @@ class Harness:
             nbytes = self.lib.pu_bdrln_bwd_workspace_bytes(rows, cols)
             workspace = torch.empty((nbytes + 3) // 4, dtype=torch.float32, device=x.device)
         self._check(self.lib.pu_bdrln_bwd(
-            rows, cols, self._fused_dtype_code(x), float(dropout), float(epsilon),
+            rows, cols, *self._bdrln_codes(x, residual, ln_weight), float(dropout), float(epsilon),
             int(seed) & 0xFFFFFFFFFFFFFFFF, int(offset) & 0xFFFFFFFFFFFFFFFF, path,
             *(self._ptr(t) for t in (x, bias, residual, ln_weight, mean, rstd, dy, dx, dresidual, dbias,
                                      dln_weight, dln_bias, workspace)),

@@ -99,13 +99,14 @@ def run_gelu(torch, harness, t, path=pu_harness.PATH_DEFAULT):
 
 
 def run_bdrln(torch, harness, t, p, seed=SEED, offset=OFFSET, path=pu_harness.PATH_DEFAULT):
-    """Forward + backward with every buffer NaN-poisoned around: dict of outputs."""
+    """Forward + backward with every buffer NaN-poisoned around: dict of outputs. Each output
+    takes the dtype of the input it belongs to (y and dresidual the residual's, dbias x's,
+    dln_* the LayerNorm parameters')."""
     rows, cols = t["x"].shape
-    dt = t["x"].dtype
-    ins = {k: poisoned(torch, t[k].shape, dt, PAD, t[k])[1] for k in t}
-    shapes = {"y": (rows, cols), "dx": (rows, cols), "dresidual": (rows, cols), "dbias": (cols,),
-              "dln_weight": (cols,), "dln_bias": (cols,)}
-    bufs = {k: poisoned(torch, s, dt, PAD) for k, s in shapes.items()}
+    ins = {k: poisoned(torch, t[k].shape, t[k].dtype, PAD, t[k])[1] for k in t}
+    shapes = {"y": ((rows, cols), "residual"), "dx": ((rows, cols), "x"), "dresidual": ((rows, cols), "residual"),
+              "dbias": ((cols,), "x"), "dln_weight": ((cols,), "ln_weight"), "dln_bias": ((cols,), "ln_weight")}
+    bufs = {k: poisoned(torch, s, t[of].dtype, PAD) for k, (s, of) in shapes.items()}
     bufs["mean"] = poisoned(torch, (rows,), torch.float32, PAD)
     bufs["rstd"] = poisoned(torch, (rows,), torch.float32, PAD)
     kw = dict(dropout=p, epsilon=EPS, seed=seed, offset=offset, path=path)
@@ -121,13 +122,21 @@ def run_bdrln(torch, harness, t, p, seed=SEED, offset=OFFSET, path=pu_harness.PA
 
 
 def assert_matches(torch, ours, ref, dtype, names_out, names_grad, what):
+    """Each tensor within the tolerance of `dtype`, or of its own dtype when that is coarser
+    (AMP mixes: a half dy rounds dresidual's float32 reference too)."""
     report = {n: rel_err(torch, ours[n], ref[n]) for n in names_out + names_grad}
     for n in names_out + names_grad:
-        tol = TOL[dtype]["out" if n in names_out else "grad"]
+        kind = "out" if n in names_out else "grad"
+        own = str(ours[n].dtype).replace("torch.", "")
+        tol = max(TOL[dtype][kind], TOL.get(own, TOL[dtype])[kind])
         assert report[n] <= tol, f"{what}: {n} rel err {report[n]:.3e} > {tol:.1e}; all: {report}"
 
 
 # ------------------------------------------------------------------------- tests
+
+# Every kernel path: 16-byte vectors or elements, row in registers or the general (wide) path.
+PATHS = {"default": 0, "elementwise": pu_harness.PATH_ELEMENTWISE, "wide": pu_harness.PATH_WIDE,
+         "wide+elementwise": pu_harness.PATH_WIDE | pu_harness.PATH_ELEMENTWISE}
 
 
 @pytest.mark.parametrize("cols", HIDDEN)
@@ -160,12 +169,35 @@ def test_bdrln_matches_torch(torch_cuda, harness, dtype, rows, cols, p):
             assert (ours[n] == 0).all(), f"{n} of no rows must be zeros"
 
 
+# The dtypes AMP hands over: a half GEMM output x (and bias) with float32 LayerNorm parameters
+# and a half (O2) or float32 (O1) residual stream; bfloat16 O2 also casts the LayerNorm
+# parameters. y, dy and dresidual take the residual's dtype.
+AMP_MIXES = [(dt, rdt, wdt) for dt in ("float16", "bfloat16")
+             for rdt, wdt in ((dt, "float32"), ("float32", "float32"), ("float32", dt))]
+
+
+@pytest.mark.parametrize("path", ["default", "elementwise", "wide"])
+@pytest.mark.parametrize("rows,cols", [(0, 768), (7, 771), (4096, 1024)])
+@pytest.mark.parametrize("dtype,residual_dtype,ln_dtype", AMP_MIXES)
+def test_bdrln_amp_mixes_match_torch(torch_cuda, harness, dtype, residual_dtype, ln_dtype, rows, cols, path):
+    torch = torch_cuda
+    t = inputs(torch, rows, cols, getattr(torch, dtype), seed=rows + cols)
+    for k in ("residual", "dy"):
+        t[k] = t[k].to(getattr(torch, residual_dtype))
+    for k in ("ln_weight", "ln_bias"):
+        t[k] = t[k].to(getattr(torch, ln_dtype))
+    ours = run_bdrln(torch, harness, t, P_DROP, path=PATHS[path])
+    ref = bdrln_reference(torch, t, P_DROP, keep_tensor(torch, rows, cols, P_DROP))
+    assert_matches(torch, ours, ref, dtype, ["y", "mean", "rstd"],
+                   ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
+                   f"bdrln x {dtype}, residual {residual_dtype}, LayerNorm {ln_dtype} [{rows}, {cols}] {path}")
+    again = run_bdrln(torch, harness, t, P_DROP, path=PATHS[path])
+    for name in ours:
+        assert torch.equal(ours[name], again[name]), f"{name} differs between two identical runs"
+
+
 # Every kernel path on the same problems: 16-byte vectors or elements, row in registers
 # or the general (wide) path.
-PATHS = {"default": 0, "elementwise": pu_harness.PATH_ELEMENTWISE, "wide": pu_harness.PATH_WIDE,
-         "wide+elementwise": pu_harness.PATH_WIDE | pu_harness.PATH_ELEMENTWISE}
-
-
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("rows,cols", [(7, 768), (4096, 1024), (33, 771)])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

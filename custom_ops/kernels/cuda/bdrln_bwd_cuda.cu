@@ -12,21 +12,22 @@
 //   wide path      any row length: a row-team kernel computes the two row means into the
 //                  workspace, then a column-tile kernel recomputes xhat and writes the
 //                  outputs and the partials (x, residual, dy are read twice).
+// Types: x, bias, dx TX; residual, dy, dresidual TR; ln_weight TW (fused_device.cuh).
 #include "kernels/cuda/fused_device.cuh"
 
 namespace paddle_unpad {
 namespace cuda {
 namespace {
 
-template <typename T, int N, int kOwn>
+template <typename TX, typename TR, typename TW, int N, int kOwn>
 __global__ void __launch_bounds__(kRowTeamMax) bdrln_bwd_rows_kernel(const FusedArgs a) {
   static_assert(kOwn * N <= 32, "mask bits of a thread's row elements must fit 32 bits");
   __shared__ float2 scratch[2][32];
   const int t = static_cast<int>(threadIdx.x), ts = static_cast<int>(blockDim.x);
-  const T* w = static_cast<const T*>(a.ln_weight);
-  const T* dy = static_cast<const T*>(a.dy);
-  T* dx = static_cast<T*>(a.dx);
-  T* dres = static_cast<T*>(a.dresidual);
+  const TW* w = static_cast<const TW*>(a.ln_weight);
+  const TR* dy = static_cast<const TR*>(a.dy);
+  TX* dx = static_cast<TX*>(a.dx);
+  TR* dres = static_cast<TR*>(a.dresidual);
   const float keep_mult = a.dropout ? a.keep_scale : 1.0f;
   float p_dbias[kOwn][N], p_dw[kOwn][N], p_db[kOwn][N];
 #pragma unroll
@@ -46,9 +47,9 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_bwd_rows_kernel(const Fused
       const int v = t + i * ts;
       if (v < a.nvec) {
         float z[N], m[N], g[N], wv[N];
-        pre_norm<T, N>(a, r, v, z, m);
-        load<T, N>(dy + r * a.cols + static_cast<int64_t>(v) * N, g);
-        load<T, N>(w + static_cast<int64_t>(v) * N, wv);
+        pre_norm<TX, TR, N>(a, r, v, z, m);
+        load<TR, N>(dy + r * a.cols + static_cast<int64_t>(v) * N, g);
+        load<TW, N>(w + static_cast<int64_t>(v) * N, wv);
 #pragma unroll
         for (int e = 0; e < N; ++e) {
           xh[i][e] = (z[e] - mu) * rs;
@@ -79,8 +80,8 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_bwd_rows_kernel(const Fused
           p_dbias[i][e] += dv[e];
         }
         const int64_t o = r * a.cols + static_cast<int64_t>(v) * N;
-        store<T, N>(dres + o, dz);
-        store<T, N>(dx + o, dv);
+        store<TR, N>(dres + o, dz);
+        store<TX, N>(dx + o, dv);
       }
     }
   }
@@ -103,21 +104,21 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_bwd_rows_kernel(const Fused
 }
 
 // Wide path, step 1: row_sums[r] = (mean(g w), mean(g w xhat)) of every row.
-template <typename T, int N>
+template <typename TX, typename TR, typename TW, int N>
 __global__ void __launch_bounds__(kRowTeamMax) bdrln_bwd_row_sums_kernel(const FusedArgs a) {
   __shared__ float2 scratch[2][32];
   const int t = static_cast<int>(threadIdx.x), ts = static_cast<int>(blockDim.x);
-  const T* w = static_cast<const T*>(a.ln_weight);
-  const T* dy = static_cast<const T*>(a.dy);
+  const TW* w = static_cast<const TW*>(a.ln_weight);
+  const TR* dy = static_cast<const TR*>(a.dy);
   int buf = 0;
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
     const float mu = a.mean[r], rs = a.rstd[r];
     float sg = 0.0f, sgx = 0.0f;
     for (int v = t; v < a.nvec; v += ts) {
       float z[N], m[N], g[N], wv[N];
-      pre_norm<T, N>(a, r, v, z, m);
-      load<T, N>(dy + r * a.cols + static_cast<int64_t>(v) * N, g);
-      load<T, N>(w + static_cast<int64_t>(v) * N, wv);
+      pre_norm<TX, TR, N>(a, r, v, z, m);
+      load<TR, N>(dy + r * a.cols + static_cast<int64_t>(v) * N, g);
+      load<TW, N>(w + static_cast<int64_t>(v) * N, wv);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const float gw = g[e] * wv[e];
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_bwd_row_sums_kernel(const F
 }
 
 // Wide path, step 2 (column tiles, chunk blockIdx.y): dx, dresidual and the partials.
-template <typename T, int N>
+template <typename TX, typename TR, typename TW, int N>
 __global__ void __launch_bounds__(kColTileThreads) bdrln_bwd_cols_kernel(const FusedArgs a) {
   __shared__ float smem[3 * N * kColTileThreads];
   const int v = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -143,12 +144,12 @@ __global__ void __launch_bounds__(kColTileThreads) bdrln_bwd_cols_kernel(const F
 #pragma unroll
     for (int e = 0; e < N; ++e) acc[k][e] = 0.0f;
   if (col_ok) {
-    const T* dy = static_cast<const T*>(a.dy);
-    T* dx = static_cast<T*>(a.dx);
-    T* dres = static_cast<T*>(a.dresidual);
+    const TR* dy = static_cast<const TR*>(a.dy);
+    TX* dx = static_cast<TX*>(a.dx);
+    TR* dres = static_cast<TR*>(a.dresidual);
     const float keep_mult = a.dropout ? a.keep_scale : 1.0f;
     float wv[N];
-    load<T, N>(static_cast<const T*>(a.ln_weight) + static_cast<int64_t>(v) * N, wv);
+    load<TW, N>(static_cast<const TW*>(a.ln_weight) + static_cast<int64_t>(v) * N, wv);
     const int64_t r0 = static_cast<int64_t>(blockIdx.y) * a.rows_per_chunk;
     const int64_t r1 = min(a.rows, r0 + a.rows_per_chunk);
     for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
@@ -156,8 +157,8 @@ __global__ void __launch_bounds__(kColTileThreads) bdrln_bwd_cols_kernel(const F
       const float2 c = a.row_sums[r];
       const int64_t o = r * a.cols + static_cast<int64_t>(v) * N;
       float z[N], m[N], g[N], dz[N], dv[N];
-      pre_norm<T, N>(a, r, v, z, m);
-      load<T, N>(dy + o, g);
+      pre_norm<TX, TR, N>(a, r, v, z, m);
+      load<TR, N>(dy + o, g);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const float xh = (z[e] - mu) * rs;
@@ -168,8 +169,8 @@ __global__ void __launch_bounds__(kColTileThreads) bdrln_bwd_cols_kernel(const F
         acc[1][e] += g[e] * xh;
         acc[2][e] += g[e];
       }
-      store<T, N>(dres + o, dz);
-      store<T, N>(dx + o, dv);
+      store<TR, N>(dres + o, dz);
+      store<TX, N>(dx + o, dv);
     }
   }
   sum_over_block_rows<3, N>(acc, smem);
@@ -185,38 +186,39 @@ __global__ void __launch_bounds__(kColTileThreads) bdrln_bwd_cols_kernel(const F
   }
 }
 
-template <typename T, bool kVec>
+template <typename TX, typename TR, typename TW, bool kVec>
 cudaError_t bwd(const FusedArgs& a, cudaStream_t stream) {
-  constexpr int N = vec_elems<T, kVec>();
+  constexpr int N = vec_elems<TX, kVec>();
   const unsigned block = static_cast<unsigned>(a.threads);
   if (a.own == 1 || a.own == 2) {
     const unsigned grid = static_cast<unsigned>(a.nchunks);
     if (a.own == 1)
-      bdrln_bwd_rows_kernel<T, N, 1><<<grid, block, 0, stream>>>(a);
+      bdrln_bwd_rows_kernel<TX, TR, TW, N, 1><<<grid, block, 0, stream>>>(a);
     else
-      bdrln_bwd_rows_kernel<T, N, 2><<<grid, block, 0, stream>>>(a);
+      bdrln_bwd_rows_kernel<TX, TR, TW, N, 2><<<grid, block, 0, stream>>>(a);
     return cudaGetLastError();
   }
   const unsigned rows_grid = static_cast<unsigned>(a.rows < 65535 ? a.rows : 65535);
-  bdrln_bwd_row_sums_kernel<T, N><<<rows_grid, block, 0, stream>>>(a);
+  bdrln_bwd_row_sums_kernel<TX, TR, TW, N><<<rows_grid, block, 0, stream>>>(a);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 tile = col_tile_block(a.nvec);
   const dim3 grid(static_cast<unsigned>(ceil_div(a.nvec, tile.x)), static_cast<unsigned>(a.nchunks));
-  bdrln_bwd_cols_kernel<T, N><<<grid, tile, 0, stream>>>(a);
+  bdrln_bwd_cols_kernel<TX, TR, TW, N><<<grid, tile, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-template <typename T>
+template <typename TX, typename TR, typename TW>
 cudaError_t launch_bdrln_bwd(const FusedArgs& a, cudaStream_t stream) {
-  return a.vec ? bwd<T, true>(a, stream) : bwd<T, false>(a, stream);
+  return a.vec ? bwd<TX, TR, TW, true>(a, stream) : bwd<TX, TR, TW, false>(a, stream);
 }
 
-template cudaError_t launch_bdrln_bwd<float>(const FusedArgs&, cudaStream_t);
-template cudaError_t launch_bdrln_bwd<__half>(const FusedArgs&, cudaStream_t);
-template cudaError_t launch_bdrln_bwd<__nv_bfloat16>(const FusedArgs&, cudaStream_t);
+#define PU_INSTANTIATE(TX, TR, TW) \
+  template cudaError_t launch_bdrln_bwd<TX, TR, TW>(const FusedArgs&, cudaStream_t);
+PU_BDRLN_DTYPE_COMBOS(PU_INSTANTIATE)
+#undef PU_INSTANTIATE
 
 }  // namespace cuda
 }  // namespace paddle_unpad

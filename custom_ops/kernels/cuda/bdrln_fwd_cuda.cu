@@ -7,20 +7,21 @@
 //                  For rows of up to kRowTeamMax * kMaxOwn vectors.
 //   wide kernel    any row length: each step reads the row again (from cache) and
 //                  regenerates the dropout mask.
-// Mean and variance are two-pass (no cancellation), as on the CPU.
+// Mean and variance are two-pass (no cancellation), as on the CPU. Types: x and bias TX,
+// residual and y TR, ln_weight and ln_bias TW (launch_bdrln_fwd in fused_device.cuh).
 #include "kernels/cuda/fused_device.cuh"
 
 namespace paddle_unpad {
 namespace cuda {
 namespace {
 
-template <typename T, int N, int kOwn>
+template <typename TX, typename TR, typename TW, int N, int kOwn>
 __global__ void __launch_bounds__(kRowTeamMax) bdrln_fwd_rows_kernel(const FusedArgs a) {
   __shared__ float2 scratch[2][32];
   const int t = static_cast<int>(threadIdx.x), ts = static_cast<int>(blockDim.x);
-  const T* w = static_cast<const T*>(a.ln_weight);
-  const T* lb = static_cast<const T*>(a.ln_bias);
-  T* y = static_cast<T*>(a.y);
+  const TW* w = static_cast<const TW*>(a.ln_weight);
+  const TW* lb = static_cast<const TW*>(a.ln_bias);
+  TR* y = static_cast<TR*>(a.y);
   const float n = static_cast<float>(a.cols);
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {  // uniform over the block
     float z[kOwn][N];
@@ -30,7 +31,7 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_fwd_rows_kernel(const Fused
       const int v = t + i * ts;
       if (v < a.nvec) {
         float m[N];
-        pre_norm<T, N>(a, r, v, z[i], m);
+        pre_norm<TX, TR, N>(a, r, v, z[i], m);
 #pragma unroll
         for (int e = 0; e < N; ++e) s += z[i][e];
       } else {
@@ -59,11 +60,11 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_fwd_rows_kernel(const Fused
       const int v = t + i * ts;
       if (v < a.nvec) {
         float wv[N], bv[N];
-        load<T, N>(w + static_cast<int64_t>(v) * N, wv);
-        load<T, N>(lb + static_cast<int64_t>(v) * N, bv);
+        load<TW, N>(w + static_cast<int64_t>(v) * N, wv);
+        load<TW, N>(lb + static_cast<int64_t>(v) * N, bv);
 #pragma unroll
         for (int e = 0; e < N; ++e) z[i][e] = (z[i][e] - mu) * rs * wv[e] + bv[e];
-        store<T, N>(y + r * a.cols + static_cast<int64_t>(v) * N, z[i]);
+        store<TR, N>(y + r * a.cols + static_cast<int64_t>(v) * N, z[i]);
       }
     }
     if (t == 0) {
@@ -73,19 +74,19 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_fwd_rows_kernel(const Fused
   }
 }
 
-template <typename T, int N>
+template <typename TX, typename TR, typename TW, int N>
 __global__ void __launch_bounds__(kRowTeamMax) bdrln_fwd_wide_kernel(const FusedArgs a) {
   __shared__ float2 scratch[2][32];
   const int t = static_cast<int>(threadIdx.x), ts = static_cast<int>(blockDim.x);
-  const T* w = static_cast<const T*>(a.ln_weight);
-  const T* lb = static_cast<const T*>(a.ln_bias);
-  T* y = static_cast<T*>(a.y);
+  const TW* w = static_cast<const TW*>(a.ln_weight);
+  const TW* lb = static_cast<const TW*>(a.ln_bias);
+  TR* y = static_cast<TR*>(a.y);
   const float n = static_cast<float>(a.cols);
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
     float z[N], m[N];
     float s = 0.0f, unused = 0.0f;
     for (int v = t; v < a.nvec; v += ts) {
-      pre_norm<T, N>(a, r, v, z, m);
+      pre_norm<TX, TR, N>(a, r, v, z, m);
 #pragma unroll
       for (int e = 0; e < N; ++e) s += z[e];
     }
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_fwd_wide_kernel(const Fused
     float q = 0.0f;
     unused = 0.0f;
     for (int v = t; v < a.nvec; v += ts) {
-      pre_norm<T, N>(a, r, v, z, m);
+      pre_norm<TX, TR, N>(a, r, v, z, m);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const float d = z[e] - mu;
@@ -104,13 +105,13 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_fwd_wide_kernel(const Fused
     block_sum2(q, unused, scratch[1]);
     const float rs = 1.0f / sqrtf(q / n + a.epsilon);
     for (int v = t; v < a.nvec; v += ts) {
-      pre_norm<T, N>(a, r, v, z, m);
+      pre_norm<TX, TR, N>(a, r, v, z, m);
       float wv[N], bv[N];
-      load<T, N>(w + static_cast<int64_t>(v) * N, wv);
-      load<T, N>(lb + static_cast<int64_t>(v) * N, bv);
+      load<TW, N>(w + static_cast<int64_t>(v) * N, wv);
+      load<TW, N>(lb + static_cast<int64_t>(v) * N, bv);
 #pragma unroll
       for (int e = 0; e < N; ++e) z[e] = (z[e] - mu) * rs * wv[e] + bv[e];
-      store<T, N>(y + r * a.cols + static_cast<int64_t>(v) * N, z);
+      store<TR, N>(y + r * a.cols + static_cast<int64_t>(v) * N, z);
     }
     if (t == 0) {
       a.mean[r] = mu;
@@ -119,20 +120,20 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_fwd_wide_kernel(const Fused
   }
 }
 
-template <typename T, bool kVec>
+template <typename TX, typename TR, typename TW, bool kVec>
 cudaError_t fwd(const FusedArgs& a, cudaStream_t stream) {
-  constexpr int N = vec_elems<T, kVec>();
+  constexpr int N = vec_elems<TX, kVec>();
   const unsigned grid = static_cast<unsigned>(a.rows < 65535 ? a.rows : 65535);
   const unsigned block = static_cast<unsigned>(a.threads);
   switch (a.own) {
     case 1:
-      bdrln_fwd_rows_kernel<T, N, 1><<<grid, block, 0, stream>>>(a);
+      bdrln_fwd_rows_kernel<TX, TR, TW, N, 1><<<grid, block, 0, stream>>>(a);
       break;
     case 2:
-      bdrln_fwd_rows_kernel<T, N, 2><<<grid, block, 0, stream>>>(a);
+      bdrln_fwd_rows_kernel<TX, TR, TW, N, 2><<<grid, block, 0, stream>>>(a);
       break;
     default:
-      bdrln_fwd_wide_kernel<T, N><<<grid, block, 0, stream>>>(a);
+      bdrln_fwd_wide_kernel<TX, TR, TW, N><<<grid, block, 0, stream>>>(a);
       break;
   }
   return cudaGetLastError();
@@ -140,14 +141,15 @@ cudaError_t fwd(const FusedArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-template <typename T>
+template <typename TX, typename TR, typename TW>
 cudaError_t launch_bdrln_fwd(const FusedArgs& a, cudaStream_t stream) {
-  return a.vec ? fwd<T, true>(a, stream) : fwd<T, false>(a, stream);
+  return a.vec ? fwd<TX, TR, TW, true>(a, stream) : fwd<TX, TR, TW, false>(a, stream);
 }
 
-template cudaError_t launch_bdrln_fwd<float>(const FusedArgs&, cudaStream_t);
-template cudaError_t launch_bdrln_fwd<__half>(const FusedArgs&, cudaStream_t);
-template cudaError_t launch_bdrln_fwd<__nv_bfloat16>(const FusedArgs&, cudaStream_t);
+#define PU_INSTANTIATE(TX, TR, TW) \
+  template cudaError_t launch_bdrln_fwd<TX, TR, TW>(const FusedArgs&, cudaStream_t);
+PU_BDRLN_DTYPE_COMBOS(PU_INSTANTIATE)
+#undef PU_INSTANTIATE
 
 }  // namespace cuda
 }  // namespace paddle_unpad

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/common/bdrln_checks.h"
 #include "kernels/cuda/fused_cuda.cuh"
@@ -84,18 +85,24 @@ void set_dropout(FusedArgs* a, const BdrlnCudaProblem& p) {
 
 struct SumJobs {
   const float* parts[3];  // [nparts][cols] each
-  void* out[3];           // [cols] of T each
+  void* out[3];           // [cols] each, of out_dtype
+  DType out_dtype[3];
 };
+
+template <typename T>
+__device__ __forceinline__ void store_one(void* out, int64_t c, float v) {
+  static_cast<T*>(out)[c] = from_float<T>(v);
+}
 
 // out[c] = sum over chunks k of parts[k][c]: thread row y adds chunks y, y + 8, ... in
 // order, then the 8 sums are added in order (a fixed tree: deterministic). No chunks
 // (no rows) gives zeros. blockIdx.y selects the job.
-template <typename T>
 __global__ void __launch_bounds__(256) column_sums_kernel(const SumJobs jobs, int nparts, int64_t cols) {
   __shared__ float smem[8][33];
   const unsigned j = blockIdx.y;  // selects without indexing the parameter (no local copy)
   const float* parts = j == 0 ? jobs.parts[0] : (j == 1 ? jobs.parts[1] : jobs.parts[2]);
   void* out = j == 0 ? jobs.out[0] : (j == 1 ? jobs.out[1] : jobs.out[2]);
+  const DType dt = j == 0 ? jobs.out_dtype[0] : (j == 1 ? jobs.out_dtype[1] : jobs.out_dtype[2]);
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
   if (c < cols)
@@ -106,14 +113,18 @@ __global__ void __launch_bounds__(256) column_sums_kernel(const SumJobs jobs, in
   if (threadIdx.y == 0 && c < cols) {
     float total = smem[0][threadIdx.x];
     for (int y = 1; y < 8; ++y) total += smem[y][threadIdx.x];
-    static_cast<T*>(out)[c] = from_float<T>(total);
+    if (dt == DType::kFloat16)
+      store_one<__half>(out, c, total);
+    else if (dt == DType::kBFloat16)
+      store_one<__nv_bfloat16>(out, c, total);
+    else
+      store_one<float>(out, c, total);
   }
 }
 
-template <typename T>
 cudaError_t column_sums(const SumJobs& jobs, int njobs, int nparts, int64_t cols, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), static_cast<unsigned>(njobs));
-  column_sums_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(jobs, nparts, cols);
+  column_sums_kernel<<<grid, dim3(32, 8), 0, stream>>>(jobs, nparts, cols);
   return cudaGetLastError();
 }
 
@@ -128,10 +139,47 @@ cudaError_t by_dtype(DType dt, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+// f<T>() for T = TX, or float when dt is float32: the residual and LayerNorm dtypes of
+// bdrln, which are x's dtype or float32 (checked before).
+template <typename TX, typename F>
+cudaError_t same_or_float(DType dt, F&& f) {
+  if (dt == DType::kFloat32) return f(static_cast<float*>(nullptr));
+  return f(static_cast<TX*>(nullptr));
+}
+
+// launch<TX, TR, TW>(): the bdrln kernels of the problem's three dtypes.
+template <typename F>
+cudaError_t by_bdrln_dtypes(const BdrlnCudaProblem& p, F&& launch) {
+  return by_dtype(p.dtype, [&](auto* tx) {
+    using TX = std::remove_pointer_t<decltype(tx)>;
+    return same_or_float<TX>(p.residual_dtype, [&](auto* tr) {
+      using TR = std::remove_pointer_t<decltype(tr)>;
+      return same_or_float<TX>(p.ln_dtype, [&](auto* tw) {
+        using TW = std::remove_pointer_t<decltype(tw)>;
+        return launch(static_cast<TX*>(nullptr), static_cast<TR*>(nullptr), static_cast<TW*>(nullptr));
+      });
+    });
+  });
+}
+
+bool known_dtype(DType dt) {
+  return dt == DType::kFloat32 || dt == DType::kFloat16 || dt == DType::kBFloat16;
+}
+
 std::string dtype_unsupported(DType dt) {
-  if (dt != DType::kFloat32 && dt != DType::kFloat16 && dt != DType::kBFloat16)
+  if (!known_dtype(dt))
     return "dtype code " + std::to_string(static_cast<int>(dt)) +
            " is not supported on GPU (supported: float16, bfloat16, float32)";
+  return "";
+}
+
+// bdrln's residual / LayerNorm dtype `dt` next to x's dtype `x`: x's own or float32.
+std::string companion_unsupported(const char* what, DType dt, DType x) {
+  if (!known_dtype(dt))
+    return std::string(what) + " dtype code " + std::to_string(static_cast<int>(dt)) + " is not supported on GPU";
+  if (dt != x && dt != DType::kFloat32)
+    return std::string(what) + " dtype " + dtype_name(dt) + " is not supported with x dtype " + dtype_name(x) +
+           " on GPU (supported: x's dtype or float32)";
   return "";
 }
 
@@ -186,18 +234,20 @@ cudaError_t bias_gelu_cuda_bwd(const BiasGeluCudaProblem& p, const void* x, cons
   a.partials = static_cast<float*>(workspace);
   a.rows_per_chunk = rows_per_chunk(p.rows, kGeluChunkRows, kGeluMaxChunks);
   a.nchunks = chunks_of(p.rows, a.rows_per_chunk);
-  const SumJobs jobs{{a.partials, nullptr, nullptr}, {dbias, nullptr, nullptr}};
+  const SumJobs jobs{{a.partials, nullptr, nullptr}, {dbias, nullptr, nullptr}, {p.dtype, p.dtype, p.dtype}};
   return by_dtype(p.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const cudaError_t e = launch_bias_gelu_bwd<T>(a, stream);
-    return e != cudaSuccess ? e : column_sums<T>(jobs, 1, a.nchunks, p.cols, stream);
+    return e != cudaSuccess ? e : column_sums(jobs, 1, a.nchunks, p.cols, stream);
   });
 }
 
 // ------------------------------------------------------------------------- bdrln
 
 std::string bdrln_cuda_unsupported(const BdrlnCudaProblem& p) {
-  const std::string dt = dtype_unsupported(p.dtype);
+  std::string dt = dtype_unsupported(p.dtype);
+  if (dt.empty()) dt = companion_unsupported("residual", p.residual_dtype, p.dtype);
+  if (dt.empty()) dt = companion_unsupported("ln_weight/ln_bias", p.ln_dtype, p.dtype);
   if (!dt.empty()) return dt;
   if (p.cols > INT_MAX) {
     std::ostringstream why;
@@ -225,9 +275,9 @@ cudaError_t bdrln_cuda_fwd(const BdrlnCudaProblem& p, const void* x, const void*
   a.rstd = rstd;
   set_dropout(&a, p);
   pick_row_team(&a, opt);
-  return by_dtype(p.dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    return launch_bdrln_fwd<T>(a, stream);
+  return by_bdrln_dtypes(p, [&](auto* tx, auto* tr, auto* tw) {
+    return launch_bdrln_fwd<std::remove_pointer_t<decltype(tx)>, std::remove_pointer_t<decltype(tr)>,
+                            std::remove_pointer_t<decltype(tw)>>(a, stream);
   });
 }
 
@@ -253,9 +303,10 @@ cudaError_t bdrln_cuda_bwd(const BdrlnCudaProblem& p, const void* x, const void*
                            cudaStream_t stream, const FusedCudaOptions& opt) {
   if (!bdrln_cuda_unsupported(p).empty()) return cudaErrorInvalidValue;
   if (p.rows == 0) {  // the vector gradients are sums over no rows
-    const size_t bytes = static_cast<size_t>(p.cols) * dtype_bytes(p.dtype);
-    for (void* out : {dbias, dln_weight, dln_bias}) {
-      const cudaError_t e = cudaMemsetAsync(out, 0, bytes, stream);
+    const std::pair<void*, DType> outs[] = {{dbias, p.dtype}, {dln_weight, p.ln_dtype}, {dln_bias, p.ln_dtype}};
+    for (const auto& out : outs) {
+      const cudaError_t e =
+          cudaMemsetAsync(out.first, 0, static_cast<size_t>(p.cols) * dtype_bytes(out.second), stream);
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -281,11 +332,13 @@ cudaError_t bdrln_cuda_bwd(const BdrlnCudaProblem& p, const void* x, const void*
       reinterpret_cast<float2*>(static_cast<char*>(workspace) + ln_partial_bytes(p.rows, p.cols));
   const int64_t plane = static_cast<int64_t>(a.nchunks) * p.cols;
   const SumJobs jobs{{a.partials, a.partials + plane, a.partials + 2 * plane},
-                     {dbias, dln_weight, dln_bias}};
-  return by_dtype(p.dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const cudaError_t e = launch_bdrln_bwd<T>(a, stream);
-    return e != cudaSuccess ? e : column_sums<T>(jobs, 3, a.nchunks, p.cols, stream);
+                     {dbias, dln_weight, dln_bias},
+                     {p.dtype, p.ln_dtype, p.ln_dtype}};
+  return by_bdrln_dtypes(p, [&](auto* tx, auto* tr, auto* tw) {
+    const cudaError_t e =
+        launch_bdrln_bwd<std::remove_pointer_t<decltype(tx)>, std::remove_pointer_t<decltype(tr)>,
+                         std::remove_pointer_t<decltype(tw)>>(a, stream);
+    return e != cudaSuccess ? e : column_sums(jobs, 3, a.nchunks, p.cols, stream);
   });
 }
 

@@ -14,10 +14,17 @@
 // GPU; the backward pass regenerates the mask instead of reading a stored one.
 //
 // Tensors: x, residual, y, dy, dx, dresidual [rows, cols] row-major, contiguous;
-// bias, ln_weight, ln_bias and their gradients [cols]; all of one dtype. mean, rstd
-// [rows] fp32. Any rows >= 0 and cols >= 1 (bias_gelu: cols >= 0). When cols is a
-// multiple of 16 / sizeof(element) and every pointer is 16-byte aligned, rows are read
-// and written as 16-byte vectors; otherwise element by element (same results).
+// bias, ln_weight, ln_bias and their gradients [cols]; mean, rstd [rows] fp32. bias_gelu:
+// all of one dtype. bdrln: three dtypes (BdrlnCudaProblem), as AMP hands them over --
+//   dtype           x, bias, dx, dbias              float16, bfloat16 or float32
+//   residual_dtype  residual, y, dy, dresidual      dtype or float32 (O1: the residual
+//                                                   stream stays float32)
+//   ln_dtype        ln_weight, ln_bias, their grads dtype or float32 (O1 and O2: LayerNorm
+//                                                   parameters stay float32)
+// Any rows >= 0 and cols >= 1 (bias_gelu: cols >= 0). When cols is a multiple of
+// 16 / sizeof(x's element) and every pointer is 16-byte aligned, rows are read and written
+// as vectors of that many columns (16 bytes of x; a float32 residual moves 32); otherwise
+// element by element (same results).
 //
 // Determinism: no atomics. A row's reductions (mean, variance, the two sums of the
 // LayerNorm backward) run in a fixed order; column sums (dbias, dln_weight, dln_bias)
@@ -54,7 +61,9 @@ struct BdrlnCudaProblem {
   float epsilon = 1e-12f;  // added to the variance
   uint64_t seed = 0;       // Philox key (all 64 bits)
   uint64_t offset = 0;     // Philox counter word 3 (low 32 bits)
-  DType dtype = DType::kFloat32;
+  DType dtype = DType::kFloat32;           // x, bias (and their gradients)
+  DType residual_dtype = DType::kFloat32;  // residual, y (and theirs): dtype or float32
+  DType ln_dtype = DType::kFloat32;        // ln_weight, ln_bias (and theirs): dtype or float32
 };
 
 // Empty when the problem is supported, else why not (in words).

@@ -103,19 +103,36 @@ struct alignas(sizeof(T) * N) Pack {
   T e[N];
 };
 
+// Elements of T per access when N are moved: at most 16 bytes at a time (a float row
+// next to a half one moves twice the bytes per vector of columns).
+template <typename T, int N>
+__host__ __device__ constexpr int access_elems() {
+  return N * static_cast<int>(sizeof(T)) > 16 ? static_cast<int>(16 / sizeof(T)) : N;
+}
+
 template <typename T, int N>
 __device__ __forceinline__ void load(const T* __restrict__ p, float (&out)[N]) {
-  const Pack<T, N> v = *reinterpret_cast<const Pack<T, N>*>(p);
+  constexpr int C = access_elems<T, N>();
+  static_assert(N % C == 0, "a vector is whole accesses");
 #pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = to_float(v.e[i]);
+  for (int k = 0; k < N / C; ++k) {
+    const Pack<T, C> v = *reinterpret_cast<const Pack<T, C>*>(p + k * C);
+#pragma unroll
+    for (int i = 0; i < C; ++i) out[k * C + i] = to_float(v.e[i]);
+  }
 }
 
 template <typename T, int N>
 __device__ __forceinline__ void store(T* __restrict__ p, const float (&in)[N]) {
-  Pack<T, N> v;
+  constexpr int C = access_elems<T, N>();
+  static_assert(N % C == 0, "a vector is whole accesses");
 #pragma unroll
-  for (int i = 0; i < N; ++i) v.e[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Pack<T, N>*>(p) = v;
+  for (int k = 0; k < N / C; ++k) {
+    Pack<T, C> v;
+#pragma unroll
+    for (int i = 0; i < C; ++i) v.e[i] = from_float<T>(in[k * C + i]);
+    *reinterpret_cast<Pack<T, C>*>(p + k * C) = v;
+  }
 }
 
 // ---------------------------------------------------------------------- GELU (erf form)
@@ -161,15 +178,16 @@ __device__ __forceinline__ void dropout_mult(const FusedArgs& a, uint32_t r, uin
 
 // z = residual + dropout(x + bias) for the N columns of vector v of row r; m receives the
 // dropout multipliers (1 without dropout). The same expression as the CPU kernel:
-// (x + bias) * m, then + residual.
-template <typename T, int N>
+// (x + bias) * m, then + residual. x and bias are TX, the residual TR (TX or float: AMP's
+// O1 keeps the residual stream in float32 while the GEMM output is half).
+template <typename TX, typename TR, int N>
 __device__ __forceinline__ void pre_norm(const FusedArgs& a, int64_t r, int v, float (&z)[N],
                                          float (&m)[N]) {
   const int64_t o = r * a.cols + static_cast<int64_t>(v) * N;
   float xb[N], b[N], res[N];
-  load<T, N>(static_cast<const T*>(a.x) + o, xb);
-  load<T, N>(static_cast<const T*>(a.bias) + static_cast<int64_t>(v) * N, b);
-  load<T, N>(static_cast<const T*>(a.residual) + o, res);
+  load<TX, N>(static_cast<const TX*>(a.x) + o, xb);
+  load<TX, N>(static_cast<const TX*>(a.bias) + static_cast<int64_t>(v) * N, b);
+  load<TR, N>(static_cast<const TR*>(a.residual) + o, res);
   if (a.dropout) {
     dropout_mult<N>(a, static_cast<uint32_t>(r), static_cast<uint32_t>(v) * N, m);
 #pragma unroll
@@ -240,11 +258,21 @@ template <typename T>
 cudaError_t launch_bias_gelu_bwd(const FusedArgs& a, cudaStream_t stream);
 
 // bdrln: y, mean, rstd; and dx, dresidual plus the column partials of dbias, dln_weight,
-// dln_bias (three arrays, in that order).
-template <typename T>
+// dln_bias (three arrays, in that order). TX: x, bias, dx; TR: residual, y, dy,
+// dresidual; TW: ln_weight (and ln_bias). TR and TW are TX or float (fused_cuda.cuh).
+template <typename TX, typename TR, typename TW>
 cudaError_t launch_bdrln_fwd(const FusedArgs& a, cudaStream_t stream);
-template <typename T>
+template <typename TX, typename TR, typename TW>
 cudaError_t launch_bdrln_bwd(const FusedArgs& a, cudaStream_t stream);
+
+// Every (TX, TR, TW) the bdrln kernels are built for: TX float, half or bfloat16; TR and TW
+// each TX or float. X(TX, TR, TW) is expanded once per combination.
+#define PU_BDRLN_DTYPE_COMBOS(X)                                                              \
+  X(float, float, float)                                                                    \
+  X(__half, __half, __half) X(__half, __half, float) X(__half, float, __half)               \
+  X(__half, float, float)                                                                   \
+  X(__nv_bfloat16, __nv_bfloat16, __nv_bfloat16) X(__nv_bfloat16, __nv_bfloat16, float)     \
+  X(__nv_bfloat16, float, __nv_bfloat16) X(__nv_bfloat16, float, float)
 
 }  // namespace cuda
 }  // namespace paddle_unpad
