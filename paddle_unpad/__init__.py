@@ -24,8 +24,7 @@ from . import _native  # noqa: E402
 from . import _paddle_compat  # noqa: E402
 
 _paddle_compat.check_versions()
-_paddle_compat.isolate_gloo_group_stores(config.get("GLOO_GROUP_STORES"))
-from . import balance, data, fleet, grad_sync, ops, varlen  # noqa: F401
+from . import balance, data, distributed, fleet, ops, varlen  # noqa: F401
 from .models import convert, revert  # noqa: E402  (paddlenlp is imported only when convert() runs)
 from .ops import fmha, fmha_qkvpacked, ops_available
 from .varlen import cu_seqlens_from_lengths, pad_input, unpad_input
@@ -48,8 +47,8 @@ __all__ = [
     "cpu_gemm",
     "data",
     "host_malloc",
+    "distributed",
     "fleet",
-    "grad_sync",
     "ops",
     "varlen",
 ]

@@ -7,7 +7,6 @@ release is adapted here and nowhere else. Each helper says which versions differ
 This module imports only paddle and the standard library (``_build_config`` uses it
 at build time, before the package exists).
 """
-import atexit
 import functools
 import re
 import warnings
@@ -207,95 +206,6 @@ def user_defined_strategy():
     return getattr(fleet.fleet, "_user_defined_strategy", None)
 
 
-# ----------------------------------------------------------------------------- gloo group rendezvous
-
-_GROUP_STORE_KEY = "paddle_unpad/gloo_group_store"
-_group_stores = []  # each group's own store, alive as long as the process (its group holds it too)
-_group_store_uses = {}  # gid -> groups created with it so far (a reused custom gid gets a new key)
-
-
-def isolate_gloo_group_stores(enabled=True):
-    """Give every gloo process group after the default one a rendezvous store of its own.
-
-    Why: ``ProcessGroupGloo.create`` (Paddle 2.6 and 3.x) connects the group's gloo context
-    through the job's TCP store under the keys ``"0"`` .. ``"n-1"``, with no per-group
-    prefix, so each new group overwrites the keys of the one before. A rank that reads a
-    peer's key before the peer has rewritten it gets the peer's address in an earlier
-    group and fails: ``pair.cc ... connect ...: Connection refused`` (that listener is
-    closed), or ``address.cc ... 136 vs 68`` when the two groups differ in size. It hits
-    ``fleet.init`` (its data-parallel group follows the default one) and any job that
-    creates groups one after the other, more often the more loaded the machine; creating
-    40 groups of 3 and 2 ranks on 3 ranks failed in 3 of 3 launches on a 2-core host.
-
-    With this, ``paddle.distributed.new_group`` on gloo gives the group a TCP store served by
-    its first member (address passed through the job's store under a key unique to the
-    group), so no key it reads can be stale. The default group (gid 0, created first) and
-    other backends are left as they are. Installed at ``import paddle_unpad``;
-    the ``GLOO_GROUP_STORES`` setting off leaves Paddle as it ships. Returns whether the
-    rendezvous is now isolated."""
-    from paddle.distributed import collective
-
-    impl = getattr(collective, "_new_process_group_impl", None)
-    if impl is None:  # a Paddle without this hook: leave it alone
-        return False
-    original = getattr(impl, "_paddle_unpad_original", impl)
-    if not enabled:
-        collective._new_process_group_impl = original
-        return False
-    if impl is not original:
-        return True
-
-    @functools.wraps(original)
-    def new_process_group_impl(backend, store, rank, world_size, group_name, pg_options, group_id=0,
-                               *args, **kwargs):
-        if backend == "gloo" and group_id != 0 and world_size > 1:
-            store = _group_store(store, rank, world_size, group_id)
-        return original(backend, store, rank, world_size, group_name, pg_options, group_id, *args, **kwargs)
-
-    new_process_group_impl._paddle_unpad_original = original
-    collective._new_process_group_impl = new_process_group_impl
-    return True
-
-
-def _group_store(job_store, rank, size, gid):
-    """The fresh TCP store of group ``gid``: served by its rank 0, joined by the others."""
-    import os
-    import socket
-
-    from paddle.base import core  # 2.6 and 3.x
-
-    uses = _group_store_uses.get(gid, 0)
-    _group_store_uses[gid] = uses + 1
-    key = f"{_GROUP_STORE_KEY}/{gid}/{uses}"
-    timeout = 900  # seconds, Paddle's default for its own store
-    if rank == 0:
-        # the address the other members reach this process at: the launcher's endpoint
-        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "").rpartition(":")[0] or "127.0.0.1"
-        error = None
-        for _ in range(5):  # the port is picked free, but another process could take it first
-            with socket.socket() as s:
-                s.bind(("", 0))
-                port = s.getsockname()[1]
-            try:
-                own = core.TCPStore(host, port, True, 0, timeout)  # 0 workers: returns at once
-                break
-            except Exception as e:  # noqa: BLE001 - retried on another port, then reported
-                error = e
-        else:
-            job_store.set(key, f"error: {error}".encode())
-            raise RuntimeError(f"paddle_unpad: could not start the rendezvous store of gloo group {gid}: {error}")
-        job_store.set(key, f"{host}:{port}".encode())
-    else:
-        value = job_store.get(key).decode()  # waits for the key (2.6 and 3.x)
-        if value.startswith("error: "):
-            raise RuntimeError(f"paddle_unpad: the first member of gloo group {gid} could not start its "
-                               f"rendezvous store ({value[7:]})")
-        host, _, port = value.rpartition(":")
-        own = core.TCPStore(host, int(port), False, 0, timeout)
-    _group_stores.append(own)
-    return own
-
-
 # ----------------------------------------------------------------------------- gradients
 
 
@@ -334,75 +244,6 @@ def wake_dataloader_reader(it):
         return False
     wake()
     return True
-
-
-# ----------------------------------------------------------------------------- exit order of the ranks
-
-_EXIT_KEY = "paddle_unpad/ranks_leaving"
-_EXIT_COUNT_WAIT_S = 5.0  # how long rank 0 waits for its peers to count themselves out
-_exit_order = {}  # rank, {peer: gloo group holding ranks 0 and peer} (one per peer)
-
-
-def order_rank_exit(rank, peer_groups):
-    """Make rank 0 leave a clean multi-rank CPU job after its peers (once per process).
-
-    Rank 0 hosts the job's TCP store; in Paddle 3.x a libuv thread serves it, and when a
-    peer's connection closes while rank 0 is already in its C++ teardown (the static
-    destructors after ``exit()``), that thread aborts rank 0 -- SIGABRT, no message, the
-    job's work already done, the launcher reporting a failed job (seen in about one of 15
-    two-rank Trainer runs on a loaded 2-core host; the core dump shows
-    ``LibUVClient::readCallback`` under ``LibUVMasterDaemon::run``). So at interpreter
-    exit each peer counts itself out in the store, and rank 0, once all have, waits until
-    every peer's process is gone (a receive on the pair's gloo group fails when the peer's
-    sockets close) before its own teardown. Skipped in a process that dies of an exception,
-    and when a peer has not counted itself out within a few seconds (a failed job: rank 0
-    must not hold up its peers' errors). ``peer_groups``: for each peer (rank >= 1), a gloo
-    group of ranks 0 and that peer, as the exchange holds them; NCCL groups are not used."""
-    if _exit_order or not peer_groups:
-        return
-    _exit_order.update(rank=rank, peer_groups=dict(peer_groups))
-
-
-def _tcp_store():
-    try:
-        from paddle.base import core  # 2.6 and 3.x
-
-        return core.create_or_get_global_tcp_store()
-    except Exception:  # noqa: BLE001 - no store, no ordering
-        return None
-
-
-def _leave_in_order():
-    import sys
-    import time
-
-    o = _exit_order
-    if not o or getattr(sys, "last_value", None) is not None:  # dying of an exception
-        return
-    store = _tcp_store()
-    if store is None:
-        return
-    try:
-        if o["rank"] != 0:
-            store.add(_EXIT_KEY, 1)
-            return
-        deadline = time.monotonic() + _EXIT_COUNT_WAIT_S
-        while store.add(_EXIT_KEY, 0) < len(o["peer_groups"]):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.02)
-        buf = paddle.to_tensor([0], dtype="int64", place=paddle.CPUPlace())
-        for peer, group in sorted(o["peer_groups"].items()):
-            try:  # nobody sends: this returns when the peer's connection closes
-                paddle.distributed.irecv(buf, peer, group=group).wait()
-            except Exception:  # noqa: BLE001 - the expected end of the wait
-                pass
-        time.sleep(0.1)  # the store's thread takes the peers' hang-ups while rank 0 is whole
-    except Exception:  # noqa: BLE001 - ordering is best effort; never fail an exit
-        return
-
-
-atexit.register(_leave_in_order)  # after the exchange's own exit handler (registered later)
 
 
 # ----------------------------------------------------------------------------- threads, memory

@@ -28,14 +28,15 @@ from typing import Any, Dict
 from paddle.distributed import fleet as _fleet
 
 from . import _paddle_compat as _compat
-from .balance import options as _options
-from .balance.exchange import BalancedLoader, ExchangeError, ExchangeTimeout  # noqa: F401
-from .grad_sync import GradientAllReduce, GradientSyncError  # noqa: F401
+from .distributed import (BalancedLoader, ExchangeError, ExchangeTimeout, GradientAllReduce,  # noqa: F401
+                          GradientSyncError)
+from .distributed import groups as _groups
+from .distributed import options as _options
 
 __all__ = ["DistributedStrategy", "distributed_loader", "DEFAULT_UNPAD_CONFIGS", "current_strategy",
            "ExchangeError", "ExchangeTimeout", "GradientAllReduce", "GradientSyncError"]
 
-#: keys of ``unpad_configs`` and their defaults (the table: :data:`paddle_unpad.balance.options.OPTIONS`)
+#: keys of ``unpad_configs`` and their defaults (the table: :data:`paddle_unpad.distributed.options.OPTIONS`)
 DEFAULT_UNPAD_CONFIGS: Dict[str, Any] = dict(_options.DEFAULTS)
 
 
@@ -46,6 +47,11 @@ class DistributedStrategy(_fleet.DistributedStrategy):
     ``strategy.amp`` beside ``amp_configs``)."""
 
     _unpad_state = None  # per instance: {"configs": dict}
+
+    def __init__(self, *args, **kwargs):
+        # before fleet.init makes the job's groups: each gloo group gets its own rendezvous store
+        _groups.install_group_stores()
+        super().__init__(*args, **kwargs)
 
     def _state(self):
         st = self.__dict__.get("_unpad_state")

@@ -27,11 +27,16 @@ import numpy as np
 import paddle
 
 from . import models as _models
-from .balance import options as _balance_options
+from .distributed import groups as _groups
+from .distributed import options as _balance_options
 from .data import sample_list_collate
 from .data.collate import DEFAULT_TOKEN_FIELDS, normalize_batch
 
 __all__ = ["UnpadTrainer", "PadCollator", "LABEL_ALIASES", "rename_label_keys"]
+
+# PaddleNLP's TrainingArguments make the job's process groups before a Trainer exists: give
+# each gloo group its own rendezvous store from here on (paddle_unpad.distributed.groups).
+_groups.install_group_stores()
 
 #: Sample keys that PaddleNLP's collators (``DataCollatorWithPadding``,
 #: ``default_data_collator``) hand to the model as ``labels``, in this order (a later one wins).
@@ -137,7 +142,7 @@ def _make_class():
         """``paddlenlp.trainer.Trainer`` that trains the unpadded model on packed batches.
 
         Extra keyword arguments:
-            unpad_configs: dict of balancer options (:data:`paddle_unpad.balance.options.OPTIONS`,
+            unpad_configs: dict of balancer options (:data:`paddle_unpad.distributed.options.OPTIONS`,
                 checked here); ``{"balance": False}`` packs each rank's own batches without
                 exchanging samples.
             max_seqlen: longest legal sample (default: the model's max positions).
@@ -166,7 +171,7 @@ def _make_class():
             super().__init__(model, *args, **kwargs)
 
         def get_train_dataloader(self):
-            from .balance.exchange import BalancedLoader
+            from .distributed import BalancedLoader
 
             eval_collator = self.data_collator
             self.data_collator = train_collate  # the exchange packs after balancing

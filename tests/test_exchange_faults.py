@@ -6,8 +6,8 @@ exit code and timing are seen), or through the launcher itself -- and checks wha
 rank printed, how it exited and how long it took.  No rank may abort (SIGABRT,
 "terminate called ...") or outlive its error.
 
-Each launch runs once (``import paddle_unpad`` gives every gloo group its own
-rendezvous store, see tests/test_gloo_groups.py): a failed launch is a failure.
+Each launch runs once (the plugin gives every gloo group its own rendezvous store, see
+tests/test_gloo_groups.py): a failed launch is a failure.
 """
 import json
 import os
@@ -20,6 +20,7 @@ import time
 import pytest
 
 from launch_util import free_port, launch_job
+from paddle_unpad.distributed.groups import GLOO_OWN_TIMEOUT_S
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -58,7 +59,7 @@ class Rank:
         return f"rank {self.rank}: rc={self.rc} after {self.exit_s}s\n{self.out[-4000:]}"
 
 
-def run_ranks(scenario, bound=60.0, kill_after_first_exit=False):
+def run_ranks(scenario, bound=75.0, kill_after_first_exit=False):
     """Start both ranks; wait (at most ``bound`` seconds) for them to exit.
 
     ``kill_after_first_exit``: SIGKILL the ranks still alive once one has exited (a
@@ -208,8 +209,9 @@ def test_stopped_peer_gives_exchange_timeout_within_the_timeout():
     assert "no balanced batch within 5 s" in peer["msg"] and "step 1" in peer["msg"], peer
     assert 5.0 <= peer["after"] < 8.0, peer
     assert r0.rc == 1, r0
-    # the survivor leaves by itself, although its exchange thread still waits for the peer
-    assert r0.exit_s < 30, r0
+    # the survivor leaves by itself, without aborting: at exit it waits until its exchange
+    # thread has left the collective with the stopped peer (gloo's own timeout fails it)
+    assert r0.exit_s < GLOO_OWN_TIMEOUT_S + 20, r0
     assert r1.rc == -signal.SIGKILL, r1  # killed by this test, after rank 0 exited
 
 

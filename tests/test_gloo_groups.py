@@ -2,7 +2,8 @@
 
 Paddle's ``ProcessGroupGloo`` (2.6 and 3.x) meets its peers under store keys that every
 group shares, so a rank can read a peer's address from an earlier group: "Connection
-refused", an address-size enforce, or a hang. ``import paddle_unpad`` gives each group
+refused", an address-size enforce, or a hang. ``paddle_unpad.distributed.groups``
+(installed by the plugin's distributed features before their first group) gives each group
 its own store. The control, with that switched off, checks the cause rather than the
 race (which a run can miss): Paddle's next group overwrites the default group's key
 (if a Paddle release stops sharing the keys, the control fails and the workaround can go).

@@ -77,52 +77,6 @@ def test_default_generator_is_the_one_paddle_seed_sets():
 
 
 
-def test_gloo_groups_get_their_own_store_and_nothing_else_changes(monkeypatch):
-    """The rendezvous wrapper is installed at import, once; it hands a gloo group after the
-    default one a fresh store (published under the group's key), passes every other call
-    through untouched, and switching it off restores Paddle's function."""
-    from launch_util import free_port
-    from paddle.base import core
-    from paddle.distributed import collective
-
-    installed = collective._new_process_group_impl
-    original = installed._paddle_unpad_original  # installed by import paddle_unpad
-    calls = []
-
-    def fake(backend, store, rank, world_size, group_name, pg_options, group_id=0, **kw):
-        calls.append((backend, store, rank, world_size, group_id, kw))
-        return "pg"
-
-    monkeypatch.setattr(collective, "_new_process_group_impl", fake)
-    monkeypatch.setattr(compat, "_group_stores", [])
-    monkeypatch.setattr(compat, "_group_store_uses", {})
-    assert compat.isolate_gloo_group_stores(True)
-    wrapper = collective._new_process_group_impl
-    assert wrapper is not fake and wrapper._paddle_unpad_original is fake
-    assert compat.isolate_gloo_group_stores(True) and collective._new_process_group_impl is wrapper  # once
-
-    port = free_port()
-    job = core.TCPStore("127.0.0.1", port, True, 0, 30)
-    assert wrapper("nccl", job, 0, 2, "g", None, group_id=7, nccl_config=None) == "pg"
-    assert wrapper("gloo", job, 0, 2, "g", None, group_id=0) == "pg"  # the default group
-    assert wrapper("gloo", job, 0, 1, "g", None, group_id=8) == "pg"  # one rank: nothing to meet
-    assert [c[1] is job for c in calls] == [True, True, True] and calls[0][5] == {"nccl_config": None}
-    monkeypatch.setenv("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:6170")
-    wrapper("gloo", job, 0, 3, "g", None, group_id=9)
-    own = calls[-1][1]
-    assert own is not job and calls[-1][2:5] == (0, 3, 9) and compat._group_stores == [own]
-    host, _, own_port = job.get("paddle_unpad/gloo_group_store/9/0").decode().rpartition(":")
-    assert host == "127.0.0.1" and int(own_port) not in (port, 6170)
-    peer = core.TCPStore(host, int(own_port), False, 0, 30)  # what another member joins
-    own.set("probe", b"seen")
-    assert peer.get("probe") == b"seen"
-    wrapper("gloo", job, 0, 3, "g", None, group_id=9)  # the same gid again: a key of its own
-    assert job.get("paddle_unpad/gloo_group_store/9/1")
-
-    assert not compat.isolate_gloo_group_stores(False) and collective._new_process_group_impl is fake
-    monkeypatch.setattr(collective, "_new_process_group_impl", installed)
-    assert original is not installed
-
 
 def test_strided_inputs_are_read_as_their_logical_values(native_ops, rng):
     """Transposed views reach the kernels (Paddle 3.x: Tensor::contiguous(); 2.6: a copy

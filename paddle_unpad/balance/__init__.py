@@ -1,4 +1,4 @@
-"""Load balancing across ranks: cost model, planner, asynchronous exchange.
+"""Load balancing across ranks: the planning math (cost model, planner, workloads).
 
 ::
 
@@ -8,8 +8,8 @@
     p = balance.plan(lengths_per_rank, cost=balance.calibrate(model))
     # p[dst] == [(src_rank, src_index), ...]
 
-The exchange (:class:`BalancedLoader`) is imported lazily: it needs paddle, the
-planner does not.
+The exchange that carries out a plan is :mod:`paddle_unpad.distributed` (its names are
+reachable here too, imported lazily: it needs paddle, the planner does not).
 """
 from .cost import DEFAULT_COST, CostModel, TokenCost, as_cost_fn, bert_cost, calibrate
 from .planner import (imbalance, moved_samples, native_available, no_balance, plan, plan_dest,
@@ -26,7 +26,7 @@ __all__ = [
 
 def __getattr__(name):  # lazy: the exchange imports paddle
     if name in ("BalancedLoader", "ExchangeError", "ExchangeTimeout"):
-        from . import exchange
+        from .. import distributed
 
-        return getattr(exchange, name)
+        return getattr(distributed, name)
     raise AttributeError(f"module 'paddle_unpad.balance' has no attribute {name!r}")

@@ -3,12 +3,15 @@ turns -- and all-reduces over each one; prints ``ALL OK`` when every sum is righ
 whether the job store's key ``"0"`` (where Paddle's gloo groups meet) still holds what the
 default group wrote there.
 
-Run under ``python -m paddle.distributed.launch --nproc_per_node 3``. Importing
-paddle_unpad first gives every group a rendezvous store of its own (unless
-``PADDLE_UNPAD_GLOO_GROUP_STORES=0``)."""
+Run under ``python -m paddle.distributed.launch --nproc_per_node 3``. Before any group is
+created it installs what the plugin's distributed features install first
+(``paddle_unpad.distributed.groups.install_group_stores``): every group then gets a
+rendezvous store of its own (unless ``PADDLE_UNPAD_GLOO_GROUP_STORES=0``)."""
 import sys
 
-import paddle_unpad  # noqa: F401  (before any group is created)
+from paddle_unpad.distributed import groups
+
+groups.install_group_stores()  # before any group is created
 
 import paddle
 import paddle.distributed as dist

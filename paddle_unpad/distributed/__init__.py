@@ -1,0 +1,20 @@
+"""Everything that talks between ranks, in one layer.
+
+* :mod:`.groups` -- the one place that makes process groups and stores, sets the exit rules
+  and issues collectives: host groups (gloo, CPU tensors: the sample exchange, in every job)
+  and device groups (the gradient all-reduce: NCCL in GPU jobs, issued from the training
+  thread only; gloo in CPU jobs);
+* the sample exchange, as it reads: :mod:`.wire` (what travels) -> :mod:`.source` (the rank's
+  own loader) -> :mod:`.exchange` (one epoch's background thread) -> :mod:`.loader`
+  (:class:`BalancedLoader`);
+* :mod:`.grad_sync` -- :class:`GradientAllReduce`;
+* :mod:`.options` -- the one table of their settings.
+
+The planning math lives in :mod:`paddle_unpad.balance`; :mod:`paddle_unpad.fleet` is the
+public hook. See docs/distributed.md.
+"""
+from .errors import ExchangeError, ExchangeTimeout, GradientSyncError
+from .grad_sync import GradientAllReduce
+from .loader import BalancedLoader
+
+__all__ = ["BalancedLoader", "GradientAllReduce", "ExchangeError", "ExchangeTimeout", "GradientSyncError"]

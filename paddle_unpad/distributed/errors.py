@@ -1,0 +1,13 @@
+"""The errors of the distributed layer: one type per kind of failure between ranks."""
+
+
+class ExchangeError(RuntimeError):
+    """The sample exchange cannot go on (a peer failed, stopped, or disagrees)."""
+
+
+class ExchangeTimeout(ExchangeError, TimeoutError):
+    """No balanced batch arrived within the configured timeout."""
+
+
+class GradientSyncError(RuntimeError):
+    """The gradient all-reduce failed, disagrees between ranks, or did not finish within its timeout."""

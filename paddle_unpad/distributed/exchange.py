@@ -1,0 +1,321 @@
+"""One epoch of the sample exchange: a background thread that turns every rank's batches into
+balanced, packed batches, one global step per pass, on the loader's host (gloo) group.
+
+Per step, every rank takes the same branches, decided from gathered values, so the
+collectives always match up:
+
+1. **local batch** -- the training loop's thread hands the rank's next batch (or its end, or
+   its error) over; it is checked (:func:`paddle_unpad.data.normalize_batch`);
+2. **headers** -- all-gather of every rank's header (:mod:`.wire`): a rank that failed, ended,
+   stopped iterating, plans with other settings or is at another step is known to every rank
+   at the same collective, before any sample moves;
+3. **layout** -- agreed across ranks when it changes (all-gather of the field layouts);
+4. **lengths** -- all-gather of every sample's ``(length, id)``; checked alike on every rank;
+5. **plan** -- the same on every rank (:func:`paddle_unpad.balance.plan_dest`);
+6. **transfer** -- the samples that move, as one all-gather of each rank's outgoing bytes,
+   padded to the largest rank's (:func:`transfer`): every rank receives every moved sample
+   and keeps those addressed to it. One collective on one group whatever the number of ranks;
+   gloo has no all-to-all, and its point-to-point messages are matched by a per-group counter
+   that uneven traffic between 3+ ranks puts out of step (docs/distributed.md, *At scale*);
+7. **pack** -- the rank's samples, in (source rank, index) order, packed and converted to
+   paddle tensors, queued for the training loop (``prefetch`` ahead).
+"""
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+
+import numpy as np
+
+from ..balance.planner import plan_dest
+from ..data.collate import SampleError, check_lengths, normalize_batch, pack_samples, to_paddle
+from . import groups, wire
+from .errors import ExchangeError
+from .wire import ABORT, END, ERROR, HDR, MSG_WORDS, OK, STATUS_TEXT
+
+END_ITEM = object()
+POLL_S = 0.05  # how often blocked waits look at the stop flag / feed the exchange thread
+
+
+def comm_error(rank, what, exc) -> ExchangeError:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    m = re.search(r"pair_rank = (\d+)", text)
+    peer = f" with rank {m.group(1)}" if m else ""
+    return ExchangeError(
+        f"paddle_unpad exchange on rank {rank}: {what} failed{peer} -- a peer died, was stopped, or did "
+        f"not reach this step within the communication backend's own timeout ({text.splitlines()[0][:300]})")
+
+
+class Settings:
+    """What every epoch of one loader shares: its group, options and the layout agreed so far.
+    Holds no reference to the loader itself (dropping the loader stops its epochs)."""
+
+    def __init__(self, group, rank, world, options, token_fields, place, plan_key, plan_desc):
+        self.group, self.rank, self.world = group, rank, world
+        self.o, self.token_fields, self.place = options, tuple(token_fields), place
+        self.plan_key, self.plan_desc = plan_key, plan_desc
+        self.schema = {"hash": 0, "schema": None}  # agreed across ranks, kept over epochs
+
+
+class Epoch:
+    """The exchange thread of one pass over the loader, its queues and its stop flag."""
+
+    def __init__(self, settings: Settings, source):
+        self.s, self.src = settings, source
+        prefetch = settings.o["prefetch"]
+        self.q: "queue.Queue" = queue.Queue(maxsize=prefetch)  # packed batches, to the loop
+        self.inq: "queue.Queue" = queue.Queue(maxsize=prefetch)  # the loader's batches, to the thread
+        self.stop = threading.Event()
+        self.phase = "starting"  # what the exchange thread waits for (named in timeouts)
+        self.what = "the exchange"  # the step and the operation, for errors of a collective
+        # exchange-thread CPU seconds (time.thread_time: waits in collectives and in the queue
+        # do not count), steps produced, samples received, bytes of the sample transfers
+        self.stats = {"steps": 0, "thread_cpu_s": 0.0, "moved_in": 0, "moved_bytes": 0, "wire_bytes": 0}
+        self.thread = threading.Thread(target=self._run, name=f"paddle_unpad-exchange-r{settings.rank}",
+                                       daemon=True)
+        groups.register_thread(self.thread, self.stop.set)
+        self.thread.start()
+
+    # ---------------------------------------------------------------- the thread's queues
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _take(self):
+        """The loader's next item, or None once the epoch is being closed."""
+        while not self.stop.is_set():
+            try:
+                return self.inq.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+        return None
+
+    def _at(self, step, what):
+        self.phase = self.what = f"{what} at step {step}"
+
+    def _all_gather(self, arr):
+        try:
+            return groups.all_gather_array(self.s.group, arr)
+        except Exception as e:  # noqa: BLE001 - gloo errors come as RuntimeError/OSError
+            raise comm_error(self.s.rank, self.what, e) from e
+
+    # ---------------------------------------------------------------- the thread
+    def _run(self):
+        """One global step per pass, in the named steps below."""
+        step, exhausted = 0, False
+        try:
+            while True:
+                cpu0 = time.thread_time()
+                local = self._local_batch(step, exhausted)
+                cpu0 += local.pop("waited_s")
+                exhausted = local["exhausted"]
+                H = self._share_headers(step, local)
+                if local["status"] == ABORT:
+                    return  # peers learn it from this header; nothing more to do
+                if self._read_headers(H, local, step) == "end":
+                    self._put(END_ITEM)
+                    return
+                counts = np.where(H[:, 0] == END, 0, H[:, 2])
+                if int(counts.sum()) == 0:  # nobody has a sample this step: every rank skips it
+                    step += 1
+                    continue
+                self._agree_schema(H, local["schema"], step)
+                lens, gids = self._share_lengths(step, local, counts)
+                dest, starts, phash = self._plan(step, lens, counts)
+                out = self._transfer_and_pack(step, local, dest, starts, phash, lens, gids, counts)
+                self.stats["thread_cpu_s"] += time.thread_time() - cpu0
+                self.stats["steps"] += 1
+                step += 1
+                self.phase = f"waiting for the training loop to take the batch of step {step - 1}"
+                if not self._put(out):
+                    continue  # closing: the loop top sends the ABORT header
+        except BaseException as e:  # noqa: BLE001 - handed to the training loop
+            self.phase = f"stopped by {type(e).__name__}"
+            self._put(e)
+        finally:
+            groups.unregister_thread(self.thread)
+
+    def _local_batch(self, step, exhausted):
+        """This rank's batch of ``step`` from the training loop, read and checked: its status
+        (OK / END / ERROR / ABORT), samples, lengths, ids and layout."""
+        s = self.s
+        local = {"status": OK, "msg": "", "exc": None, "samples": [], "lengths": np.zeros(0, np.int64),
+                 "ids": np.zeros(0, np.int64), "schema": None, "exhausted": exhausted, "waited_s": 0.0}
+        if exhausted:  # never ask a finished loader again
+            item = ("end", None)
+        else:
+            self.phase = f"waiting for its loader's batch of step {step} (the training loop hands it over)"
+            t_wait = time.thread_time()
+            item = self._take()
+            local["waited_s"] = time.thread_time() - t_wait
+        if item is None or self.stop.is_set():
+            local.update(status=ABORT, msg="its training loop stopped iterating (break, exception or Ctrl-C)")
+        elif item[0] == "end":
+            local.update(status=END, exhausted=True)
+        elif item[0] == "error":
+            local.update(status=ERROR, exc=item[1], exhausted=True)
+        else:
+            try:
+                samples, lengths, ids = normalize_batch(item[1], s.rank, step, s.token_fields)
+                local.update(samples=samples, lengths=lengths, ids=ids,
+                             schema=wire.schema(samples, s.token_fields, s.rank) if samples else None)
+            except BaseException as e:  # noqa: BLE001 - reported to every rank
+                local.update(status=ERROR, exc=e)  # the update above built its values first: local is as it was
+        if local["exc"] is not None:
+            local["msg"] = wire.summary(local["exc"])
+        return local
+
+    def _share_headers(self, step, local):
+        """All-gather every rank's header: status, step, sample count, layout hash, message."""
+        sch = local["schema"]
+        hdr = np.zeros(HDR, dtype=np.int64)
+        hdr[0], hdr[1], hdr[2] = local["status"], step, len(local["samples"])
+        hdr[3] = wire.schema_hash(sch) if sch is not None else 0
+        hdr[4] = self.s.plan_key
+        mb = local["msg"].encode("utf-8", "replace")[: 8 * MSG_WORDS]
+        hdr[8:] = np.frombuffer(mb.ljust(8 * MSG_WORDS, b"\0"), dtype=np.int64)
+        self._at(step, "waiting for every rank's header (all-gather)")
+        return self._all_gather(hdr)
+
+    def _read_headers(self, H, local, step):
+        """Raise the first rank's failure on every rank, or say whether every rank has ended."""
+        s = self.s
+        failed = [r for r in range(s.world) if H[r, 0] in (ERROR, ABORT)]
+        if failed:
+            if local["exc"] is not None:
+                raise local["exc"]
+            r = failed[0]
+            text = H[r, 8:].tobytes().rstrip(b"\0").decode("utf-8", "replace")
+            raise ExchangeError(f"paddle_unpad exchange: rank {r} {STATUS_TEXT[int(H[r, 0])]} at "
+                                f"step {int(H[r, 1])}: {text} (this is rank {s.rank})")
+        if np.any(H[:, 4] != H[0, 4]):  # before any plan: different settings give different plans
+            by_key = {}
+            for r in range(s.world):
+                by_key.setdefault(int(H[r, 4]), []).append(r)
+            raise ExchangeError(
+                "paddle_unpad exchange: the ranks balance with different planner settings (cost, counts or tol), "
+                "so they would compute different plans (ranks with the same settings: "
+                f"{' / '.join(str(g) for g in by_key.values())}); pass the same settings on every rank (a "
+                f"calibrated cost model: fit it on one rank and share its coefficients) -- this is rank {s.rank}: "
+                f"{s.plan_desc}")
+        if np.all(H[:, 0] == END):
+            return "end"
+        if np.any(H[:, 1] != step):
+            raise ExchangeError(f"paddle_unpad exchange: ranks are out of step: {H[:, 1].tolist()}")
+        return "go"
+
+    def _agree_schema(self, H, sch, step):
+        st = self.s.schema
+        hashes = sorted(set(int(h) for h in H[:, 3] if h != 0))
+        if len(hashes) > 1 or (hashes and hashes[0] != st["hash"]):
+            # not the hot path: once per epoch start, field change or mismatch; every rank
+            # decides the same from the gathered headers, so the collective matches up
+            self._at(step, "agreeing on the batch layout (all-gather)")
+            try:
+                schemas = groups.all_gather_object(self.s.group, sch)
+            except Exception as e:  # noqa: BLE001
+                raise comm_error(self.s.rank, self.what, e) from e
+            if len(hashes) > 1:
+                raise SampleError(f"paddle_unpad exchange: the ranks' batches of step {step} have different "
+                                  f"layouts: {wire.describe_schema_difference(schemas)} (every sample of a global "
+                                  "batch needs the same fields, dtypes and trailing shapes)")
+            st["hash"], st["schema"] = hashes[0], next(x for x in schemas if x is not None)
+
+    def _share_lengths(self, step, local, counts):
+        """All-gather every rank's sample lengths and ids; check them the same way on every rank."""
+        s, n = self.s, len(local["samples"])
+        maxn = int(counts.max())
+        rows = np.zeros((maxn, 2), dtype=np.int64)
+        rows[:n, 0] = local["lengths"]
+        rows[:n, 1] = local["ids"]
+        self._at(step, "waiting for every rank's sample lengths (all-gather)")
+        G = self._all_gather(rows.reshape(-1)).reshape(s.world, maxn, 2)
+        lens = [G[r, : counts[r], 0] for r in range(s.world)]
+        gids = [G[r, : counts[r], 1] for r in range(s.world)]
+        for r in range(s.world):  # same check, same message, on every rank
+            check_lengths(lens[r], gids[r], r, s.o["max_seqlen"])
+        return lens, gids
+
+    def _plan(self, step, lens, counts):
+        """The same plan on every rank: each sample's destination, the ranks' offsets, its hash."""
+        o = self.s.o
+        self._at(step, "planning")
+        dest, _ = plan_dest(lens, o["cost"], o["counts"], o["tol"])
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        phash = wire.plan_hash(dest)
+        if o["check_plan"]:
+            self._at(step, "comparing plan hashes (all-gather)")
+            hs = self._all_gather(np.array([phash], dtype=np.int64)).reshape(-1)
+            if np.any(hs != hs[0]):
+                raise ExchangeError(f"paddle_unpad exchange: ranks computed different plans at step "
+                                    f"{step}: hashes {hs.tolist()}")
+        return dest, starts, phash
+
+    def _transfer_and_pack(self, step, local, dest, starts, phash, lens, gids, counts):
+        """Send the samples that leave, receive those that arrive, pack this rank's batch."""
+        s, me = self.s, self.s.rank
+        schema = s.schema["schema"]
+        W = wire.transfer_words(dest, starts, lens, schema, s.world)
+        self._at(step, "transferring the samples that move (all-gather)")
+        got = transfer(self._all_gather, local["samples"], local["lengths"], dest[starts[me]:starts[me + 1]],
+                       W, me, schema)
+        self.stats["moved_bytes"] += 8 * int(W.sum())
+        self.stats["wire_bytes"] += 8 * s.world * int(W.sum(axis=1).max())
+        mine, mlens, mids, moved_in = [], [], [], 0
+        for r in range(s.world):  # (source rank, index) order
+            sel = np.nonzero(dest[starts[r]:starts[r + 1]] == me)[0]
+            if not sel.size:
+                continue
+            if r == me:
+                mine.extend(local["samples"][k] for k in sel)
+            else:
+                mine.extend(wire.decode(got[r], lens[r][sel], schema))
+                moved_in += int(sel.size)
+            mlens.append(lens[r][sel])
+            mids.append(gids[r][sel])
+        mlens = np.concatenate(mlens) if mlens else np.zeros(0, np.int64)
+        mids = np.concatenate(mids) if mids else np.zeros(0, np.int64)
+        packed = pack_samples(mine, mlens, mids, s.token_fields, global_num_samples=int(counts.sum()),
+                              schema=schema)
+        packed.update(step=step, plan_hash=phash, moved_in=moved_in)
+        self.stats["moved_in"] += moved_in
+        return to_paddle(packed, s.place)
+
+    # ---------------------------------------------------------------- closing
+    def close(self, timeout: float) -> bool:
+        """Stop the thread (idempotent) and wait up to ``timeout`` s; True once it has ended."""
+        self.stop.set()
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+
+def transfer(all_gather, samples, lengths, my_dest, W, me, schema):
+    """The uneven all-to-all of one step as one all-gather: each rank contributes its outgoing
+    samples, destination by destination (``W[me, d]`` words for rank ``d``), padded to the
+    largest rank's total; every rank keeps the segments addressed to it. Returns
+    ``{source: int64 words}``. Nothing is sent when nothing moves (every rank sees it in ``W``)."""
+    width = int(W.sum(axis=1).max()) if W.size else 0
+    if width == 0:
+        return {}
+    out = np.zeros(width, dtype=np.int64)
+    off = 0
+    for d in range(W.shape[0]):
+        if W[me, d]:
+            sel = np.nonzero(my_dest == d)[0]
+            out[off:off + W[me, d]] = wire.encode([samples[k] for k in sel], lengths[sel], schema)
+            off += int(W[me, d])
+    G = all_gather(out)
+    got = {}
+    for r in range(W.shape[0]):
+        if W[r, me]:
+            start = int(W[r, :me].sum())
+            got[r] = G[r, start:start + int(W[r, me])]
+    return got

@@ -1,0 +1,496 @@
+"""Gradient all-reduce with only the necessary bytes, overlapped with the backward where that helps.
+
+::
+
+    sync = pu.fleet.GradientAllReduce(model)     # on every rank, at the same point
+    for batch in loader:
+        loss = ...
+        loss.backward()
+        sync.wait()              # gradients are now averaged over the ranks
+        opt.step(); opt.clear_grad()
+
+What it does, compared with reducing one flat copy of every gradient after the backward:
+
+* **Embedding tables by rows** (CPU jobs by default). A lookup table's gradient is zero
+  outside the rows the step looked up. The rows each rank used are recorded by a forward
+  pre-hook on the model's ``nn.Embedding`` layers (host-side ids); the ranks exchange these
+  row lists and all-reduce only their union -- the other rows are zero on every rank and
+  stay zero, so the result is the dense all-reduce's. A table whose weight is also a
+  parameter of another layer (a tied output projection, as in PaddleNLP's masked-LM heads)
+  has a dense gradient and is reduced whole; so is a table when the union covers most of it.
+* **In place.** A gradient of at least ``bucket_mb`` is all-reduced in its own memory; only
+  the small ones (biases, LayerNorm) are packed into buckets (one copy in, one out).
+* **Overlap** (the default): a hook on every parameter marks its gradient complete; buckets
+  follow the reverse registration order (the order the backward completes them) and are
+  always reduced in that order on every rank. :meth:`GradientAllReduce.wait` marks parameters
+  without a gradient this step as complete (reduced as zeros, so every rank issues the same
+  collectives) and finishes the last buckets.
+
+  - **CPU jobs** (gloo): a communication thread on its own group reduces each bucket as soon
+    as it is complete, while the backward goes on.
+  - **GPU jobs** (NCCL): no thread. Each bucket's all-reduce is issued asynchronously by the
+    backward hook that completes it -- on the training thread, in bucket order, so every rank
+    issues the same NCCL operations in the same order from one thread (NCCL's rule; the
+    sample exchange uses gloo and no NCCL at all) -- and ``wait()`` waits for them.
+
+**Agreement.** At construction the ranks compare their layouts (parameter count, shapes,
+dtypes, bucket plan, options) through the job's store, within ``timeout``: models that differ
+are a :class:`GradientSyncError` on every rank, never a collective of mismatched sizes (which
+aborts inside gloo). Each step's reduction starts with a small header that carries the step
+-- the global step of the batch the training loop last took from a balanced loader, else the
+count of reductions -- so a rank that skipped a step is a named error on every rank, not
+gradients paired with another step's. One all-reduce per parameter at a time: a second one
+on the same parameters raises until the first is closed.
+
+Dygraph only; one :meth:`~GradientAllReduce.wait` per optimizer step. With gradient
+accumulation use ``overlap=False`` and call ``wait`` after the last backward only: with
+overlap, a bucket is reduced as soon as the first micro-batch completes it.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import weakref
+from typing import Dict, List, Optional
+
+import numpy as np
+import paddle
+
+from .. import _paddle_compat as compat
+from . import groups
+from .errors import GradientSyncError
+from .options import ALLREDUCE
+from .options import resolve as resolve_options
+
+__all__ = ["GradientAllReduce", "GradientSyncError"]
+
+_OWNERS: Dict[int, "weakref.ref"] = {}  # id(parameter) -> the live all-reduce that reduces it
+
+
+def _nbytes(p):
+    return int(np.prod(p.shape)) * p.element_size()
+
+
+class _Bucket:
+    __slots__ = ("params", "table", "pending", "ready", "nbytes")
+
+    def __init__(self, params, table=None):
+        self.params, self.table = list(params), table  # table: the _Table of a by-rows bucket
+        self.nbytes = sum(_nbytes(p) for p in self.params)
+        self.pending = len(self.params)
+        self.ready = threading.Event()
+
+
+class _Table:
+    """The rows of one embedding table looked up since the last step."""
+
+    def __init__(self, layer):
+        self.rows = int(layer.weight.shape[0])
+        self.ids: List[np.ndarray] = []
+        self.hook = layer.register_forward_pre_hook(self._record)
+
+    def _record(self, layer, inputs):
+        ids = inputs[0]
+        if isinstance(ids, paddle.Tensor):
+            self.ids.append(np.unique(ids.numpy()).astype(np.int64))
+
+    def take(self):
+        got, self.ids = self.ids, []
+        return np.unique(np.concatenate(got)) if got else np.zeros(0, np.int64)
+
+
+def _embedding_tables(model):
+    """{id(weight): Embedding layer} for tables whose weight belongs to no other layer."""
+    layers = model.sublayers(include_self=True)
+    owners: Dict[int, int] = {}
+    for layer in layers:
+        for _, p in layer.named_parameters(include_sublayers=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return {id(m.weight): m for m in layers if isinstance(m, paddle.nn.Embedding)
+            and not m.weight.stop_gradient and owners.get(id(m.weight), 0) == 1}
+
+
+def _trainable(model, is_layer):
+    params = list(model.parameters() if is_layer else model)
+    seen = {}
+    for i, p in enumerate(params):
+        if not isinstance(p, paddle.Tensor):
+            raise TypeError(f"GradientAllReduce: model must be a paddle.nn.Layer or a list of parameters, item {i} "
+                            f"is a {type(p).__name__}")
+        if id(p) in seen:
+            raise ValueError(f"GradientAllReduce: parameter {p.name!r} is listed twice (items {seen[id(p)]} and {i}); "
+                             "each would be reduced twice and the ranks' collectives would not match")
+        seen[id(p)] = i
+    params = [p for p in params if not p.stop_gradient]
+    if not params:
+        raise ValueError("GradientAllReduce: model has no trainable parameters")
+    return params
+
+
+class GradientAllReduce:
+    """Averages (or sums) the gradients of ``model``'s trainable parameters over the ranks.
+
+    Args:
+        model: a ``paddle.nn.Layer`` (its ``nn.Embedding`` tables can be reduced by rows), or
+            a list of parameters (then every gradient is reduced whole; none listed twice).
+        bucket_mb, average, row_sparse_embeddings, dense_fraction, overlap, timeout: rows of
+            the options table (:data:`paddle_unpad.distributed.options.OPTIONS`, scope
+            ``allreduce``); None takes the table's default. ``timeout``: seconds the ranks
+            wait for each other's layouts at construction, and :meth:`wait` for the reduction
+            on CPU jobs, before :class:`GradientSyncError` (a peer that died or stopped; the
+            process should then end).
+        group: the ranks to reduce over (default: all). The reduction runs on groups of its
+            own over the same ranks, created here: construct on every rank of ``group``, in
+            the same order relative to other groups.
+    """
+
+    def __init__(self, model, bucket_mb: Optional[float] = None, average: Optional[bool] = None,
+                 row_sparse_embeddings: Optional[bool] = None, dense_fraction: Optional[float] = None,
+                 overlap: Optional[bool] = None, timeout: Optional[float] = None, group=None):
+        given = dict(bucket_mb=bucket_mb, average=average, dense_fraction=dense_fraction, timeout=timeout)
+        o = resolve_options({k: v for k, v in given.items() if v is not None} | dict(
+            row_sparse_embeddings=row_sparse_embeddings, overlap=overlap), "GradientAllReduce", scope=ALLREDUCE)
+        is_layer = isinstance(model, paddle.nn.Layer)
+        params = _trainable(model, is_layer)
+        self.gpu = groups.job_uses_gpu()
+        self.overlap = True if o["overlap"] is None else o["overlap"]
+        by_rows = (not self.gpu) if o["row_sparse_embeddings"] is None else o["row_sparse_embeddings"]
+        self.average, self.dense_fraction, self.timeout = o["average"], float(o["dense_fraction"]), float(o["timeout"])
+        self.options = o
+        ranks = list(group.ranks) if group is not None else (list(range(groups.job()[1])))
+        self.world = len(ranks) if groups.job()[1] > 1 else 1
+        limit = float(o["bucket_mb"]) * (1 << 20)
+        tables = _embedding_tables(model) if (is_layer and by_rows and self.world > 1) else {}
+        self._buckets = self._plan_buckets(params, tables, limit)
+        self._params = params
+        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._claim(params)
+        self._lock = threading.Lock()
+        self._fired = set()
+        self._step_open = False
+        self._done = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        self._step_bytes = 0
+        self._passes = 0
+        self._next_bucket, self._tasks, self._pass_step = 0, [], None
+        self.stats = {"steps": 0, "exposed_s": 0.0, "bytes": 0, "last_bytes": 0, "buckets": len(self._buckets),
+                      "dense_bytes": sum(b.nbytes for b in self._buckets),
+                      "tables_by_rows": sum(b.table is not None for b in self._buckets)}
+        self._work: "queue.Queue" = queue.Queue()
+        self._thread = self._group = self._control = None
+        if self.world == 1:
+            return
+        try:
+            self._agree_layout(ranks)
+            self._group = groups.new_group("gradient all-reduce", groups.DEVICE, ranks)
+            # the step header and the rows of by-rows tables are host values: on a gloo group
+            # (NCCL jobs: one of its own, used by the training thread only)
+            self._control = self._group if self._group.backend == "gloo" else groups.new_group(
+                "gradient all-reduce control", groups.HOST, ranks)
+        except BaseException:
+            self._release()
+            raise
+        groups.use_for_exit_order(self._control)
+        if self.overlap:
+            for p in params:
+                compat.register_grad_ready_hook(p, self._hook_for(id(p)))
+        if not self.gpu:  # the thread does the work, so that wait() can give up after `timeout`
+            self._thread = threading.Thread(target=self._serve, name="paddle_unpad-grad-allreduce", daemon=True)
+            groups.register_thread(self._thread, lambda: self._work.put(None))
+            self._thread.start()
+
+    @staticmethod
+    def _plan_buckets(params, tables, limit):
+        buckets, small, small_bytes = [], [], 0
+        for p in reversed(params):  # the order the backward completes them
+            size = _nbytes(p)
+            if id(p) in tables and size >= limit:
+                buckets.append(_Bucket([p], _Table(tables[id(p)])))
+            elif size >= limit:
+                buckets.append(_Bucket([p]))
+            else:
+                small.append(p)
+                small_bytes += size
+                if small_bytes >= limit:
+                    buckets.append(_Bucket(small))
+                    small, small_bytes = [], 0
+        if small:
+            buckets.append(_Bucket(small))
+        return buckets
+
+    # ------------------------------------------------------------------ one all-reduce per parameter
+
+    def _claim(self, params):
+        for p in params:
+            ref = _OWNERS.get(id(p))
+            other = ref() if ref is not None else None
+            if other is not None and other is not self and not other._closed:
+                raise GradientSyncError(
+                    f"GradientAllReduce: parameter {p.name!r} is already reduced by a live GradientAllReduce "
+                    f"({other!r}); close() that one first (two would reduce every gradient twice, and their hooks "
+                    "and threads would interleave)")
+        me = weakref.ref(self)
+        for p in params:
+            _OWNERS[id(p)] = me
+
+    def _release(self):
+        for p in self._params:
+            ref = _OWNERS.get(id(p))
+            if ref is not None and ref() is self:
+                del _OWNERS[id(p)]
+
+    def __repr__(self):
+        return (f"GradientAllReduce({len(self._params)} parameters, {len(self._buckets)} buckets, "
+                f"overlap={self.overlap}{', closed' if self._closed else ''})")
+
+    # ------------------------------------------------------------------ agreement
+
+    def _layout(self):
+        return {"ranks": self.world, "options": {k: v for k, v in self.options.items() if k != "timeout"},
+                "parameters": [[list(p.shape), str(p.dtype).replace("paddle.", "")] for p in self._params],
+                "buckets": [[len(b.params), b.nbytes, b.table is not None] for b in self._buckets]}
+
+    def _agree_layout(self, ranks):
+        mine = self._layout()
+        values, missing = groups.agree("gradient-all-reduce", json.dumps(mine, sort_keys=True), self.timeout, ranks)
+        me = ranks.index(groups.job()[0])
+        if missing:
+            raise GradientSyncError(
+                f"GradientAllReduce: rank(s) {[ranks[i] for i in missing]} did not build their GradientAllReduce "
+                f"within {self.timeout:g} s (this is rank {ranks[me]}): build it at the same point on every rank")
+        if values is not None:
+            got = [json.loads(v) for v in values]
+            raise GradientSyncError(f"GradientAllReduce: the ranks' models or options differ -- "
+                                    f"{_first_difference(got, ranks)}; every rank must reduce the same parameters "
+                                    f"with the same options (this is rank {ranks[me]})")
+
+    # ------------------------------------------------------------------ readiness (overlap)
+
+    def _hook_for(self, key):
+        def hook():
+            if not self._closed:
+                self._mark_ready(key)
+
+        return hook
+
+    def _step_now(self):
+        step = groups.batch_step()
+        return self._passes if step is None else step
+
+    def _mark_ready(self, key):
+        with self._lock:
+            if key in self._fired:
+                return
+            if not self._step_open:  # the step's first complete gradient opens its pass
+                self._step_open = True
+                self._step_bytes = 0
+                self._done.clear()
+                self._pass_step = self._step_now()
+                if not self.gpu:
+                    self._work.put(self._pass_step)
+            self._fired.add(key)
+            b = self._bucket_of[key]
+            b.pending -= 1
+            if b.pending == 0:
+                b.ready.set()
+        if self.gpu:
+            self._issue_ready()
+
+    # ------------------------------------------------------------------ CPU jobs: the communication thread
+
+    def _serve(self):
+        while True:
+            step = self._work.get()
+            if step is None:
+                return
+            try:
+                self._check_step(step)
+                self._reduce_all()
+            except BaseException as e:  # noqa: BLE001 -- raised in the training thread by wait()
+                self._error = e
+            finally:
+                self._done.set()
+
+    def _reduce_all(self):
+        for b in self._buckets:  # the same order on every rank
+            b.ready.wait()
+            if self._closed:
+                return
+            if b.table is not None:
+                self._step_bytes += self._reduce_rows(b)
+            else:
+                task, finish = self._start_dense(b)
+                task.wait()
+                finish()
+
+    def _check_step(self, step):
+        """All-gather every rank's step (the header of a pass); raise when they differ."""
+        try:
+            steps = groups.all_gather_array(self._control, np.array([step], np.int64)).reshape(-1)
+        except Exception as e:  # noqa: BLE001
+            raise GradientSyncError(f"GradientAllReduce: the step header all-gather failed -- a peer died or "
+                                    f"stopped ({type(e).__name__}: {str(e).splitlines()[0][:300]})") from e
+        if np.any(steps != steps[0]):
+            raise GradientSyncError(
+                "GradientAllReduce: the ranks are reducing the gradients of different steps ("
+                + ", ".join(f"rank {r} step {int(s)}" for r, s in enumerate(steps))
+                + "): a rank skipped a step's backward or wait(), or ran an extra one; every rank must reduce "
+                  "every step")
+
+    # ------------------------------------------------------------------ the reduction of a bucket
+
+    def _grad(self, p):
+        if p.grad is None:  # no gradient on this rank this step: it takes part with zeros
+            compat.set_grad(p, paddle.zeros(p.shape, dtype=p.dtype))
+        return p.grad.detach()  # shares the gradient's memory
+
+    def _start_dense(self, b):
+        """Issue the all-reduce of a dense bucket: ``(task, finish)``; ``finish()`` after the task
+        scales and (packed buckets) copies the sums back into the gradients."""
+        grads = [self._grad(p) for p in b.params]
+        flat = grads[0] if len(grads) == 1 else paddle.concat([g.reshape([-1]) for g in grads])
+        task = groups.all_reduce(self._group, flat, sync_op=not self.gpu)
+
+        def finish():
+            if self.average:
+                flat.scale_(1.0 / self.world)
+            if len(grads) > 1:
+                for g, part in zip(grads, paddle.split(flat, [int(np.prod(g.shape)) for g in grads])):
+                    g.set_value(part.reshape(g.shape))
+            self._step_bytes += b.nbytes
+
+        return task, finish
+
+    def _reduce_rows(self, b):
+        """A by-rows table: the union of the rows the ranks used (host values, on the control
+        group), then its rows all-reduced in place (or the whole table when the union is large)."""
+        g = self._grad(b.params[0])
+        mine = b.table.take()
+        counts = [int(c) for c in groups.all_gather_array(self._control, np.array([len(mine)], np.int64)).reshape(-1)]
+        width = max(counts)
+        union = None
+        if width <= self.dense_fraction * b.table.rows:
+            padded = np.zeros(width, dtype=np.int64)  # equal shapes: what gloo's all_gather needs
+            padded[: len(mine)] = mine
+            gathered = groups.all_gather_array(self._control, padded)
+            union = np.unique(np.concatenate([row[:c] for row, c in zip(gathered, counts)]))
+        sent = 8 * self.world * (1 + (width if union is not None else 0))  # the counts, the ids if sent
+        if union is None or len(union) > self.dense_fraction * b.table.rows:
+            groups.all_reduce(self._group, g).wait()
+            if self.average:
+                g.scale_(1.0 / self.world)
+            return sent + b.nbytes
+        if len(union) == 0:  # no rank looked anything up: the gradient is zero everywhere
+            return sent
+        index = paddle.to_tensor(union, place=g.place)
+        rows = paddle.gather(g, index)
+        groups.all_reduce(self._group, rows).wait()
+        if self.average:
+            rows.scale_(1.0 / self.world)
+        paddle.scatter_(g, index, rows, overwrite=True)
+        return sent + _nbytes(rows)
+
+    # ------------------------------------------------------------------ GPU jobs: issued on the training thread
+
+    def _issue_ready(self):
+        """Issue, in bucket order, every bucket that is complete and not issued yet."""
+        while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].ready.is_set():
+            b = self._buckets[self._next_bucket]
+            self._next_bucket += 1
+            if b.table is not None:
+                self._step_bytes += self._reduce_rows(b)
+            else:
+                self._tasks.append(self._start_dense(b))
+
+    # ------------------------------------------------------------------ the training thread
+
+    def wait(self):
+        """Finish this step's all-reduce: call after the backward, before the optimizer step.
+        Returns the seconds spent here (the communication the step waits for)."""
+        t0 = time.perf_counter()
+        if self.world == 1:
+            return 0.0
+        if self._closed:
+            raise GradientSyncError(f"GradientAllReduce: wait() after close() ({self!r})")
+        for p in self._params:  # without overlap: all of them; with it: those without a gradient
+            self._mark_ready(id(p))
+        try:
+            if self.gpu:
+                self._finish_on_gpu()
+            elif not self._done.wait(self.timeout):
+                raise GradientSyncError(
+                    f"GradientAllReduce: the gradient all-reduce did not finish within {self.timeout:g} s "
+                    "(a rank died or stopped, or the ranks ran different backward passes)")
+            err, self._error = self._error, None
+            if err is not None:
+                raise GradientSyncError(f"GradientAllReduce: the gradient all-reduce failed: {err}") from err
+        finally:
+            self._end_pass()
+        return self._account(t0)
+
+    def _finish_on_gpu(self):
+        self._check_step(self._pass_step)
+        tasks, self._tasks = self._tasks, []
+        for task, finish in tasks:
+            task.wait()  # NCCL: the compute stream waits for the communication stream
+            finish()
+
+    def _end_pass(self):
+        with self._lock:
+            self._fired.clear()
+            self._step_open = False
+            self._next_bucket, self._tasks = 0, []
+            for b in self._buckets:
+                b.pending = len(b.params)
+                b.ready.clear()
+        self._passes += 1
+
+    def _account(self, t0):
+        dt = time.perf_counter() - t0
+        self.stats["steps"] += 1
+        self.stats["exposed_s"] += dt
+        self.stats["bytes"] += self._step_bytes
+        self.stats["last_bytes"] = self._step_bytes
+        return dt
+
+    def close(self):
+        """Stop the communication thread and remove the embedding lookups' hooks; the gradient
+        hooks then do nothing. Idempotent. Another GradientAllReduce may then take the model."""
+        if self._closed:
+            return
+        self._closed = True
+        self._release()
+        for b in self._buckets:
+            b.ready.set()
+            if b.table is not None:
+                b.table.hook.remove()
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread.join(timeout=1.0)  # one still inside a collective is joined at exit
+            if not self._thread.is_alive():
+                groups.unregister_thread(self._thread)
+
+
+def _first_difference(layouts, ranks) -> str:
+    """The first way the ranks' layouts differ, in words."""
+    ref = layouts[0]
+    for i, lay in enumerate(layouts[1:], 1):
+        if lay is None:
+            continue
+        a, b = ranks[0], ranks[i]
+        if len(lay["parameters"]) != len(ref["parameters"]):
+            return (f"rank {a} has {len(ref['parameters'])} trainable parameters, rank {b} "
+                    f"{len(lay['parameters'])}")
+        for k, (p, q) in enumerate(zip(ref["parameters"], lay["parameters"])):
+            if p != q:
+                return f"parameter {k} is {p[1]} {p[0]} on rank {a} but {q[1]} {q[0]} on rank {b}"
+        for key in sorted(set(ref["options"]) | set(lay["options"])):
+            if ref["options"].get(key) != lay["options"].get(key):
+                return f"option {key} is {ref['options'].get(key)!r} on rank {a} but {lay['options'].get(key)!r} " \
+                       f"on rank {b}"
+        if lay != ref:
+            return f"the bucket plans differ between rank {a} and rank {b}"
+    return "the layouts differ"

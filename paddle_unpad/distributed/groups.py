@@ -1,0 +1,436 @@
+"""Process groups, stores, exit rules and every collective of the plugin: the one place that
+talks between ranks.
+
+**Two kinds of group.**
+
+* A **host group** is gloo in every job (``paddle.distributed.new_group(ranks,
+  backend="gloo")``: Paddle 2.6 and 3.x create a ``ProcessGroupGloo`` for it whatever the
+  job's default backend) and carries CPU tensors only. The sample exchange runs on one, in
+  its background thread, as Baidu's MLPerf BERT ran its exchange among CPU processes: token
+  buffers never go through GPU memory, and nothing of it touches NCCL.
+* A **device group** carries the gradient all-reduce: NCCL in GPU jobs, gloo in CPU jobs. In
+  a GPU job its collectives are issued only by the thread that created it (the training
+  thread), in the same order on every rank -- NCCL's rule ("Using multiple NCCL communicators
+  concurrently": operations from several threads on one device are not safe, and their order
+  must be the same on every rank); :func:`issue` refuses any other thread.
+
+Groups per rank do not depend on the number of ranks: one host group per balanced loader, one
+device group (plus, in GPU jobs, one small host group for its control messages) per gradient
+all-reduce. No pair groups, no per-pair stores.
+
+**Workarounds of Paddle, and the versions they are for** -- applied when the first group of
+the plugin is made (or :func:`paddle_unpad.fleet.DistributedStrategy` is built, so that
+``fleet.init``'s own groups get the first one too):
+
+* per-group rendezvous stores (Paddle 2.6 and 3.x, gloo): :func:`install_group_stores`;
+* rank 0 leaves a clean job last (Paddle 3.x, whose TCP store runs on libuv): :func:`_at_exit`.
+
+**Exit.** Every background thread of the plugin registers here (:func:`register_thread`). At
+interpreter exit they are all told to stop first, then joined -- a thread blocked in a gloo
+collective with a stopped peer leaves it when gloo's own timeout (``GLOO_OWN_TIMEOUT_S``)
+fails the call -- so that no thread of the plugin is inside native code when the interpreter
+finalizes (a thread left there aborts the process: "terminate called without an active
+exception").
+
+**Agreement.** :func:`agree` compares a value across ranks through the job's TCP store with
+a bounded wait, before any group or collective that the value decides on: settings that
+differ, or a rank that never arrives, are a named error on every rank, never a hang.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import itertools
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from .. import _paddle_compat as _compat
+from .. import config
+
+log = logging.getLogger("paddle_unpad.distributed")
+
+GLOO_OWN_TIMEOUT_S = 30.0  # a gloo collective that waits longer fails by itself (Paddle 2.6 and 3.x, CPU)
+_EXIT_JOIN_S = GLOO_OWN_TIMEOUT_S + 10.0  # how long exit waits for the plugin's threads, all together
+HOST, DEVICE = "host", "device"
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def job_uses_gpu() -> bool:
+    """Whether this process trains on a GPU (an NCCL job): Paddle built with CUDA, its device a GPU."""
+    return paddle.is_compiled_with_cuda() and paddle.device.get_device().startswith("gpu")
+
+
+def device_backend() -> str:
+    """The backend of device groups: NCCL in GPU jobs, gloo in CPU jobs."""
+    return "nccl" if job_uses_gpu() else "gloo"
+
+
+def job() -> tuple:
+    """``(rank, world size)``; ``(0, 1)`` outside an initialized multi-process job."""
+    if not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+# ----------------------------------------------------------------------------- groups
+
+
+class Group:
+    """A process group of the plugin: ``role`` host or device, its backend, what it is for."""
+
+    def __init__(self, pg, role: str, backend: str, purpose: str):
+        self.pg, self.role, self.backend, self.purpose = pg, role, backend, purpose
+        self.ranks = list(pg.ranks)
+        self.nranks, self.rank = len(self.ranks), pg.rank
+        # NCCL: every collective from the creating (training) thread; gloo: any one thread
+        self.owner = threading.get_ident() if backend == "nccl" else None
+
+    def __repr__(self):
+        return f"Group({self.purpose!r}, {self.role}, {self.backend}, ranks={self.ranks})"
+
+
+CREATED: List[Group] = []  # every group this process made through the layer (tests and benchmarks count them)
+
+
+def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None) -> Group:
+    """A group over ``ranks`` (default: all). Collective: every rank calls it, in the same
+    order relative to the job's other group creations."""
+    install_group_stores()
+    _ensure_exit_handler()
+    backend = "gloo" if role == HOST else device_backend()
+    ranks = list(range(dist.get_world_size())) if ranks is None else sorted(ranks)
+    g = Group(dist.new_group(ranks, backend=backend), role, backend, purpose)
+    CREATED.append(g)
+    return g
+
+
+def wrap_host_group(pg, purpose: str) -> Group:
+    """A group the user made, for a host role: it must be gloo (the exchange runs on the CPU)."""
+    backend = "gloo" if "gloo" in type(pg.process_group).__name__.lower() else type(pg.process_group).__name__
+    if backend != "gloo":
+        raise ValueError(f"{purpose}: group must be a gloo group (the exchange sends CPU buffers: "
+                         f"paddle.distributed.new_group(ranks, backend='gloo')), got a {backend} group")
+    _ensure_exit_handler()
+    return Group(pg, HOST, "gloo", purpose)
+
+
+# ----------------------------------------------------------------------------- collectives
+
+#: tests: ``callable(op, group)`` called before every collective the plugin issues (on the
+#: issuing thread), to check which group and thread each one uses
+RECORDER: Optional[Callable] = None
+
+
+def issue(op: str, group: Group):
+    """Every collective passes here: NCCL ones only from their group's owner thread."""
+    if group.owner is not None and threading.get_ident() != group.owner:
+        raise RuntimeError(
+            f"paddle_unpad: {op} on the {group.purpose} group (NCCL) from thread "
+            f"{threading.current_thread().name!r}, not the thread that created the group: the plugin issues NCCL "
+            "collectives from the training thread only, in the same order on every rank")
+    if RECORDER is not None:
+        RECORDER(op, group)
+
+
+def all_gather_array(group: Group, arr) -> np.ndarray:
+    """``[nranks, *arr.shape]`` int64 from every rank's ``arr`` (same shape on every rank), on CPU."""
+    issue("all_gather", group)
+    t = paddle.to_tensor(np.ascontiguousarray(arr, dtype=np.int64), place=paddle.CPUPlace())
+    outs = []
+    dist.all_gather(outs, t, group=group.pg)
+    return np.stack([o.numpy() for o in outs])
+
+
+def all_gather_object(group: Group, obj) -> list:
+    issue("all_gather_object", group)
+    outs = []
+    dist.all_gather_object(outs, obj, group=group.pg)
+    return outs
+
+
+def all_reduce(group: Group, tensor, sync_op: bool = True):
+    """Sum ``tensor`` over the group, in place; returns the task (``sync_op=False``: wait on it)."""
+    issue("all_reduce", group)
+    return dist.all_reduce(tensor, group=group.pg, sync_op=sync_op)
+
+
+def all_gather_tensors(group: Group, tensor) -> list:
+    issue("all_gather", group)
+    outs = []
+    dist.all_gather(outs, tensor, group=group.pg)
+    return outs
+
+
+# ----------------------------------------------------------------------------- agreement through the store
+
+_agree_seq: Dict[str, "itertools.count"] = {}
+
+
+def _job_store():
+    from paddle.base import core  # 2.6 and 3.x
+
+    return core.create_or_get_global_tcp_store()
+
+
+def agree(kind: str, value: str, timeout: float, ranks: Optional[List[int]] = None):
+    """Compare this rank's ``value`` for the ``n``-th agreement of ``kind`` in this process with
+    the other ``ranks``' (default: all), through the job's TCP store, waiting at most
+    ``timeout`` seconds.
+
+    Returns ``(values, missing)``: ``values`` is None when every rank holds the same value,
+    else every rank's value in the order of ``ranks`` (None for a rank that did not arrive);
+    ``missing`` lists the positions in ``ranks`` that did not arrive in time. No collective
+    is involved, so a rank that never comes cannot make the others hang; each rank compares
+    with the first rank's value and counts itself in, so the store serves O(1) requests per
+    rank unless something differs."""
+    rank, world = job()
+    ranks = list(range(world)) if ranks is None else list(ranks)
+    me, n_ranks = ranks.index(rank), len(ranks)
+    n = next(_agree_seq.setdefault(kind, itertools.count()))
+    prefix = f"paddle_unpad/agree/{kind}/{'-'.join(map(str, ranks)) if n_ranks < world else 'all'}/{n}"
+    store = _job_store()
+    store.set(f"{prefix}/value/{me}", value.encode("utf-8"))
+    store.add(f"{prefix}/in/{me}", 1)
+    deadline = time.monotonic() + timeout
+
+    def arrived(i):
+        return i == me or store.add(f"{prefix}/in/{i}", 0) > 0  # add 0: a read that never blocks
+
+    def poll(done):
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    if poll(lambda: arrived(0)):
+        same = store.get(f"{prefix}/value/0").decode("utf-8") == value
+        store.add(f"{prefix}/{'same' if same else 'differ'}", 1)
+        if poll(lambda: store.add(f"{prefix}/same", 0) + store.add(f"{prefix}/differ", 0) >= n_ranks):
+            if store.add(f"{prefix}/differ", 0) == 0:
+                return None, []
+    present = [i for i in range(n_ranks) if arrived(i)]
+    values = [store.get(f"{prefix}/value/{i}").decode("utf-8") if i in present else None for i in range(n_ranks)]
+    return values, [i for i in range(n_ranks) if i not in present]
+
+
+# ----------------------------------------------------------------------------- the training step
+
+_batch_step = {"step": None}
+
+
+def note_batch_step(step: int):
+    """The balanced loaders call this with each batch's global step as the training loop takes
+    it; the gradient all-reduce compares it across ranks (a rank that skipped a step)."""
+    _batch_step["step"] = int(step)
+
+
+def batch_step():
+    return _batch_step["step"]
+
+
+# ----------------------------------------------------------------------------- per-group rendezvous stores
+
+_GROUP_STORE_KEY = "paddle_unpad/gloo_group_store"
+_group_stores = []  # each group's own store, alive as long as the process (its group holds it too)
+_group_store_uses = {}  # gid -> groups created with it so far (a reused custom gid gets a new key)
+
+
+def install_group_stores(enabled=None):
+    """Give every gloo process group after the default one a rendezvous store of its own
+    (Paddle 2.6 and 3.x). Idempotent; returns whether the rendezvous is isolated.
+
+    Why: ``ProcessGroupGloo.create`` connects the group's gloo context through the job's TCP
+    store under the keys ``"0"`` .. ``"n-1"``, with no per-group prefix, so each new group
+    overwrites the keys of the one before. A rank that reads a peer's key before the peer
+    has rewritten it gets the peer's address in an earlier group and fails: ``pair.cc ...
+    connect ...: Connection refused`` (that listener is closed), or ``address.cc ... 136 vs
+    68`` when the two groups differ in size (Paddle 2.6 hangs instead). It hits ``fleet.init``
+    (its data-parallel group follows the default one) and any job that creates groups one
+    after the other, more often the more loaded the machine.
+
+    With this, ``paddle.distributed.new_group`` on gloo gives the group a TCP store served by
+    its first member (address passed through the job's store under a key unique to the
+    group), so no key it reads can be stale. The default group (gid 0) and other backends
+    are left as they are. The ``GLOO_GROUP_STORES`` setting off leaves Paddle as it ships."""
+    from paddle.distributed import collective
+
+    enabled = config.get("GLOO_GROUP_STORES") if enabled is None else enabled
+    impl = getattr(collective, "_new_process_group_impl", None)
+    if impl is None:  # a Paddle without this hook: leave it alone
+        return False
+    original = getattr(impl, "_paddle_unpad_original", impl)
+    if not enabled:
+        collective._new_process_group_impl = original
+        return False
+    if impl is not original:
+        return True
+
+    @functools.wraps(original)
+    def new_process_group_impl(backend, store, rank, world_size, group_name, pg_options, group_id=0,
+                               *args, **kwargs):
+        if backend == "gloo" and group_id != 0 and world_size > 1:
+            store = _group_store(store, rank, world_size, group_id)
+        return original(backend, store, rank, world_size, group_name, pg_options, group_id, *args, **kwargs)
+
+    new_process_group_impl._paddle_unpad_original = original
+    collective._new_process_group_impl = new_process_group_impl
+    return True
+
+
+def group_stores_installed() -> bool:
+    from paddle.distributed import collective
+
+    return hasattr(getattr(collective, "_new_process_group_impl", None), "_paddle_unpad_original")
+
+
+def _group_store(job_store, rank, size, gid):
+    """The fresh TCP store of group ``gid``: served by its rank 0, joined by the others."""
+    from paddle.base import core  # 2.6 and 3.x
+
+    uses = _group_store_uses.get(gid, 0)
+    _group_store_uses[gid] = uses + 1
+    key = f"{_GROUP_STORE_KEY}/{gid}/{uses}"
+    timeout = 900  # seconds, Paddle's default for its own store
+    if rank == 0:
+        # the address the other members reach this process at: the launcher's endpoint
+        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "").rpartition(":")[0] or "127.0.0.1"
+        error = None
+        for _ in range(5):  # the port is picked free, but another process could take it first
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+            try:
+                own = core.TCPStore(host, port, True, 0, timeout)  # 0 workers: returns at once
+                break
+            except Exception as e:  # noqa: BLE001 - retried on another port, then reported
+                error = e
+        else:
+            job_store.set(key, f"error: {error}".encode())
+            raise RuntimeError(f"paddle_unpad: could not start the rendezvous store of gloo group {gid}: {error}")
+        job_store.set(key, f"{host}:{port}".encode())
+    else:
+        value = job_store.get(key).decode()  # waits for the key (2.6 and 3.x)
+        if value.startswith("error: "):
+            raise RuntimeError(f"paddle_unpad: the first member of gloo group {gid} could not start its "
+                               f"rendezvous store ({value[7:]})")
+        host, _, port = value.rpartition(":")
+        own = core.TCPStore(host, int(port), False, 0, timeout)
+    _group_stores.append(own)
+    return own
+
+
+# ----------------------------------------------------------------------------- threads and exit
+
+_threads_lock = threading.Lock()
+_threads: Dict[threading.Thread, Callable] = {}  # live background threads -> how to ask them to stop
+_exit = {"installed": False, "order_group": None}
+
+
+def register_thread(thread: threading.Thread, stop: Callable[[], None]):
+    """A background thread of the plugin: ``stop()`` asks it to leave (without blocking); it is
+    stopped and joined at interpreter exit unless it ended before."""
+    _ensure_exit_handler()
+    with _threads_lock:
+        _threads[thread] = stop
+
+
+def unregister_thread(thread: threading.Thread):
+    with _threads_lock:
+        _threads.pop(thread, None)
+
+
+def stop_and_join(items, timeout: float) -> List[threading.Thread]:
+    """Ask every ``(thread, stop)`` to stop, then join them all within ``timeout`` seconds in
+    total (asking all first: no thread's close handshake waits for another's). Returns the
+    threads still alive."""
+    for _, stop in items:
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - one thread's failure must not keep the others running
+            log.debug("paddle_unpad: stopping a thread failed", exc_info=True)
+    deadline = time.monotonic() + timeout
+    alive = []
+    for th, _ in items:
+        if th is threading.current_thread():
+            continue
+        th.join(max(0.0, deadline - time.monotonic()))
+        if th.is_alive():
+            alive.append(th)
+    return alive
+
+
+def use_for_exit_order(group: Group):
+    """A host group over every rank that rank 0 can wait on at exit (the first one offered)."""
+    if _exit["order_group"] is None and group.role == HOST and group.nranks == job()[1] > 1:
+        _exit["order_group"] = group
+
+
+def _ensure_exit_handler():
+    if not _exit["installed"]:
+        _exit["installed"] = True
+        atexit.register(_at_exit)  # runs before atexit handlers registered earlier (Paddle's)
+
+
+_EXIT_KEY = "paddle_unpad/ranks_leaving"
+_EXIT_COUNT_WAIT_S = 5.0  # how long rank 0 waits for its peers to count themselves out
+
+
+def _at_exit():
+    with _threads_lock:
+        items = list(_threads.items())
+    alive = stop_and_join(items, _EXIT_JOIN_S)
+    if alive:
+        log.warning("paddle_unpad: %d background thread(s) still inside a collective at exit after %.0f s",
+                    len(alive), _EXIT_JOIN_S)
+        return  # their group is in use: no exit ordering on it
+    if _compat.PADDLE_VERSION >= (3, 0):
+        _leave_in_order()
+
+
+def _leave_in_order():
+    """Rank 0 leaves a clean multi-rank job after its peers (Paddle 3.x).
+
+    Rank 0 hosts the job's TCP store (and the plugin's groups' stores); in Paddle 3.x a libuv
+    thread serves them, and when a peer's connection closes while rank 0 is already in its C++
+    teardown (the static destructors after ``exit()``), that thread aborts rank 0 -- SIGABRT, no
+    message, the job's work done, the launcher reporting a failed job (seen in about one of 15
+    two-rank Trainer runs on a loaded 2-core host; the core dump shows
+    ``LibUVClient::readCallback`` under ``LibUVMasterDaemon::run``). So at exit each peer counts
+    itself out in the store, and rank 0, once all have, waits on a host group until every
+    peer's process is gone (a receive from a peer fails when its sockets close) before its own
+    teardown. Skipped in a process that dies of an exception, and when a peer has not counted
+    itself out within a few seconds (a failed job: rank 0 must not hold up its peers' errors)."""
+    group = _exit["order_group"]
+    if group is None or getattr(sys, "last_value", None) is not None:  # no group, or dying of an exception
+        return
+    try:
+        store = _job_store()
+        if group.rank != 0:
+            store.add(_EXIT_KEY, 1)
+            return
+        deadline = time.monotonic() + _EXIT_COUNT_WAIT_S
+        while store.add(_EXIT_KEY, 0) < group.nranks - 1:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        buf = paddle.to_tensor([0], dtype="int64", place=paddle.CPUPlace())
+        for peer in range(1, group.nranks):
+            try:  # nobody sends: this returns when the peer's connection closes
+                dist.irecv(buf, peer, group=group.pg).wait()
+            except Exception:  # noqa: BLE001 - the expected end of the wait
+                pass
+        time.sleep(0.1)  # the store's thread takes the peers' hang-ups while rank 0 is whole
+    except Exception:  # noqa: BLE001 - ordering is best effort; never fail an exit
+        return

@@ -1,0 +1,66 @@
+"""paddle_unpad.distributed.groups in one process: the per-group rendezvous stores, when they
+are installed, the options table's checks, and the agreement of a single rank. (Several ranks:
+tests/test_distributed.py.)"""
+import subprocess
+import sys
+
+
+from launch_util import free_port
+from paddle_unpad.distributed import groups
+
+
+def test_import_leaves_paddles_group_factory_alone_until_a_distributed_feature_asks():
+    code = ("import paddle_unpad as pu; from paddle.distributed import collective as c; "
+            "before = hasattr(c._new_process_group_impl, '_paddle_unpad_original'); "
+            "pu.fleet.DistributedStrategy(); "
+            "after = hasattr(c._new_process_group_impl, '_paddle_unpad_original'); print(before, after)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "False True"
+
+
+def test_gloo_groups_get_their_own_store_and_nothing_else_changes(monkeypatch):
+    """The rendezvous wrapper is installed once; it hands a gloo group after the default one a
+    fresh store (published under the group's key), passes every other call through
+    untouched, and switching it off restores Paddle's function."""
+    from paddle.base import core
+    from paddle.distributed import collective
+
+    groups.install_group_stores(True)
+    installed = collective._new_process_group_impl
+    original = installed._paddle_unpad_original
+    calls = []
+
+    def fake(backend, store, rank, world_size, group_name, pg_options, group_id=0, **kw):
+        calls.append((backend, store, rank, world_size, group_id, kw))
+        return "pg"
+
+    monkeypatch.setattr(collective, "_new_process_group_impl", fake)
+    monkeypatch.setattr(groups, "_group_stores", [])
+    monkeypatch.setattr(groups, "_group_store_uses", {})
+    assert groups.install_group_stores(True)
+    wrapper = collective._new_process_group_impl
+    assert wrapper is not fake and wrapper._paddle_unpad_original is fake
+    assert groups.install_group_stores(True) and collective._new_process_group_impl is wrapper  # once
+
+    port = free_port()
+    job = core.TCPStore("127.0.0.1", port, True, 0, 30)
+    assert wrapper("nccl", job, 0, 2, "g", None, group_id=7, nccl_config=None) == "pg"
+    assert wrapper("gloo", job, 0, 2, "g", None, group_id=0) == "pg"  # the default group
+    assert wrapper("gloo", job, 0, 1, "g", None, group_id=8) == "pg"  # one rank: nothing to meet
+    assert [c[1] is job for c in calls] == [True, True, True] and calls[0][5] == {"nccl_config": None}
+    monkeypatch.setenv("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:6170")
+    wrapper("gloo", job, 0, 3, "g", None, group_id=9)
+    own = calls[-1][1]
+    assert own is not job and calls[-1][2:5] == (0, 3, 9) and groups._group_stores == [own]
+    host, _, own_port = job.get("paddle_unpad/gloo_group_store/9/0").decode().rpartition(":")
+    assert host == "127.0.0.1" and int(own_port) not in (port, 6170)
+    peer = core.TCPStore(host, int(own_port), False, 0, 30)  # what another member joins
+    own.set("probe", b"seen")
+    assert peer.get("probe") == b"seen"
+    wrapper("gloo", job, 0, 3, "g", None, group_id=9)  # the same gid again: a key of its own
+    assert job.get("paddle_unpad/gloo_group_store/9/1")
+
+    assert not groups.install_group_stores(False) and collective._new_process_group_impl is fake
+    monkeypatch.setattr(collective, "_new_process_group_impl", installed)
+    assert original is not installed
