@@ -113,6 +113,7 @@ bench: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_fp32_attention.py --threads $(THREADS)
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_encoder.py
 	OMP_NUM_THREADS=1 $(VPY) benchmarks/bench_balance.py
+	OMP_NUM_THREADS=1 $(VPY) benchmarks/bench_exchange_scale.py
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_gemm.py
 	$(VPY) benchmarks/bench_e2e.py
 	$(VPY) examples/run_demo.py --json-out benchmarks/results/demo.json

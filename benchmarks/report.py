@@ -353,6 +353,55 @@ def fp32_attention():
                     "both padded paths; the CPU kernel, which never materialises them, is what runs there.", ""]
 
 
+def exchange_scale():
+    d, when = _newest("exchange_scale")
+    if d is None:
+        return []
+    lines = _header("The sample exchange at 2 to 16 ranks", "OMP_NUM_THREADS=1 python benchmarks/bench_exchange_scale.py",
+                    d, when, f"{d['steps']} steps of {d['samples_per_rank']} samples per rank (BERT pre-training "
+                    f"lengths up to {d['max_len']}), one fleetrun job per row.")
+    lines += ["`allgather` is the exchange as it ships (one gloo group per loader; the samples that move travel in "
+              "one all-gather of each rank's outgoing bytes); `pairs` the previous design (a 2-rank group per pair "
+              "of ranks, `isend`/`irecv`); `roundrobin` point-to-point on one group in N-1 rounds; "
+              "`allgather:nagle` the shipped design with Paddle's store connections as Paddle opens them "
+              f"(`{bench_util.config.variable('STORE_NODELAY').env}=0`; every other row has them set `TCP_NODELAY`). *1st batch*: "
+              "from `fleet.init` returning to the first balanced batch, slowest rank (*after all*: from the last "
+              "rank leaving `fleet.init`); *ms/step*: median per balanced batch, *pack-only*: the same loader with "
+              "`balance=False`. Ranks beyond the cores share them: times grow with oversubscription too, group "
+              "counts and bytes do not.", ""]
+    rows, errors = [], any("error" in r for r in d["runs"])
+    for r in d["runs"]:
+        if "error" in r:
+            rows.append([r["design"], r["world"], r["nnodes"]] + ["-"] * 8 + [r["error"]])
+            continue
+        rows.append([r["design"], r["world"], r["nnodes"], r["groups_per_rank"], r["group_creations_per_rank"],
+                     f"{r['fleet_init_s']:.1f}", f"{r['first_batch_s']:.2f}", f"{r['first_batch_after_all_s']:.2f}",
+                     f"{r['step_ms']:.1f}", f"{r['local_step_ms']:.1f}",
+                     f"{r['moved_bytes_per_step'] / 1e3:.0f} / {r['received_bytes_per_step'] / 1e3:.0f}"]
+                    + ([""] if errors else []))
+    lines += _table(["design", "ranks", "nodes", "groups / rank", "group creations / rank", "fleet.init s",
+                     "1st batch s", "after all s", "ms/step", "pack-only ms", "KB moved / received per rank"]
+                    + (["error"] if errors else []), rows)
+    m = d.get("at_scale")
+    if m:
+        i = m["inputs"]
+        lines += ["At cluster sizes, modelled from this run (`at_scale` in the benchmark; its inputs measured on "
+                  f"this host in the same run: a store request {1e3 * i['store_request_s']:.2f} ms "
+                  f"({1e3 * i['store_request_nagle_s']:.0f} ms with the connection as Paddle opens it), the store "
+                  f"server's time per request under load {1e3 * i['store_server_s']:.3f} ms, a TCP connect "
+                  f"{1e3 * i['connect_s']:.2f} ms, a hop {1e3 * i['hop_s']:.3f} ms, {i['bytes_per_s'] / 1e9:.1f} GB/s; "
+                  f"moved bytes per sample slot {m['moved_bytes_per_sample_slot'] / 1e3:.2f} KB; all-gather padding "
+                  f"received / moved = {m['padding_fit'][0]:.2f} + {m['padding_fit'][1]:.2f} ln N). Per rank:", ""]
+        lines += _table(["ranks", "samples / rank", "groups / rank", "messages / step", "headers + lengths MB / step",
+                         "samples received MB / step", "planner ms", "exchange step ms", "one gloo group s",
+                         "same, store as Paddle opens it s", "first balanced batch s"],
+                        [[r["ranks"], r["samples_per_rank"], r["groups_per_rank"], r["messages_per_rank"],
+                          f"{(r['header_bytes'] + r['length_bytes']) / 1e6:.2f}", f"{r['received_bytes'] / 1e6:.1f}",
+                          f"{1e3 * r['planner_s']:.1f}", f"{1e3 * r['step_s']:.0f}", f"{r['group_s']:.1f}",
+                          f"{r['group_nagle_s']:.0f}", f"{r['startup_s']:.1f}"] for r in m["rows"]])
+    return lines
+
+
 def balance():
     d, when = _newest("balance")
     if d is None:
@@ -829,7 +878,6 @@ def demo_seeds():
     if d is None:
         return []
     c = d["config"]
-    m = d.get("machine") or {}
     lines = ["### Is the accuracy difference noise?", "",
              f"Command: `{d['command']}` (not part of `make bench`: {d['seconds'] / 60:.0f} minutes here)  ",
              f"Machine: {_machine(d)}; results written {_date(d, when)}.", "",
@@ -867,9 +915,10 @@ def main():
              "[fused ops](#fused-encoder-ops-vs-the-unfused-paddle-sequence), "
              "[float32 attention without a kernel](#float32-attention-without-a-kernel-gpu-float32-bucketed-plain-paddle-attention), "
              "[encoder step and scaling](#encoder-training-step-converted-vs-original-paddlenlp-model), "
-             "[load balance](#load-balance), [GEMM speed on AMD and Intel hosts](#gemm-speed-on-amd-and-intel-hosts), "
+             "[load balance](#load-balance), "
+             "[the sample exchange at 2 to 16 ranks](#the-sample-exchange-at-2-to-16-ranks), [GEMM speed on AMD and Intel hosts](#gemm-speed-on-amd-and-intel-hosts), "
              "[GPU](#gpu).", ""]
-    for section in (targets, demo, e2e, attention, fused, fp32_attention, encoder, balance, gemm):
+    for section in (targets, demo, e2e, attention, fused, fp32_attention, encoder, balance, exchange_scale, gemm):
         parts += section()
     parts += ["## GPU", "", "No GPU figures yet: the CUDA kernels compile in CI but have not run on a GPU "
               "(see [gpu.md](gpu.md); `benchmarks/gpu_check.sh` produces them on one).", ""]

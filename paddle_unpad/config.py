@@ -59,6 +59,9 @@ VARIABLES = tuple(Variable(*v) for v in (
     ("GLOO_GROUP_STORES", "flag", True,
      "give every gloo process group after the default one a rendezvous store of its own (read at import; "
      "off: Paddle's groups share the job's store and can read each other's addresses)"),
+    ("STORE_NODELAY", "flag", True,
+     "send this process's requests to Paddle's TCP stores without Nagle's delay (TCP_NODELAY on its "
+     "connections to the job's and the groups' stores; off: each request can wait ~40 ms for a delayed ACK)"),
     # build time
     ("SKIP_CUDA", "flag", False, "never compile the CUDA sources", (), "build"),
     ("REQUIRE_CUDA", "flag", False, "fail the build unless the CUDA kernels are compiled (make setup PADDLE=gpu)",

@@ -47,11 +47,11 @@ class Rank:
         return f"rank {self.rank}: rc={self.rc} after {self.exit_s}s\n{self.out[-4000:]}"
 
 
-def run_ranks(worker, args, world, bound=75.0, kill_after_first_exit=False, env=None):
+def run_ranks(worker, args, world, bound=75.0, kill_after_exit_of=None, env=None):
     """Start ``world`` ranks of ``python worker *args``; wait (at most ``bound`` seconds) for
-    them to exit. ``kill_after_first_exit``: SIGKILL the ranks still alive once one has exited
-    (a stopped peer never exits by itself). A rank still alive at ``bound`` fails the caller's
-    test (AssertionError)."""
+    them to exit. ``kill_after_exit_of``: ranks whose exit makes the runner SIGKILL the ranks
+    still alive (a stopped peer never exits by itself). A rank still alive at ``bound`` fails the
+    caller's test (AssertionError)."""
     with tempfile.TemporaryDirectory() as tmp:
         master = f"127.0.0.1:{free_port()}"
         endpoints = [f"127.0.0.1:{free_port()}" for _ in range(world)]
@@ -71,7 +71,7 @@ def run_ranks(worker, args, world, bound=75.0, kill_after_first_exit=False, env=
                 done = [rk for rk in ranks if rk.exit_s is not None]
                 if len(done) == len(ranks):
                     break
-                if kill_after_first_exit and done:
+                if kill_after_exit_of is not None and all(ranks[r].exit_s is not None for r in kill_after_exit_of):
                     for rk in ranks:
                         if rk.proc.poll() is None:
                             os.killpg(rk.proc.pid, signal.SIGKILL)

@@ -50,7 +50,7 @@ TRAIN_CHECKS = {
 }
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("nproc", [3, 4])
 def test_exchange_training_matches_single_process(tmp_path, nproc):
     logs = launch(tmp_path, nproc, "train")
     missing = TRAIN_CHECKS - _checks(logs)

@@ -1,4 +1,5 @@
-"""Smoke tests: benchmarks/bench_attention.py and bench_fp32_attention.py --quick run and write complete JSON."""
+"""Smoke tests: benchmarks/bench_attention.py, bench_fp32_attention.py and bench_exchange_scale.py run small and
+write complete JSON."""
 import json
 import math
 import os
@@ -149,3 +150,30 @@ def test_bench_fp32_attention_quick(tmp_path):
         t = e["cpu_fp32_fwd_bwd"]
         assert all(v > 0 for v in t["ms"].values()) and set(t["ms"]) == {"packed_kernel", "bucketed", "stock_batch_max"}
         assert max(t["max_abs_diff_vs_kernel"].values()) < 1e-4
+
+
+@pytest.mark.dist
+def test_bench_exchange_scale_smoke(tmp_path):
+    """Two small jobs of the shipped exchange: one group per rank whatever the size, the
+    moved bytes accounted for, and a model row for each cluster size."""
+    out = tmp_path / "scale.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_exchange_scale.py"), "--worlds",
+                        "2,3", "--designs", "allgather", "--nodes", "0", "--quick", "--timeout", "120",
+                        "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    res = json.loads(out.read_text())
+    runs = res["runs"]
+    assert [(x["design"], x["world"]) for x in runs] == [("allgather", 2), ("allgather", 3)], runs
+    for x in runs:
+        assert "error" not in x, x
+        assert x["groups_per_rank"] == 1 and x["group_creations_per_rank"] == 1
+        assert x["steps"] == res["steps"] and x["first_batch_s"] > 0 and x["step_ms"] > 0
+        # an all-gather delivers every moving sample to every rank, padded to the largest share
+        assert x["received_bytes_per_step"] >= x["moved_bytes_per_step"] > 0
+    model = res["at_scale"]
+    assert [row["ranks"] for row in model["rows"]] == [64, 256, 1024]
+    for row in model["rows"]:
+        assert row["messages_per_rank"] == 6 * (row["ranks"] - 1)
+        assert row["group_s"] <= row["group_nagle_s"] and row["startup_s"] > row["step_s"] > 0
+    assert all(model["inputs"][k] > 0 for k in ("store_request_s", "store_server_s", "connect_s", "hop_s"))

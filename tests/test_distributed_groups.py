@@ -1,6 +1,6 @@
 """paddle_unpad.distributed.groups in one process: the per-group rendezvous stores, when they
-are installed, the options table's checks, and the agreement of a single rank. (Several ranks:
-tests/test_distributed.py.)"""
+are installed, and the store connections without Nagle's delay. (Several ranks:
+tests/test_distributed_rules.py, test_distributed_faults.py, test_distributed_nodes.py.)"""
 import subprocess
 import sys
 
@@ -61,6 +61,59 @@ def test_gloo_groups_get_their_own_store_and_nothing_else_changes(monkeypatch):
     wrapper("gloo", job, 0, 3, "g", None, group_id=9)  # the same gid again: a key of its own
     assert job.get("paddle_unpad/gloo_group_store/9/1")
 
+    # group stores off: gloo groups keep the job's store (the store-latency rule stays on)
+    assert not groups.install_group_stores(False)
+    kept = collective._new_process_group_impl
+    assert kept is not wrapper and kept._paddle_unpad_original is fake
+    kept("gloo", job, 0, 3, "g", None, group_id=10)
+    assert calls[-1][1] is job
+    monkeypatch.setenv("PADDLE_UNPAD_STORE_NODELAY", "0")  # both off: Paddle's function as it ships
     assert not groups.install_group_stores(False) and collective._new_process_group_impl is fake
     monkeypatch.setattr(collective, "_new_process_group_impl", installed)
     assert original is not installed
+
+
+def _nodelay_of_connections_to(port):
+    import os
+    import socket
+
+    seen = []
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if s.family == socket.AF_INET and s.type == socket.SOCK_STREAM and s.getpeername()[1] == port:
+                seen.append(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        except OSError:
+            pass
+        finally:
+            s.detach()
+    return seen
+
+
+def test_store_connections_send_without_nagles_delay(monkeypatch):
+    """The job store's client connections (found by the port the launcher names) get
+    TCP_NODELAY; other connections and the setting off leave them as Paddle opened them."""
+    from paddle.base import core
+
+    port, other = free_port(), free_port()
+    server = core.TCPStore("127.0.0.1", port, True, 1, 30)
+    client = core.TCPStore("127.0.0.1", port, False, 1, 30)
+    unrelated_server = core.TCPStore("127.0.0.1", other, True, 1, 30)
+    unrelated = core.TCPStore("127.0.0.1", other, False, 1, 30)
+    client.set("k", b"v")
+    unrelated.set("k", b"v")
+    before = _nodelay_of_connections_to(port)
+    assert before and not any(before), "Paddle's store opened its connections with TCP_NODELAY already"
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.delenv("PADDLE_TRAINER_ENDPOINTS", raising=False)
+    monkeypatch.setenv("PADDLE_MASTER", f"127.0.0.1:{port}")
+    monkeypatch.setenv("PADDLE_UNPAD_STORE_NODELAY", "0")
+    assert groups.quick_store_requests() == 0 and not any(_nodelay_of_connections_to(port))
+    monkeypatch.delenv("PADDLE_UNPAD_STORE_NODELAY")
+    assert groups.quick_store_requests() == len(before)
+    assert all(_nodelay_of_connections_to(port)) and not any(_nodelay_of_connections_to(other))
+    assert client.get("k") == b"v" and unrelated.get("k") == b"v"  # the connections still work
+    del server, unrelated_server

@@ -1,4 +1,5 @@
-"""Fault injection into the sample exchange: 2 CPU ranks (gloo), each run bounded.
+"""Fault injection into the sample exchange: 2 CPU ranks (gloo), each run bounded (3 ranks,
+dead and stopped peers, uneven batch counts: tests/test_distributed_faults.py).
 
 Each test starts ``tests/dist/fault_worker.py SCENARIO`` as ranks 0 and 1 -- directly, with
 the environment ``paddle.distributed.launch`` gives its workers (so that each rank's own
@@ -11,108 +12,23 @@ tests/test_gloo_groups.py): a failed launch is a failure.
 """
 import json
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 
 import pytest
 
-from launch_util import free_port, launch_job
-from paddle_unpad.distributed.groups import GLOO_OWN_TIMEOUT_S
+from launch_util import launch_job
+from rank_runner import ABORT_MARKS, assert_no_abort, one_failure
+from rank_runner import run_ranks as _run_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "dist", "fault_worker.py")
-ABORT_MARKS = ("terminate called", "SIGABRT", "Process abort signal", "Aborted (core dumped)",
-               "core dumped", "Segmentation fault", "SIGSEGV")
 
 pytestmark = pytest.mark.dist
 
 
-def _env(rank, master, endpoints):
-    env = dict(os.environ)
-    env.update({
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-        "PYTHONUNBUFFERED": "1",
-        "PADDLE_MASTER": master,
-        "PADDLE_TRAINER_ID": str(rank), "PADDLE_GLOBAL_RANK": str(rank), "PADDLE_LOCAL_RANK": str(rank),
-        "PADDLE_RANK_IN_NODE": str(rank), "PADDLE_TRAINERS_NUM": "2", "PADDLE_GLOBAL_SIZE": "2",
-        "PADDLE_LOCAL_SIZE": "2", "PADDLE_NNODES": "1", "PADDLE_DISTRI_BACKEND": "gloo",
-        "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints), "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
-    })
-    return env
-
-
-class Rank:
-    def __init__(self, rank, proc, log):
-        self.rank, self.proc, self.log = rank, proc, log
-        self.rc, self.out, self.exit_s = None, "", None
-
-    @property
-    def results(self):
-        return [json.loads(line[len("RESULT "):]) for line in self.out.splitlines() if line.startswith("RESULT ")]
-
-    def __repr__(self):
-        return f"rank {self.rank}: rc={self.rc} after {self.exit_s}s\n{self.out[-4000:]}"
-
-
-def run_ranks(scenario, bound=75.0, kill_after_first_exit=False):
-    """Start both ranks; wait (at most ``bound`` seconds) for them to exit.
-
-    ``kill_after_first_exit``: SIGKILL the ranks still alive once one has exited (a
-    stopped peer never exits by itself).  Every process is killed at the end whatever
-    happens; a rank still alive at ``bound`` fails the test."""
-    with tempfile.TemporaryDirectory() as tmp:
-        master = f"127.0.0.1:{free_port()}"
-        endpoints = [f"127.0.0.1:{free_port()}" for _ in range(2)]
-        t0 = time.monotonic()
-        ranks = []
-        try:
-            for r in range(2):
-                log = open(os.path.join(tmp, f"{r}.log"), "wb")
-                p = subprocess.Popen([sys.executable, WORKER, scenario], cwd=ROOT,
-                                     env=_env(r, master, endpoints), stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-                ranks.append(Rank(r, p, log))
-            while time.monotonic() - t0 < bound:
-                for rk in ranks:
-                    if rk.exit_s is None and rk.proc.poll() is not None:
-                        rk.exit_s = round(time.monotonic() - t0, 2)
-                done = [rk for rk in ranks if rk.exit_s is not None]
-                if len(done) == len(ranks):
-                    break
-                if kill_after_first_exit and done:
-                    for rk in ranks:
-                        if rk.proc.poll() is None:
-                            os.killpg(rk.proc.pid, signal.SIGKILL)
-                time.sleep(0.05)
-        finally:
-            for rk in ranks:
-                if rk.proc.poll() is None:
-                    os.killpg(rk.proc.pid, signal.SIGKILL)
-                rk.rc = rk.proc.wait()
-                rk.log.close()
-                with open(rk.log.name, errors="replace") as f:
-                    rk.out = f.read()
-        stuck = [rk for rk in ranks if rk.exit_s is None]
-        assert not stuck, f"still running after {bound} s (killed): {stuck}"
-    return ranks
-
-
-def assert_no_abort(ranks):
-    for rk in ranks:
-        assert rk.rc not in (-signal.SIGABRT, 128 + signal.SIGABRT, -signal.SIGSEGV), rk
-        for mark in ABORT_MARKS:
-            assert mark not in rk.out, f"{mark!r} in the output of {rk}"
-
-
-def one_failure(rk):
-    res = [r for r in rk.results if "exc" in r]
-    assert len(res) == 1, rk
-    return res[0]
+def run_ranks(scenario, bound=75.0, kill_after_exit_of=None):
+    return _run_ranks(WORKER, [scenario], 2, bound=bound, kill_after_exit_of=kill_after_exit_of)
 
 
 # ------------------------------------------------------------------ mis-shaped samples
@@ -187,42 +103,6 @@ def test_raising_collate_fn_names_rank_and_message_on_every_rank(scenario):
         assert rk.rc != 0, rk
         assert rk.exit_s < 30, rk
     assert own["after"] < 10 and peer["after"] < 10, (own, peer)  # the exchange timeout is 60 s here
-
-
-# ------------------------------------------------------------------ dead and stopped peers
-def test_killed_peer_gives_a_named_error_within_the_timeout():
-    r0, r1 = run_ranks("peer_killed")
-    assert r1.rc == -signal.SIGKILL, r1
-    assert_no_abort([r0])
-    peer = one_failure(r0)
-    assert peer["exc"] == "ExchangeError", r0
-    assert "on rank 0" in peer["msg"] and "step 1" in peer["msg"], peer
-    assert peer["after"] < 5.0, peer  # unpad_configs['timeout'] = 5 s
-    assert r0.rc == 1, r0
-
-
-def test_stopped_peer_gives_exchange_timeout_within_the_timeout():
-    r0, r1 = run_ranks("peer_stopped", kill_after_first_exit=True)
-    assert_no_abort([r0])
-    peer = one_failure(r0)
-    assert peer["exc"] == "ExchangeTimeout", r0
-    assert "no balanced batch within 5 s" in peer["msg"] and "step 1" in peer["msg"], peer
-    assert 5.0 <= peer["after"] < 8.0, peer
-    assert r0.rc == 1, r0
-    # the survivor leaves by itself, without aborting: at exit it waits until its exchange
-    # thread has left the collective with the stopped peer (gloo's own timeout fails it)
-    assert r0.exit_s < GLOO_OWN_TIMEOUT_S + 20, r0
-    assert r1.rc == -signal.SIGKILL, r1  # killed by this test, after rank 0 exited
-
-
-# ------------------------------------------------------------------ unequal batch counts
-def test_unequal_batch_counts_finish_on_every_rank():
-    r0, r1 = run_ranks("unequal_batches")
-    assert_no_abort([r0, r1])
-    for rk in (r0, r1):
-        assert rk.rc == 0, rk
-        res = [r for r in rk.results if "complete" in r]
-        assert res and res[0]["complete"] and res[0]["steps"] == 3, rk
 
 
 # ------------------------------------------------------------------ exit order

@@ -114,3 +114,44 @@ def test_one_switch_name_for_the_exchange():
         pf.distributed_loader([], strategy=s, enabled=False)
     with pytest.raises(ValueError, match=r"\['balance'\] must be True or False, got 'no'"):
         pf.distributed_loader([], balance="no")
+
+
+def test_a_timeout_beyond_what_threads_can_wait_is_refused_where_given():
+    import threading
+
+    too_long = threading.TIMEOUT_MAX * 2
+    with pytest.raises(ValueError, match=r"unpad_configs\['timeout'\].*at most threading.TIMEOUT_MAX"):
+        pf.DistributedStrategy().unpad_configs = {"timeout": too_long}
+    with pytest.raises(ValueError, match=r"\['close_timeout'\].*at most threading.TIMEOUT_MAX"):
+        pf.distributed_loader([], close_timeout=too_long)
+
+
+@pytest.mark.parametrize("fields", ["input_ids", ("input_ids", 3), b"input_ids"])
+def test_token_fields_must_be_names(fields):
+    from paddle_unpad.distributed import BalancedLoader
+
+    with pytest.raises(TypeError, match=r"token_fields must be a sequence of field names.*got " + re.escape(repr(fields))):
+        BalancedLoader([], token_fields=fields)
+
+
+def test_each_user_takes_its_own_rows_of_the_options_table():
+    from paddle_unpad.distributed import BalancedLoader, options
+
+    exchange_only = [k for k, o in options.OPTIONS.items() if o.scopes == (options.EXCHANGE,)]
+    allreduce_only = [k for k, o in options.OPTIONS.items() if o.scopes == (options.ALLREDUCE,)]
+    assert exchange_only and allreduce_only
+    for key in allreduce_only:  # an all-reduce option given to the loader is an unknown key there
+        with pytest.raises(ValueError, match=rf"BalancedLoader: unknown keys \['{key}'\]"):
+            BalancedLoader([], **{key: options.OPTIONS[key].default})
+    with pytest.raises(ValueError, match=r"GradientAllReduce: unknown keys \['prefetch'\]"):
+        options.resolve({"prefetch": 2}, "GradientAllReduce", scope=options.ALLREDUCE)
+    assert set(pf.DEFAULT_UNPAD_CONFIGS) == set(options.DEFAULTS)
+
+
+def test_the_docs_table_is_the_declared_options_table():
+    import os
+
+    from paddle_unpad.distributed import options
+
+    with open(os.path.join(os.path.dirname(__file__), os.pardir, "docs", "api.md")) as f:
+        assert options.markdown_table() in f.read(), "docs/api.md: regenerate with distributed.options.markdown_table()"

@@ -85,3 +85,35 @@ def test_single_process_is_a_no_op_and_arguments_are_checked():
         p.stop_gradient = True
     with pytest.raises(ValueError, match="no trainable parameters"):
         pu.fleet.GradientAllReduce(frozen)
+
+
+def test_listed_twice_or_not_a_parameter_is_refused_by_name():
+    lin = paddle.nn.Linear(4, 3)
+    with pytest.raises(ValueError, match=rf"parameter '{lin.weight.name}' is listed twice \(items 0 and 2\)"):
+        pu.fleet.GradientAllReduce([lin.weight, lin.bias, lin.weight])
+    with pytest.raises(TypeError, match=r"item 1 is a str"):
+        pu.fleet.GradientAllReduce([lin.weight, "bias"])
+
+
+def test_one_live_all_reduce_per_parameter():
+    from paddle_unpad.distributed import GradientSyncError
+
+    lin = paddle.nn.Linear(4, 3)
+    first = pu.fleet.GradientAllReduce(lin)
+    with pytest.raises(GradientSyncError, match=rf"parameter '{lin.weight.name}' is already reduced by a live"):
+        pu.fleet.GradientAllReduce(lin)
+    first.close()
+    second = pu.fleet.GradientAllReduce(lin)  # the first is closed: its parameters are free again
+    second.close()
+    second.close()  # idempotent
+    with pytest.raises(GradientSyncError, match=r"wait\(\) after close\(\)"):
+        second.wait()
+
+
+@pytest.mark.parametrize("kw,pattern", [
+    (dict(timeout=1e12), r"GradientAllReduce\['timeout'\].*at most threading.TIMEOUT_MAX.*got 1000000000000\.0"),
+    (dict(overlap="yes"), r"GradientAllReduce\['overlap'\] must be True, False or None.*'yes'"),
+    (dict(average=1), r"GradientAllReduce\['average'\] must be True or False, got 1")])
+def test_all_reduce_options_name_the_key_and_value(kw, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        pu.fleet.GradientAllReduce(paddle.nn.Linear(2, 2), **kw)

@@ -15,6 +15,8 @@ public hook. See docs/distributed.md.
 """
 from .errors import ExchangeError, ExchangeTimeout, GradientSyncError
 from .grad_sync import GradientAllReduce
+from .groups import install_group_stores
 from .loader import BalancedLoader
 
-__all__ = ["BalancedLoader", "GradientAllReduce", "ExchangeError", "ExchangeTimeout", "GradientSyncError"]
+__all__ = ["BalancedLoader", "GradientAllReduce", "ExchangeError", "ExchangeTimeout", "GradientSyncError",
+           "install_group_stores"]

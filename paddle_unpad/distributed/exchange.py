@@ -179,7 +179,10 @@ class Epoch:
         hdr[0], hdr[1], hdr[2] = local["status"], step, len(local["samples"])
         hdr[3] = wire.schema_hash(sch) if sch is not None else 0
         hdr[4] = self.s.plan_key
-        mb = local["msg"].encode("utf-8", "replace")[: 8 * MSG_WORDS]
+        # the message slot carries the error text, or (status OK) the batch's layout when it fits:
+        # the layout then needs no collective of its own
+        text = local["msg"] if local["status"] != OK else wire.schema_text(sch, 8 * MSG_WORDS)
+        mb = text.encode("utf-8", "replace")[: 8 * MSG_WORDS]
         hdr[8:] = np.frombuffer(mb.ljust(8 * MSG_WORDS, b"\0"), dtype=np.int64)
         self._at(step, "waiting for every rank's header (all-gather)")
         return self._all_gather(hdr)
@@ -216,12 +219,16 @@ class Epoch:
         hashes = sorted(set(int(h) for h in H[:, 3] if h != 0))
         if len(hashes) > 1 or (hashes and hashes[0] != st["hash"]):
             # not the hot path: once per epoch start, field change or mismatch; every rank
-            # decides the same from the gathered headers, so the collective matches up
-            self._at(step, "agreeing on the batch layout (all-gather)")
-            try:
-                schemas = groups.all_gather_object(self.s.group, sch)
-            except Exception as e:  # noqa: BLE001
-                raise comm_error(self.s.rank, self.what, e) from e
+            # decides the same from the gathered headers, so a collective (when a layout did
+            # not fit its header) matches up
+            schemas = [wire.schema_from_text(H[r, 8:].tobytes().rstrip(b"\0").decode("utf-8")) if H[r, 3] else None
+                       for r in range(self.s.world)]
+            if any(H[r, 3] and schemas[r] is None for r in range(self.s.world)):
+                self._at(step, "agreeing on the batch layout (all-gather)")
+                try:
+                    schemas = groups.all_gather_object(self.s.group, sch)
+                except Exception as e:  # noqa: BLE001
+                    raise comm_error(self.s.rank, self.what, e) from e
             if len(hashes) > 1:
                 raise SampleError(f"paddle_unpad exchange: the ranks' batches of step {step} have different "
                                   f"layouts: {wire.describe_schema_difference(schemas)} (every sample of a global "
@@ -264,10 +271,10 @@ class Epoch:
         schema = s.schema["schema"]
         W = wire.transfer_words(dest, starts, lens, schema, s.world)
         self._at(step, "transferring the samples that move (all-gather)")
-        got = transfer(self._all_gather, local["samples"], local["lengths"], dest[starts[me]:starts[me + 1]],
-                       W, me, schema)
+        got, received = transfer(self._all_gather, local["samples"], local["lengths"],
+                                 dest[starts[me]:starts[me + 1]], W, me, schema)
         self.stats["moved_bytes"] += 8 * int(W.sum())
-        self.stats["wire_bytes"] += 8 * s.world * int(W.sum(axis=1).max())
+        self.stats["wire_bytes"] += 8 * received
         mine, mlens, mids, moved_in = [], [], [], 0
         for r in range(s.world):  # (source rank, index) order
             sel = np.nonzero(dest[starts[r]:starts[r + 1]] == me)[0]
@@ -301,10 +308,11 @@ def transfer(all_gather, samples, lengths, my_dest, W, me, schema):
     """The uneven all-to-all of one step as one all-gather: each rank contributes its outgoing
     samples, destination by destination (``W[me, d]`` words for rank ``d``), padded to the
     largest rank's total; every rank keeps the segments addressed to it. Returns
-    ``{source: int64 words}``. Nothing is sent when nothing moves (every rank sees it in ``W``)."""
+    ``({source: int64 words}, words this rank received)``. Nothing is sent when nothing moves
+    (every rank sees it in ``W``)."""
     width = int(W.sum(axis=1).max()) if W.size else 0
     if width == 0:
-        return {}
+        return {}, 0
     out = np.zeros(width, dtype=np.int64)
     off = 0
     for d in range(W.shape[0]):
@@ -318,4 +326,4 @@ def transfer(all_gather, samples, lengths, my_dest, W, me, schema):
         if W[r, me]:
             start = int(W[r, :me].sum())
             got[r] = G[r, start:start + int(W[r, me])]
-    return got
+    return got, int(G.size)

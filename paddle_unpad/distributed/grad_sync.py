@@ -260,7 +260,8 @@ class GradientAllReduce:
         if missing:
             raise GradientSyncError(
                 f"GradientAllReduce: rank(s) {[ranks[i] for i in missing]} did not build their GradientAllReduce "
-                f"within {self.timeout:g} s (this is rank {ranks[me]}): build it at the same point on every rank")
+                f"within {max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {ranks[me]}): build it at the same "
+                "point on every rank")
         if values is not None:
             got = [json.loads(v) for v in values]
             raise GradientSyncError(f"GradientAllReduce: the ranks' models or options differ -- "
@@ -411,10 +412,10 @@ class GradientAllReduce:
         """Finish this step's all-reduce: call after the backward, before the optimizer step.
         Returns the seconds spent here (the communication the step waits for)."""
         t0 = time.perf_counter()
+        if self._closed:  # one process too: the same program fails the same way on more ranks
+            raise GradientSyncError(f"GradientAllReduce: wait() after close() ({self!r})")
         if self.world == 1:
             return 0.0
-        if self._closed:
-            raise GradientSyncError(f"GradientAllReduce: wait() after close() ({self!r})")
         for p in self._params:  # without overlap: all of them; with it: those without a gradient
             self._mark_ready(id(p))
         try:

@@ -120,7 +120,7 @@ class BalancedLoader:
         if missing:
             raise ExchangeError(
                 f"paddle_unpad exchange: rank(s) {missing} did not build this balanced loader within "
-                f"{self.timeout:g} s (this is rank {self.rank}): build the loaders at the same point of the "
+                f"{max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {self.rank}): build the loaders at the same point of the "
                 "program on every rank, with the same settings (balance=False on one rank only counts: it builds "
                 "a loader too)")
         if values is not None:

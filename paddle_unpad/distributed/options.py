@@ -118,3 +118,12 @@ def resolve(options: Dict[str, Any], where: str = "unpad_configs", base: Dict[st
     merged = dict((DEFAULTS if scope == EXCHANGE else ALLREDUCE_DEFAULTS) if base is None else base)
     merged.update(options)
     return {k: _check(k, v, where) for k, v in merged.items()}
+
+
+def markdown_table() -> str:
+    """The options table of docs/api.md (a test keeps the two equal)."""
+    rows = ["| option | default | taken by | meaning |", "|---|---|---|---|"]
+    for key, o in OPTIONS.items():
+        takers = " and ".join({EXCHANGE: "sample exchange", ALLREDUCE: "all-reduce"}[s] for s in o.scopes)
+        rows.append(f"| `{key}` | `{o.default!r}` | {takers} | {o.meaning} |")
+    return "\n".join(rows)

@@ -5,7 +5,8 @@ Per step, every rank contributes
 * a **header** of ``HDR`` int64 words: ``[status, step, sample count, layout hash, planner
   settings fingerprint, 0, 0, 0, message (MSG_WORDS words of UTF-8)]``; status is one of
   ``OK``, ``END`` (its loader is done), ``ERROR`` (its loader or a sample failed: the message
-  says why), ``ABORT`` (its training loop stopped iterating);
+  says why), ``ABORT`` (its training loop stopped iterating); with status ``OK`` the message
+  slot carries the batch's layout as JSON (:func:`schema_text`) when it fits;
 * ``(length, sample id)`` of each of its samples;
 * the **samples that move**, each field's raw bytes padded to 8 bytes, in the order of the
   agreed layout (:func:`schema`: field name, per-token or per-sample, dtype, trailing shape).
@@ -18,6 +19,7 @@ step that a peer would compute another plan.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Dict, List
 
 import numpy as np
@@ -50,6 +52,22 @@ def schema(samples, token_fields, rank):
         else:
             sch.append((name, "s", a.dtype.str, tuple(a.shape)))
     return tuple(sch)
+
+
+def schema_text(sch, limit) -> str:
+    """The layout as JSON for the header's message slot, or "" when it is longer than ``limit``
+    bytes (it then travels by a collective of its own)."""
+    if sch is None:
+        return ""
+    text = json.dumps([[name, kind, dt, list(tail)] for name, kind, dt, tail in sch], separators=(",", ":"))
+    return text if len(text.encode("utf-8")) <= limit else ""
+
+
+def schema_from_text(text):
+    """:func:`schema_text` back into a layout; None for "" (it did not fit)."""
+    if not text:
+        return None
+    return tuple((name, kind, dt, tuple(tail)) for name, kind, dt, tail in json.loads(text))
 
 
 def describe_schema_difference(schemas) -> str:

@@ -8,9 +8,7 @@ exception end the process, as a user's script would: the test checks the exit co
 that nothing aborted on the way out.  Nothing here leaves through ``os._exit``.
 """
 import atexit
-import json
 import os
-import signal
 import sys
 import time
 
@@ -21,25 +19,14 @@ sys.path.insert(0, ROOT)
 
 import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
-from paddle.distributed import fleet  # noqa: E402
 
 import paddle_unpad.fleet as pf  # noqa: E402
+import worker_util  # noqa: E402  (tests/dist)
+from worker_util import result  # noqa: E402
 from paddle_unpad.data import sample_list_collate  # noqa: E402
 
-T0 = time.monotonic()
-
-
-def result(**kw):
-    kw.setdefault("t", round(time.monotonic() - T0, 3))
-    print("RESULT " + json.dumps(kw), flush=True)
-
-
 def init(**configs):
-    strategy = pf.DistributedStrategy()
-    strategy.unpad = True
-    strategy.unpad_configs = dict({"timeout": 20.0, "close_timeout": 2.0, "check_plan": True}, **configs)
-    fleet.init(is_collective=True, strategy=strategy)
-    return dist.get_rank()
+    return worker_util.init({"timeout": 20.0, "close_timeout": 2.0, "check_plan": True}, configs)[0]
 
 
 def run_loop(loader, expect_failure=True):
@@ -197,52 +184,10 @@ def scenario_collate_raises(num_workers):
     run_loop(loader)
 
 
-# ------------------------------------------------------------------ dead and stopped peers
-def scenario_peer_signal(signum):
-    """Rank 1 signals itself from inside the exchange thread (its cost model, run between
-    the length all-gather and the sample transfer) at step 1."""
-    sentinel = 37  # only rank 1's step-1 batch has a sample of this length
-    rank = int(os.environ["PADDLE_TRAINER_ID"])
-
-    def cost(s):
-        if rank == 1 and s == sentinel:
-            print(f"rank 1: sending itself signal {signum} in the exchange thread", flush=True)
-            os.kill(os.getpid(), signum)
-            time.sleep(5)  # SIGKILL/SIGSTOP take effect at once; never reached
-        return float(s)
-
-    init(timeout=5.0, cost=cost, check_plan=False)
-    batches = [[smp(10 * s + k, 8 + 4 * k + (sentinel - 8 if (rank == 1 and s == 1 and k == 0) else 0),
-                    np.int64(k)) for k in range(3)] for s in range(4)]
-    if rank == 0:
-        for b in batches:  # rank 0 holds the long samples: some move at every step
-            for x in b:
-                x["input_ids"] = np.ones(60, np.int64)
-    loader = pf.distributed_loader(batches)
-    print("READY", flush=True)
-    run_loop(loader)
-
-
-def scenario_unequal_batches():
-    """Rank 0's loader has 3 batches, rank 1's only 1: both finish, nothing lost."""
-    rank = init()
-    nb = 3 if rank == 0 else 1
-    batches = [[smp(100 * rank + 10 * s + k, 5 + 7 * k + 20 * (rank == 0), np.int64(k)) for k in range(3)]
-               for s in range(nb)]
-    loader = pf.distributed_loader(batches)
-    print("READY", flush=True)
-    seen = run_loop(loader, expect_failure=False)
-    all_seen = []
-    dist.all_gather_object(all_seen, seen)
-    flat = sorted(i for per_rank in all_seen for b in per_rank for i in b)
-    want = sorted([10 * s + k for s in range(3) for k in range(3)] + [100 + k for k in range(3)])
-    result(complete=flat == want, steps=len(seen))
-
-
 def scenario_clean_exit_order():
     """Two ranks finish cleanly; rank 1 then lingers 1.5 s in its exit (an exit handler that
     runs before the package's): rank 0 must still end after rank 1 (see
-    paddle_unpad._paddle_compat.order_rank_exit)."""
+    paddle_unpad.distributed.groups._leave_in_order)."""
     rank = init()
     batches = [[smp(10 * rank + 2 * s + k, 3 + 5 * k + 7 * rank, np.int64(k)) for k in range(2)] for s in range(2)]
     loader = pf.distributed_loader(batches)
@@ -260,9 +205,6 @@ SCENARIOS = {
     "num_workers": scenario_num_workers,
     "collate_raises": lambda: scenario_collate_raises(0),
     "collate_raises_workers": lambda: scenario_collate_raises(2),
-    "peer_killed": lambda: scenario_peer_signal(signal.SIGKILL),
-    "peer_stopped": lambda: scenario_peer_signal(signal.SIGSTOP),
-    "unequal_batches": scenario_unequal_batches,
     "clean_exit_order": scenario_clean_exit_order,
 }
 
