@@ -130,3 +130,22 @@ def test_a_string_field_is_refused_by_name_before_sending():
     ranks = run("string_field")
     assert_named_error_everywhere([ranks[1]], "SampleError", "field 'text' is not numeric")
     assert_named_error_everywhere([ranks[0], ranks[2]], "ExchangeError", "rank 1 failed", "field 'text'")
+
+
+def test_arguments_are_refused_where_given_and_the_job_goes_on():
+    """Before, these passed validation: a timeout beyond threading.TIMEOUT_MAX failed later
+    (OverflowError; the all-reduce aborted every rank), a parameter listed twice hung until the
+    timeout, and a string token_fields was read character by character."""
+    ranks = run("bad_arguments")
+    assert_no_abort(ranks)
+    want = {"all-reduce timeout": ("ValueError", "GradientAllReduce['timeout']"),
+            "parameter listed twice": ("ValueError", "is listed twice"),
+            "loader timeout": ("ValueError", "['timeout']"),
+            "token_fields string": ("TypeError", "token_fields must be a sequence of field names")}
+    for rk in ranks:
+        assert rk.rc == 0, rk
+        got = {r["what"]: r for r in rk.results if "what" in r}
+        assert set(got) == set(want), rk
+        for what, (exc, text) in want.items():
+            assert got[what]["refused"] and got[what]["exc"] == exc and text in got[what]["msg"], (what, rk)
+        assert rk.results[-1]["afterwards"] is True, rk

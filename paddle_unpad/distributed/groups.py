@@ -290,7 +290,7 @@ def install_group_stores(enabled=None):
     if not (enabled or quick):
         collective._new_process_group_impl = original
         return False
-    if impl is not original and impl._paddle_unpad_rules == (enabled, quick):
+    if impl is not original and getattr(impl, "_paddle_unpad_rules", None) == (enabled, quick):
         return enabled
 
     @functools.wraps(original)

@@ -235,6 +235,30 @@ def scenario_string_field():
     reported(lambda: list(pf.distributed_loader([batch])))
 
 
+def scenario_bad_arguments():
+    """Arguments that passed validation and failed later: each is refused where it is given, on
+    every rank alike; then the same job balances and reduces normally."""
+    rank, world = init()
+    model = model_of()
+    too_long = threading.TIMEOUT_MAX * 2
+    attempts = {"all-reduce timeout": lambda: pf.GradientAllReduce(model, timeout=too_long),
+                "parameter listed twice": lambda: pf.GradientAllReduce(list(model.parameters()) * 2),
+                "loader timeout": lambda: pf.distributed_loader([[smp(rank, 4)]], timeout=too_long),
+                "token_fields string": lambda: pf.distributed_loader([[smp(rank, 4)]], token_fields="input_ids")}
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            result(what=what, refused=False)
+        except (ValueError, TypeError) as e:
+            result(what=what, refused=True, exc=type(e).__name__, msg=str(e))
+    sync = pf.GradientAllReduce(model)
+    step(model, sync, rank)
+    seen = [int(i) for b in pf.distributed_loader([[smp(10 * rank + k, 3 + k) for k in range(2)]])
+            for i in b["sample_ids"].tolist()]
+    sync.close()
+    result(afterwards=all_ids(seen) == sorted(10 * r + k for r in range(world) for k in range(2)))
+
+
 SCENARIOS = {
     "peer_killed": lambda: scenario_peer_signal(signal.SIGKILL),
     "peer_stopped": lambda: scenario_peer_signal(signal.SIGSTOP),
@@ -249,6 +273,7 @@ SCENARIOS = {
     "balance_on_one_rank_only": scenario_balance_on_one_rank_only,
     "missing_loader": scenario_missing_loader,
     "string_field": scenario_string_field,
+    "bad_arguments": scenario_bad_arguments,
 }
 
 if __name__ == "__main__":
