@@ -59,9 +59,10 @@ def test_same_gradients_as_the_dense_all_reduce(tmp_path):
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("overlap", ["1", "0"])
-def test_a_stopped_peer_gives_a_named_error_within_the_timeout(tmp_path, overlap):
-    rc, out, logs, records = _launch(tmp_path, "stall", env={"GS_TIMEOUT": "5", "GS_OVERLAP": overlap},
+def test_a_stopped_peer_gives_a_named_error_within_the_timeout(tmp_path):
+    # with overlap or without, wait() gives up the same way (one run: each waits ~30 s for
+    # gloo's own timeout at exit)
+    rc, out, logs, records = _launch(tmp_path, "stall", env={"GS_TIMEOUT": "5", "GS_OVERLAP": "0"},
                                      timeout=120)
     assert rc == 3, out[-3000:]
     (err,) = [r for r in records if "error" in r]

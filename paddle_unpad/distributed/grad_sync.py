@@ -172,6 +172,7 @@ class GradientAllReduce:
         self._step_open = False
         self._done = threading.Event()
         self._error: Optional[BaseException] = None
+        self._timed_out: Optional[str] = None
         self._closed = False
         self._step_bytes = 0
         self._passes = 0
@@ -283,7 +284,7 @@ class GradientAllReduce:
 
     def _mark_ready(self, key):
         with self._lock:
-            if key in self._fired:
+            if key in self._fired or self._timed_out is not None:
                 return
             if not self._step_open:  # the step's first complete gradient opens its pass
                 self._step_open = True
@@ -318,7 +319,7 @@ class GradientAllReduce:
     def _reduce_all(self):
         for b in self._buckets:  # the same order on every rank
             b.ready.wait()
-            if self._closed:
+            if b.pending > 0:  # set by close() before the pass was complete: the ranks stop here alike
                 return
             if b.table is not None:
                 self._step_bytes += self._reduce_rows(b)
@@ -414,17 +415,24 @@ class GradientAllReduce:
         t0 = time.perf_counter()
         if self._closed:  # one process too: the same program fails the same way on more ranks
             raise GradientSyncError(f"GradientAllReduce: wait() after close() ({self!r})")
+        if self._timed_out is not None:
+            raise GradientSyncError(f"GradientAllReduce: an earlier wait() failed ({self._timed_out}); its "
+                                    "gradients were never reduced: close() this all-reduce")
         if self.world == 1:
             return 0.0
         for p in self._params:  # without overlap: all of them; with it: those without a gradient
             self._mark_ready(id(p))
+        if not self.gpu and not self._done.wait(self.timeout):
+            # The thread keeps this complete pass: with every peer alive it finishes it (the ranks
+            # issue the same collectives and none waits for gloo's own timeout at exit); with a
+            # stopped peer it leaves when gloo gives up. No later pass starts.
+            self._timed_out = f"it did not finish within {self.timeout:g} s"
+            raise GradientSyncError(
+                f"GradientAllReduce: the gradient all-reduce did not finish within {self.timeout:g} s "
+                "(a rank died or stopped, or the ranks ran different backward passes)")
         try:
             if self.gpu:
                 self._finish_on_gpu()
-            elif not self._done.wait(self.timeout):
-                raise GradientSyncError(
-                    f"GradientAllReduce: the gradient all-reduce did not finish within {self.timeout:g} s "
-                    "(a rank died or stopped, or the ranks ran different backward passes)")
             err, self._error = self._error, None
             if err is not None:
                 raise GradientSyncError(f"GradientAllReduce: the gradient all-reduce failed: {err}") from err

@@ -135,15 +135,19 @@ def scenario_allreduce_twice():
 
 def scenario_allreduce_timeout():
     """A timeout far below what one all-reduce takes: wait() gives up while the communication
-    thread is still inside the collective (on every rank)."""
+    thread is still inside the collective (on every rank); the script catches that and trains
+    the next step, whose wait() refuses."""
     rank, world = init()
     model = paddle.nn.Sequential(*[paddle.nn.Linear(256, 256) for _ in range(4)])
     sync = pf.GradientAllReduce(model, timeout=1e-4)
 
     def train():
-        for _ in range(3):
+        try:
             step_big(model, sync, rank)
-            model.clear_gradients()
+        except pf.GradientSyncError as e:
+            result(first=str(e))
+        model.clear_gradients()
+        step_big(model, sync, rank)
 
     reported(train)
 
@@ -262,8 +266,7 @@ def scenario_bad_arguments():
 SCENARIOS = {
     "peer_killed": lambda: scenario_peer_signal(signal.SIGKILL),
     "peer_stopped": lambda: scenario_peer_signal(signal.SIGSTOP),
-    "zero_batches": lambda: scenario_counts([3, 3, 0]),
-    "unequal_batches": lambda: scenario_counts([3, 2, 1]),
+    "fewer_or_no_batches": lambda: scenario_counts([4, 1, 0]),
     "models_differ": scenario_models_differ,
     "allreduce_twice": scenario_allreduce_twice,
     "allreduce_timeout": scenario_allreduce_timeout,
