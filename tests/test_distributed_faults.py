@@ -92,6 +92,15 @@ def test_all_reduce_timeout_is_a_named_error_and_no_abort():
         assert rk.exit_s < GLOO_OWN_TIMEOUT_S, rk
 
 
+def test_a_stopped_peer_in_the_all_reduce_is_a_named_error_and_the_others_exit():
+    ranks = run("allreduce_peer_stopped", kill_after_exit_of=[0, 1])
+    assert_named_error_everywhere(ranks[:2], "GradientSyncError", "did not finish within 2 s", within=8.0)
+    for rk in ranks[:2]:
+        assert one_failure(rk)["after"] > 1.9, rk
+        assert rk.exit_s < GLOO_OWN_TIMEOUT_S + 25, rk  # the thread left gloo at its own timeout
+    assert ranks[2].rc == -signal.SIGKILL, ranks[2]  # killed by the test once the others had exited
+
+
 def test_a_rank_that_skips_a_step_is_a_named_error_on_every_rank():
     ranks = run("skipped_step")
     assert_named_error_everywhere(ranks, "GradientSyncError", "different steps", "rank 0 step 1", "rank 1 step 2",

@@ -1,5 +1,5 @@
 """paddle_unpad.fleet.GradientAllReduce: the same gradients as one dense all-reduce, fewer bytes,
-a named error in time when a peer stops.
+arguments checked (a peer that stops: tests/test_distributed_faults.py).
 
 The 2-rank runs (tests/dist/grad_sync_worker.py, each bounded by a timeout) compare every
 gradient bit for bit with the plain flat all-reduce over several steps: a converted BERT
@@ -56,18 +56,6 @@ def test_same_gradients_as_the_dense_all_reduce(tmp_path):
     assert stats("branchy", bucket_mb=0.1)["tables_by_rows"] == 1
     for r in records:
         assert r["stats"]["steps"] == 3
-
-
-@pytest.mark.dist
-def test_a_stopped_peer_gives_a_named_error_within_the_timeout(tmp_path):
-    # with overlap or without, wait() gives up the same way (one run: each waits ~30 s for
-    # gloo's own timeout at exit)
-    rc, out, logs, records = _launch(tmp_path, "stall", env={"GS_TIMEOUT": "5", "GS_OVERLAP": "0"},
-                                     timeout=120)
-    assert rc == 3, out[-3000:]
-    (err,) = [r for r in records if "error" in r]
-    assert err["rank"] == 0 and "did not finish within 5 s" in err["error"]
-    assert 4.9 < err["after_s"] < 30
 
 
 def test_single_process_is_a_no_op_and_arguments_are_checked():

@@ -80,35 +80,7 @@ def loss_of(kind, m, rng, rank):
     return scores.astype("float32").square().mean()
 
 
-def stall():
-    """Rank 1 stops before its backward: rank 0's wait() must raise GradientSyncError in time."""
-    import os
-    import signal
-    import time
-
-    dist.init_parallel_env()
-    rank = dist.get_rank()
-    m = make("cls", 1)
-    sync = pu.fleet.GradientAllReduce(m, timeout=float(os.environ.get("GS_TIMEOUT", "5")),
-                                      overlap=os.environ.get("GS_OVERLAP", "1") == "1")
-    rng = np.random.default_rng(rank)
-    loss = loss_of("cls", m, rng, rank)
-    dist.barrier()
-    if rank == 1:
-        os.kill(os.getpid(), signal.SIGSTOP)
-    loss.backward()
-    t0 = time.perf_counter()
-    try:
-        sync.wait()
-    except pu.fleet.GradientSyncError as e:
-        print(json.dumps({"rank": rank, "error": str(e), "after_s": time.perf_counter() - t0}), flush=True)
-        return 3
-    return 0
-
-
 def main():
-    if sys.argv[1:] == ["stall"]:
-        return stall()
     dist.init_parallel_env()
     rank, world = dist.get_rank(), dist.get_world_size()
     scenarios = [("cls", dict()), ("cls", dict(overlap=False)), ("cls", dict(row_sparse_embeddings=False)),

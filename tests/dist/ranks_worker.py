@@ -152,6 +152,21 @@ def scenario_allreduce_timeout():
     reported(train)
 
 
+def scenario_allreduce_peer_stopped():
+    """The last rank stops (SIGSTOP) before its backward; the others' wait() (no overlap: the
+    reduction starts there) gives up after the timeout."""
+    rank, world = init()
+    model = model_of()
+    sync = pf.GradientAllReduce(model, timeout=2.0, overlap=False)
+    x = paddle.to_tensor(np.random.default_rng(rank).standard_normal((5, 6)).astype(np.float32))
+    loss = model(x).square().mean()
+    dist.barrier()
+    if rank == world - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    loss.backward()
+    reported(sync.wait)
+
+
 def step_big(model, sync, rank):
     x = paddle.to_tensor(np.random.default_rng(rank).standard_normal((5, 256)).astype(np.float32))
     model(x).square().mean().backward()
@@ -270,6 +285,7 @@ SCENARIOS = {
     "models_differ": scenario_models_differ,
     "allreduce_twice": scenario_allreduce_twice,
     "allreduce_timeout": scenario_allreduce_timeout,
+    "allreduce_peer_stopped": scenario_allreduce_peer_stopped,
     "skipped_step": scenario_skipped_step,
     "loader_timeout": scenario_loader_timeout,
     "break_and_del": scenario_break_and_del,
