@@ -91,9 +91,12 @@ def model_of(extra=False):
     return paddle.nn.Sequential(*layers)
 
 
-def step(model, sync, rank):
-    x = paddle.to_tensor(np.random.default_rng(rank).standard_normal((5, 6)).astype(np.float32))
-    model(x).square().mean().backward()
+def batch(rank, width=6):
+    return paddle.to_tensor(np.random.default_rng(rank).standard_normal((5, width)).astype(np.float32))
+
+
+def step(model, sync, rank, width=6):
+    model(batch(rank, width)).square().mean().backward()
     sync.wait()
 
 
@@ -123,7 +126,7 @@ def scenario_allreduce_twice():
     got = [p.grad.numpy() for p in model.parameters()]
     model.clear_gradients()
     again.close()
-    x = paddle.to_tensor(np.random.default_rng(rank).standard_normal((5, 6)).astype(np.float32))
+    x = batch(rank)
     model(x).square().mean().backward()
     ok = True
     for p, g in zip(model.parameters(), got):
@@ -143,11 +146,11 @@ def scenario_allreduce_timeout():
 
     def train():
         try:
-            step_big(model, sync, rank)
+            step(model, sync, rank, width=256)
         except pf.GradientSyncError as e:
             result(first=str(e))
         model.clear_gradients()
-        step_big(model, sync, rank)
+        step(model, sync, rank, width=256)
 
     reported(train)
 
@@ -158,19 +161,13 @@ def scenario_allreduce_peer_stopped():
     rank, world = init()
     model = model_of()
     sync = pf.GradientAllReduce(model, timeout=2.0, overlap=False)
-    x = paddle.to_tensor(np.random.default_rng(rank).standard_normal((5, 6)).astype(np.float32))
+    x = batch(rank)
     loss = model(x).square().mean()
     dist.barrier()
     if rank == world - 1:
         os.kill(os.getpid(), signal.SIGSTOP)
     loss.backward()
     reported(sync.wait)
-
-
-def step_big(model, sync, rank):
-    x = paddle.to_tensor(np.random.default_rng(rank).standard_normal((5, 256)).astype(np.float32))
-    model(x).square().mean().backward()
-    sync.wait()
 
 
 def scenario_skipped_step():
