@@ -97,3 +97,44 @@ def test_demo_fmha_runs_respects_threads_and_explains_its_speedup():
     ideal = float(rows[0][-1].rstrip("x"))
     assert "(kernel, at equal work)" in out, out
     assert ("exceeds the ideal ratio because" in out) == (max(speedups) > ideal), out
+
+
+def _example_util():
+    sys.path.insert(0, EX)
+    try:
+        import example_util
+    finally:
+        sys.path.remove(EX)
+    return example_util
+
+
+def test_example_util_history_progress_and_plot(tmp_path, capsys):
+    eu = _example_util()
+    h = eu.StepHistory()
+    for i in range(4):
+        h.add(step=i, loss=5.0 - i, tokens_per_s=100.0 + i, lr=1e-3 * i, mlm_acc=0.1 * i)
+    h.save(tmp_path / "h.json")
+    back = eu.StepHistory.load(tmp_path / "h.json")
+    assert back.rows == h.rows and back.rows[2] == {"step": 2, "loss": 3.0, "tokens_per_s": 102.0, "lr": 0.002,
+                                                    "mlm_acc": 0.2}
+
+    now = [100.0]
+    p = eu.Progress(10, every_s=30, clock=lambda: now[0])
+    now[0] = 162.0  # 2 steps in 62 s: 31 s a step, 8 steps left
+    assert p.update(2, "loss 3.1") == "step 2/10 loss 3.1 elapsed 1m02s, about 4m08s left"
+    now[0] = 170.0  # within every_s of the last line: nothing
+    assert p.update(3) is None
+    now[0] = 400.0
+    assert p.update(10).startswith("step 10/10 elapsed 5m00s")  # the last step always prints
+    assert capsys.readouterr().out.count("step ") == 2
+    assert eu.Progress(5, enabled=False).update(5) is None
+    with pytest.raises(ValueError, match="total_steps"):
+        eu.Progress(0)
+
+    png = tmp_path / "loss.png"
+    eu.plot_loss_curves(str(png), {"a": h, "b": [{"step": 0, "loss": 4.0}, {"step": 3, "loss": 1.0}]}, "t")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 2000
+
+    parser = eu.add_run_args(eu.make_parser("x"))
+    assert "default" in parser.format_help()
+    assert parser.parse_args(["--output-dir", "d"]).output_dir == "d"
