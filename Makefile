@@ -89,17 +89,13 @@ test-fast: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) -m pytest -q -rs -m "not slow and not dist and not build and not gpu" tests
 
 # CI's second stage: paddlepaddle-gpu 2.6.2 in a venv of its own, the CUDA kernels built
-# with nvcc and registered (set-up fails otherwise), and the CPU-place tests run under it.
+# with nvcc and registered (set-up fails otherwise), and the CPU-place tests run under it:
+# the test files that carry the pytest mark paddle_gpu_stage (pytest.ini), all their tests
+# whatever their other marks.
 GPU_VENV ?= .venv-gpu
-GPU_STAGE_TESTS := tests/test_paddle_compat.py tests/test_fmha.py tests/test_fmha_qkvpacked.py tests/test_varlen.py \
-	tests/test_fused_ops.py tests/test_layers.py tests/test_convert.py tests/test_convert_args.py \
-	tests/test_export_load.py tests/test_collate.py tests/test_balance.py tests/test_trainer.py \
-	tests/test_philox.py tests/test_build.py tests/test_config.py tests/test_cpu_gemm.py tests/test_fleet.py \
-	tests/test_grad_sync.py tests/test_gloo_groups.py tests/test_host_malloc.py \
-	tests/test_bucketed_attention.py
 test-paddle-gpu:
 	$(MAKE) setup PADDLE=gpu VENV=$(GPU_VENV)
-	OMP_NUM_THREADS=$(THREADS) $(GPU_VENV)/bin/python -m pytest -q -rs $(GPU_STAGE_TESTS)
+	OMP_NUM_THREADS=$(THREADS) $(GPU_VENV)/bin/python -m pytest -q -rs -m paddle_gpu_stage tests
 
 demo: setup
 	$(VPY) examples/run_demo.py

@@ -8,6 +8,8 @@ from paddle_unpad import balance
 from paddle_unpad.balance import planner as planner_mod
 from testutil import in_ci
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 
 @pytest.fixture(scope="module")
 def native_planner():

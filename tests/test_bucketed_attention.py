@@ -12,6 +12,8 @@ from paddle_unpad import ops
 from paddle_unpad.bucketed_attention import bucket_plan, bucketed_attention
 from test_fmha import GRID, OFFSET, SEED, assert_close, cu_seqlens_host, grid_case, make_inputs, reference
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 
 def _run(q, k, v, cu, max_seqlen, dout=None, p=0.0, rng=(SEED, OFFSET), scale=None):
     tq, tk, tv = (paddle.to_tensor(a, stop_gradient=dout is None) for a in (q, k, v))

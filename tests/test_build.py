@@ -13,7 +13,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytestmark = pytest.mark.build
+pytestmark = [pytest.mark.build, pytest.mark.paddle_gpu_stage]
 
 PROBE = (
     "import json, warnings, paddle_unpad as pu\n"

@@ -5,6 +5,8 @@ import pytest
 
 from paddle_unpad.data import PackingCollator, SampleError, check_lengths, normalize_batch, pack_samples
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 
 def _samples():
     return [

@@ -8,6 +8,8 @@ import pytest
 
 from paddle_unpad import config, ops
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -14,7 +14,7 @@ import pytest
 import paddle_unpad as pu
 from paddle_unpad import _paddle_compat as _compat
 
-pytestmark = pytest.mark.usefixtures("native_ops")
+pytestmark = [pytest.mark.usefixtures("native_ops"), pytest.mark.paddle_gpu_stage]
 
 T = pytest.importorskip("paddlenlp.transformers")
 

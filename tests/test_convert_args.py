@@ -8,6 +8,8 @@ import pytest
 
 import paddle_unpad as pu
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 
 def _fallback(model):
     with warnings.catch_warnings(record=True) as caught:

@@ -14,6 +14,8 @@ import pytest
 
 from paddle_unpad import cpu_gemm
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 AVX512 = set(cpu_gemm.AVX512_FLAGS) | set(cpu_gemm.AVX2_FLAGS)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import paddle_unpad as pu
 
-pytestmark = pytest.mark.usefixtures("native_ops")
+pytestmark = [pytest.mark.usefixtures("native_ops"), pytest.mark.paddle_gpu_stage]
 
 T = pytest.importorskip("paddlenlp.transformers")
 

@@ -9,6 +9,8 @@ from paddle.distributed import fleet
 import paddle_unpad.fleet as pf
 from paddle_unpad.data import PackingCollator, SampleError
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 
 def test_strategy_fields_merge_and_validate():
     s = pf.DistributedStrategy()

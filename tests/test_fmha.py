@@ -23,6 +23,8 @@ import philox_ref
 import testutil
 from testutil import empty_refused_here
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 RTOL_MAX = ops.FMHA_TOLERANCE["float32"]  # max abs error <= RTOL_MAX * max abs value of the reference (per tensor)
 SEED, OFFSET = 2**40 + 12345, 7  # a seed with both key words non-zero
 

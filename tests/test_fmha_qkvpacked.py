@@ -11,6 +11,8 @@ import pytest
 import paddle_unpad as pu
 from paddle_unpad import _native, ops
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 RTOL_MAX = ops.FMHA_TOLERANCE["float32"]
 # ragged: empty and one-token sequences, odd sizes, the query (64) and key (128) tiles +-1
 LENGTHS = [0, 1, 63, 64, 65, 3, 127, 128, 129, 0, 200]

@@ -25,6 +25,8 @@ import philox_ref
 import testutil
 from testutil import empty_refused_here
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 RTOL_MAX = ops.FUSED_OPS_TOLERANCE["float32"]  # max abs error <= RTOL_MAX * max abs of the reference (per tensor)
 SEED, OFFSET = 2**40 + 4321, 11  # a seed with both key words non-zero
 EPS = 1e-12  # PaddleNLP BERT's layer_norm_eps

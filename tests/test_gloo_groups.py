@@ -19,7 +19,7 @@ WORKER = os.path.join(HERE, "dist", "gloo_groups_worker.py")
 N_GROUPS = 12  # 6 of all three ranks, 6 of two, interleaved
 NPROC = 3
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.paddle_gpu_stage]
 
 
 def _launch(tmp_path, name, timeout, n_groups, **env_extra):

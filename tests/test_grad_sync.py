@@ -18,6 +18,8 @@ import pytest
 import paddle_unpad as pu
 from launch_util import run_bounded
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "dist", "grad_sync_worker.py")

@@ -9,6 +9,8 @@ import pytest
 
 from paddle_unpad import config, host_malloc
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 ENV = config.variable("HOST_MALLOC").env
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 

@@ -12,7 +12,7 @@ import pytest
 import paddle_unpad as pu
 from paddle_unpad import layers, ops
 
-pytestmark = pytest.mark.usefixtures("native_ops")
+pytestmark = [pytest.mark.usefixtures("native_ops"), pytest.mark.paddle_gpu_stage]
 
 pytest.importorskip("paddlenlp.transformers")  # the encoder forwards PaddleNLP patches in
 

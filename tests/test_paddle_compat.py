@@ -15,6 +15,8 @@ from paddle_unpad import _paddle_compat as compat
 from paddle_unpad import ops
 from testutil import assert_close, in_ci, require_native
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 
 def _need_nvcc():
     if cfg.find_cuda() is None:

@@ -6,6 +6,8 @@ import pytest
 
 import philox_ref as P
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 # Random123 known-answer vectors for Philox4x32-10: (counter, key, expected output).
 KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),

@@ -9,6 +9,8 @@ import pytest
 
 from launch_util import job_env, launch_job, run_bounded
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "examples", "trainer_classifier.py")
 WORKER = os.path.join(ROOT, "tests", "dist", "trainer_resume_worker.py")

@@ -7,6 +7,8 @@ from paddle_unpad import cu_seqlens_from_lengths, pad_input, unpad_input
 from paddle_unpad.varlen import check_cu_seqlens, cu_seqlens_host
 from testutil import empty_refused_here
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 
 def _mask_from_lengths(lengths, seqlen):
     return (np.arange(seqlen)[None, :] < np.asarray(lengths)[:, None]).astype(np.int64)
