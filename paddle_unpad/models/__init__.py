@@ -40,6 +40,13 @@ def _families():
     return (bert, ernie, roberta)
 
 
+def _mixins(fam):
+    """``{PaddleNLP class: mixin whose forward replaces it}`` of the family module ``fam``."""
+    from .forwards_generated import HEADS
+
+    return HEADS[fam.SPEC.name]
+
+
 def _unwrap(model):
     while isinstance(model, paddle.DataParallel):
         model = model._layers
@@ -129,11 +136,12 @@ def convert(model, *, on_unsupported="raise", token_loss="mean"):
             return outer
         raise
     _layers.convert_encoder(base.encoder)
-    _layers.swap_class(base, fam.HEADS[fam.SPEC.base_class])
+    heads = _mixins(fam)
+    _layers.swap_class(base, heads[fam.SPEC.base_class])
     _set_options(base, opts)
     if model is not base:
         klass = _defining_class(model)
-        mixin = fam.HEADS.get(klass)
+        mixin = heads.get(klass)
         if mixin is not None:
             _layers.swap_class(model, mixin)
         _set_options(model, opts)

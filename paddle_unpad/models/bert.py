@@ -13,13 +13,14 @@ from paddlenlp.transformers.bert import modeling
 
 from . import heads
 from .common import FamilySpec
-from .forwards import build_heads, forward_args
+from .forwards import forward_args
 
 SPEC = FamilySpec(name="bert", base_class=modeling.BertModel, base_attr="bert", config_defaults=True,
                   has_inputs_embeds=False)
 
-# original class -> mixin whose forward replaces it
-HEADS = build_heads(SPEC, [
+# (original class, head implementation, the original forward's parameters); the converted
+# forwards in forwards_generated.py are written from this table (python -m paddle_unpad.models.forwards --write)
+FORWARDS = [
     (modeling.BertModel, heads.base_forward, forward_args("past_key_values", "use_cache")),
     (modeling.BertForSequenceClassification, heads.seqcls_forward, forward_args("labels")),
     (modeling.BertForTokenClassification, heads.tokcls_forward, forward_args("labels")),
@@ -27,4 +28,5 @@ HEADS = build_heads(SPEC, [
     (modeling.BertForPretraining, heads.pretraining_forward,
      forward_args("masked_positions", "labels", "next_sentence_label")),
     (modeling.BertForMaskedLM, heads.masked_lm_forward, forward_args("masked_positions", "labels")),
-], required=("input_ids",))  # BERT has no inputs_embeds: its forwards require input_ids
+]
+REQUIRED = ("input_ids",)  # BERT has no inputs_embeds: its forwards require input_ids

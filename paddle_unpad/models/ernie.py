@@ -8,11 +8,13 @@ from paddlenlp.transformers.ernie import modeling
 
 from . import heads
 from .common import FamilySpec
-from .forwards import build_heads, forward_args
+from .forwards import forward_args
 
 SPEC = FamilySpec(name="ernie", base_class=modeling.ErnieModel, base_attr="ernie", embed_extras=("task_type_ids",))
 
-HEADS = build_heads(SPEC, [
+# (original class, head implementation, the original forward's parameters); the converted
+# forwards in forwards_generated.py are written from this table (python -m paddle_unpad.models.forwards --write)
+FORWARDS = [
     (modeling.ErnieModel, heads.base_forward,
      forward_args("task_type_ids", "past_key_values", "inputs_embeds", "use_cache")),
     (modeling.ErnieForSequenceClassification, heads.seqcls_forward, forward_args("inputs_embeds", "labels")),
@@ -22,4 +24,5 @@ HEADS = build_heads(SPEC, [
     (modeling.ErnieForPretraining, heads.pretraining_forward,
      forward_args("masked_positions", "inputs_embeds", "labels", "next_sentence_label")),
     (modeling.ErnieForMaskedLM, heads.masked_lm_forward, forward_args("masked_positions", "inputs_embeds", "labels")),
-])
+]
+REQUIRED = ()

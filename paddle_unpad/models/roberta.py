@@ -11,11 +11,13 @@ from paddlenlp.transformers.roberta import modeling
 
 from . import heads
 from .common import FamilySpec
-from .forwards import build_heads, forward_args
+from .forwards import forward_args
 
 SPEC = FamilySpec(name="roberta", base_class=modeling.RobertaModel, base_attr="roberta", roberta_positions=True)
 
-HEADS = build_heads(SPEC, [
+# (original class, head implementation, the original forward's parameters); the converted
+# forwards in forwards_generated.py are written from this table (python -m paddle_unpad.models.forwards --write)
+FORWARDS = [
     (modeling.RobertaModel, heads.base_forward,
      forward_args("past_key_values", "inputs_embeds", "use_cache")),
     (modeling.RobertaForSequenceClassification, heads.seqcls_forward, forward_args("inputs_embeds", "labels")),
@@ -24,4 +26,5 @@ HEADS = build_heads(SPEC, [
      forward_args("inputs_embeds", "start_positions", "end_positions")),
     # RoBERTa's original has no masked_positions (a packing collator's batch may still carry them)
     (modeling.RobertaForMaskedLM, heads.masked_lm_forward, forward_args("inputs_embeds", "labels")),
-])
+]
+REQUIRED = ()
