@@ -10,7 +10,9 @@ When neither works, every op runs its plain-Paddle reference and one warning say
 The ``DISABLE_NATIVE`` setting forces the reference path (for comparisons), ``FORCE_JIT``
 ignores an installed library and takes step 2 (settings: :mod:`paddle_unpad.config`).
 Once registered, the library gets the kernels' run-time settings (threads, CPU ISA cap,
-CUDA streams) through ``paddle_unpad_configure`` before any kernel runs.
+CUDA streams) through ``paddle_unpad_configure`` before any kernel runs. Every one of these
+settings is read before the search starts: a bad value is a ``ConfigError`` naming it
+(at import), never a reason to fall back to the references.
 
 ``import paddle_unpad`` registers the operators (:func:`load_at_import`): a program saved
 by ``paddle.jit.save`` that contains them is then loadable by ``paddle.jit.load`` or a
@@ -27,6 +29,8 @@ import warnings
 from . import config
 
 _lock = threading.RLock()
+# the settings of the library's search and of its kernels (paddle_unpad/config.py)
+SETTINGS = ("DISABLE_NATIVE", "FORCE_JIT", "JIT", "CACHE", "NUM_THREADS", "CPU_ISA", "FMHA_STREAMS")
 _state = {"tried": False, "path": None, "ops": (), "error": None, "flags": 0, "isa": None}
 
 
@@ -36,13 +40,18 @@ def _installed_library():
     return cfg.find_installed_library(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _jit_library():
+def settings():
+    """The parsed :data:`SETTINGS` (``config.ConfigError`` for a bad value)."""
+    return {name: config.get(name) for name in SETTINGS}
+
+
+def _jit_library(cache):
     from . import _build_config as cfg
 
     if not os.path.isdir(cfg.CUSTOM_OPS) or not cfg.ops_sources(False):
         return None
     with_cuda = cfg.cuda_wanted()
-    cache = config.get("CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "paddle_unpad")
+    cache = cache or os.path.join(os.path.expanduser("~"), ".cache", "paddle_unpad")
     folder = os.path.join(cache, cfg.build_fingerprint(with_cuda))
     out = os.path.join(folder, "paddle_unpad_ops.so")
     if os.path.exists(out):
@@ -71,20 +80,21 @@ def load():
     with _lock:
         if _state["tried"]:
             return _state["path"] is not None
+        wanted = settings()  # outside the try: a bad setting is an error, not a reason to fall back
         try:
-            return _load_locked()
+            return _load_locked(wanted)
         finally:
             _state["tried"] = True  # only now: the lock-free check above must not see a half-load
 
 
-def _load_locked():
+def _load_locked(wanted):
     try:
-        if config.get("DISABLE_NATIVE"):
+        if wanted["DISABLE_NATIVE"]:
             _state["error"] = f"{config.variable('DISABLE_NATIVE').env} is set"
             return False
-        path = None if config.get("FORCE_JIT") else _installed_library()
-        if path is None and config.get("JIT"):
-            path = _jit_library()
+        path = None if wanted["FORCE_JIT"] else _installed_library()
+        if path is None and wanted["JIT"]:
+            path = _jit_library(wanted["CACHE"])
         if path is None:
             raise FileNotFoundError(
                 "no compiled library (run `make setup` or `pip install --no-build-isolation -e .`)"
@@ -94,8 +104,7 @@ def _load_locked():
         ops = load_op_meta_info_and_register_op(path)
         lib = ctypes.CDLL(path)
         lib.paddle_unpad_configure.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-        lib.paddle_unpad_configure(config.get("NUM_THREADS"), config.get("CPU_ISA").encode(),
-                                   config.get("FMHA_STREAMS"))
+        lib.paddle_unpad_configure(wanted["NUM_THREADS"], wanted["CPU_ISA"].encode(), wanted["FMHA_STREAMS"])
         lib.paddle_unpad_cpu_isa.restype = ctypes.c_char_p
         _state.update(
             path=path,
@@ -117,10 +126,13 @@ def _load_locked():
 
 def load_at_import():
     """Called by ``paddle_unpad/__init__.py``. Registering an installed (or already built)
-    library takes milliseconds; a first JIT build says so on stderr before it starts. Never
-    raises: without the library, import succeeds and the references run (one warning)."""
+    library takes milliseconds; a first JIT build says so on stderr before it starts. Raises
+    only for a bad setting (``config.ConfigError``): without the library, import succeeds and
+    the references run (one warning)."""
     try:
         load()
+    except config.ConfigError:
+        raise
     except Exception as e:  # load() catches its own errors; this guards import against the unforeseen
         _state["error"] = _state["error"] or f"{type(e).__name__}: {e}"
         _state["tried"] = True

@@ -5,8 +5,11 @@ is the table (docs/api.md lists it). Rules:
 
 * flags accept ``1/true/yes/on`` and ``0/false/no/off`` (any case); an empty value is the
   default; anything else is an error naming the variable and the value;
-* ints and choices are checked the same way; a value is read when it is needed, so a
-  variable set before the process (or before the first use) takes effect;
+* ints (within their declared range) and choices are checked the same way;
+* a bad value is a :class:`ConfigError` (a ``ValueError``) naming the variable and the value,
+  raised where the setting is first read -- never a silent fallback to a default; a value
+  is read when it is needed, so a variable set before the process (or before the first
+  use) takes effect;
 * an explicit argument always wins: functions that take the same setting as an
   argument use the variable only when the argument is ``None``.
 
@@ -16,7 +19,7 @@ before the package exists.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 PREFIX = "PADDLE_UNPAD_"
 _TRUE = ("1", "true", "yes", "on")
@@ -30,6 +33,7 @@ class Variable(NamedTuple):
     meaning: str
     choices: Tuple[str, ...] = ()
     when: str = "run"  # "build": read by setup.py / the JIT build; "run": at run time
+    bounds: Tuple[int, Optional[int]] = (0, None)  # ints: the smallest and largest value (None: no limit)
 
     @property
     def env(self):
@@ -47,7 +51,7 @@ VARIABLES = tuple(Variable(*v) for v in (
     ("CPU_ISA", "choice", "auto", "CPU kernel path: auto (widest the CPU has) or a narrower avx2/sse2",
      ("auto", "avx512", "avx2", "sse2")),
     ("FMHA_GROUPING", "flag", True, "default of fmha(grouping=None) on GPU: the grouped multi-stream launch"),
-    ("FMHA_STREAMS", "int", 4, "size of the CUDA stream pool of the grouped FMHA launch (1-16)"),
+    ("FMHA_STREAMS", "int", 4, "size of the CUDA stream pool of the grouped FMHA launch", (), "run", (1, 16)),
     ("MKL_DISPATCH", "choice", "auto",
      "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels "
      "(MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
@@ -57,8 +61,9 @@ VARIABLES = tuple(Variable(*v) for v in (
      "defaults", ("retain", "off")),
     # run time: distributed
     ("GLOO_GROUP_STORES", "flag", True,
-     "give every gloo process group after the default one a rendezvous store of its own (read at import; "
-     "off: Paddle's groups share the job's store and can read each other's addresses)"),
+     "give every gloo process group after the default one a rendezvous store of its own (read when the "
+     "plugin makes its first group or a paddle_unpad DistributedStrategy is built; off: Paddle's groups share the "
+     "job's store and can read each other's addresses)"),
     ("STORE_NODELAY", "flag", True,
      "send this process's requests to Paddle's TCP stores without Nagle's delay (TCP_NODELAY on its "
      "connections to the job's and the groups' stores; off: each request can wait ~40 ms for a delayed ACK)"),
@@ -107,8 +112,9 @@ def parse(var: Variable, text: str):
             value = int(text)
         except ValueError:
             raise ConfigError(f"{var.env}={text!r}: expected a whole number") from None
-        if value < 0:
-            raise ConfigError(f"{var.env}={text!r}: expected a number >= 0")
+        low, high = var.bounds
+        if value < low or (high is not None and value > high):
+            raise ConfigError(f"{var.env}={text!r}: expected a whole number in {_range_text(var)}")
         return value
     if var.kind == "choice":
         low = text.lower()
@@ -116,6 +122,11 @@ def parse(var: Variable, text: str):
             raise ConfigError(f"{var.env}={text!r}: expected one of {', '.join(var.choices)}")
         return low
     return text
+
+
+def _range_text(var):
+    low, high = var.bounds
+    return f"{low}-{high}" if high is not None else f">= {low}"
 
 
 def resolve(argument, name):
@@ -127,7 +138,7 @@ def markdown_table():
     """The table of docs/api.md (a test keeps the two equal)."""
     rows = ["| variable | type | default | read | meaning |", "|---|---|---|---|---|"]
     for v in VARIABLES:
-        kind = v.kind if v.kind != "choice" else " / ".join(v.choices)
+        kind = " / ".join(v.choices) if v.kind == "choice" else f"int ({_range_text(v)})" if v.kind == "int" else v.kind
         if v.kind == "flag":
             default = "on" if v.default else "off"
         else:

@@ -71,12 +71,8 @@ def mkl_library():
 
 def configure():
     """Set ``MKL_DEBUG_CPU_TYPE`` for this CPU when it helps and nobody else chose (see the module docstring).
-    Never raises: a bad ``MKL_DISPATCH`` value is reported by :func:`info` and changes nothing."""
-    try:
-        mode = config.get("MKL_DISPATCH")
-    except config.ConfigError as e:
-        _state.update(action="unchanged", why=str(e))
-        return
+    A bad ``MKL_DISPATCH`` value raises ``config.ConfigError`` naming it (at import)."""
+    mode = config.get("MKL_DISPATCH")
     if mode == "off":
         _state.update(action="unchanged", why=f"{config.variable('MKL_DISPATCH').env}=off")
         return

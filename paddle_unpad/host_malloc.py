@@ -69,14 +69,10 @@ def _glibc():
 
 
 def configure(environ=None):
-    """Apply the setting (see the module docstring). Never raises: a bad ``HOST_MALLOC``
-    value is reported by :func:`info` and changes nothing."""
+    """Apply the setting (see the module docstring). A bad ``HOST_MALLOC`` value raises
+    ``config.ConfigError`` naming it."""
     environ = os.environ if environ is None else environ
-    try:
-        mode = config.get("HOST_MALLOC", environ)
-    except config.ConfigError as e:
-        _state.update(action="unchanged", why=str(e))
-        return
+    mode = config.get("HOST_MALLOC", environ)
     if mode == "off":
         _state.update(action="unchanged", why=f"{config.variable('HOST_MALLOC').env}=off")
         return

@@ -1,5 +1,4 @@
 """paddle_unpad.config: every environment variable declared once, parsed by one rule, listed once."""
-import json
 import os
 import subprocess
 import sys
@@ -25,8 +24,8 @@ def test_unset_or_empty_is_the_default_and_bad_values_name_variable_and_value():
         assert config.get(var.name, {}) == var.default
         assert config.get(var.name, {var.env: "  "}) == var.default
     cases = [("FORCE_JIT", "2", "expected one of"), ("BUILD_JOBS", "four", "whole number"),
-             ("NUM_THREADS", "-1", ">= 0"), ("CPU_ISA", "avx1024", "auto, avx512, avx2, sse2"),
-             ("MKL_DISPATCH", "maybe", "auto, off")]
+             ("NUM_THREADS", "-1", ">= 0"), ("FMHA_STREAMS", "17", "1-16"),
+             ("CPU_ISA", "avx1024", "auto, avx512, avx2, sse2"), ("MKL_DISPATCH", "maybe", "auto, off")]
     for name, bad, words in cases:
         env = config.variable(name).env
         with pytest.raises(config.ConfigError) as e:
@@ -66,16 +65,108 @@ def test_no_variable_name_outside_the_configuration_module_docs_and_tests():
     assert not offenders, f"{config.PREFIX}* names outside paddle_unpad/config.py: {offenders}"
 
 
-def test_a_bad_kernel_setting_falls_back_with_a_warning_naming_it():
-    env = dict(os.environ, PADDLE_UNPAD_NUM_THREADS="two")
-    code = ("import json, warnings\nwith warnings.catch_warnings(record=True) as w:\n"
-            "    warnings.simplefilter('always')\n    import paddle_unpad as pu\n"
-            "print(json.dumps({'ok': pu.ops_available()['fmha']['cpu'], 'w': [str(x.message) for x in w]}))")
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert got["ok"] is False
-    assert any("PADDLE_UNPAD_NUM_THREADS='two'" in m for m in got["w"]), got["w"]
+def _bad_values(var):
+    """Values the variable's declared type refuses (none for free text and paths)."""
+    if var.kind == "flag":
+        return ["sometimes"]
+    if var.kind == "choice":
+        return ["no-such-choice"]
+    if var.kind == "int":
+        low, high = var.bounds
+        return ["two", str(low - 1)] + ([] if high is None else [str(high + 1)])
+    return []
+
+
+BAD = [(var.name, text) for var in config.VARIABLES for text in _bad_values(var)]
+
+
+def test_every_variable_but_free_text_has_values_it_refuses():
+    assert {v.kind for v in config.VARIABLES if not _bad_values(v)} <= {"str", "path"}
+
+
+@pytest.mark.parametrize("name, text", BAD)
+def test_every_bad_value_is_one_error_naming_variable_and_value(name, text):
+    env = config.variable(name).env
+    with pytest.raises(config.ConfigError) as e:
+        config.get(name, {env: text})
+    assert isinstance(e.value, ValueError) and f"{env}={text!r}" in str(e.value)
+
+
+def test_the_documented_stream_range_is_the_checked_range():
+    env = config.variable("FMHA_STREAMS").env
+    for text in ("0", "17"):
+        with pytest.raises(config.ConfigError, match="1-16"):
+            config.get("FMHA_STREAMS", {env: text})
+    assert [config.get("FMHA_STREAMS", {env: t}) for t in ("1", "16")] == [1, 16]
+
+
+def _native_load():
+    from paddle_unpad import _native
+
+    saved = dict(_native._state)
+    _native._state["tried"] = False
+    try:
+        _native.load()
+    finally:
+        _native._state.update(saved)
+
+
+def _install_group_stores():
+    from paddle_unpad.distributed import groups
+
+    groups.install_group_stores()
+
+
+def _host_malloc():
+    from paddle_unpad import host_malloc
+
+    host_malloc.configure()
+
+
+def _mkl_dispatch():
+    from paddle_unpad import cpu_gemm
+
+    cpu_gemm.configure()
+
+
+# where each run-time setting is first read: a bad value must raise there, not fall back
+READERS = {
+    **{name: _native_load for name in ("DISABLE_NATIVE", "FORCE_JIT", "JIT", "NUM_THREADS", "CPU_ISA",
+                                       "FMHA_STREAMS")},
+    "FMHA_GROUPING": lambda: ops._grouping(None),
+    "MKL_DISPATCH": _mkl_dispatch,
+    "HOST_MALLOC": _host_malloc,
+    "GLOO_GROUP_STORES": _install_group_stores,
+    "STORE_NODELAY": _install_group_stores,
+}
+
+
+def test_every_run_time_setting_has_its_reader_listed():
+    assert set(READERS) == {v.name for v in config.VARIABLES if v.when == "run" and _bad_values(v)}
+
+
+@pytest.mark.parametrize("name", sorted(READERS))
+def test_a_bad_run_time_setting_raises_where_it_is_read(name, monkeypatch):
+    var = config.variable(name)
+    text = _bad_values(var)[0]
+    monkeypatch.setenv(var.env, text)
+    with pytest.raises(config.ConfigError, match=f"{var.env}={text!r}"):
+        READERS[name]()
+
+
+def test_a_typo_in_the_kernel_threads_is_an_error_not_the_reference_path(monkeypatch):
+    from paddle_unpad import _native
+
+    monkeypatch.setenv("PADDLE_UNPAD_NUM_THREADS", "tow")
+    saved = dict(_native._state)
+    _native._state["tried"] = False
+    try:
+        for _ in range(2):  # every later load asks again: nothing falls back quietly
+            with pytest.raises(ValueError, match="PADDLE_UNPAD_NUM_THREADS='tow'"):
+                _native.load()
+        assert _native._state["tried"] is False
+    finally:
+        _native._state.update(saved)
 
 
 def test_the_shell_helper_checks_names_and_values():

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from paddle_unpad import cpu_gemm
+from paddle_unpad import config, cpu_gemm
 
 pytestmark = pytest.mark.paddle_gpu_stage
 
@@ -91,10 +91,12 @@ def test_a_users_setting_and_the_opt_out_are_left_alone():
     assert got["action"] == "unchanged" and got["env"] is None and "off" in got["why"]
 
 
-def test_a_bad_opt_out_value_is_reported_and_changes_nothing():
-    got = _run(PRODUCT.format(prelude=""), PADDLE_UNPAD_MKL_DISPATCH="maybe")
-    assert got["action"] == "unchanged" and got["env"] is None
-    assert "PADDLE_UNPAD_MKL_DISPATCH='maybe'" in got["why"]
+def test_a_bad_opt_out_value_raises_naming_it_and_changes_nothing(monkeypatch):
+    monkeypatch.delenv(cpu_gemm.ENV, raising=False)
+    monkeypatch.setenv(config.variable("MKL_DISPATCH").env, "maybe")
+    with pytest.raises(config.ConfigError, match="PADDLE_UNPAD_MKL_DISPATCH='maybe'"):
+        cpu_gemm.configure()
+    assert cpu_gemm.ENV not in os.environ
 
 
 def test_too_late_after_a_gemm_warns_and_sets_nothing():
