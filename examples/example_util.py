@@ -28,29 +28,24 @@ def add_run_args(parser):
 
 
 # glog levels: 0 INFO, 1 WARNING, 2 ERROR. Paddle's C++ start-up chatter is INFO.
-_QUIET_ENV = {"GLOG_minloglevel": "2", "GLOG_v": "0"}
+_QUIET_ENV = {"GLOG_minloglevel": "1", "GLOG_v": "0"}
 
 
 def quiet_logs(verbose=False):
-    """Keep Paddle's C++ info lines, PaddleNLP's and the launcher's info lines and import-time warnings
-    out of the way, unless ``verbose``. Call before importing paddle: glog reads its environment
-    once, when the C++ core loads. Variables the user set are left alone."""
+    """Keep Paddle's C++ (glog) info lines, Paddle's and PaddleNLP's logging at INFO and below, and
+    import-time warnings out of the way, unless ``verbose``. Call before importing paddle: glog reads
+    its environment once, when the C++ core loads; glog variables the user set are left alone. The
+    launcher's own ``LAUNCH INFO`` lines belong to the launcher (its ``--log_level``)."""
     if verbose:
         return
     for k, v in _QUIET_ENV.items():
         os.environ.setdefault(k, v)
-    for mod in ("paddle", "paddlenlp", "paddle.distributed", "setuptools", "pkg_resources"):
+    for mod in ("paddle", "paddlenlp", "_distutils_hack", "setuptools", "pkg_resources"):
         warnings.filterwarnings("ignore", module=mod + r"(\.|$)")
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", category=UserWarning, message=".*(paddle|Paddle).*")
-    for name in ("paddlenlp", "PaddleNLP", "paddle.distributed"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # PaddleNLP's logger resets its own level to DEBUG when imported; a filter on it stays
-    logging.getLogger("PaddleNLP").addFilter(_warnings_and_worse)
-
-
-def _warnings_and_worse(record):
-    return record.levelno >= logging.WARNING
+    # Paddle's and PaddleNLP's loggers set their own levels (INFO, DEBUG) when imported, so
+    # their levels cannot be lowered beforehand; the examples report through print()
+    logging.disable(logging.INFO)
 
 
 class StepHistory:
@@ -107,6 +102,16 @@ def plot_loss_curves(png_path, curves, title):
     return png_path
 
 
+def comparison_table(fields, left, right, headers=("stock (padded)", "paddle_unpad")):
+    """Lines of a side-by-side table: ``fields`` are (label, key, format) rows read from the
+    ``left`` and ``right`` summaries (dicts), with the ratio right/left."""
+    lines = [f"{'':22s}{headers[0]:>16s}{headers[1]:>16s}{'ratio':>8s}"]
+    for label, key, fmt in fields:
+        a, b = left[key], right[key]
+        lines.append(f"{label:22s}{fmt.format(a):>16s}{fmt.format(b):>16s}{b / a if a else float('nan'):>8.2f}")
+    return lines
+
+
 def format_duration(seconds):
     """1m02s, 3h05m, 45s."""
     s = int(round(max(0.0, seconds)))
@@ -119,20 +124,22 @@ def format_duration(seconds):
 
 class Progress:
     """``step i/N <text> elapsed 1m02s, about 3m10s left``, at most every ``every_s`` seconds and at the
-    last step. Steps count from 1 here; the time left assumes the remaining steps take as long as the
-    ones done (``clock`` is replaceable for tests)."""
+    last step. Steps count from 1; ``start`` is the number of steps done before (a resumed run). The
+    time left assumes the remaining steps take as long as this run's ones did (``clock`` is
+    replaceable for tests)."""
 
-    def __init__(self, total_steps, enabled=True, every_s=10.0, clock=time.monotonic, stream=None):
+    def __init__(self, total_steps, enabled=True, every_s=10.0, clock=time.monotonic, stream=None, start=0):
         if total_steps < 1:
             raise ValueError(f"Progress: total_steps must be >= 1, got {total_steps}")
         self.total, self.enabled, self.every_s, self.clock = int(total_steps), enabled, float(every_s), clock
+        self.start = int(start)
         self.stream = stream
         self.t0 = clock()
         self.last_print = None
 
     def remaining_s(self, step, now=None):
         elapsed = (self.clock() if now is None else now) - self.t0
-        return elapsed / max(step, 1) * (self.total - step)
+        return elapsed / max(step - self.start, 1) * (self.total - step)
 
     def line(self, step, text="", now=None):
         now = self.clock() if now is None else now

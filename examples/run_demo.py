@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from example_util import comparison_table
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -92,10 +94,7 @@ def main(argv=None):
     fields = [("samples/s", "samples_per_s", "{:.1f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
               ("dev accuracy", "dev_accuracy", "{:.4f}"), ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0", "{:.0f}"),
               ("train time (s)", "train_seconds", "{:.1f}")]
-    print(f"{'':22s}{'stock (padded)':>16s}{'paddle_unpad':>16s}{'ratio':>8s}")
-    for label, key, fmt in fields:
-        a, b = pad[key], unp[key]
-        print(f"{label:22s}{fmt.format(a):>16s}{fmt.format(b):>16s}{b / a if a else float('nan'):>8.2f}")
+    print("\n".join(comparison_table(fields, pad, unp)))
     print(f"paddle_unpad path: {unp['path']}; real tokens trained: {unp['train_tokens']} "
           f"(stock: {pad['train_tokens']}); both jobs took {time.time() - t_start:.0f} s "
           f"({pad['job_seconds']:.0f} + {unp['job_seconds']:.0f}, start-up and evaluation included)")

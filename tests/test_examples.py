@@ -54,13 +54,112 @@ def test_finetune_classifier_two_ranks(mode, tmp_path):
 
 
 @pytest.mark.dist
-def test_pretrain_mlm_two_ranks_loss_falls(tmp_path):
-    out = tmp_path / "pt.json"
-    launch("pretrain_mlm.py", ["--steps", "12", "--max-docs", "24", "--max-seq-len", "128",
-                               "--batch-size", "8", "--json-out", str(out)], tmp_path)
+def test_pretrain_mlm_two_ranks_loss_falls_and_resumes_bit_exactly(tmp_path):
+    tiny = ["--steps", "12", "--max-docs", "24", "--max-seq-len", "128", "--batch-size", "8",
+            "--eval-samples", "16", "--eval-every", "6", "--save-every", "5"]
+    out, d = tmp_path / "pt.json", tmp_path / "run"
+    proc = launch("pretrain_mlm.py", tiny + ["--json-out", str(out), "--output-dir", str(d)], tmp_path)
     s = json.load(open(out))
-    assert s["steps"] == 12 and s["ranks"] == 2
+    assert s["steps"] == 12 and s["ranks"] == 2 and s["path"] == "unpadded+balanced"
     assert np.isfinite(s["first_loss"]) and s["last_loss"] < s["first_loss"] - 0.1, s
+    assert [e["step"] for e in s["evals"]] == [6, 12] and 0.0 <= s["mlm_accuracy"] <= 1.0
+    assert s["evals"][-1]["mlm_loss"] < s["evals"][0]["mlm_loss"] and s["evals"][0]["masked_tokens"] > 0
+    rows = json.load(open(d / "history.json"))["rows"]
+    assert [r["step"] for r in rows] == list(range(1, 13)) and [r["loss"] for r in rows] == s["losses"]
+    assert all(r["tokens_per_s"] > 0 for r in rows) and rows[0]["lr"] < rows[4]["lr"] > rows[-1]["lr"] > 0
+    assert (d / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in d.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-12", "checkpoint-5"]
+    log0 = open(tmp_path / "log_pretrain_mlm.py" / "workerlog.0").read()
+    assert "step 1/12" in log0 and "left" in log0 and "step 12/12" in log0
+    assert "tcp_store.cc" not in log0 and "[    INFO]" not in log0, log0[:2000]  # start-up logs kept out
+    assert proc.returncode == 0
+
+    # the last two steps again, from the checkpoint of step 10: bit for bit the same losses
+    (tmp_path / "resume").mkdir()
+    out2 = tmp_path / "resumed.json"
+    launch("pretrain_mlm.py", tiny + ["--json-out", str(out2), "--output-dir", str(tmp_path / "run2"),
+                                               "--resume", str(d / "checkpoint-10"), "--no-progress"],
+           tmp_path / "resume")
+    r = json.load(open(out2))
+    assert r["first_step"] == 11 and r["losses"] == s["losses"][10:], (r["losses"], s["losses"])
+    assert r["evals"] == s["evals"]
+
+
+def _pretrain_module():
+    sys.path.insert(0, EX)
+    try:
+        import pretrain_mlm
+    finally:
+        sys.path.remove(EX)
+    return pretrain_mlm
+
+
+def test_pretrain_mlm_help_shows_defaults_and_fused_lamb_is_refused(capsys):
+    pm = _pretrain_module()
+    with pytest.raises(SystemExit) as e:
+        pm.parse_args(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "(default: 30)" in text and "--eval-samples" in text and "--fused-lamb" not in text
+    with pytest.raises(SystemExit) as e:
+        pm.parse_args(["--fused-lamb"])
+    assert e.value.code == 2 and "--fused-lamb" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        pm.parse_args(["--stock", "--compare"])
+    assert "not allowed with" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        pm.parse_args(["--save-every", "-1"])
+    assert "--save-every must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_pretrain_mlm_no_weight_decay_selects_biases_and_layer_norms():
+    import paddle_unpad as pu
+    from paddlenlp.transformers import BertConfig, BertForPretraining
+
+    pm = _pretrain_module()
+    model = BertForPretraining(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                          intermediate_size=32, max_position_embeddings=32))
+    pu.convert(model)
+    excluded = pm.no_weight_decay(model)
+    got = {n for n, p in model.named_parameters() if excluded(p)}
+    # in BERT the 1-D parameters are exactly the biases and the LayerNorm scales and shifts
+    assert got == {n for n, p in model.named_parameters() if len(p.shape) == 1}
+    assert {"cls.predictions.decoder_bias", "bert.encoder.layers.1.norm2.weight",
+            "bert.embeddings.layer_norm.bias", "cls.predictions.layer_norm.weight"} <= got
+    # per layer 6 biases and 2 LayerNorms; embeddings' LayerNorm; pooler bias; MLM transform bias,
+    # LayerNorm and decoder bias, NSP bias
+    assert "bert.encoder.layers.0.linear1.weight" not in got and len(got) == 2 * (6 + 2 * 2) + 2 + 1 + 5
+
+
+@pytest.mark.slow
+def test_pretrain_mlm_compare_stock_and_unpadded(tmp_path):
+    """One process: stock PaddleNLP then the unpadded model, same samples and initial weights."""
+    out = tmp_path / "cmp.json"
+    proc = subprocess.run([sys.executable, os.path.join(EX, "pretrain_mlm.py"), "--compare", "--steps", "3",
+                           "--max-docs", "12", "--max-seq-len", "128", "--batch-size", "4", "--eval-samples", "8",
+                           "--dropout", "0", "--hidden", "32", "--output-dir", str(tmp_path / "o"),
+                           "--json-out", str(out)],
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    d = json.load(open(out))
+    st, up = d["stock"], d["unpadded"]
+    assert st["path"] == "padded (stock)" and up["path"] == "unpadded" and st["steps"] == up["steps"] == 3
+    np.testing.assert_allclose(up["losses"], st["losses"], rtol=1e-4)  # no dropout: the same math
+    assert abs(up["mlm_accuracy"] - st["mlm_accuracy"]) <= 1 / 16 and st["train_tokens"] == up["train_tokens"]
+    for label in ("tokens/s", "step time (ms)", "MLM accuracy", "stock (padded)", "paddle_unpad", "per-step loss"):
+        assert label in proc.stdout, proc.stdout[-2000:]
+    assert (tmp_path / "o" / "loss.png").stat().st_size > 2000 and (tmp_path / "o" / "stock" / "history.json").exists()
+    # the trained unpadded model loads with PaddleNLP's from_pretrained (no conversion in this process)
+    # and carries the trained weights
+    import paddle
+    from paddlenlp.transformers import BertForPretraining
+
+    m = BertForPretraining.from_pretrained(str(tmp_path / "o" / "model"))
+    ckpt = paddle.load(str(tmp_path / "o" / "checkpoint-3" / "model.pdparams"))
+    assert set(m.state_dict()) == set(ckpt)
+    for k, v in m.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), ckpt[k].numpy(), err_msg=k)
 
 
 @pytest.mark.slow
