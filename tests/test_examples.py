@@ -227,6 +227,12 @@ def test_example_util_history_progress_and_plot(tmp_path, capsys):
     assert p.update(10).startswith("step 10/10 elapsed 5m00s")  # the last step always prints
     assert capsys.readouterr().out.count("step ") == 2
     assert eu.Progress(5, enabled=False).update(5) is None
+    resumed = eu.Progress(10, clock=lambda: now[0], start=4)  # 2 steps of this run in 60 s, 4 left
+    now[0] += 60.0
+    assert resumed.line(6).endswith("elapsed 1m00s, about 2m00s left")
+    table = eu.comparison_table([("tokens/s", "t", "{:.0f}")], {"t": 100.0}, {"t": 250.0})
+    assert table[0].split() == ["stock", "(padded)", "paddle_unpad", "ratio"] and table[1].split() == [
+        "tokens/s", "100", "250", "2.50"]
     with pytest.raises(ValueError, match="total_steps"):
         eu.Progress(0)
 
