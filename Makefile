@@ -113,6 +113,7 @@ bench: setup
 	OMP_NUM_THREADS=1 $(VPY) benchmarks/bench_exchange_scale.py
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_gemm.py
 	$(VPY) benchmarks/bench_e2e.py
+	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_serving.py
 	$(VPY) examples/run_demo.py --json-out benchmarks/results/demo.json
 	$(VPY) benchmarks/report.py
 

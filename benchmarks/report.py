@@ -901,6 +901,96 @@ def demo_seeds():
     return lines
 
 
+def _serving_sweep(d):
+    """The optimisation settings per thread count: median ms at the sweep batch, or why Paddle refused."""
+    c = d["config"]
+    names = list(dict.fromkeys(cell["distribution"] for cell in d["runs"][0]["cells"]))
+    rows = []
+    for r in d["runs"]:
+        for config, e in r["sweep"].items():
+            chosen = " / ".join(s for s in ("unpadded", "padded") if r["best"][s] == config) or "-"
+            cols = (["refused: " + e["refused"]] + [""] * (2 * len(names) - 1) if "refused" in e else
+                    [f"{e[n][s]:.1f}" for n in names for s in ("unpadded", "padded")])
+            rows.append([r["threads"], config] + cols + [chosen])
+    head = ["threads", "ir_optim / oneDNN"] + [f"{n}: {s} ms" for n in names for s in ("unpadded", "padded")]
+    return ([f"Paddle Inference's CPU optimisations at batch {c['sweep_batch']} (median of {c['sweep_repeats']} "
+             "calls; `ir_optim` = `switch_ir_optim(True)`, `onednn` = `enable_mkldnn()`); each side is then served "
+             "with its fastest setting (last column):", ""] + _table(head + ["serves"], rows))
+
+
+def _serving_cells(d):
+    """p50/p99 and sequences/s of both sides per thread count, distribution and batch; the ideal."""
+    rows, far = [], []
+    for r in d["runs"]:
+        for c in r["cells"]:
+            u, p = c["unpadded"], c["padded"]
+            rows.append([r["threads"], c["distribution"], c["batch"], c["calls"], f"{u['p50_ms']:.1f} / {u['p99_ms']:.1f}",
+                         f"{p['p50_ms']:.1f} / {p['p99_ms']:.1f}", f"{u['seqs_per_s']:.1f}", f"{p['seqs_per_s']:.1f}",
+                         f"{c['real_over_padded']:.2f}", f"{c['ideal_p50_ms']:.1f}", f"{c['unpadded_over_ideal']:.2f}",
+                         f"**{c['speedup_p50']:.2f}x**"])
+            if c["batch"] >= 8 and c["unpadded_over_ideal"] > d["close_within"]:
+                far.append(f"{c['distribution']} batch {c['batch']} at {r['threads']} thread(s) "
+                           f"({c['unpadded_over_ideal']:.2f}x)")
+    lines = _table(["threads", "lengths", "batch", "calls", "unpadded p50 / p99 ms", "padded p50 / p99 ms",
+                    "unpadded seq/s", "padded seq/s", "real / padded tokens", "ideal p50 ms", "unpadded / ideal",
+                    "padded / unpadded p50"], rows)
+    n = sum(1 for r in d["runs"] for c in r["cells"] if c["batch"] >= 8)
+    verdict = (f"At batch 8 and more, {n - len(far)} of {n} cells serve unpadded within {d['close_within']:.2f}x of "
+               "the ideal (padded p50 x real / padded tokens)")
+    speedups = [c["speedup_p50"] for r in d["runs"] for c in r["cells"] if c["batch"] >= 8]
+    verdict += (f"; not: {', '.join(far)}" if far else "") + (
+        f". Padded p50 / unpadded p50 at batch 8 and more: {min(speedups):.2f}x to {max(speedups):.2f}x." if speedups
+        else ".")
+    return lines + [verdict, ""]
+
+
+def _serving_profile(d):
+    """Exclusive ms per operator kind (dygraph, Paddle's profiler) and what does not shrink with the tokens."""
+    prof = next((r["profile"] for r in d["runs"] if "profile" in r), None)
+    if not prof:
+        return []
+    threads = next(r["threads"] for r in d["runs"] if "profile" in r)
+    lines = [f"Where the time goes: the same two models in dygraph under Paddle's profiler, one batch per "
+             f"distribution, {threads} thread(s); exclusive ms per operator kind, and what the unpadded side "
+             "would take if every kind shrank with the tokens (padded x real / padded):", ""]
+    for name, e in prof.items():
+        ratio, rows, excess = e["real_over_padded"], [], {}
+        for k in sorted(set(e["padded"]) | set(e["unpadded"]), key=lambda k: -e["padded"].get(k, 0.0)):
+            p, u = e["padded"].get(k, 0.0), e["unpadded"].get(k, 0.0)
+            excess[k] = u - p * ratio
+            rows.append([k, f"{p:.2f}", f"{u:.2f}", f"{p * ratio:.2f}"])
+        t = e["total_ms"]
+        rows.append(["total", f"{t['padded']:.2f}", f"{t['unpadded']:.2f}", f"{t['padded'] * ratio:.2f}"])
+        ranked = sorted(excess.items(), key=lambda kv: -kv[1])
+        above = [f"{k} (+{v:.1f} ms)" for k, v in ranked[:3] if v > 0]
+        below = [f"{k} ({v:.1f} ms)" for k, v in ranked[::-1][:3] if v < 0]
+        lines += [f"{name}, batch {e['batch']}, real / padded tokens {ratio:.2f}:", ""]
+        lines += _table(["operator kind", "padded ms", "unpadded ms", "padded x real/padded"], rows)
+        lines += [f"Unpadded above that: {', '.join(above) or 'nothing'}; below it: {', '.join(below) or 'nothing'}.",
+                  ""]
+    return lines + ["The profile runs the dygraph models, where the stock model's bias, residual, LayerNorm and GELU "
+                    "are separate passes; the padded predictor's graph passes (`ir_optim`) fuse some of them.", ""]
+
+
+def serving():
+    d, when = _newest("serving")
+    if d is None:
+        return []
+    m = d["model"]
+    command = f"OMP_NUM_THREADS={d['omp_num_threads']} {d['command']}" if d.get("omp_num_threads") else d["command"]
+    lines = _header("Serving with Paddle Inference: unpadded export vs padded stock model", command.strip(), d, when,
+                    f"{d['seconds']:.0f} s in all.")
+    lines += [f"The demo's classifier ({m['model']}: {m['layers']} layers, hidden {m['hidden']}) exported twice "
+              "with `paddle.jit.save` and served by `paddle.inference` CPU predictors: unpadded = "
+              "`paddle_unpad.convert` + `PackedInputs` as `examples/serve.py` serves it (real tokens only); padded = "
+              "the stock PaddleNLP model, each batch padded to its longest text. Batches drawn from the demo's short "
+              "reviews and from BERT pre-training pairs (at most "
+              f"{d['config']['long_max_len']} tokens); a call = inputs in, run, logits out; the sides alternate "
+              "call by call over the same batches, each thread count in a process of its own.", ""]
+    lines += _serving_sweep(d) + _serving_cells(d) + _serving_profile(d)
+    return lines + ([d["load_note"], ""] if d.get("load_note") else [])
+
+
 def main():
     parts = ["# Performance", "",
              "Generated by `python benchmarks/report.py` from `benchmarks/results/*.json`; do not edit by hand. "
@@ -911,6 +1001,7 @@ def main():
              "Sections: [targets on each host kind](#targets-on-each-host-kind), "
              "[the main job](#the-main-job-fleetrun-fine-tuning-make-demo), "
              "[end-to-end training five ways + profile](#end-to-end-fleetrun-training-five-ways-side-by-side), "
+             "[serving with Paddle Inference](#serving-with-paddle-inference-unpadded-export-vs-padded-stock-model), "
              "[attention](#attention-fmha-packed-vs-paddles-padded-attention), "
              "[fused ops](#fused-encoder-ops-vs-the-unfused-paddle-sequence), "
              "[float32 attention without a kernel](#float32-attention-without-a-kernel-gpu-float32-bucketed-plain-paddle-attention), "
@@ -918,7 +1009,8 @@ def main():
              "[load balance](#load-balance), "
              "[the sample exchange at 2 to 16 ranks](#the-sample-exchange-at-2-to-16-ranks), [GEMM speed on AMD and Intel hosts](#gemm-speed-on-amd-and-intel-hosts), "
              "[GPU](#gpu).", ""]
-    for section in (targets, demo, e2e, attention, fused, fp32_attention, encoder, balance, exchange_scale, gemm):
+    for section in (targets, demo, e2e, serving, attention, fused, fp32_attention, encoder, balance, exchange_scale,
+                    gemm):
         parts += section()
     parts += ["## GPU", "", "No GPU figures yet: the CUDA kernels compile in CI but have not run on a GPU "
               "(see [gpu.md](gpu.md); `benchmarks/gpu_check.sh` produces them on one).", ""]

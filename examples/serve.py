@@ -1,0 +1,184 @@
+"""Serve an exported unpadded model with a Paddle Inference predictor: texts in, labels out.
+
+The export is a converted model saved with ``paddle_unpad.models.PackedInputs`` (packed
+``input_ids``, ``cu_seqlens``, ``token_type_ids``): a batch goes in as its real tokens only,
+no padding. Texts come from the command line or, without any, from stdin (one per line);
+they are tokenised with the all-MiniLM-L6-v2 vocabulary, as ``make demo`` does.
+
+    python examples/serve.py --export my/export/packed "a gripping film" "two hours I want back"
+    python examples/serve.py < reviews.txt      # no --export: converts and exports the demo model first
+
+Without ``--export`` the demo's model (all-MiniLM-L6-v2 with a fresh 2-class head, or a
+fine-tuned ``save_pretrained`` folder given by ``--model-dir``, e.g. the one
+``examples/finetune_classifier.py --output-dir`` writes) is converted and exported into a
+temporary folder. A fresh head is untrained: its labels mean nothing until fine-tuned.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+LABELS = ("rotten", "fresh")  # the demo's Rotten Tomatoes classes, label ids 0 and 1
+PACKED_INPUTS = ("input_ids", "cu_seqlens", "token_type_ids")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("texts", nargs="*", help="texts to classify; none: read stdin, one text per line")
+    p.add_argument("--export", default="",
+                   help="path prefix of an unpadded export (<prefix>.json or .pdmodel, <prefix>.pdiparams); "
+                        "empty: convert and export the demo model into a temporary folder first")
+    p.add_argument("--model-dir", default="",
+                   help="without --export: a PaddleNLP save_pretrained folder of a BertForSequenceClassification "
+                        "to export; empty: all-MiniLM-L6-v2 with a fresh, untrained 2-class head")
+    p.add_argument("--max-seq-len", type=int, default=128, help="tokens per text at most ([CLS] and [SEP] included)")
+    p.add_argument("--threads", type=int, default=1, help="CPU math threads of the predictor")
+    p.add_argument("--onednn", action="store_true", help="switch on Paddle Inference's oneDNN kernels")
+    p.add_argument("--no-ir-optim", action="store_true", help="switch off Paddle Inference's graph optimisation passes")
+    args = p.parse_args(argv)
+    if args.max_seq_len < 2:
+        p.error(f"--max-seq-len must be at least 2, got {args.max_seq_len}")
+    if args.threads < 1:
+        p.error(f"--threads must be at least 1, got {args.threads}")
+    return args
+
+
+def minilm_tokenizer():
+    from paddlenlp.transformers import BertTokenizer
+
+    from paddle_unpad.data import corpora
+
+    return BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
+
+
+def demo_model(model_dir=""):
+    """The demo's classifier in eval mode: a fine-tuned folder, else MiniLM-L6 with a fresh 2-class head."""
+    from paddlenlp.transformers import BertForSequenceClassification
+
+    import paddle_unpad as pu
+    from paddle_unpad.data import corpora
+
+    if model_dir:
+        model = BertForSequenceClassification.from_pretrained(model_dir)
+        model.eval()
+        return model
+    return pu.models.load_hf_bert(corpora.minilm_dir(), model_class=BertForSequenceClassification, num_classes=2)
+
+
+def export_unpadded(model, prefix):
+    """Convert ``model`` in place and save it with packed inputs (PACKED_INPUTS) under ``prefix``."""
+    import paddle
+    from paddle.static import InputSpec
+
+    import paddle_unpad as pu
+
+    pu.convert(model)
+    model.eval()
+    spec = [InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens"),
+            InputSpec([None], "int64", "token_type_ids")]
+    paddle.jit.save(paddle.jit.to_static(pu.models.PackedInputs(model), input_spec=spec, full_graph=True), prefix)
+    return prefix
+
+
+def model_file(prefix):
+    """``<prefix>.json`` (Paddle 3 programs) or ``<prefix>.pdmodel`` (Paddle 2.6)."""
+    for ext in (".json", ".pdmodel"):
+        if os.path.exists(prefix + ext):
+            return prefix + ext
+    raise FileNotFoundError(f"export: no {prefix}.json or {prefix}.pdmodel (give the path prefix of a jit.save)")
+
+
+def predictor(prefix, threads=1, ir_optim=True, onednn=False):
+    """A CPU Paddle Inference predictor of the export at ``prefix`` (``import paddle_unpad`` first: it
+    registers the custom operators the program holds)."""
+    import paddle
+    from paddle import inference
+
+    import paddle_unpad  # noqa: F401
+
+    cfg = inference.Config(model_file(prefix), prefix + ".pdiparams")
+    cfg.disable_gpu()
+    cfg.switch_ir_optim(bool(ir_optim))
+    cfg.enable_mkldnn() if onednn else cfg.disable_mkldnn()
+    cfg.set_cpu_math_library_num_threads(int(threads))
+    cfg.disable_glog_info()
+    if paddle.__version__.startswith("2.6"):  # this pass of Paddle 2.6 crashes on custom operators
+        cfg.delete_pass("seqpool_cvm_concat_fuse_pass")
+    return inference.create_predictor(cfg)
+
+
+def pack(sequences):
+    """Packed inputs of token sequences (lists of ids, or (ids, token types) pairs): only real tokens."""
+    ids, types = [], []
+    for s in sequences:
+        i, t = s if isinstance(s, tuple) else (s, [0] * len(s))
+        ids += list(i)
+        types += list(t)
+    cu = np.concatenate([[0], np.cumsum([len(s[0] if isinstance(s, tuple) else s) for s in sequences])])
+    return {"input_ids": np.asarray(ids, np.int64), "cu_seqlens": cu.astype(np.int32),
+            "token_type_ids": np.asarray(types, np.int64)}
+
+
+def run(pred, feeds):
+    """One batch through ``pred``: feeds by input name; returns the first output (the logits)."""
+    for name in pred.get_input_names():
+        pred.get_input_handle(name).copy_from_cpu(feeds[name])
+    pred.run()
+    return pred.get_output_handle(pred.get_output_names()[0]).copy_to_cpu()
+
+
+def read_texts(args):
+    texts = args.texts or [line.strip() for line in sys.stdin if line.strip()]
+    if not texts:
+        raise SystemExit("no texts: give them as arguments or on stdin, one per line")
+    return texts
+
+
+def answer(pred, tokenizer, texts, max_seq_len):
+    """(logits, real tokens, seconds of tokenising, seconds of the predictor run) for one batch of texts."""
+    t0 = time.perf_counter()
+    seqs = [tokenizer(t, max_length=max_seq_len, truncation=True)["input_ids"] for t in texts]
+    feeds = pack(seqs)
+    t1 = time.perf_counter()
+    logits = run(pred, feeds)
+    return logits, len(feeds["input_ids"]), t1 - t0, time.perf_counter() - t1
+
+
+def print_answers(texts, logits, tokens, tok_s, run_s):
+    scores = np.exp(logits - logits.max(axis=1, keepdims=True))
+    scores /= scores.sum(axis=1, keepdims=True)
+    names = LABELS if logits.shape[1] == len(LABELS) else [str(i) for i in range(logits.shape[1])]
+    for text, s in zip(texts, scores):
+        label = int(s.argmax())
+        short = text if len(text) <= 60 else text[:57] + "..."
+        print(f"{names[label]:>8s}  " + " ".join(f"{n}={v:.3f}" for n, v in zip(names, s)) + f"  {short}")
+    print(f"{len(texts)} texts, {tokens} tokens (no padding): predictor {run_s * 1e3:.1f} ms, "
+          f"tokenising {tok_s * 1e3:.1f} ms")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    texts = read_texts(args)
+    with tempfile.TemporaryDirectory(prefix="pu_serve_") as tmp:
+        prefix = args.export
+        if not prefix:
+            print(f"no --export given: converting and exporting the demo model into {tmp} "
+                  f"({args.model_dir or 'MiniLM-L6, fresh untrained head: labels mean nothing'})", flush=True)
+            prefix = export_unpadded(demo_model(args.model_dir), os.path.join(tmp, "packed"))
+        pred = predictor(prefix, args.threads, ir_optim=not args.no_ir_optim, onednn=args.onednn)
+        missing = sorted(set(pred.get_input_names()) - set(PACKED_INPUTS))
+        if missing:
+            raise SystemExit(f"--export {prefix}: inputs {missing} are not packed inputs {PACKED_INPUTS} "
+                             "(export with paddle_unpad.models.PackedInputs)")
+        tokenizer = minilm_tokenizer()
+        answer(pred, tokenizer, texts[:1], args.max_seq_len)  # the first run prepares the program
+        logits, tokens, tok_s, run_s = answer(pred, tokenizer, texts, args.max_seq_len)
+        print_answers(texts, logits, tokens, tok_s, run_s)
+
+
+if __name__ == "__main__":
+    main()

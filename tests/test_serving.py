@@ -1,0 +1,85 @@
+"""Serving an unpadded export: benchmarks/bench_serving.py in its smoke size (both predictors answer the
+same batches alike, every cell timed on both sides, the report renders it) and examples/serve.py answering
+texts from the export that run kept."""
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIDES = ("unpadded", "padded")
+
+
+
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """(result JSON, folder of the two exports) of one ``bench_serving.py --quick --tiny`` run."""
+    tmp = tmp_path_factory.mktemp("serving")
+    out, exports = tmp / "serving_test.json", tmp / "exports"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_serving.py"), "--quick", "--tiny",
+                        "--out", str(out), "--keep-exports", str(exports)],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return json.loads(out.read_text()), exports
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("native_ops")
+def test_bench_serving_quick(quick_run, report, tmp_path):
+    res, _ = quick_run
+    (run,) = res["runs"]
+    assert run["threads"] == 1 and res["machine"]["cpu_model"]
+    for config, e in run["sweep"].items():  # each setting measured both sides, or says why it could not
+        assert (isinstance(e.get("refused"), str) and e["refused"]) or e["max_rel_diff"] < 1e-4, (config, e)
+    assert set(run["best"]) == set(SIDES) and all("refused" not in run["sweep"][run["best"][s]] for s in SIDES)
+    cells = run["cells"]
+    assert sorted({(c["distribution"], c["batch"]) for c in cells}) == sorted(
+        (d, b) for d in ("short reviews", "pre-training pairs") for b in (1, 4))
+    for c in cells:
+        assert c["max_rel_diff"] < 1e-4, c  # the unpadded and the padded predictor answer the same batch alike
+        for side in SIDES:
+            assert 0 < c[side]["p50_ms"] <= c[side]["p99_ms"] and c[side]["seqs_per_s"] > 0, (side, c)
+        assert 0 < c["real_tokens"] <= c["padded_tokens"] and c["real_over_padded"] == c["real_tokens"] / c["padded_tokens"]
+        assert abs(c["ideal_p50_ms"] - c["padded"]["p50_ms"] * c["real_over_padded"]) < 1e-9 * c["ideal_p50_ms"]
+    for e in run["profile"].values():
+        assert e["total_ms"]["padded"] > 0 and e["total_ms"]["unpadded"] > 0
+        assert any(k.startswith("attention") and v > 0 for k, v in e["unpadded"].items()), e["unpadded"]
+    (tmp_path / "serving_amd.json").write_text(json.dumps(res))
+    text = "\n".join(report.serving())
+    assert "## Serving with Paddle Inference" in text and "bench_serving.py --quick --tiny" in text
+    assert text.count("| 1 | short reviews |") == 2  # batches 1 and 4 at one thread
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("native_ops")
+def test_serve_answers_texts_from_stdin(quick_run, monkeypatch, capsys):
+    """examples/serve.py in this process (Paddle is loaded once): texts from stdin, one answer line each."""
+    _, exports = quick_run
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "examples"))
+    import serve
+
+    texts = ["a gripping, beautifully shot film", "two hours I will never get back", "fine"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(texts) + "\n\n"))
+    serve.main(["--export", str(exports / "unpadded")])
+    out = capsys.readouterr().out
+    answers = [line for line in out.splitlines() if line.strip().startswith(("rotten ", "fresh "))]
+    assert len(answers) == len(texts), out
+    for line, text in zip(answers, texts):
+        label, rotten, fresh = line.split()[:3]
+        scores = {"rotten": float(rotten.split("=")[1]), "fresh": float(fresh.split("=")[1])}
+        assert abs(sum(scores.values()) - 1.0) < 2e-3 and label == max(scores, key=scores.get)
+        assert line.rstrip().endswith(text)
+    assert f"{len(texts)} texts" in out and "predictor" in out and " ms" in out
+
+
+def test_serve_refuses_bad_arguments():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "serve.py"), "--max-seq-len", "1", "x"],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--max-seq-len must be at least 2, got 1" in r.stderr
