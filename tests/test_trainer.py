@@ -49,14 +49,23 @@ def test_unpad_trainer_matches_stock_trainer_without_dropout(tmp_path):
 
 @pytest.mark.dist
 def test_unpad_trainer_two_ranks(tmp_path):
-    js = tmp_path / "ddp.json"
+    """3 steps on 2 ranks: a Trainer checkpoint at step 2, and a final model that stock PaddleNLP
+    loads, with the per-step history and its plot."""
+    from test_examples import assert_history, assert_loads_in_stock_paddlenlp
+
+    js, out = tmp_path / "ddp.json", tmp_path / "out"
     log_dir = str(tmp_path / "log")
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", log_dir,
-           SCRIPT, *ARGS, "--max-steps", "3", "--output-dir", str(tmp_path / "out"), "--json-out", str(js)]
+           SCRIPT, *ARGS, "--max-steps", "3", "--save-steps", "2", "--output-dir", str(out), "--json-out", str(js)]
     _run(cmd, tmp_path, log_dir)
     s = json.load(open(js))
     assert s["unpad"] is True and s["world_size"] == 2 and s["steps"] == 3
     assert 0.0 < s["train_loss"] < 5.0 and 0.0 <= s["eval_accuracy"] <= 1.0
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert json.load(open(out / "checkpoint-2" / "trainer_state.json"))["global_step"] == 2
+    assert [r["step"] for r in json.load(open(out / "checkpoint-2" / "history.json"))["rows"]] == [1, 2]
+    assert_history(out, [1, 2, 3])
+    assert_loads_in_stock_paddlenlp(out)
 
 
 def test_pad_collator_pads_to_batch_max_or_pad_to():
