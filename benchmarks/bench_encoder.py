@@ -402,6 +402,8 @@ def worker(spec_path):
     _import_paddle(spec["threads"])
     import paddle_unpad as pu
 
+    # the padded side never uses a plugin feature: give both sides the same malloc (paddle_unpad.host_malloc)
+    pu.host_malloc.ensure("bench_encoder worker")
     model, _ = build_model(spec["cfg"], spec["seed"], spec["use_weights"])
     if spec["side"] == "unpadded":
         pu.convert(model)

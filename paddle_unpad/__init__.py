@@ -18,8 +18,9 @@ import zlib  # noqa: F401  (before paddle: paddle-gpu 2.6's libpaddle clashes wi
 
 from . import config, cpu_gemm, host_malloc
 
-cpu_gemm.configure()  # before anything can run a GEMM: MKL reads its kernel choice once
-host_malloc.configure()
+# MKL reads its kernel choice once, at its first GEMM, which any Paddle code may run: the one
+# process-wide change made at import (host_malloc waits for the first training use)
+cpu_gemm.configure()
 from . import _native  # noqa: E402
 from . import _paddle_compat  # noqa: E402
 
@@ -27,6 +28,7 @@ _paddle_compat.check_versions()
 from . import balance, data, distributed, fleet, ops, varlen  # noqa: F401
 from .models import convert, revert  # noqa: E402  (paddlenlp is imported only when convert() runs)
 from .ops import fmha, fmha_qkvpacked, ops_available
+from .process_changes import info
 from .varlen import cu_seqlens_from_lengths, pad_input, unpad_input
 
 __version__ = "0.1.0"
@@ -37,6 +39,7 @@ __all__ = [
     "fmha",
     "fmha_qkvpacked",
     "ops_available",
+    "info",
     "convert",
     "revert",
     "unpad_input",

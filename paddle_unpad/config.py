@@ -57,8 +57,9 @@ VARIABLES = tuple(Variable(*v) for v in (
      "(MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
     ("HOST_MALLOC", "choice", "retain",
      "retain: on Linux with glibc, keep freed host memory for reuse instead of returning it to the kernel and "
-     "faulting it in again every step (mallopt at import, unless the user tuned malloc's mmap/trim settings); off: glibc's "
-     "defaults", ("retain", "off")),
+     "faulting it in again every step (mallopt at the first convert(), unpadded layer, op call or paddle_unpad "
+     "DistributedStrategy, unless the user tuned malloc's mmap/trim settings); off: glibc's defaults",
+     ("retain", "off")),
     # run time: distributed
     ("GLOO_GROUP_STORES", "flag", True,
      "give every gloo process group after the default one a rendezvous store of its own (read when the "

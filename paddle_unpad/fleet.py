@@ -28,6 +28,7 @@ from typing import Any, Dict
 from paddle.distributed import fleet as _fleet
 
 from . import _paddle_compat as _compat
+from . import host_malloc as _host_malloc
 from .distributed import (BalancedLoader, ExchangeError, ExchangeTimeout, GradientAllReduce,  # noqa: F401
                           GradientSyncError)
 from .distributed import groups as _groups
@@ -51,6 +52,7 @@ class DistributedStrategy(_fleet.DistributedStrategy):
     def __init__(self, *args, **kwargs):
         # before fleet.init makes the job's groups: each gloo group gets its own rendezvous store
         _groups.install_group_stores()
+        _host_malloc.ensure("paddle_unpad.fleet.DistributedStrategy")  # a training job starts: before its model
         super().__init__(*args, **kwargs)
 
     def _state(self):

@@ -12,15 +12,18 @@ with freed memory kept (1 thread, every call faulting its 8 MB output in); a pla
 (a 30522 x 384 embedding gradient is 47 MB), the others until glibc's adaptive
 threshold has grown past them.
 
-So at import (:func:`configure`, called by ``paddle_unpad/__init__.py``), on Linux with
-glibc, the plugin tells ``malloc`` (``mallopt``) never to serve a block by ``mmap``
+So when the plugin's training features are first used (:func:`ensure`: the first
+``paddle_unpad.convert``, unpadded encoder layer built or converted, call of one of the
+plugin's ops, or ``paddle_unpad.fleet.DistributedStrategy`` built -- before the training
+loop's allocations, not at ``import paddle_unpad``), on Linux with glibc, the plugin tells
+``malloc`` (``mallopt``) never to serve a block by ``mmap``
 (``M_MMAP_MAX = 0``) and never to give the top of its heap back (``M_TRIM_THRESHOLD =
 -1``): freed memory is reused by later steps instead of being faulted in again (after the
 heap has grown to the loop's working set: a few steps). The cost is that the process
 keeps its high-water mark of host memory, fragments included: the peak RSS of the
 2-rank end-to-end job grew by 4% (unpadded ways alone) to 15% (with the padded ways'
-large tensors), measured by ``benchmarks/bench_e2e.py``. Memory allocated before the import
-is unaffected until it is freed.
+large tensors), measured by ``benchmarks/bench_e2e.py``. Memory allocated before that first
+use is unaffected until it is freed.
 
 Nothing is changed with the ``HOST_MALLOC`` setting off (:mod:`paddle_unpad.config`),
 when the user has tuned these parts of glibc's malloc already (``MALLOC_MMAP_MAX_``,
@@ -45,7 +48,7 @@ USER_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD
 USER_TUNABLES = ("glibc.malloc.mmap_max", "glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold",
                  "glibc.malloc.top_pad")
 
-_state = {"action": None, "why": None}
+_state = {"action": None, "why": None, "when": None}
 
 
 def _user_tuned(environ):
@@ -68,11 +71,19 @@ def _glibc():
         return None, f"glibc could not be opened: {e}"
 
 
-def configure(environ=None):
+def ensure(trigger):
+    """Apply the setting once per process, at the first use of a feature that needs it
+    (``trigger`` names it for :func:`info`). Cheap after the first call."""
+    if _state["action"] is None:
+        configure(when=f"first use: {trigger}")
+
+
+def configure(environ=None, when=None):
     """Apply the setting (see the module docstring). A bad ``HOST_MALLOC`` value raises
-    ``config.ConfigError`` naming it."""
+    ``config.ConfigError`` naming it and changes nothing."""
     environ = os.environ if environ is None else environ
     mode = config.get("HOST_MALLOC", environ)
+    _state["when"] = when
     if mode == "off":
         _state.update(action="unchanged", why=f"{config.variable('HOST_MALLOC').env}=off")
         return
@@ -91,5 +102,6 @@ def configure(environ=None):
 
 
 def info():
-    """What the plugin did: ``{"action": "retain" | "unchanged", "why": str}``."""
+    """What the plugin did: ``{"action": "retain" | "unchanged" | None (not yet: no feature
+    that needs it has run), "why": str, "when": the first use that applied it}``."""
     return dict(_state)

@@ -38,6 +38,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from . import host_malloc as _host_malloc
 from . import ops as _ops
 
 __all__ = [
@@ -198,6 +199,10 @@ class UnpadTransformerEncoderLayer(_UnpadLayerMixin, nn.TransformerEncoderLayer)
     without ``cu_seqlens`` the parent's padded forward runs unchanged.
     """
 
+    def __init__(self, *args, **kwargs):
+        _host_malloc.ensure("UnpadTransformerEncoderLayer built")  # before its parameters and training steps
+        super().__init__(*args, **kwargs)
+
 
 class UnpadTransformerEncoder(_UnpadEncoderMixin, nn.TransformerEncoder):
     """``paddle.nn.TransformerEncoder`` that also runs on packed ``[T, hidden]`` tokens.
@@ -265,6 +270,7 @@ def convert_encoder(encoder):
                                   f"got {type(encoder).__name__}")
     for i, layer in enumerate(encoder.layers):
         check_supported_layer(layer, f"encoder.layers[{i}]")
+    _host_malloc.ensure("paddle_unpad.convert / convert_encoder")  # before the training steps it is for
     for layer in encoder.layers:
         if not isinstance(layer, UnpadTransformerEncoderLayer):
             swap_class(layer, _UnpadLayerMixin)

@@ -13,6 +13,7 @@ import paddle
 
 from . import _native, config
 from . import _paddle_compat as _compat
+from . import host_malloc as _host_malloc
 # The op rules as data, in a module without imports: tests/gpu read it where Paddle is missing.
 from ._op_rules import (FMHA_GPU_TOLERANCE, FMHA_SUPPORT, FMHA_TOLERANCE, FUSED_OPS_GPU_TOLERANCE,
                         FUSED_OPS_SUPPORT, FUSED_OPS_TOLERANCE, MODEL_TOLERANCE)
@@ -242,6 +243,7 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
+    _host_malloc.ensure("paddle_unpad.fmha")
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)
     grouping = _grouping(grouping)
     d = q.shape[2]
@@ -370,6 +372,7 @@ def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=No
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
+    _host_malloc.ensure("paddle_unpad.fmha_qkvpacked")
     _check_qkvpacked_args(qkv, bias)
     if not (_native.has_op("pu_fmha_qkv") and _on_cpu(qkv) and paddle.in_dynamic_mode()):
         q, k, v = _split_qkv(qkv, bias)
@@ -522,6 +525,7 @@ def bias_gelu(x, bias):
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
+    _host_malloc.ensure("paddle_unpad.ops.bias_gelu")
     _check_bias_gelu_args(x, bias)
     bias = _filled_vector(x, 0.0) if bias is None else _like_x(bias, x)
     if _native_ok("pu_bias_gelu", x):
@@ -618,6 +622,7 @@ def bias_dropout_residual_layer_norm(
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
+    _host_malloc.ensure("paddle_unpad.ops.bias_dropout_residual_layer_norm")
     x, bias, residual, ln_weight, ln_bias, p, rng = _bdrln_prepare(
         x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state)
     if _native_ok("pu_bias_dropout_residual_layer_norm", x):

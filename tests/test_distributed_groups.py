@@ -1,22 +1,10 @@
-"""paddle_unpad.distributed.groups in one process: the per-group rendezvous stores, when they
-are installed, and the store connections without Nagle's delay. (Several ranks:
-tests/test_distributed_rules.py, test_distributed_faults.py, test_distributed_nodes.py.)"""
-import subprocess
-import sys
-
+"""paddle_unpad.distributed.groups in one process: the per-group rendezvous stores and the store
+connections without Nagle's delay. (When they are installed: tests/test_process_changes.py;
+several ranks: tests/test_distributed_rules.py, test_distributed_faults.py,
+test_distributed_nodes.py.)"""
 
 from launch_util import free_port
 from paddle_unpad.distributed import groups
-
-
-def test_import_leaves_paddles_group_factory_alone_until_a_distributed_feature_asks():
-    code = ("import paddle_unpad as pu; from paddle.distributed import collective as c; "
-            "before = hasattr(c._new_process_group_impl, '_paddle_unpad_original'); "
-            "pu.fleet.DistributedStrategy(); "
-            "after = hasattr(c._new_process_group_impl, '_paddle_unpad_original'); print(before, after)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "False True"
 
 
 def test_gloo_groups_get_their_own_store_and_nothing_else_changes(monkeypatch):

@@ -20,6 +20,9 @@ PROBE = r"""
 import json, resource
 import paddle_unpad as pu
 import paddle
+from paddle_unpad.layers import UnpadTransformerEncoderLayer
+
+UnpadTransformerEncoderLayer(8, 2, 16)  # the first use of a training feature applies the setting
 
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -51,7 +54,8 @@ def test_retained_memory_is_reused_without_page_faults():
     # the 64 MiB tensor reuses freed heap memory: (almost) none of its 16384 pages fault
     assert kept["faults"] < kept["pages"] // 20, kept
     default = _probe(**{ENV: "off"})
-    assert default["info"] == {"action": "unchanged", "why": f"{ENV}=off"}
+    assert default["info"] == {"action": "unchanged", "why": f"{ENV}=off",
+                               "when": "first use: UnpadTransformerEncoderLayer built"}
     # glibc's default maps it fresh, and every page faults on the first write (fewer with
     # transparent huge pages, which fault 2 MiB at a time)
     assert default["faults"] > 8 * kept["faults"] + 20, (default, kept)
@@ -61,18 +65,18 @@ def test_nothing_changes_when_off_bad_or_tuned_by_the_user(monkeypatch):
     saved = host_malloc.info()
     try:
         host_malloc.configure({ENV: "off"})
-        assert host_malloc.info() == {"action": "unchanged", "why": f"{ENV}=off"}
+        assert host_malloc.info() == {"action": "unchanged", "why": f"{ENV}=off", "when": None}
         with pytest.raises(config.ConfigError, match=f"{ENV}='sometimes'.*retain, off"):
             host_malloc.configure({ENV: "sometimes"})
-        assert host_malloc.info() == {"action": "unchanged", "why": f"{ENV}=off"}
+        assert host_malloc.info() == {"action": "unchanged", "why": f"{ENV}=off", "when": None}
         host_malloc.configure({"MALLOC_TRIM_THRESHOLD_": "1000000"})
-        assert host_malloc.info() == {"action": "unchanged",
+        assert host_malloc.info() == {"action": "unchanged", "when": None,
                                       "why": "malloc tuned by the user (MALLOC_TRIM_THRESHOLD_)"}
         host_malloc.configure({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"})
         assert host_malloc.info()["why"] == "malloc tuned by the user (GLIBC_TUNABLES)"
         # an arena limit is not about returning memory: the setting still applies
         monkeypatch.setattr(host_malloc, "_glibc", lambda: (None, "not glibc here"))
         host_malloc.configure({"MALLOC_ARENA_MAX": "2"})
-        assert host_malloc.info() == {"action": "unchanged", "why": "not glibc here"}
+        assert host_malloc.info() == {"action": "unchanged", "why": "not glibc here", "when": None}
     finally:
         host_malloc._state.update(saved)

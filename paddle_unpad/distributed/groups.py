@@ -315,6 +315,7 @@ def group_stores_installed() -> bool:
 
 
 _store_ports = set()  # ports of the TCP stores this process talks to besides the job's
+_nodelay_fds = set()  # descriptors of the store connections given TCP_NODELAY (paddle_unpad.info())
 
 
 def _job_store_ports():
@@ -358,6 +359,7 @@ def quick_store_requests() -> int:
                 if s.getpeername()[1] in ports:
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     done += 1
+                    _nodelay_fds.add(fd)
         except OSError:  # not connected (a listener) or gone
             pass
         finally:
