@@ -34,6 +34,7 @@ from example_util import Progress, StepHistory, add_run_args, make_parser, plot_
 
 HISTORY, PLOT, OPT_STATE, TRAIN_STATE = "history.json", "loss.png", "optimizer.pdopt", "train_state.json"
 
+
 def parse_args(argv=None):
     p = make_parser(__doc__.split("\n\n")[0])
     p.add_argument("--no-unpad", action="store_true", help="stock PaddleNLP path (padding to the batch max)")
@@ -55,7 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--json-out", default="", help="write a JSON summary here (rank 0)")
     p.add_argument("--save-steps", type=int, default=0,
                    help="also write a checkpoint into OUTPUT_DIR/checkpoint-<step> every N steps (0: only at the end)")
-    p.add_argument("--resume", default="", help="continue from this checkpoint folder (an --output-dir or checkpoint-<step>)")
+    p.add_argument("--resume", default="",
+                   help="continue from this checkpoint folder (an --output-dir or its checkpoint-<step>)")
     add_run_args(p)
     args = p.parse_args(argv)
     if args.save_steps < 0:
@@ -173,6 +175,10 @@ def main(argv=None):
         start, history = load_checkpoint(args.resume, model, base_opt, rank, ranks=world, batch_size=args.batch_size,
                                          schedule_steps=total_steps)
         sampler.set_epoch(start // steps_per_epoch)
+    run_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
+    if start >= run_steps:
+        raise SystemExit(f"--resume {args.resume!r}: the checkpoint is at step {start}, this run ends at step "
+                         f"{run_steps} (--max-steps {args.max_steps}, --epochs {args.epochs:g}): nothing to train")
     train_model, grad_sync = model, None
     if world > 1 and unpad:
         # the plugin's all-reduce: embedding rows the batch used only, overlapped with the backward
@@ -181,7 +187,6 @@ def main(argv=None):
         train_model = fleet.distributed_model(model)
         opt = fleet.distributed_optimizer(opt)
 
-    run_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
     progress = Progress(max(run_steps, 1), enabled=rank == 0 and not args.no_progress, start=start)
     label = "paddle_unpad" if unpad else "stock (padded)"
     step, tokens, samples, t_train, out_of_time = start, 0, 0, 0.0, False
