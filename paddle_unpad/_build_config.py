@@ -125,10 +125,12 @@ def find_cuda():
         if home:
             nvcc = _nvcc_in(home)
             if nvcc is None:
-                raise RuntimeError(f"{var}={home!r} has no bin/nvcc: point it at a CUDA toolkit, or unset it")
+                raise RuntimeError(f"paddle_unpad: {var}={home!r} has no bin/nvcc: point it at a CUDA toolkit, or "
+                                   "unset it")
             found = _ask_nvcc(nvcc, f"${var}")
             if found is None:
-                raise RuntimeError(f"{var}={home!r}: {nvcc} does not report the CUDA headers and libcudart")
+                raise RuntimeError(f"paddle_unpad: {var}={home!r}: {nvcc} does not report the CUDA headers and "
+                                   "libcudart")
             return found
     home = compat.paddle_cuda_home()
     if home and _nvcc_in(home) and os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
@@ -162,7 +164,8 @@ def cuda_plan():
                   "$CUDA_PATH, paddle.utils.cpp_extension, nvcc on PATH); set CUDA_HOME to build the "
                   "CUDA kernels")
     if reason and config.get("REQUIRE_CUDA"):
-        raise RuntimeError(f"{config.variable('REQUIRE_CUDA').env} is set but the CUDA kernels cannot be built: "
+        raise RuntimeError(f"paddle_unpad: {config.variable('REQUIRE_CUDA').env} is set but the CUDA kernels cannot "
+                           "be built: "
                            f"{reason}")
     return reason is None, reason
 
@@ -177,7 +180,8 @@ def cuda_archs():
     archs = [a.strip() for a in raw.replace(",", ";").replace(" ", ";").split(";") if a.strip()]
     for a in archs:
         if not a.isdigit() or int(a) < 80:
-            raise ValueError(f"{config.variable('CUDA_ARCHS').env}: {a!r} is not a supported SM version (need 80 or "
+            raise ValueError(f"paddle_unpad: {config.variable('CUDA_ARCHS').env}: {a!r} is not a supported SM version "
+                             "(need 80 or "
                              "newer, e.g. '80;90')")
     return archs
 
@@ -273,7 +277,7 @@ def _run(cmd, verbose):
         print(" ".join(cmd), flush=True)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}")
+        raise RuntimeError(f"paddle_unpad: command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}")
     if proc.stdout.strip() and verbose:
         print(proc.stdout, flush=True)
 

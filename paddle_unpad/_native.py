@@ -97,7 +97,7 @@ def _load_locked(wanted):
             path = _jit_library(wanted["CACHE"])
         if path is None:
             raise FileNotFoundError(
-                "no compiled library (run `make setup` or `pip install --no-build-isolation -e .`)"
+                "paddle_unpad: no compiled library (run `make setup` or `pip install --no-build-isolation -e .`)"
             )
         from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
 

@@ -116,7 +116,7 @@ def refuse_empty(op, name, t):
     shape = list(t.shape)
     if any(d == 0 for d in shape):
         raise ValueError(
-            f"{op}: {name} has no elements (shape {shape}); Paddle {paddle.__version__} cannot "
+            f"paddle_unpad.{op}: {name} has no elements (shape {shape}); Paddle {paddle.__version__} cannot "
             "compute on empty tensors (its own add and matmul fail on them): skip empty batches, "
             "or use Paddle 3.x"
         )

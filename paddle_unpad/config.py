@@ -88,7 +88,8 @@ def variable(name):
     try:
         return _BY_NAME[name[len(PREFIX):] if name.startswith(PREFIX) else name]
     except KeyError:
-        raise KeyError(f"no configuration variable {name!r} (known: {', '.join(sorted(_BY_NAME))})") from None
+        raise KeyError(f"paddle_unpad.config: no configuration variable {name!r} (known: "
+                       f"{', '.join(sorted(_BY_NAME))})") from None
 
 
 def get(name, environ=None):
@@ -107,20 +108,21 @@ def parse(var: Variable, text: str):
             return True
         if low in _FALSE:
             return False
-        raise ConfigError(f"{var.env}={text!r}: expected one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
+        raise ConfigError(f"paddle_unpad.config: {var.env}={text!r}: expected one of {'/'.join(_TRUE)} or "
+                          f"{'/'.join(_FALSE)}")
     if var.kind == "int":
         try:
             value = int(text)
         except ValueError:
-            raise ConfigError(f"{var.env}={text!r}: expected a whole number") from None
+            raise ConfigError(f"paddle_unpad.config: {var.env}={text!r}: expected a whole number") from None
         low, high = var.bounds
         if value < low or (high is not None and value > high):
-            raise ConfigError(f"{var.env}={text!r}: expected a whole number in {_range_text(var)}")
+            raise ConfigError(f"paddle_unpad.config: {var.env}={text!r}: expected a whole number in {_range_text(var)}")
         return value
     if var.kind == "choice":
         low = text.lower()
         if low not in var.choices:
-            raise ConfigError(f"{var.env}={text!r}: expected one of {', '.join(var.choices)}")
+            raise ConfigError(f"paddle_unpad.config: {var.env}={text!r}: expected one of {', '.join(var.choices)}")
         return low
     return text
 

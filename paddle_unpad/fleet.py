@@ -70,7 +70,7 @@ class DistributedStrategy(_fleet.DistributedStrategy):
     @unpad.setter
     def unpad(self, flag: bool):
         if not isinstance(flag, bool):
-            raise TypeError(f"unpad must be a bool, got {type(flag).__name__}")
+            raise TypeError(f"paddle_unpad.fleet.DistributedStrategy: unpad must be True or False, got {flag!r}")
         self._state()["configs"]["balance"] = flag
 
     @property
@@ -80,7 +80,8 @@ class DistributedStrategy(_fleet.DistributedStrategy):
 
     @unpad_configs.setter
     def unpad_configs(self, configs: Dict[str, Any]):
-        self._state()["configs"] = _options.resolve(configs, "unpad_configs", base=self._state()["configs"])
+        self._state()["configs"] = _options.resolve(configs, "fleet.DistributedStrategy", "unpad_configs",
+                                                   base=self._state()["configs"])
 
     def __deepcopy__(self, memo):
         # fleet.init deep-copies the strategy; keep the class and our fields
@@ -118,5 +119,5 @@ def distributed_loader(loader, strategy=None, **overrides) -> BalancedLoader:
     else:  # no paddle_unpad settings: pack, do not exchange
         configs = dict(DEFAULT_UNPAD_CONFIGS, balance=False)
     extra = {k: overrides.pop(k) for k in ("token_fields", "place") if k in overrides}
-    configs = _options.resolve(overrides, "distributed_loader", base=configs)
+    configs = _options.resolve(overrides, "fleet.distributed_loader", base=configs)
     return BalancedLoader(loader, **extra, **configs)

@@ -59,46 +59,51 @@ _host_only = paddle.jit.not_to_static
 def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha"):
     for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens", cu_seqlens)):
         if not (_is_tensor(t) or isinstance(t, _ShapeOf)):
-            raise TypeError(f"{op}: {name} must be a paddle.Tensor, got {type(t).__name__}")
+            raise TypeError(f"paddle_unpad.{op}: {name} must be a paddle.Tensor, got {type(t).__name__}")
     if len(q.shape) != 3:
-        raise ValueError(f"{op}: q must be 3-D [total_tokens, heads, head_dim], got shape {list(q.shape)}")
+        raise ValueError(f"paddle_unpad.{op}: q must be 3-D [total_tokens, heads, head_dim], got shape {list(q.shape)}")
     for name, t in (("k", k), ("v", v)):
         if list(t.shape) != list(q.shape):
-            raise ValueError(f"{op}: {name} shape {list(t.shape)} differs from q shape {list(q.shape)}")
+            raise ValueError(f"paddle_unpad.{op}: {name} shape {list(t.shape)} differs from q shape {list(q.shape)}")
         if t.dtype != q.dtype:
-            raise TypeError(f"{op}: {name} dtype {_dtype_name(t)} differs from q dtype {_dtype_name(q)}")
+            raise TypeError(f"paddle_unpad.{op}: {name} dtype {_dtype_name(t)} differs from q dtype {_dtype_name(q)}")
     if cu_seqlens.dtype != paddle.int32:
-        raise TypeError(f"{op}: cu_seqlens must be int32, got {_dtype_name(cu_seqlens)}")
+        raise TypeError(f"paddle_unpad.{op}: cu_seqlens must be int32, got {_dtype_name(cu_seqlens)}")
     if len(cu_seqlens.shape) != 1:
-        raise ValueError(f"{op}: cu_seqlens must be 1-D [batch + 1], got shape {list(cu_seqlens.shape)}")
+        raise ValueError(f"paddle_unpad.{op}: cu_seqlens must be 1-D [batch + 1], got shape {list(cu_seqlens.shape)}")
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, numbers.Integral):
         raise TypeError(
-            f"{op}: max_seqlen must be a Python int (known on the host), got {type(max_seqlen).__name__}"
+            f"paddle_unpad.{op}: max_seqlen must be a Python int (known on the host), got {type(max_seqlen).__name__}"
         )
     if max_seqlen < 0:
-        raise ValueError(f"{op}: max_seqlen must be >= 0, got {max_seqlen}")
+        raise ValueError(f"paddle_unpad.{op}: max_seqlen must be >= 0, got {max_seqlen}")
     if max_seqlen > _INT32_MAX:  # cu_seqlens is int32: no sequence is longer
-        raise ValueError(f"{op}: max_seqlen must be at most {_INT32_MAX} (cu_seqlens is int32), got {max_seqlen}")
+        raise ValueError(f"paddle_unpad.{op}: max_seqlen must be at most {_INT32_MAX} (cu_seqlens is int32), got "
+                         f"{max_seqlen}")
+    for name, value in (("dropout", dropout), ("scale", scale)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise TypeError(f"paddle_unpad.{op}: {name} must be a number, got {type(value).__name__} {value!r}")
     if not (0.0 <= float(dropout) < 1.0):
-        raise ValueError(f"{op}: dropout must be in [0, 1), got {dropout}")
+        raise ValueError(f"paddle_unpad.{op}: dropout must be in [0, 1), got {dropout}")
     if scale is not None and not (math.isfinite(float(scale)) and abs(float(scale)) <= _FLOAT32_MAX):
         # the kernels take scale as a float32: 1e39 would become inf and every output NaN
-        raise ValueError(f"{op}: scale must be a finite float32 number (|scale| <= {_FLOAT32_MAX:.6g}), got {scale}")
+        raise ValueError(f"paddle_unpad.{op}: scale must be a finite float32 number (|scale| <= {_FLOAT32_MAX:.6g}), "
+                         f"got {scale}")
     d = q.shape[2]
     # fmha_qkvpacked checks its qkv through a q of the same shape: name what its caller passed
     in_name, hd_name = ("q/k/v", "q.shape[2]") if op == "fmha" else ("qkv", "qkv.shape[3]")
     if d is not None and d == 0:
-        raise ValueError(f"{op}: head size {hd_name} must be >= 1, got {d}")
+        raise ValueError(f"paddle_unpad.{op}: head size {hd_name} must be >= 1, got {d}")
     if _on_cpu(q):  # the CPU kernel is the only CPU path: its rules are the op's rules there
         rules = FMHA_SUPPORT["cpu"]
         if d is not None and d > 0 and d not in rules["head_dim"]:
-            raise ValueError(f"{op}: head size ({hd_name}) {d} is not supported on CPU: "
+            raise ValueError(f"paddle_unpad.{op}: head size ({hd_name}) {d} is not supported on CPU: "
                              f"supported are {_sizes_in_words(rules['head_dim'])}")
         if _dtype_name(q) not in rules["dtypes"]:
-            raise TypeError(f"{op}: {in_name} dtype {_dtype_name(q)} is not supported on CPU "
+            raise TypeError(f"paddle_unpad.{op}: {in_name} dtype {_dtype_name(q)} is not supported on CPU "
                             f"(supported: {', '.join(rules['dtypes'])})")
     elif not _is_floating(q):
-        raise TypeError(f"{op}: {in_name} dtype {_dtype_name(q)} is not a floating-point dtype")
+        raise TypeError(f"paddle_unpad.{op}: {in_name} dtype {_dtype_name(q)} is not a floating-point dtype")
     # cu_seqlens' values are checked where they are read, by the same rules in the same words:
     # by the native op (C++), or by _fmha_reference. Reading them here as well would be one
     # more host read per call, which a model forward on packed inputs does not make.
@@ -163,13 +168,17 @@ def _rng_state_tensor(rng_state, q):
     if _is_tensor(rng_state):
         if paddle.in_dynamic_mode() and (list(rng_state.shape) != [2] or rng_state.dtype != paddle.int64
                                          or not rng_state.place.is_cpu_place()):
-            raise ValueError(f"rng_state must be (seed, offset) ints or a [2] int64 CPU tensor, got a tensor of "
-                             f"shape {list(rng_state.shape)}, dtype {_dtype_name(rng_state)} on {rng_state.place}")
+            error = TypeError if rng_state.dtype != paddle.int64 else ValueError
+            raise error(f"paddle_unpad.ops: rng_state must be (seed, offset) ints or a [2] int64 CPU tensor, got a "
+                        f"tensor of shape {list(rng_state.shape)}, dtype {_dtype_name(rng_state)} on {rng_state.place}")
         return rng_state
-    if (not isinstance(rng_state, (tuple, list)) or len(rng_state) != 2
+    if (not isinstance(rng_state, (tuple, list))
             or any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) for v in rng_state)):
-        raise ValueError(f"rng_state must be a (seed, offset) pair of ints or a [2] int64 CPU tensor, "
-                         f"got {rng_state!r}")
+        raise TypeError(f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints or a [2] int64 CPU "
+                        f"tensor, got {rng_state!r}")
+    if len(rng_state) != 2:
+        raise ValueError(f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints, got {len(rng_state)} "
+                         f"values: {rng_state!r}")
     seed, offset = rng_state
     return paddle.to_tensor(
         [_as_int64(seed), int(offset) & 0xFFFFFFFF], dtype="int64", place=paddle.CPUPlace()
@@ -193,7 +202,8 @@ def _call_native(name, *args):
         msg = str(e)
         hits = [msg.index(prefix) for prefix in _OP_ERROR_PREFIXES if prefix in msg]
         if hits:
-            raise _OpError(msg[min(hits):].split("\n")[0].strip()) from None
+            text = msg[min(hits):].split("\n")[0].strip()
+            raise _OpError(f"paddle_unpad.{'' if text.startswith('fmha') else 'ops.'}{text}") from None
         raise
 
 
@@ -201,7 +211,8 @@ def _grouping(grouping):
     """The explicit argument, else the FMHA_GROUPING setting (an argument always wins)."""
     grouping = config.resolve(grouping, "FMHA_GROUPING")
     if not isinstance(grouping, (bool, np.bool_)):
-        raise TypeError(f"fmha: grouping must be a bool or None, got {type(grouping).__name__} {grouping!r}")
+        raise TypeError(f"paddle_unpad.fmha: grouping must be a bool or None, got {type(grouping).__name__} "
+                        f"{grouping!r}")
     return bool(grouping)
 
 
@@ -259,7 +270,7 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
         return out
     if not paddle.in_dynamic_mode():
         raise RuntimeError(
-            "fmha: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle "
+            "paddle_unpad.fmha: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle "
             f"attention reads cu_seqlens on the host){'' if refusal is None else ', and ' + refusal}; "
             "see paddle_unpad._native.info()"
         )
@@ -313,18 +324,20 @@ def _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng):
 @_host_only
 def _check_qkvpacked_args(qkv, bias):
     if not _is_tensor(qkv):
-        raise TypeError(f"fmha_qkvpacked: qkv must be a paddle.Tensor, got {type(qkv).__name__}")
+        raise TypeError(f"paddle_unpad.fmha_qkvpacked: qkv must be a paddle.Tensor, got {type(qkv).__name__}")
     if len(qkv.shape) != 4 or qkv.shape[1] != 3:
-        raise ValueError(f"fmha_qkvpacked: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape "
+        raise ValueError(f"paddle_unpad.fmha_qkvpacked: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape "
                          f"{list(qkv.shape)}")
     if bias is not None:
         if not _is_tensor(bias):
-            raise TypeError(f"fmha_qkvpacked: bias must be a paddle.Tensor or None, got {type(bias).__name__}")
+            raise TypeError("paddle_unpad.fmha_qkvpacked: bias must be a paddle.Tensor or None, got "
+                            f"{type(bias).__name__}")
         if list(bias.shape) != [3] + list(qkv.shape[2:]):
-            raise ValueError(f"fmha_qkvpacked: bias must have shape [3, heads, head_dim] = "
+            raise ValueError(f"paddle_unpad.fmha_qkvpacked: bias must have shape [3, heads, head_dim] = "
                              f"{[3] + list(qkv.shape[2:])}, got {list(bias.shape)}")
         if not _is_floating(bias):
-            raise TypeError(f"fmha_qkvpacked: bias dtype {_dtype_name(bias)} is not a floating-point dtype")
+            raise TypeError(f"paddle_unpad.fmha_qkvpacked: bias dtype {_dtype_name(bias)} is not a floating-point "
+                            "dtype")
         _check_mixable("fmha_qkvpacked", "bias", bias, qkv, "qkv")
 
 
@@ -343,7 +356,8 @@ def _check_mixable(op, name, t, x, x_name="x"):
     """AMP mixes float16 / bfloat16 / float32; a float64 next to another dtype is a mistake
     (casting it would silently drop precision), refused here naming both."""
     if t is not None and t.dtype != x.dtype and paddle.float64 in (t.dtype, x.dtype):
-        raise TypeError(f"{op}: {name} dtype {_dtype_name(t)} differs from {x_name} dtype {_dtype_name(x)} "
+        raise TypeError(f"paddle_unpad.{op}: {name} dtype {_dtype_name(t)} differs from {x_name} dtype "
+                        f"{_dtype_name(x)} "
                         "(mixed dtypes are lined up among float16, bfloat16 and float32, as AMP makes them; "
                         "float64 only with every tensor float64)")
 
@@ -455,22 +469,22 @@ def _check_feature_vector(op, name, t, x):
     """t must be a floating 1-D [F] tensor (F = x.shape[-1]) on x's place (its dtype is lined
     up with x's by :func:`_like_x` / :func:`_bdrln_dtypes`)."""
     if not _is_tensor(t):
-        raise TypeError(f"{op}: {name} must be a paddle.Tensor or None, got {type(t).__name__}")
+        raise TypeError(f"paddle_unpad.{op}: {name} must be a paddle.Tensor or None, got {type(t).__name__}")
     f = x.shape[-1]
     if len(t.shape) != 1 or (_known(f) and _known(t.shape[0]) and t.shape[0] != f):
-        raise ValueError(f"{op}: {name} must be 1-D [{f}] (F = x.shape[-1]), got shape {list(t.shape)}")
+        raise ValueError(f"paddle_unpad.{op}: {name} must be 1-D [{f}] (F = x.shape[-1]), got shape {list(t.shape)}")
     if not _is_floating(t):
-        raise TypeError(f"{op}: {name} dtype {_dtype_name(t)} is not a floating-point dtype")
+        raise TypeError(f"paddle_unpad.{op}: {name} dtype {_dtype_name(t)} is not a floating-point dtype")
     if not _same_place(t, x):
-        raise ValueError(f"{op}: {name} is on {t.place} but x is on {x.place}")
+        raise ValueError(f"paddle_unpad.{op}: {name} is on {t.place} but x is on {x.place}")
 
 
 @_host_only
 def _check_x(op, x):
     if not _is_tensor(x):
-        raise TypeError(f"{op}: x must be a paddle.Tensor, got {type(x).__name__}")
+        raise TypeError(f"paddle_unpad.{op}: x must be a paddle.Tensor, got {type(x).__name__}")
     if len(x.shape) < 1:
-        raise ValueError(f"{op}: x must have at least 1 dimension [..., F], got shape {list(x.shape)}")
+        raise ValueError(f"paddle_unpad.{op}: x must have at least 1 dimension [..., F], got shape {list(x.shape)}")
     if x.shape[-1] != 0:  # F = 0 is refused by each op's own check, in its own words
         _compat.refuse_empty(op, "x", x)
     device = "cpu" if _on_cpu(x) else "gpu"
@@ -478,7 +492,7 @@ def _check_x(op, x):
         return  # the plain-Paddle reference runs there: any dtype Paddle supports
     if _dtype_name(x) not in FUSED_OPS_SUPPORT[device]["dtypes"]:
         raise TypeError(
-            f"{op}: x dtype {_dtype_name(x)} is not supported on {device.upper()} "
+            f"paddle_unpad.{op}: x dtype {_dtype_name(x)} is not supported on {device.upper()} "
             f"(supported: {', '.join(FUSED_OPS_SUPPORT[device]['dtypes'])})"
         )
 
@@ -488,7 +502,8 @@ def _filled_vector(x, value):
     """A [F] tensor of x's dtype and place holding `value` (stands in for a None vector)."""
     f = x.shape[-1]
     if not _known(f):
-        raise ValueError("the last dimension of x must be known to use a None bias / ln_weight / ln_bias")
+        raise ValueError("paddle_unpad.ops: the last dimension of x must be known to use a None bias / ln_weight / "
+                         "ln_bias")
     return paddle.full([f], value, dtype=x.dtype)
 
 
@@ -499,10 +514,10 @@ def _native_ok(op, x):
 
 @_host_only
 def _check_bias_gelu_args(x, bias):
-    _check_x("bias_gelu", x)
+    _check_x("ops.bias_gelu", x)
     if bias is not None:
-        _check_feature_vector("bias_gelu", "bias", bias, x)
-        _check_mixable("bias_gelu", "bias", bias, x)
+        _check_feature_vector("ops.bias_gelu", "bias", bias, x)
+        _check_mixable("ops.bias_gelu", "bias", bias, x)
 
 
 @_host_only
@@ -558,26 +573,27 @@ def _as(t, dtype):
 
 @_host_only
 def _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon):
-    op = "bias_dropout_residual_layer_norm"
+    op = "ops.bias_dropout_residual_layer_norm"
     _check_x(op, x)
     if not _is_tensor(residual):
-        raise TypeError(f"{op}: residual must be a paddle.Tensor, got {type(residual).__name__}")
+        raise TypeError(f"paddle_unpad.{op}: residual must be a paddle.Tensor, got {type(residual).__name__}")
     rs, xs = list(residual.shape), list(x.shape)
     if len(rs) != len(xs) or any(_known(a) and _known(b) and a != b for a, b in zip(rs, xs)):
-        raise ValueError(f"{op}: residual shape {rs} differs from x shape {xs}")
+        raise ValueError(f"paddle_unpad.{op}: residual shape {rs} differs from x shape {xs}")
     if not _same_place(residual, x):
-        raise ValueError(f"{op}: residual is on {residual.place} but x is on {x.place}")
+        raise ValueError(f"paddle_unpad.{op}: residual is on {residual.place} but x is on {x.place}")
     for name, t in (("bias", bias), ("ln_weight", ln_weight), ("ln_bias", ln_bias)):
         if t is not None:
             _check_feature_vector(op, name, t, x)
     if _known(x.shape[-1]) and x.shape[-1] < 1:
-        raise ValueError(f"{op}: the normalised size x.shape[-1] must be at least 1, got {x.shape[-1]}")
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not (0.0 <= float(dropout) < 1.0):
-        raise ValueError(f"{op}: dropout must be a number in [0, 1), got {dropout!r}")
-    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not (
-        math.isfinite(float(epsilon)) and float(epsilon) > 0.0
-    ):
-        raise ValueError(f"{op}: epsilon must be a finite number > 0, got {epsilon!r}")
+        raise ValueError(f"paddle_unpad.{op}: the normalised size x.shape[-1] must be at least 1, got {x.shape[-1]}")
+    for name, value in (("dropout", dropout), ("epsilon", epsilon)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"paddle_unpad.{op}: {name} must be a number, got {type(value).__name__} {value!r}")
+    if not (0.0 <= float(dropout) < 1.0):
+        raise ValueError(f"paddle_unpad.{op}: dropout must be a number in [0, 1), got {dropout!r}")
+    if not (math.isfinite(float(epsilon)) and float(epsilon) > 0.0):
+        raise ValueError(f"paddle_unpad.{op}: epsilon must be a finite number > 0, got {epsilon!r}")
     for name, t in (("residual", residual), ("bias", bias), ("ln_weight", ln_weight), ("ln_bias", ln_bias)):
         _check_mixable(op, name, t, x)
 
@@ -632,7 +648,7 @@ def bias_dropout_residual_layer_norm(
         return y
     if p > 0.0 and not paddle.in_dynamic_mode():
         raise RuntimeError(
-            "bias_dropout_residual_layer_norm: the compiled operator is needed for dropout inside "
+            "paddle_unpad.ops.bias_dropout_residual_layer_norm: the compiled operator is needed for dropout inside "
             "paddle.jit.to_static (the reference builds its mask on the host); see paddle_unpad._native.info()"
         )
     return _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, float(epsilon), rng)

@@ -79,8 +79,10 @@ class PadCollator:
     this length instead (PaddleNLP's ``padding="max_length"``)."""
 
     def __init__(self, pad_token_id=0, label_pad=-100, pad_to=None):
-        if pad_to is not None and (not isinstance(pad_to, int) or pad_to < 1):
-            raise ValueError(f"PadCollator: pad_to must be a positive int or None, got {pad_to!r}")
+        if pad_to is not None and (isinstance(pad_to, bool) or not isinstance(pad_to, int)):
+            raise TypeError(f"paddle_unpad.trainer.PadCollator: pad_to must be a positive int or None, got {pad_to!r}")
+        if pad_to is not None and pad_to < 1:
+            raise ValueError(f"paddle_unpad.trainer.PadCollator: pad_to must be a positive int or None, got {pad_to!r}")
         self.pad_token_id, self.label_pad, self.pad_to = pad_token_id, label_pad, pad_to
 
     def __call__(self, batch):
@@ -88,7 +90,8 @@ class PadCollator:
         B, S = len(samples), int(lengths.max()) if len(samples) else 0
         if self.pad_to is not None:
             if S > self.pad_to:
-                raise ValueError(f"PadCollator: a sample of length {S} is longer than pad_to={self.pad_to}")
+                raise ValueError(f"paddle_unpad.trainer.PadCollator: a sample of length {S} is longer than "
+                                 f"pad_to={self.pad_to}")
             S = self.pad_to
         out = {"attention_mask": np.zeros((B, S), np.int64)}
         for b, n in enumerate(lengths):
@@ -153,7 +156,7 @@ def _make_class():
 
         def __init__(self, model=None, *args, unpad_configs=None, max_seqlen=None, token_loss=None, **kwargs):
             if model is None:
-                raise ValueError("UnpadTrainer: model is required (it is converted in place)")
+                raise ValueError("paddle_unpad.trainer.UnpadTrainer: model is required (it is converted in place)")
             if not _models.is_converted(model):
                 _models.convert(model, token_loss=token_loss or "mean")
             elif token_loss is not None:  # keep the other options of the earlier convert()
@@ -164,7 +167,7 @@ def _make_class():
                 config = getattr(model, "config", None) or getattr(getattr(model, "bert", None), "config", None)
                 max_seqlen = getattr(config, "max_position_embeddings", 512)
             cfg.setdefault("max_seqlen", max_seqlen)
-            self._unpad_configs = _balance_options.resolve(cfg, "UnpadTrainer: unpad_configs")  # fails here
+            self._unpad_configs = _balance_options.resolve(cfg, "trainer.UnpadTrainer", "unpad_configs")  # fails here
             if kwargs.get("data_collator") is None:  # eval / predict batches (see module doc)
                 pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
                 kwargs["data_collator"] = PadCollator(pad_token_id=pad_id)

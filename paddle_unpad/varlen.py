@@ -37,16 +37,17 @@ def _shape(t):
     return [int(d) for d in t.shape]
 
 
-def _check_tensor(name, t):
+def _check_tensor(fn, name, t):
     if not isinstance(t, paddle.Tensor):
-        raise TypeError(f"{name} must be a paddle.Tensor, got {type(t).__name__}")
+        raise TypeError(f"paddle_unpad.{fn}: {name} must be a paddle.Tensor, got {type(t).__name__}")
 
 
-def _check_nonneg_int(name, value):
+def _check_nonneg_int(fn, name, value):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a non-negative int, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"paddle_unpad.{fn}: {name} must be a non-negative int, got {value!r} "
+                        f"({type(value).__name__})")
     if value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        raise ValueError(f"paddle_unpad.{fn}: {name} must be a non-negative int, got {value!r}")
     return int(value)
 
 
@@ -78,19 +79,21 @@ def unpad_input(x, attention_mask):
         ValueError: ``x`` has fewer than 2 dims, ``attention_mask`` is not 2-D, or
             ``attention_mask.shape != x.shape[:2]``.
     """
-    _check_tensor("x", x)
-    _check_tensor("attention_mask", attention_mask)
+    _check_tensor("unpad_input", "x", x)
+    _check_tensor("unpad_input", "attention_mask", attention_mask)
     if len(x.shape) < 2:
-        raise ValueError(f"x must have shape [batch, seqlen, ...] (rank >= 2), got shape {_shape(x)}")
+        raise ValueError("paddle_unpad.unpad_input: x must have shape [batch, seqlen, ...] (rank >= 2), got shape "
+                         f"{_shape(x)}")
     if len(attention_mask.shape) != 2:
         raise ValueError(
-            f"attention_mask must have shape [batch, seqlen] (rank 2), got shape {_shape(attention_mask)}"
+            "paddle_unpad.unpad_input: attention_mask must have shape [batch, seqlen] (rank 2), got shape "
+            f"{_shape(attention_mask)}"
         )
     xs, ms = _shape(x), _shape(attention_mask)
     for dim, (a, b) in enumerate(zip(xs[:2], ms)):
         if a >= 0 and b >= 0 and a != b:
             raise ValueError(
-                f"attention_mask shape {ms} does not match x shape {xs} in dim {dim} "
+                f"paddle_unpad.unpad_input: attention_mask shape {ms} does not match x shape {xs} in dim {dim} "
                 f"(expected attention_mask.shape == x.shape[:2])"
             )
 
@@ -129,29 +132,33 @@ def pad_input(packed, indices, batch_size, seqlen):
         (the gradient of ``packed[i]`` is the output gradient at ``indices[i]``).
 
     Raises:
-        TypeError: ``packed`` or ``indices`` is not a tensor.
-        ValueError: ``indices`` is not 1-D / not an integer dtype, its length differs from
-            ``packed.shape[0]``, ``batch_size`` / ``seqlen`` is not a non-negative int, or
-            (CPU) an index is out of ``[0, B * S)`` or repeated.
+        TypeError: ``packed`` or ``indices`` is not a tensor, ``indices`` is not of an
+            integer dtype, or ``batch_size`` / ``seqlen`` is not an int.
+        ValueError: ``indices`` is not 1-D, its length differs from ``packed.shape[0]``,
+            ``batch_size`` / ``seqlen`` is negative, or (CPU) an index is out of
+            ``[0, B * S)`` or repeated.
     """
-    _check_tensor("packed", packed)
-    _check_tensor("indices", indices)
-    batch_size = _check_nonneg_int("batch_size", batch_size)
-    seqlen = _check_nonneg_int("seqlen", seqlen)
+    _check_tensor("pad_input", "packed", packed)
+    _check_tensor("pad_input", "indices", indices)
+    batch_size = _check_nonneg_int("pad_input", "batch_size", batch_size)
+    seqlen = _check_nonneg_int("pad_input", "seqlen", seqlen)
     if len(packed.shape) < 1:
-        raise ValueError(f"packed must have shape [total_tokens, ...] (rank >= 1), got shape {_shape(packed)}")
+        raise ValueError("paddle_unpad.pad_input: packed must have shape [total_tokens, ...] (rank >= 1), got shape "
+                         f"{_shape(packed)}")
     if len(indices.shape) != 1:
-        raise ValueError(f"indices must be 1-D [total_tokens], got shape {_shape(indices)}")
+        raise ValueError(f"paddle_unpad.pad_input: indices must be 1-D [total_tokens], got shape {_shape(indices)}")
     if indices.dtype not in (paddle.int64, paddle.int32):
-        raise ValueError(f"indices must be int64 or int32, got {indices.dtype}")
+        raise TypeError(f"paddle_unpad.pad_input: indices must be int64 or int32, got {indices.dtype}")
     n_idx, n_packed = int(indices.shape[0]), int(packed.shape[0])
     if n_idx >= 0 and n_packed >= 0 and n_idx != n_packed:
         raise ValueError(
-            f"indices has {n_idx} entries but packed has {n_packed} rows (shape {_shape(packed)}); they must match"
+            f"paddle_unpad.pad_input: indices has {n_idx} entries but packed has {n_packed} rows (shape "
+            f"{_shape(packed)}); they must match"
         )
     if n_packed > batch_size * seqlen:
         raise ValueError(
-            f"packed has {n_packed} rows, more than batch_size * seqlen = {batch_size} * {seqlen}"
+            f"paddle_unpad.pad_input: packed has {n_packed} rows, more than batch_size * seqlen = {batch_size} * "
+            f"{seqlen}"
         )
     if indices.dtype != paddle.int64:
         indices = indices.astype("int64")
@@ -171,13 +178,14 @@ def _check_pad_indices(idx, limit):
     bad = np.flatnonzero((idx < 0) | (idx >= limit))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"indices[{i}] = {int(idx[i])} is out of range: positions must be in "
+        raise ValueError(f"paddle_unpad.pad_input: indices[{i}] = {int(idx[i])} is out of range: positions must be in "
                          f"[0, batch_size * seqlen = {limit})")
     order = np.argsort(idx, kind="stable")
     dup = np.flatnonzero(idx[order][1:] == idx[order][:-1])
     if dup.size:
         a, b = sorted((int(order[dup[0]]), int(order[dup[0] + 1])))
-        raise ValueError(f"indices must be distinct, but indices[{a}] = indices[{b}] = {int(idx[a])}")
+        raise ValueError(f"paddle_unpad.pad_input: indices must be distinct, but indices[{a}] = indices[{b}] = "
+                         f"{int(idx[a])}")
 
 
 def cu_seqlens_host(lengths):
@@ -191,20 +199,25 @@ def cu_seqlens_host(lengths):
         numpy int32 ``[B + 1]``: ``[0, l0, l0 + l1, ..., sum(lengths)]``.
 
     Raises:
-        ValueError: ``lengths`` is not 1-D, holds a negative or non-integer value, or
-            sums past the int32 range.
-        TypeError: ``lengths`` is a tensor on a device (reading it would force a
-            device-to-host copy; pass the host-side lengths instead).
+        TypeError: ``lengths`` is not a sequence, or holds a non-integer value.
+        ValueError: ``lengths`` is not 1-D, holds a negative value, sums past the int32
+            range, or is a tensor on a device (reading it would force a device-to-host
+            copy; pass the host-side lengths instead).
     """
-    arr = _lengths_array(lengths)
+    return _cu_seqlens(_lengths_array(lengths, "varlen.cu_seqlens_host"), "varlen.cu_seqlens_host")
+
+
+def _cu_seqlens(arr, fn):
     if arr.size and int(arr.max()) > _INT32_MAX:
         # checked before summing: a sum of such lengths can wrap around int64
         i = int(arr.argmax())
-        raise ValueError(f"lengths[{i}] = {int(arr[i])} is more than int32 cu_seqlens can hold ({_INT32_MAX})")
+        raise ValueError(f"paddle_unpad.{fn}: lengths[{i}] = {int(arr[i])} is more than int32 cu_seqlens can "
+                         f"hold ({_INT32_MAX})")
     cu = np.zeros(arr.shape[0] + 1, dtype=np.int64)
     np.cumsum(arr, out=cu[1:])  # at most B * (2**31 - 1): no int64 overflow below 2**32 sequences
     if cu[-1] > _INT32_MAX:
-        raise ValueError(f"lengths sum to {int(cu[-1])} tokens, more than int32 cu_seqlens can hold")
+        raise ValueError(f"paddle_unpad.{fn}: lengths sum to {int(cu[-1])} tokens, more than int32 cu_seqlens "
+                         "can hold")
     return cu.astype(np.int32)
 
 
@@ -224,15 +237,15 @@ def cu_seqlens_from_lengths(lengths, place=None):
     Raises:
         ValueError / TypeError: as :func:`cu_seqlens_host`.
     """
-    arr = _lengths_array(lengths)
-    cu = cu_seqlens_host(arr)
+    arr = _lengths_array(lengths, "cu_seqlens_from_lengths")
+    cu = _cu_seqlens(arr, "cu_seqlens_from_lengths")
     max_seqlen = int(arr.max()) if arr.shape[0] > 0 else 0
     if place is None:
         place = paddle.CPUPlace()
     return paddle.to_tensor(cu, dtype="int32", place=place), max_seqlen
 
 
-def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who="fmha", tokens="q.shape[0]"):
+def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who=".fmha", tokens="q.shape[0]"):
     """Refuse ``cu_seqlens`` values that do not describe ``total`` packed tokens.
 
     The rules and the words of the C++ check the fmha operator runs where it reads the values
@@ -244,7 +257,8 @@ def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who="fmha", tokens="
         cu_seqlens: host values (numpy array, list, or CPU tensor).
         total: the number of packed tokens, named ``tokens`` in the messages.
         max_seqlen: an int bound on every length; ``None``: not checked.
-        who: the message prefix (the op or the package).
+        who: what follows ``paddle_unpad`` in the messages: ``".fmha"`` (the op), or ``""``
+            (a converted model's forward).
     Returns:
         int, the longest sequence (0 without sequences).
     Raises:
@@ -254,62 +268,67 @@ def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who="fmha", tokens="
         cu_seqlens = cu_seqlens.numpy()
     cu = np.asarray(cu_seqlens).astype(np.int64, copy=False)
     if cu.ndim != 1:
-        raise ValueError(f"{who}: cu_seqlens must be 1-D [batch + 1], got shape {list(cu.shape)}")
+        raise ValueError(f"paddle_unpad{who}: cu_seqlens must be 1-D [batch + 1], got shape {list(cu.shape)}")
     if cu.size < 1:
-        raise ValueError(f"{who}: cu_seqlens must have at least one element (0), got none")
+        raise ValueError(f"paddle_unpad{who}: cu_seqlens must have at least one element (0), got none")
     if cu[0] != 0:
-        raise ValueError(f"{who}: cu_seqlens[0] must be 0, got {cu[0]}")
+        raise ValueError(f"paddle_unpad{who}: cu_seqlens[0] must be 0, got {cu[0]}")
     lengths = np.diff(cu)
     bad = np.flatnonzero(lengths < 0)
     if bad.size:
         b = int(bad[0])
-        raise ValueError(f"{who}: cu_seqlens must be non-decreasing, but cu_seqlens[{b + 1}] = {cu[b + 1]} "
+        raise ValueError(f"paddle_unpad{who}: cu_seqlens must be non-decreasing, but cu_seqlens[{b + 1}] = {cu[b + 1]} "
                          f"< cu_seqlens[{b}] = {cu[b]}")
     if cu[-1] != total:
-        raise ValueError(f"{who}: cu_seqlens[-1] = {cu[-1]} must equal the number of packed tokens "
+        raise ValueError(f"paddle_unpad{who}: cu_seqlens[-1] = {cu[-1]} must equal the number of packed tokens "
                          f"{tokens} = {total}")
     longest = int(lengths.max()) if lengths.size else 0
     if max_seqlen is not None and longest > max_seqlen:
-        raise ValueError(f"{who}: max_seqlen = {max_seqlen} is smaller than the longest sequence in cu_seqlens "
+        raise ValueError(f"paddle_unpad{who}: max_seqlen = {max_seqlen} is smaller than the longest sequence in "
+                         "cu_seqlens "
                          f"({longest})")
     return longest
 
 
-def _lengths_array(lengths):
+def _lengths_array(lengths, fn):
     """Validate ``lengths`` and return it as a 1-D numpy int64 array."""
     if isinstance(lengths, paddle.Tensor):
         if not lengths.place.is_cpu_place():
-            raise TypeError(
-                f"lengths must be host data (list, tuple, numpy array or CPU tensor), got a tensor on "
+            raise ValueError(
+                f"paddle_unpad.{fn}: lengths must be host data (list, tuple, numpy array or CPU tensor), got a tensor "
+                "on "
                 f"{lengths.place}: reading it would force a device-to-host copy"
             )
         lengths = lengths.numpy()
     if isinstance(lengths, (str, bytes)) or np.isscalar(lengths):
-        raise ValueError(f"lengths must be a 1-D sequence of non-negative ints, got {lengths!r}")
+        raise TypeError(f"paddle_unpad.{fn}: lengths must be a 1-D sequence of non-negative ints, got {lengths!r}")
     if isinstance(lengths, (list, tuple)):
         for i, v in enumerate(lengths):
             if isinstance(v, (list, tuple, np.ndarray, paddle.Tensor)):
-                raise ValueError(f"lengths must be 1-D, got a nested sequence at lengths[{i}] = {v!r}")
+                raise ValueError(f"paddle_unpad.{fn}: lengths must be 1-D, got a nested sequence at lengths[{i}] = "
+                                 f"{v!r}")
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
-                raise ValueError(
-                    f"lengths must hold non-negative ints, got lengths[{i}] = {v!r} ({type(v).__name__})"
+                raise TypeError(
+                    f"paddle_unpad.{fn}: lengths must hold non-negative ints, got lengths[{i}] = {v!r} "
+                    f"({type(v).__name__})"
                 )
         arr = np.asarray(lengths, dtype=np.int64).reshape(-1) if len(lengths) else np.zeros(0, np.int64)
     else:
         arr = np.asarray(lengths)
         if arr.ndim != 1:
-            raise ValueError(f"lengths must be 1-D, got an array of shape {list(arr.shape)}")
+            raise ValueError(f"paddle_unpad.{fn}: lengths must be 1-D, got an array of shape {list(arr.shape)}")
         if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
             if arr.size == 0:
                 arr = np.zeros(0, np.int64)
             else:
-                raise ValueError(f"lengths must hold non-negative ints, got dtype {arr.dtype}: {arr!r}")
+                raise TypeError(f"paddle_unpad.{fn}: lengths must hold non-negative ints, got dtype {arr.dtype}: "
+                                f"{arr!r}")
         if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
-            raise ValueError(f"lengths value {int(arr.max())} is too large")
+            raise ValueError(f"paddle_unpad.{fn}: lengths value {int(arr.max())} is too large")
         arr = arr.astype(np.int64)
     if arr.size:
         neg = np.flatnonzero(arr < 0)
         if neg.size:
             i = int(neg[0])
-            raise ValueError(f"lengths must be non-negative, got lengths[{i}] = {int(arr[i])}")
+            raise ValueError(f"paddle_unpad.{fn}: lengths must be non-negative, got lengths[{i}] = {int(arr[i])}")
     return arr

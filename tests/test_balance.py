@@ -200,17 +200,17 @@ def test_bad_lengths_and_settings_raise_naming_them(backend):
         plan(np.zeros((0, 5), dtype=np.int64))
     with pytest.raises(ValueError, match="2-D"):
         plan(np.array([5, 4]))
-    with pytest.raises(ValueError, match="integers.*float64"):
+    with pytest.raises(TypeError, match="integers.*float64"):
         plan(np.array([[5.0, 4.0], [3.0, 2.0]]))
     # fractions are not lengths (int64 conversion would truncate them)
     with pytest.raises(ValueError, match=r"lengths_per_rank\[1\]\[0\] = 2\.5"):
         plan([[5, 4], [2.5, 2]])
-    with pytest.raises(ValueError, match=r"lengths_per_rank\[0\] must be a 1-D array of integer"):
+    with pytest.raises(TypeError, match=r"lengths_per_rank\[0\] must be a 1-D array of integer"):
         plan([np.array([1.5]), [2]])
-    with pytest.raises(ValueError, match=r"sample lengths"):
+    with pytest.raises(TypeError, match=r"sample lengths"):
         plan([["a"], [2]])
-    for tol in (float("nan"), float("inf"), -1.0, "0.1"):
-        with pytest.raises(ValueError, match=r"tol must be a finite number >= 0.*" + re.escape(repr(tol))):
+    for tol, error in ((float("nan"), ValueError), (float("inf"), ValueError), (-1.0, ValueError), ("0.1", TypeError)):
+        with pytest.raises(error, match=r"tol must be a finite number >= 0.*" + re.escape(repr(tol))):
             plan([[5, 4], [3, 2]], tol=tol)
     with pytest.raises(ValueError, match="max_swaps"):
         plan([[5, 4], [3, 2]], max_swaps=-1)

@@ -145,11 +145,12 @@ def test_index_fields_must_hold_integers(field):
         _pc([smp])
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "512"])
-def test_max_seqlen_must_be_positive_or_none(bad):
-    with pytest.raises(ValueError, match=rf"max_seqlen must be a positive int or None.*{bad!r}"):
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError),
+                                        ("512", TypeError)])
+def test_max_seqlen_must_be_positive_or_none(bad, error):
+    with pytest.raises(error, match=rf"max_seqlen must be a positive int or None.*{bad!r}"):
         PackingCollator(max_seqlen=bad)
-    with pytest.raises(ValueError, match=r"max_seqlen must be a positive int or None"):
+    with pytest.raises(error, match=r"max_seqlen must be a positive int or None"):
         check_lengths([4, 5], [0, 1], 0, bad)
 
 

@@ -549,12 +549,14 @@ def test_head_dim_256_accepted():
 
 # (cu_seqlens, max_seqlen) for 6 packed tokens, and the words both checks must use
 BAD_CU_SEQLENS = {
-    "empty": ([], 4, "fmha: cu_seqlens must have at least one element (0), got none"),
-    "first": ([1, 2, 6], 4, "fmha: cu_seqlens[0] must be 0, got 1"),
+    "empty": ([], 4, "paddle_unpad.fmha: cu_seqlens must have at least one element (0), got none"),
+    "first": ([1, 2, 6], 4, "paddle_unpad.fmha: cu_seqlens[0] must be 0, got 1"),
     "decreasing": ([0, 4, 2, 6], 4,
-                   "fmha: cu_seqlens must be non-decreasing, but cu_seqlens[2] = 2 < cu_seqlens[1] = 4"),
-    "last": ([0, 2, 5], 4, "fmha: cu_seqlens[-1] = 5 must equal the number of packed tokens q.shape[0] = 6"),
-    "max_seqlen": ([0, 2, 6], 3, "fmha: max_seqlen = 3 is smaller than the longest sequence in cu_seqlens (4)"),
+                   "paddle_unpad.fmha: cu_seqlens must be non-decreasing, but cu_seqlens[2] = 2 < cu_seqlens[1] = 4"),
+    "last": ([0, 2, 5], 4,
+             "paddle_unpad.fmha: cu_seqlens[-1] = 5 must equal the number of packed tokens q.shape[0] = 6"),
+    "max_seqlen": ([0, 2, 6], 3,
+                   "paddle_unpad.fmha: max_seqlen = 3 is smaller than the longest sequence in cu_seqlens (4)"),
 }
 
 
@@ -562,7 +564,7 @@ BAD_CU_SEQLENS = {
 def test_bad_cu_seqlens_same_words_from_python_and_the_native_op(case, native_ops):
     """cu_seqlens is checked where it is read: in Python by the reference (and the models),
     in C++ by the native op (fmha's eager calls, loaded programs, direct calls of the op).
-    Both say exactly the same."""
+    Both say exactly the same (the Python wrapper of the native op adds the package prefix)."""
     cu, max_seqlen, words = BAD_CU_SEQLENS[case]
     q = paddle.ones([6, 2, 16])
     cu_t = paddle.to_tensor(np.asarray(cu, np.int32))
@@ -574,7 +576,7 @@ def test_bad_cu_seqlens_same_words_from_python_and_the_native_op(case, native_op
     assert str(public.value) == words
     with pytest.raises(Exception) as native:
         paddle_unpad._paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu_t, None, max_seqlen, 0.25, 0.0, True)
-    assert words in str(native.value), str(native.value)[-2000:]
+    assert words.removeprefix("paddle_unpad.") in str(native.value), str(native.value)[-2000:]
 
 
 def test_support_table_states_the_kernels_limits():
@@ -593,8 +595,8 @@ def test_checks_read_the_support_table(monkeypatch):
     them. On a GPU the CUDA kernel's rules (FMHA_SUPPORT["gpu"]) decide between the kernel
     and the plain-Paddle bucketed attention, and the reason is given in the same words."""
     monkeypatch.setitem(ops.FMHA_SUPPORT["cpu"], "head_dim", range(1, 9))
-    with pytest.raises(ValueError, match=r"^fmha: head size \(q.shape\[2\]\) 16 is not supported on CPU: "
-                                         r"supported are 1\.\.8$"):
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.fmha: head size \(q.shape\[2\]\) 16 is not supported on "
+                                         r"CPU: supported are 1\.\.8$"):
         _call()
     monkeypatch.undo()
     cu = paddle.to_tensor(np.array([0, 2, 6], np.int32))
@@ -613,7 +615,7 @@ def test_checks_read_the_support_table(monkeypatch):
     assert ops._fmha_gpu_kernel_refusal(f16_48) == "the CUDA kernel takes head sizes 32, 64, 128, not 48"
     monkeypatch.setitem(ops.FMHA_SUPPORT["gpu"], "head_dim", (48,))
     assert ops._fmha_gpu_kernel_refusal(f16_48) is None
-    with pytest.raises(TypeError, match=r"^fmha: q/k/v dtype int32 is not a floating-point dtype$"):
+    with pytest.raises(TypeError, match=r"^paddle_unpad\.fmha: q/k/v dtype int32 is not a floating-point dtype$"):
         qi = paddle.ones([6, 2, 64], dtype="int32")
         ops._check_fmha_args(qi, qi, qi, cu, 4, 0.0, None)
 

@@ -219,13 +219,13 @@ def test_pad_errors():
         pad_input(packed, paddle.to_tensor([0, 1]), 2, 2)
     with pytest.raises(ValueError, match=r"indices must be 1-D.*\[3, 1\]"):
         pad_input(packed, idx.reshape([3, 1]), 2, 2)
-    with pytest.raises(ValueError, match=r"indices must be int64 or int32.*float32"):
+    with pytest.raises(TypeError, match=r"indices must be int64 or int32.*float32"):
         pad_input(packed, idx.astype("float32"), 2, 2)
     with pytest.raises(ValueError, match=r"batch_size .*-1"):
         pad_input(packed, idx, -1, 2)
-    with pytest.raises(ValueError, match=r"seqlen .*2\.5"):
+    with pytest.raises(TypeError, match=r"seqlen .*2\.5"):
         pad_input(packed, idx, 2, 2.5)
-    with pytest.raises(ValueError, match=r"batch_size .*True"):
+    with pytest.raises(TypeError, match=r"batch_size .*True"):
         pad_input(packed, idx, True, 4)
     with pytest.raises(ValueError, match=r"packed has 3 rows, more than batch_size \* seqlen = 1 \* 2"):
         pad_input(packed, idx, 1, 2)
@@ -247,29 +247,29 @@ def test_pad_index_range_and_duplicates(dtype):
 
 
 @pytest.mark.parametrize(
-    "bad,pattern",
+    "bad,error,pattern",
     [
-        ([3, -1, 2], r"lengths.*lengths\[1\] = -1"),
-        (np.array([0, 0, -7]), r"lengths.*lengths\[2\] = -7"),
-        ([3, 2.5], r"lengths.*lengths\[1\] = 2\.5"),
-        ([3.0, 2.0], r"lengths.*lengths\[0\] = 3\.0"),
-        (np.array([1.0, 2.0]), r"lengths.*float64"),
-        ([True, False], r"lengths.*lengths\[0\] = True"),
-        (np.array([[1, 2], [3, 4]]), r"lengths must be 1-D.*\[2, 2\]"),
-        ([[1, 2], [3]], r"lengths must be 1-D.*lengths\[0\] = \[1, 2\]"),
-        (5, r"lengths .*5"),
-        ("123", r"lengths .*'123'"),
-        ([2**31, 1], r"lengths\[0\] = 2147483648 is more than int32"),
-        ([2**30, 2**30], r"lengths sum to 2147483648"),
+        ([3, -1, 2], ValueError, r"lengths.*lengths\[1\] = -1"),
+        (np.array([0, 0, -7]), ValueError, r"lengths.*lengths\[2\] = -7"),
+        ([3, 2.5], TypeError, r"lengths.*lengths\[1\] = 2\.5"),
+        ([3.0, 2.0], TypeError, r"lengths.*lengths\[0\] = 3\.0"),
+        (np.array([1.0, 2.0]), TypeError, r"lengths.*float64"),
+        ([True, False], TypeError, r"lengths.*lengths\[0\] = True"),
+        (np.array([[1, 2], [3, 4]]), ValueError, r"lengths must be 1-D.*\[2, 2\]"),
+        ([[1, 2], [3]], ValueError, r"lengths must be 1-D.*lengths\[0\] = \[1, 2\]"),
+        (5, TypeError, r"lengths .*5"),
+        ("123", TypeError, r"lengths .*'123'"),
+        ([2**31, 1], ValueError, r"lengths\[0\] = 2147483648 is more than int32"),
+        ([2**30, 2**30], ValueError, r"lengths sum to 2147483648"),
         # each fits int64, their sum wraps to 0: the check must not look at the wrapped sum
-        ([2**62, 2**62], r"lengths\[0\] = 4611686018427387904 is more than int32"),
-        (np.array([1, 2**63 - 1], np.int64), r"lengths\[1\] = 9223372036854775807 is more than int32"),
+        ([2**62, 2**62], ValueError, r"lengths\[0\] = 4611686018427387904 is more than int32"),
+        (np.array([1, 2**63 - 1], np.int64), ValueError, r"lengths\[1\] = 9223372036854775807 is more than int32"),
     ],
 )
-def test_lengths_errors(bad, pattern):
-    with pytest.raises(ValueError, match=pattern):
+def test_lengths_errors(bad, error, pattern):
+    with pytest.raises(error, match=r"^paddle_unpad\.cu_seqlens_from_lengths: " + pattern):
         cu_seqlens_from_lengths(bad)
-    with pytest.raises(ValueError, match=pattern):
+    with pytest.raises(error, match=r"^paddle_unpad\.varlen\.cu_seqlens_host: " + pattern):
         cu_seqlens_host(bad)
 
 
@@ -277,7 +277,7 @@ def test_cu_seqlens_from_lengths_does_not_read_device():
     """A device tensor is refused (reading it would be a device-to-host sync)."""
     if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
         pytest.skip("no GPU: device tensors cannot be built here")
-    with pytest.raises(TypeError, match="lengths"):
+    with pytest.raises(ValueError, match="lengths"):
         cu_seqlens_from_lengths(paddle.to_tensor([1, 2], place=paddle.CUDAPlace(0)))
 
 
@@ -308,8 +308,8 @@ def test_check_cu_seqlens_accepts_and_returns_the_longest(cu):
 def test_check_cu_seqlens_refusals(cu, total, max_seqlen, words):
     with pytest.raises(ValueError) as ei:
         check_cu_seqlens(np.asarray(cu, np.int32), total, max_seqlen)
-    assert str(ei.value) == "fmha: " + words
+    assert str(ei.value) == "paddle_unpad.fmha: " + words
     # a caller names itself and the tensor that holds the tokens
     with pytest.raises(ValueError) as ei:
-        check_cu_seqlens(np.asarray(cu, np.int32), total, max_seqlen, who="paddle_unpad", tokens="len(x)")
+        check_cu_seqlens(np.asarray(cu, np.int32), total, max_seqlen, who="", tokens="len(x)")
     assert str(ei.value) == "paddle_unpad: " + words.replace("q.shape[0]", "len(x)")

@@ -26,10 +26,12 @@ class CostModel:
 
     def __init__(self, a: float = 1.0, b: float = 0.0, c: float = 0.0, name: Optional[str] = None):
         for nm, v in (("a", a), ("b", b), ("c", c)):
-            if not (isinstance(v, (int, float, np.floating, np.integer)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"CostModel: {nm} must be a finite number >= 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+                raise TypeError(f"paddle_unpad.balance.CostModel: {nm} must be a finite number >= 0, got {v!r}")
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"paddle_unpad.balance.CostModel: {nm} must be a finite number >= 0, got {v!r}")
         if a == 0 and b == 0 and c == 0:
-            raise ValueError("CostModel: a, b and c are all 0; every plan would be equally good")
+            raise ValueError("paddle_unpad.balance.CostModel: a, b and c are all 0; every plan would be equally good")
         self.a, self.b, self.c = float(a), float(b), float(c)
         self.name = name or ("tokens" if (b == 0 and c == 0) else "quadratic")
 
@@ -81,7 +83,7 @@ def bert_cost(hidden_size: int = 1024, intermediate_size: Optional[int] = None,
     h = int(hidden_size)
     i = int(intermediate_size) if intermediate_size else 4 * h
     if h <= 0 or i <= 0 or num_layers <= 0:
-        raise ValueError("bert_cost: hidden_size, intermediate_size and num_layers must be > 0")
+        raise ValueError("paddle_unpad.balance.bert_cost: hidden_size, intermediate_size and num_layers must be > 0")
     k = (6.0 if training else 2.0) * num_layers
     return CostModel(a=k * (4 * h * h + 2 * h * i), b=k * 2 * h, c=0.0,
                      name=f"bert(h={h},i={i},L={num_layers})")
@@ -96,23 +98,26 @@ COST_NAMES = {"quadratic": DEFAULT_COST, "flops": DEFAULT_COST, "default": DEFAU
               "tokens": TokenCost(), "token": TokenCost()}
 
 
-def check_cost(cost, name="cost"):
-    """Raise unless ``cost`` is None, a name of :data:`COST_NAMES`, a CostModel or a callable."""
+def check_cost(cost, name="cost", where="balance.as_cost_fn"):
+    """Raise unless ``cost`` is None, a name of :data:`COST_NAMES`, a CostModel or a callable
+    (``where``: the public name it was given to, after ``paddle_unpad.``)."""
     if cost is None or isinstance(cost, CostModel) or (callable(cost) and not isinstance(cost, str)):
         return cost
     if isinstance(cost, str):
         if cost in COST_NAMES:
             return cost
-        raise ValueError(f"{name}: unknown cost {cost!r}; use one of {sorted(COST_NAMES)}, a CostModel or a "
+        raise ValueError(f"paddle_unpad.{where}: {name}: unknown cost {cost!r}; use one of {sorted(COST_NAMES)}, a "
+                         "CostModel or a "
                          "callable length -> cost")
-    raise TypeError(f"{name} must be None, a cost name, a CostModel or a callable length -> cost, got "
+    raise TypeError(f"paddle_unpad.{where}: {name} must be None, a cost name, a CostModel or a callable length -> "
+                    "cost, got "
                     f"{type(cost).__name__}")
 
 
-def as_cost_fn(cost) -> Callable[[np.ndarray], np.ndarray]:
+def as_cost_fn(cost, where="balance.as_cost_fn") -> Callable[[np.ndarray], np.ndarray]:
     """Turn ``cost`` (None, a name of :data:`COST_NAMES`, a CostModel, or any callable
     ``length -> float``) into a vectorised ``lengths -> float64 costs``."""
-    check_cost(cost)
+    check_cost(cost, where=where)
     if cost is None:
         return DEFAULT_COST.costs
     if isinstance(cost, str):
@@ -146,7 +151,7 @@ def _call_each(cost, lengths):
     for j, s in enumerate(lengths.tolist()):
         v = float(cost(int(s)))
         if not math.isfinite(v) or v < 0:
-            raise ValueError(f"cost({s}) = {v!r}: costs must be finite and >= 0")
+            raise ValueError(f"paddle_unpad.balance: cost({s}) = {v!r}: costs must be finite and >= 0")
         vals[j] = v
     return vals
 
@@ -190,10 +195,10 @@ def calibrate(model=None, lengths: Sequence[int] = (32, 64, 128, 192, 256, 384, 
     ``timer`` is the clock (``time.perf_counter``).
     """
     if model is None and step is None:
-        raise ValueError("calibrate: pass a model or a step callable")
+        raise ValueError("paddle_unpad.balance.calibrate: pass a model or a step callable")
     lengths = [int(s) for s in lengths]
     if len(lengths) < 2 or min(lengths) <= 0:
-        raise ValueError("calibrate: need at least 2 positive lengths")
+        raise ValueError("paddle_unpad.balance.calibrate: need at least 2 positive lengths")
 
     if step is None:
         import paddle

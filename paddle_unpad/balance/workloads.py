@@ -29,7 +29,7 @@ def bert_pretraining_lengths(n: int, max_len: int = 512, seed: int = 0,
                              short_seq_prob: float = 0.1) -> np.ndarray:
     """``n`` sample lengths (int64, each in ``[4, max_len]``), see the module docstring."""
     if max_len < 8:
-        raise ValueError("max_len must be >= 8")
+        raise ValueError(f"paddle_unpad.balance.bert_pretraining_lengths: max_len must be >= 8, got {max_len!r}")
     rng = np.random.default_rng(seed)
     max_tokens = max_len - 3
     out = []

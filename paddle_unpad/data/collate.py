@@ -93,7 +93,7 @@ def _sid(sample, pos):
         if k in sample:
             v = _to_numpy(sample[k]).reshape(-1)
             if v.size != 1:
-                raise SampleError(f"sample field {k!r} must be a single int, got shape {v.shape}")
+                raise SampleError(f"paddle_unpad.data: sample field {k!r} must be a single int, got shape {v.shape}")
             return int(v[0])
     return pos
 
@@ -102,12 +102,15 @@ def _is_token_field(name, arr, token_fields):
     return name in token_fields and arr.ndim >= 1
 
 
-def check_max_seqlen(value, name: str = "max_seqlen"):
-    """``value`` as an int >= 1, or None (no limit); anything else raises ValueError."""
+def check_max_seqlen(value, name: str = "max_seqlen", where: str = "data.check_lengths"):
+    """``value`` as an int >= 1, or None (no limit); anything else raises TypeError (not an
+    int) or ValueError (< 1), naming ``where`` (the public name, after ``paddle_unpad.``)."""
     if value is None:
         return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int or None (no limit), got {value!r}")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"paddle_unpad.{where}: {name} must be a positive int or None (no limit), got {value!r}")
+    if value < 1:
+        raise ValueError(f"paddle_unpad.{where}: {name} must be a positive int or None (no limit), got {value!r}")
     return int(value)
 
 
@@ -142,15 +145,18 @@ def _check_same_layout(samples, lengths, sids, rank, token_fields):
         where = f"sample {k} (id {sids[k]}) on rank {rank}"
         for name in ref:
             if name not in smp:
-                raise SampleError(f"{where} has no field {name!r}, which {first} of the same batch has: "
+                raise SampleError(f"paddle_unpad.data: {where} has no field {name!r}, which {first} of the same batch "
+                                  "has: "
                                   "every sample of a batch needs the same fields")
         for name, arr in smp.items():
             if name not in ref:
-                raise SampleError(f"{where} has a field {name!r} that {first} of the same batch lacks: "
+                raise SampleError(f"paddle_unpad.data: {where} has a field {name!r} that {first} of the same batch "
+                                  "lacks: "
                                   "every sample of a batch needs the same fields")
             got = _layout(name, arr, token_fields)
             if got != ref[name]:
-                raise SampleError(f"{where}: field {name!r} is {_describe(got)}, but in {first} of the same "
+                raise SampleError(f"paddle_unpad.data: {where}: field {name!r} is {_describe(got)}, but in {first} of "
+                                  "the same "
                                   f"batch it is {_describe(ref[name])}; every sample of a batch needs the same "
                                   "dtype, number of dimensions and trailing shape per field")
 
@@ -166,17 +172,17 @@ def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[
     if isinstance(batch, Mapping):
         batch = _split_padded(batch, token_fields)
     if not isinstance(batch, (list, tuple)):
-        raise TypeError("paddle_unpad: a batch must be a list of sample dicts (use "
+        raise TypeError("paddle_unpad.data: a batch must be a list of sample dicts (use "
                         "collate_fn=paddle_unpad.data.sample_list_collate) or a dict of padded "
                         f"arrays with an attention_mask; got {type(batch).__name__}")
     samples, lengths, ids = [], [], []
     for k, smp in enumerate(batch):
         if not isinstance(smp, Mapping):
-            raise TypeError(f"paddle_unpad: sample {k} on rank {rank} is a {type(smp).__name__}, "
+            raise TypeError(f"paddle_unpad.data: sample {k} on rank {rank} is a {type(smp).__name__}, "
                             "expected a dict with at least 'input_ids'")
         sid = _sid(smp, (rank << 40) | ((step & 0xFFFFF) << 20) | k)
         if "input_ids" not in smp:
-            raise SampleError(f"sample id {sid} on rank {rank} has no 'input_ids'")
+            raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank} has no 'input_ids'")
         out = {}
         mask = None
         if "attention_mask" in smp:
@@ -187,23 +193,24 @@ def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[
             arr = _to_numpy(v)
             if _is_token_field(name, arr, token_fields) and mask is not None:
                 if arr.shape[0] != mask.shape[0]:
-                    raise SampleError(f"sample id {sid} on rank {rank}: field {name!r} has "
+                    raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: field {name!r} has "
                                       f"{arr.shape[0]} positions but attention_mask has {mask.shape[0]}")
                 arr = arr[mask]
             # (np.ascontiguousarray would turn a 0-d label into shape [1])
             out[name] = arr if arr.flags.c_contiguous else arr.copy(order="C")
         ids_arr = out["input_ids"]
         if ids_arr.ndim != 1:
-            raise SampleError(f"sample id {sid} on rank {rank}: input_ids must be 1-D, got shape "
+            raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: input_ids must be 1-D, got shape "
                               f"{ids_arr.shape}")
         s = int(ids_arr.shape[0])
         for name, arr in out.items():
             if _is_token_field(name, arr, token_fields) and arr.shape[0] != s:
-                raise SampleError(f"sample id {sid} on rank {rank}: per-token field {name!r} has "
+                raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: per-token field {name!r} has "
                                   f"{arr.shape[0]} entries, input_ids has {s}")
             if name in _INTEGER_FIELDS and arr.size and not np.issubdtype(arr.dtype, np.integer):
                 # packed as int64: a float id would be truncated without a word
-                raise SampleError(f"sample {k} (id {sid}) on rank {rank}: field {name!r} must hold integers, "
+                raise SampleError(f"paddle_unpad.data: sample {k} (id {sid}) on rank {rank}: field {name!r} must hold "
+                                  "integers, "
                                   f"got dtype {arr.dtype}")
         samples.append(out)
         lengths.append(s)
@@ -214,7 +221,7 @@ def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[
 
 def _split_padded(batch, token_fields):
     if "attention_mask" not in batch or "input_ids" not in batch:
-        raise TypeError("paddle_unpad: a dict batch must hold padded 'input_ids' [B, S] and "
+        raise TypeError("paddle_unpad.data: a dict batch must hold padded 'input_ids' [B, S] and "
                         "'attention_mask' [B, S]")
     arrs = {k: _to_numpy(v) for k, v in batch.items()}
     B = arrs["input_ids"].shape[0]
@@ -235,7 +242,7 @@ def check_lengths(lengths, ids, rank: int, max_seqlen: Optional[int]):
         k = int(bad[0])
         s = int(lengths[k])
         why = "is empty (0 tokens)" if s <= 0 else f"has {s} tokens, more than max_seqlen={max_seqlen}"
-        raise SampleError(f"sample id {int(ids[k])} on rank {rank} {why}")
+        raise SampleError(f"paddle_unpad.data: sample id {int(ids[k])} on rank {rank} {why}")
 
 
 def pack_samples(samples: List[Dict[str, np.ndarray]], lengths, ids,
@@ -308,8 +315,9 @@ class PackingCollator:
     def __init__(self, max_seqlen: Optional[int] = 512, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
                  return_tensors: str = "pd", place=None, rank: int = 0):
         if return_tensors not in ("pd", "np"):
-            raise ValueError("return_tensors must be 'pd' or 'np'")
-        self.max_seqlen = check_max_seqlen(max_seqlen, "PackingCollator: max_seqlen")
+            raise ValueError(f"paddle_unpad.data.PackingCollator: return_tensors must be 'pd' or 'np', got "
+                             f"{return_tensors!r}")
+        self.max_seqlen = check_max_seqlen(max_seqlen, "max_seqlen", "data.PackingCollator")
         self.token_fields = tuple(token_fields)
         self.return_tensors = return_tensors
         self.place = place

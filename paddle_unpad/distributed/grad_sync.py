@@ -117,15 +117,17 @@ def _trainable(model, is_layer):
     seen = {}
     for i, p in enumerate(params):
         if not isinstance(p, paddle.Tensor):
-            raise TypeError(f"GradientAllReduce: model must be a paddle.nn.Layer or a list of parameters, item {i} "
+            raise TypeError("paddle_unpad.distributed.GradientAllReduce: model must be a paddle.nn.Layer or a list "
+                            f"of parameters, item {i} "
                             f"is a {type(p).__name__}")
         if id(p) in seen:
-            raise ValueError(f"GradientAllReduce: parameter {p.name!r} is listed twice (items {seen[id(p)]} and {i}); "
+            raise ValueError(f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is listed twice "
+                             f"(items {seen[id(p)]} and {i}); "
                              "each would be reduced twice and the ranks' collectives would not match")
         seen[id(p)] = i
     params = [p for p in params if not p.stop_gradient]
     if not params:
-        raise ValueError("GradientAllReduce: model has no trainable parameters")
+        raise ValueError("paddle_unpad.distributed.GradientAllReduce: model has no trainable parameters")
     return params
 
 
@@ -151,7 +153,8 @@ class GradientAllReduce:
                  overlap: Optional[bool] = None, timeout: Optional[float] = None, group=None):
         given = dict(bucket_mb=bucket_mb, average=average, dense_fraction=dense_fraction, timeout=timeout)
         o = resolve_options({k: v for k, v in given.items() if v is not None} | dict(
-            row_sparse_embeddings=row_sparse_embeddings, overlap=overlap), "GradientAllReduce", scope=ALLREDUCE)
+            row_sparse_embeddings=row_sparse_embeddings, overlap=overlap), "distributed.GradientAllReduce",
+            scope=ALLREDUCE)
         is_layer = isinstance(model, paddle.nn.Layer)
         params = _trainable(model, is_layer)
         self.gpu = groups.job_uses_gpu()
@@ -230,7 +233,8 @@ class GradientAllReduce:
             other = ref() if ref is not None else None
             if other is not None and other is not self and not other._closed:
                 raise GradientSyncError(
-                    f"GradientAllReduce: parameter {p.name!r} is already reduced by a live GradientAllReduce "
+                    f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is already reduced by a live "
+                    "GradientAllReduce "
                     f"({other!r}); close() that one first (two would reduce every gradient twice, and their hooks "
                     "and threads would interleave)")
         me = weakref.ref(self)
@@ -260,12 +264,14 @@ class GradientAllReduce:
         me = ranks.index(groups.job()[0])
         if missing:
             raise GradientSyncError(
-                f"GradientAllReduce: rank(s) {[ranks[i] for i in missing]} did not build their GradientAllReduce "
+                f"paddle_unpad.distributed.GradientAllReduce: rank(s) {[ranks[i] for i in missing]} did not build "
+                "their GradientAllReduce "
                 f"within {max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {ranks[me]}): build it at the same "
                 "point on every rank")
         if values is not None:
             got = [json.loads(v) for v in values]
-            raise GradientSyncError(f"GradientAllReduce: the ranks' models or options differ -- "
+            raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: the ranks' models or options differ "
+                                    "-- "
                                     f"{_first_difference(got, ranks)}; every rank must reduce the same parameters "
                                     f"with the same options (this is rank {ranks[me]})")
 
@@ -333,11 +339,12 @@ class GradientAllReduce:
         try:
             steps = groups.all_gather_array(self._control, np.array([step], np.int64)).reshape(-1)
         except Exception as e:  # noqa: BLE001
-            raise GradientSyncError(f"GradientAllReduce: the step header all-gather failed -- a peer died or "
+            raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: the step header all-gather failed "
+                                    "-- a peer died or "
                                     f"stopped ({type(e).__name__}: {str(e).splitlines()[0][:300]})") from e
         if np.any(steps != steps[0]):
             raise GradientSyncError(
-                "GradientAllReduce: the ranks are reducing the gradients of different steps ("
+                "paddle_unpad.distributed.GradientAllReduce: the ranks are reducing the gradients of different steps ("
                 + ", ".join(f"rank {r} step {int(s)}" for r, s in enumerate(steps))
                 + "): a rank skipped a step's backward or wait(), or ran an extra one; every rank must reduce "
                   "every step")
@@ -414,9 +421,10 @@ class GradientAllReduce:
         Returns the seconds spent here (the communication the step waits for)."""
         t0 = time.perf_counter()
         if self._closed:  # one process too: the same program fails the same way on more ranks
-            raise GradientSyncError(f"GradientAllReduce: wait() after close() ({self!r})")
+            raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: wait() after close() ({self!r})")
         if self._timed_out is not None:
-            raise GradientSyncError(f"GradientAllReduce: an earlier wait() failed ({self._timed_out}); its "
+            raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: an earlier wait() failed "
+                                    f"({self._timed_out}); its "
                                     "gradients were never reduced: close() this all-reduce")
         if self.world == 1:
             return 0.0
@@ -428,14 +436,16 @@ class GradientAllReduce:
             # stopped peer it leaves when gloo gives up. No later pass starts.
             self._timed_out = f"it did not finish within {self.timeout:g} s"
             raise GradientSyncError(
-                f"GradientAllReduce: the gradient all-reduce did not finish within {self.timeout:g} s "
+                "paddle_unpad.distributed.GradientAllReduce: the gradient all-reduce did not finish within "
+                f"{self.timeout:g} s "
                 "(a rank died or stopped, or the ranks ran different backward passes)")
         try:
             if self.gpu:
                 self._finish_on_gpu()
             err, self._error = self._error, None
             if err is not None:
-                raise GradientSyncError(f"GradientAllReduce: the gradient all-reduce failed: {err}") from err
+                raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: the gradient all-reduce failed: "
+                                        f"{err}") from err
         finally:
             self._end_pass()
         return self._account(t0)

@@ -121,10 +121,11 @@ def _paddle_group(ranks, backend):
 
 
 def wrap_host_group(pg, purpose: str) -> Group:
-    """A group the user made, for a host role: it must be gloo (the exchange runs on the CPU)."""
+    """A group the user made, for a host role: it must be gloo (the exchange runs on the CPU).
+    ``purpose``: the public name the group was given to, after ``paddle_unpad.``."""
     backend = "gloo" if "gloo" in type(pg.process_group).__name__.lower() else type(pg.process_group).__name__
     if backend != "gloo":
-        raise ValueError(f"{purpose}: group must be a gloo group (the exchange sends CPU buffers: "
+        raise ValueError(f"paddle_unpad.{purpose}: group must be a gloo group (the exchange sends CPU buffers: "
                          f"paddle.distributed.new_group(ranks, backend='gloo')), got a {backend} group")
     _ensure_exit_handler()
     return Group(pg, HOST, "gloo", purpose)
@@ -141,7 +142,7 @@ def issue(op: str, group: Group):
     """Every collective passes here: NCCL ones only from their group's owner thread."""
     if group.owner is not None and threading.get_ident() != group.owner:
         raise RuntimeError(
-            f"paddle_unpad: {op} on the {group.purpose} group (NCCL) from thread "
+            f"paddle_unpad.distributed: {op} on the {group.purpose} group (NCCL) from thread "
             f"{threading.current_thread().name!r}, not the thread that created the group: the plugin issues NCCL "
             "collectives from the training thread only, in the same order on every rank")
     if RECORDER is not None:
@@ -390,12 +391,13 @@ def _group_store(job_store, rank, size, gid):
                 error = e
         else:
             job_store.set(key, f"error: {error}".encode())
-            raise RuntimeError(f"paddle_unpad: could not start the rendezvous store of gloo group {gid}: {error}")
+            raise RuntimeError(f"paddle_unpad.distributed: could not start the rendezvous store of gloo group {gid}: "
+                               f"{error}")
         job_store.set(key, f"{host}:{port}".encode())
     else:
         value = job_store.get(key).decode()  # waits for the key (2.6 and 3.x)
         if value.startswith("error: "):
-            raise RuntimeError(f"paddle_unpad: the first member of gloo group {gid} could not start its "
+            raise RuntimeError(f"paddle_unpad.distributed: the first member of gloo group {gid} could not start its "
                                f"rendezvous store ({value[7:]})")
         host, _, port = value.rpartition(":")
         own = core.TCPStore(host, int(port), False, 0, timeout)

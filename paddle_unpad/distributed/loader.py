@@ -42,11 +42,11 @@ log = logging.getLogger("paddle_unpad.distributed")
 _AGREED = ("balance", "counts", "tol", "timeout", "close_timeout", "max_seqlen", "check_plan")
 
 
-def check_token_fields(token_fields, where="BalancedLoader"):
+def check_token_fields(token_fields, where="distributed.BalancedLoader"):
     """``token_fields`` as a tuple of field names; a string (read character by character
     otherwise) or anything but names is refused, naming the value."""
     if isinstance(token_fields, (str, bytes)) or not all(isinstance(f, str) for f in _iterable(token_fields)):
-        raise TypeError(f"{where}: token_fields must be a sequence of field names (e.g. ('input_ids', "
+        raise TypeError(f"paddle_unpad.{where}: token_fields must be a sequence of field names (e.g. ('input_ids', "
                         f"'token_type_ids')), got {token_fields!r}")
     return tuple(token_fields)
 
@@ -85,7 +85,7 @@ class BalancedLoader:
 
     def __init__(self, loader, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS, place=None, group=None,
                  **options):
-        o = resolve_options(options, "BalancedLoader")
+        o = resolve_options(options, "distributed.BalancedLoader")
         self.loader, self.options, self.place = loader, o, place
         self.token_fields = check_token_fields(token_fields)
         self.cost, self.counts, self.tol, self.max_seqlen = o["cost"], o["counts"], o["tol"], o["max_seqlen"]
@@ -101,8 +101,8 @@ class BalancedLoader:
             if group is None:
                 self.group = groups.new_group("sample exchange", groups.HOST)
             else:
-                self.group = group if isinstance(group, groups.Group) else groups.wrap_host_group(group,
-                                                                                                 "BalancedLoader")
+                self.group = group if isinstance(group, groups.Group) else groups.wrap_host_group(
+                    group, "distributed.BalancedLoader")
             groups.use_for_exit_order(self.group)
         self._settings = Settings(self.group, self.rank, self.world, o, self.token_fields, place, self.plan_key,
                                   self.plan_desc)
@@ -119,10 +119,10 @@ class BalancedLoader:
         values, missing = groups.agree("balanced-loader", text, self.timeout)
         if missing:
             raise ExchangeError(
-                f"paddle_unpad exchange: rank(s) {missing} did not build this balanced loader within "
-                f"{max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {self.rank}): build the loaders at the same point of the "
-                "program on every rank, with the same settings (balance=False on one rank only counts: it builds "
-                "a loader too)")
+                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not build this balanced loader within "
+                f"{max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {self.rank}): build the loaders at the "
+                "same point of the program on every rank, with the same settings (balance=False on one rank only "
+                "counts: it builds a loader too)")
         if values is not None:
             got = [json.loads(v) for v in values]
 
@@ -133,7 +133,8 @@ class BalancedLoader:
                     + ", ".join(f"rank {r} {shown(g, k)}" for r, g in enumerate(got))
                     for k in sorted(mine) if len({json.dumps(g["compared"][k], sort_keys=True) for g in got}) > 1]
             if diff:  # (descriptions alone may differ: a cost name and the CostModel it stands for)
-                raise ExchangeError(f"paddle_unpad exchange: the ranks built their balanced loaders with different "
+                raise ExchangeError("paddle_unpad.distributed: exchange: the ranks built their balanced loaders with "
+                                    "different "
                                     f"settings ({'; '.join(diff)}); every rank must pass the same (this is rank "
                                     f"{self.rank})")
 
@@ -142,7 +143,8 @@ class BalancedLoader:
 
     def __iter__(self):
         if not self._live.close():
-            raise ExchangeError(f"paddle_unpad exchange on rank {self.rank}: the previous epoch's exchange thread "
+            raise ExchangeError(f"paddle_unpad.distributed: exchange on rank {self.rank}: the previous epoch's "
+                                "exchange thread "
                                 f"did not stop within {self.close_timeout:g} s (it is inside a collective with a "
                                 "peer that is gone?); its group cannot carry another epoch")
         if not self.distributed:
@@ -239,7 +241,8 @@ class EpochIterator:
                     self.finished = True
                     e.stop.set()  # the thread leaves when its collective returns (at the latest gloo's timeout)
                     raise ExchangeTimeout(
-                        f"paddle_unpad exchange on rank {e.s.rank}: no balanced batch within {self.timeout:g} s "
+                        f"paddle_unpad.distributed: exchange on rank {e.s.rank}: no balanced batch within "
+                        f"{self.timeout:g} s "
                         f"after step {self.steps_done}; the exchange thread is {phase} (a rank stalled, died, or "
                         "its loader is slower than the timeout; set unpad_configs['timeout'])") from None
         if item is END_ITEM:

@@ -58,66 +58,86 @@ DEFAULTS: Dict[str, Any] = {k: o.default for k, o in OPTIONS.items() if EXCHANGE
 ALLREDUCE_DEFAULTS: Dict[str, Any] = {k: o.default for k, o in OPTIONS.items() if ALLREDUCE in o.scopes}
 
 
+def _is_number(v):
+    return not isinstance(v, bool) and isinstance(v, (int, float))
+
+
 def _finite_number(v, strictly_positive):
-    return (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-            and (v > 0 if strictly_positive else v >= 0))
+    return math.isfinite(v) and (v > 0 if strictly_positive else v >= 0)
 
 
-def _check_seconds(name, v, strictly_positive):
+def _refuse(where, name, v, rule, wrong_type):
+    raise (TypeError if wrong_type else ValueError)(f"paddle_unpad.{where}: {name} must be {rule}, got {v!r}")
+
+
+def _check_seconds(where, name, v, strictly_positive):
     # threading waits take at most threading.TIMEOUT_MAX seconds: a larger value would raise
     # OverflowError at the first wait, long after it was given
-    if not _finite_number(v, strictly_positive) or v > threading.TIMEOUT_MAX:
-        raise ValueError(f"{name} must be a finite number of seconds {'> 0' if strictly_positive else '>= 0'} and "
-                         f"at most threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:.4g}), got {v!r}")
+    if not _is_number(v) or not _finite_number(v, strictly_positive) or v > threading.TIMEOUT_MAX:
+        _refuse(where, name, v, f"a finite number of seconds {'> 0' if strictly_positive else '>= 0'} and at most "
+                f"threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:.4g})", not _is_number(v))
 
 
-def _check(key, v, where):
-    name = f"{where}[{key!r}]"
-    if key in ("balance", "check_plan", "average"):
-        if not isinstance(v, bool):
-            raise ValueError(f"{name} must be True or False, got {v!r}")
-    elif key in ("row_sparse_embeddings", "overlap"):
-        if v is not None and not isinstance(v, bool):
-            raise ValueError(f"{name} must be True, False or None (the default), got {v!r}")
-    elif key == "prefetch":
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+def _check_counts(where, name, v):
+    rule = "'equal', 'source' or a list of ints >= 0"
+    if isinstance(v, str):
+        if v not in ("equal", "source"):
+            _refuse(where, name, v, rule, False)
+    elif not isinstance(v, (list, tuple)) or not all(isinstance(c, int) and not isinstance(c, bool) for c in v):
+        _refuse(where, name, v, rule, True)
+    elif any(c < 0 for c in v):
+        _refuse(where, name, v, rule, False)
+
+
+# key -> (rule in words, the value's type is right, the value is right)
+_NUMBER_RULES = {
+    "tol": ("a finite number >= 0", _is_number, lambda v: _finite_number(v, False)),
+    "bucket_mb": ("a finite number > 0", _is_number, lambda v: _finite_number(v, True)),
+    "dense_fraction": ("a number in [0, 1]", _is_number, lambda v: _finite_number(v, False) and v <= 1),
+    "prefetch": ("an int >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool), lambda v: v >= 1),
+    "balance": ("True or False", lambda v: isinstance(v, bool), lambda v: True),
+    "check_plan": ("True or False", lambda v: isinstance(v, bool), lambda v: True),
+    "average": ("True or False", lambda v: isinstance(v, bool), lambda v: True),
+    "row_sparse_embeddings": ("True, False or None (the default)", lambda v: v is None or isinstance(v, bool),
+                              lambda v: True),
+    "overlap": ("True, False or None (the default)", lambda v: v is None or isinstance(v, bool), lambda v: True),
+}
+
+
+def _check(key, v, where, arg):
+    name = f"{arg}[{key!r}]" if arg else key
+    if key in _NUMBER_RULES:
+        rule, right_type, right_value = _NUMBER_RULES[key]
+        if not right_type(v) or not right_value(v):
+            _refuse(where, name, v, rule, not right_type(v))
     elif key in ("timeout", "close_timeout"):
-        _check_seconds(name, v, key == "timeout")
-    elif key == "tol":
-        if not _finite_number(v, False):
-            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-    elif key == "bucket_mb":
-        if not _finite_number(v, True):
-            raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
-    elif key == "dense_fraction":
-        if not _finite_number(v, False) or v > 1:
-            raise ValueError(f"{name} must be a number in [0, 1], got {v!r}")
+        _check_seconds(where, name, v, key == "timeout")
     elif key == "max_seqlen":
-        return check_max_seqlen(v, name)
+        return check_max_seqlen(v, name, where)
     elif key == "cost":
-        check_cost(v, name)
+        check_cost(v, name, where)
     elif key == "counts":
-        if not (v in ("equal", "source") if isinstance(v, str) else
-                isinstance(v, (list, tuple)) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
-                                                     for c in v)):
-            raise ValueError(f"{name} must be 'equal', 'source' or a list of ints >= 0, got {v!r}")
+        _check_counts(where, name, v)
     return v
 
 
-def resolve(options: Dict[str, Any], where: str = "unpad_configs", base: Dict[str, Any] = None,
+def resolve(options: Dict[str, Any], where: str, arg: str = "", base: Dict[str, Any] = None,
             scope: str = EXCHANGE) -> Dict[str, Any]:
-    """``base`` (default: the defaults of ``scope``) updated with ``options``, every key checked;
-    unknown keys and bad values raise ValueError naming ``where``, the key and the value."""
+    """``base`` (default: the defaults of ``scope``) updated with ``options``, every key checked.
+
+    ``where`` is the public name the options were given to, after ``paddle_unpad.``
+    (``"fleet.DistributedStrategy"``), ``arg`` the argument that holds them (``"unpad_configs"``;
+    ``""`` for keyword arguments). A value of the wrong type raises TypeError, a bad value or
+    an unknown key ValueError, naming ``where``, the key and the value."""
     if not isinstance(options, dict):
-        raise TypeError(f"{where} must be a dict, got {type(options).__name__}")
+        raise TypeError(f"paddle_unpad.{where}: {arg or 'options'} must be a dict, got {type(options).__name__}")
     known = sorted(k for k, o in OPTIONS.items() if scope in o.scopes)
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; known: {known}")
+        raise ValueError(f"paddle_unpad.{where}: {arg + ': ' if arg else ''}unknown keys {unknown}; known: {known}")
     merged = dict((DEFAULTS if scope == EXCHANGE else ALLREDUCE_DEFAULTS) if base is None else base)
     merged.update(options)
-    return {k: _check(k, v, where) for k, v in merged.items()}
+    return {k: _check(k, v, where, arg) for k, v in merged.items()}
 
 
 def markdown_table() -> str:

@@ -45,7 +45,8 @@ def schema(samples, token_fields, rank):
     for name in sorted(first):
         a = first[name]
         if np.dtype(a.dtype).kind not in "biufc":  # strings and objects: not what a model takes
-            raise SampleError(f"rank {rank}: field {name!r} is not numeric (dtype {a.dtype}); the exchange sends "
+            raise SampleError(f"paddle_unpad.distributed: rank {rank}: field {name!r} is not numeric (dtype "
+                              f"{a.dtype}); the exchange sends "
                               "numbers (bool, int, float) only")
         if name in token_fields and a.ndim >= 1:
             sch.append((name, "t", a.dtype.str, tuple(a.shape[1:])))
@@ -119,7 +120,7 @@ def encode(samples, lengths, schema) -> np.ndarray:
             a = smp[name]
             shape = ((int(s),) + tuple(tail)) if kind == "t" else tuple(tail)
             if a.dtype.str != dt or tuple(a.shape) != shape:
-                raise ExchangeError(f"paddle_unpad exchange: field {name!r} of a sample to send has dtype "
+                raise ExchangeError(f"paddle_unpad.distributed: exchange: field {name!r} of a sample to send has dtype "
                                     f"{a.dtype} and shape {list(a.shape)}, the agreed layout is "
                                     f"{np.dtype(dt).name} {list(shape)}")
             b = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
@@ -156,7 +157,7 @@ def transfer_words(dest, starts, lens, schema, world) -> np.ndarray:
 def decode(buf: np.ndarray, lengths, schema) -> List[Dict[str, np.ndarray]]:
     want = words(lengths, schema)
     if buf.size != want:
-        raise ExchangeError(f"paddle_unpad exchange: received {buf.size} words, expected {want}")
+        raise ExchangeError(f"paddle_unpad.distributed: exchange: received {buf.size} words, expected {want}")
     raw = buf.view(np.uint8)
     out, off = [], 0
     for s in lengths:

@@ -218,7 +218,7 @@ def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_posit
         raise TypeError(f"paddle_unpad: max_seqlen must be a Python int, got {type(max_seqlen).__name__}")
     total = int(ref.shape[0])
     tokens = "input_ids.shape[0]" if len(ref.shape) == 1 else "inputs_embeds.shape[0]"
-    longest = check_cu_seqlens(host, total, max_seqlen, who="paddle_unpad", tokens=tokens)
+    longest = check_cu_seqlens(host, total, max_seqlen, who="", tokens=tokens)
     max_seqlen = longest if max_seqlen is None else int(max_seqlen)
     if is_tensor(cu_seqlens) and cu_seqlens.dtype == paddle.int32 and cu_seqlens.place.is_cpu_place():
         cu_cpu = cu_seqlens
@@ -414,7 +414,7 @@ def encode(spec, base, input_ids=None, token_type_ids=None, position_ids=None, a
     Returns ``(pk, sequence [T, H], pooled [B, H] or None, hidden_states list of [T, H] or None)``.
     """
     if input_ids is not None and inputs_embeds is not None:
-        raise ValueError("You cannot specify both input_ids and inputs_embeds at the same time.")
+        raise ValueError("paddle_unpad: input_ids and inputs_embeds cannot both be given (pass one of them)")
     ref = input_ids if input_ids is not None else inputs_embeds
     if ref is None:
         raise ValueError("paddle_unpad: input_ids (or inputs_embeds) is required")

@@ -294,7 +294,7 @@ def run(model, spec, impl, a, extra):
     mlm_head = impl in (masked_lm_forward, pretraining_forward)
     unknown = set(extra) - common.COLLATOR_EXTRAS - (common.MLM_BATCH_KEYS if mlm_head else frozenset())
     if unknown:
-        raise TypeError(f"{type(model).__name__}.forward() got unexpected keyword argument(s) "
+        raise TypeError(f"paddle_unpad: {type(model).__name__}.forward() got unexpected keyword argument(s) "
                         f"{', '.join(sorted(unknown))}")
     if mlm_head:
         a = _mlm_batch_inputs(a, extra)
