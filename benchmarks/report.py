@@ -139,114 +139,123 @@ def _verdict(ok):
     return "met" if ok else "**NOT met**"
 
 
-def targets():
-    """Every efficiency target on every host kind measured, from the per-kind result files."""
-    e2e, att, bal, gem = (_kind_files(s) for s in ("e2e", "attention", "balance", "gemm"))
-    demo, _ = _load("demo.json")
-    demo_kind = bench_util.kind_of_vendor(((demo or {}).get("machine") or {}).get("cpu_vendor")) if demo else None
-    kinds = sorted(set(e2e) | set(att) | set(bal) | set(gem))
-    if not kinds:
-        return []
-    rows = []
+def _target_mfu(e2e, k):
+    if k not in e2e:
+        return "-"
+    acc = e2e[k][0]["acceptance"]
+    v, t = acc["mfu_balanced"], _MFU_TARGET.get(k)
+    text = f"{100 * v:.1f}%" + ("" if t is None else f" (>= {100 * t:.0f}%: {_verdict(v >= t)})")
+    if "mfu_balanced_after" in acc:
+        text += f"; all-reduce after the backward: {100 * acc['mfu_balanced_after']:.1f}%"
+    return text
 
-    def row(label, fn):
-        rows.append([label] + [fn(k) for k in kinds])
 
-    def mfu(k):
-        if k not in e2e:
-            return "-"
-        acc = e2e[k][0]["acceptance"]
-        v, t = acc["mfu_balanced"], _MFU_TARGET.get(k)
-        text = f"{100 * v:.1f}%" + ("" if t is None else f" (>= {100 * t:.0f}%: {_verdict(v >= t)})")
-        if "mfu_balanced_after" in acc:
-            text += f"; all-reduce after the backward: {100 * acc['mfu_balanced_after']:.1f}%"
-        return text
+def _target_vs_stock(e2e, k):
+    if k not in e2e:
+        return "-"
+    a = e2e[k][0]["acceptance"]
+    sp, ideal = a["balanced_speedup_vs_batch_max"], a["ideal_vs_batch_max"]
+    return f"{sp:.2f}x, ideal {ideal:.2f}x ({_verdict(sp >= ideal)})"
 
-    def vs_stock(k):
-        if k not in e2e:
-            return "-"
-        a = e2e[k][0]["acceptance"]
-        sp, ideal = a["balanced_speedup_vs_batch_max"], a["ideal_vs_batch_max"]
-        return f"{sp:.2f}x, ideal {ideal:.2f}x ({_verdict(sp >= ideal)})"
 
-    def comm(k):
-        if k not in e2e:
-            return "-"
-        acc = e2e[k][0]["acceptance"]
-        return f"{100 * acc['exposed_comm_share_balanced']:.1f}% ({_verdict(acc['exposed_comm_at_most_5pct'])})"
+def _target_comm(e2e, k):
+    if k not in e2e:
+        return "-"
+    acc = e2e[k][0]["acceptance"]
+    return f"{100 * acc['exposed_comm_share_balanced']:.1f}% ({_verdict(acc['exposed_comm_at_most_5pct'])})"
 
-    row("end-to-end MFU, unpadded + balanced (useful FLOPs over the job's fp32 matmul)", mfu)
-    row("unpadded + balanced vs stock padded to the batch max (>= the ideal FLOP ratio)", vs_stock)
-    row("exposed gradient communication, share of the step (<= 5%)", comm)
+
+def _target_fmha(att, k, hd, p):
+    r = [r for r in (att[k][0].get("head_sizes") or []) if (r["head_dim"], r["dropout"]) == (hd, p)] \
+        if k in att else []
+    if not r:
+        return "-"
+    f, fb = r[0]["fwd"]["of_matmul"], r[0]["fwd_bwd"]["of_matmul"]
+    return f"{100 * f:.0f}% / {100 * fb:.0f}% ({_verdict(r[0]['meets_target'])})"
+
+
+def _target_plan(bal, k):
+    pm = bal[k][0].get("planner_ms", {}) if k in bal else {}
+    keys = [x for x in pm if x.startswith("1024x64 native numpy")]
+    if not keys:
+        return "-"
+    worst = max(pm[x] for x in keys)
+    return " / ".join(f"{pm[x]:.2f}" for x in keys) + f" ms ({_verdict(worst < _PLAN_TARGET_MS)})"
+
+
+def _target_gemm_rate(gem, k):
+    if k not in gem:
+        return "-"
+    res = gem[k][0]["results"]
+    a, b = res.get("default/paddle_matmul"), res.get("paddle_unpad/paddle_matmul")
+    if not (a and b):
+        return "-"
+    return (f"{a['gflops_best'].get('ffn1', 0):.0f} -> {b['gflops_best'].get('ffn1', 0):.0f} GFLOP/s "
+            f"(all shapes {b.get('speedup_vs_default_matmul', 1):.2f}x)")
+
+
+def _target_enc_step(gem, k):
+    st = gem[k][0].get("encoder_step") or {} if k in gem else {}
+    if "default" not in st or "paddle_unpad" not in st:
+        return "-"
+    return f"{st['default']['ms_best']:.0f} -> {st['paddle_unpad']['ms_best']:.0f} ms"
+
+
+def _target_demo(demo, k):
+    if k != bench_util.kind_of_vendor((demo.get("machine") or {}).get("cpu_vendor")):
+        return "-"
+    pad, unp = demo["padded"], demo["unpadded"]
+    return (f"dev accuracy {pad['dev_accuracy']:.4f} stock, {unp['dev_accuracy']:.4f} paddle_unpad; "
+            f"{unp['tokens_per_s'] / pad['tokens_per_s']:.2f}x tokens/s")
+
+
+def _target_host(by_stem, k):
+    e2e, gem = by_stem["e2e"], by_stem["gemm"]
+    files = [f[k] for f in by_stem.values() if f.get(k)]
+    dates = sorted(_date(d, w) for d, w in files)
+    m = files[0][0].get("machine") or {}
+    if not m and k in gem:
+        m = {"cpu_model": gem[k][0]["config"]["cpu"]["model"]}
+    load = (e2e[k][0].get("machine") or {}).get("loadavg") if k in e2e else None
+    cpu = gem[k][0]["config"]["cpu"] if k in gem else {}
+    ident = f" (family {cpu['family']} model {cpu['model_id']})" if cpu.get("family") is not None else ""
+    text = f"{m.get('cpu_model', '?')}{ident}; {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
+    if load:
+        text += f"; load {'/'.join(f'{x:.1f}' for x in load)} at the end of the end-to-end job"
+    return text
+
+
+def _target_rows(by_stem, demo, row):
+    e2e, att, bal, gem = (by_stem[s] for s in ("e2e", "attention", "balance", "gemm"))
+    row("end-to-end MFU, unpadded + balanced (useful FLOPs over the job's fp32 matmul)", lambda k: _target_mfu(e2e, k))
+    row("unpadded + balanced vs stock padded to the batch max (>= the ideal FLOP ratio)",
+        lambda k: _target_vs_stock(e2e, k))
+    row("exposed gradient communication, share of the step (<= 5%)", lambda k: _target_comm(e2e, k))
     combos = sorted({(r["head_dim"], r["dropout"]) for d, _ in att.values() for r in d.get("head_sizes") or []},
                     key=lambda x: (x[0], -x[1]))
     for hd, p in combos:
-        def fmha(k, hd=hd, p=p):
-            r = [r for r in (att[k][0].get("head_sizes") or []) if (r["head_dim"], r["dropout"]) == (hd, p)] \
-                if k in att else []
-            if not r:
-                return "-"
-            f, fb = r[0]["fwd"]["of_matmul"], r[0]["fwd_bwd"]["of_matmul"]
-            return f"{100 * f:.0f}% / {100 * fb:.0f}% ({_verdict(r[0]['meets_target'])})"
-
         row(f"`fmha` head size {hd}, dropout {p}: forward / forward+backward, share of the fastest fp32 GEMM "
-            "(>= 55%)", fmha)
-
-    def plan(k):
-        pm = bal[k][0].get("planner_ms", {}) if k in bal else {}
-        keys = [x for x in pm if x.startswith("1024x64 native numpy")]
-        if not keys:
-            return "-"
-        worst = max(pm[x] for x in keys)
-        return " / ".join(f"{pm[x]:.2f}" for x in keys) + f" ms ({_verdict(worst < _PLAN_TARGET_MS)})"
-
+            "(>= 55%)", lambda k, hd=hd, p=p: _target_fmha(att, k, hd, p))
     row(f"planner, 1024 ranks x 64 samples, numpy in and out: default cost / Python callable cost "
-        f"(< {_PLAN_TARGET_MS:.0f} ms)", plan)
-
-    def gemm_rate(k):
-        if k not in gem:
-            return "-"
-        res = gem[k][0]["results"]
-        a, b = res.get("default/paddle_matmul"), res.get("paddle_unpad/paddle_matmul")
-        if not (a and b):
-            return "-"
-        return (f"{a['gflops_best'].get('ffn1', 0):.0f} -> {b['gflops_best'].get('ffn1', 0):.0f} GFLOP/s "
-                f"(all shapes {b.get('speedup_vs_default_matmul', 1):.2f}x)")
-
-    def enc_step(k):
-        st = gem[k][0].get("encoder_step") or {} if k in gem else {}
-        if "default" not in st or "paddle_unpad" not in st:
-            return "-"
-        return f"{st['default']['ms_best']:.0f} -> {st['paddle_unpad']['ms_best']:.0f} ms"
-
-    row("Paddle fp32 matmul (ffn1 shape), Paddle as installed -> with `import paddle_unpad`", gemm_rate)
-    row("converted encoder training step, Paddle as installed -> with `import paddle_unpad`", enc_step)
-
-    def demo_row(k):
-        if k != demo_kind:
-            return "-"
-        pad, unp = demo["padded"], demo["unpadded"]
-        return (f"dev accuracy {pad['dev_accuracy']:.4f} stock, {unp['dev_accuracy']:.4f} paddle_unpad; "
-                f"{unp['tokens_per_s'] / pad['tokens_per_s']:.2f}x tokens/s")
-
+        f"(< {_PLAN_TARGET_MS:.0f} ms)", lambda k: _target_plan(bal, k))
+    row("Paddle fp32 matmul (ffn1 shape), Paddle as installed -> with `import paddle_unpad`",
+        lambda k: _target_gemm_rate(gem, k))
+    row("converted encoder training step, Paddle as installed -> with `import paddle_unpad`",
+        lambda k: _target_enc_step(gem, k))
     if demo:
-        row("`make demo` (accuracy: see the seed scatter below)", demo_row)
+        row("`make demo` (accuracy: see the seed scatter below)", lambda k: _target_demo(demo, k))
+    row("machine, results written, load", lambda k: _target_host(by_stem, k))
 
-    def host(k):
-        files = [f for f in (e2e.get(k), att.get(k), bal.get(k), gem.get(k)) if f]
-        dates = sorted(_date(d, w) for d, w in files)
-        m = files[0][0].get("machine") or {}
-        if not m and k in gem:
-            m = {"cpu_model": gem[k][0]["config"]["cpu"]["model"]}
-        load = (e2e[k][0].get("machine") or {}).get("loadavg") if k in e2e else None
-        cpu = gem[k][0]["config"]["cpu"] if k in gem else {}
-        ident = f" (family {cpu['family']} model {cpu['model_id']})" if cpu.get("family") is not None else ""
-        text = f"{m.get('cpu_model', '?')}{ident}; {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
-        if load:
-            text += f"; load {'/'.join(f'{x:.1f}' for x in load)} at the end of the end-to-end job"
-        return text
 
-    row("machine, results written, load", host)
+def targets():
+    """Every efficiency target on every host kind measured, from the per-kind result files."""
+    by_stem = {s: _kind_files(s) for s in ("e2e", "attention", "balance", "gemm")}
+    kinds = sorted(set().union(*by_stem.values()))
+    if not kinds:
+        return []
+    rows = []
+    demo, _ = _load("demo.json")
+    _target_rows(by_stem, demo, lambda label, fn: rows.append([label] + [fn(k) for k in kinds]))
     lines = ["## Targets on each host kind", "",
              "The efficiency targets, each from the last `make bench` on that kind of host (result files "
              "`benchmarks/results/<benchmark>_<kind>.json`; the sections below show the newest run in full). "
@@ -436,12 +445,10 @@ def balance():
     return lines
 
 
-def _gemm_host(d, when):
+def _gemm_intro(d, when):
     c = d["config"]
     cpu = c["cpu"]
     ld = lambda x: "/".join(f"{v:.1f}" for v in x[:3]) if x else "not recorded"  # noqa: E731
-    shapes = c["shapes"]
-    names = [s[0] for s in shapes]
     lines = [f"### {cpu['model']} ({cpu['vendor']}, family {cpu['family']} model {cpu['model_id']})", "",
              f"Command: `{c['command']}`  ",
              f"Machine: {cpu['cores']} cores, {cpu['model']}, flags {', '.join(cpu['flags'])}; results written "
@@ -449,12 +456,17 @@ def _gemm_host(d, when):
              f"average (1/5/15 min) at start {ld(c['loadavg_start'])}, at end {ld(c['loadavg_end'])}; "
              f"{c['rounds']} interleaved rounds of {c['reps']} timed calls after 1 warm-up.", ""]
     shape_txt = ", ".join(f"`{s[0]}` {'[%d,%d]^T' % (s[3], s[1]) if s[4] else '[%d,%d]' % (s[1], s[3])} x "
-                          f"[{s[3]},{s[2]}]" for s in shapes)
+                          f"[{s[3]},{s[2]}]" for s in c["shapes"])
     lines += [f"fp32 GFLOP/s (best of the rounds) of C = op(A) op(B): {shape_txt}. Every configuration is its own "
               "process with the environment shown, all driven in lock-step; `vs default` = geometric mean over the "
               "shapes of the speedup over the default `paddle.matmul`; correct = every shape within "
               "10 sqrt(K) eps32 (relative Frobenius error) of numpy's fp64 product; kernel = the hottest code "
               "under `perf record` on the ffn1 shape.", ""]
+    return lines
+
+
+def _gemm_results(d):
+    names = [s[0] for s in d["config"]["shapes"]]
     rows = []
     for key, r in d["results"].items():
         env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "-"
@@ -464,8 +476,8 @@ def _gemm_host(d, when):
                     + [f"{r['gflops_best'][n]:.1f}" if n in r["gflops_best"] else "-" for n in names]
                     + ["-" if sp is None else f"{sp:.2f}x", f"{'yes' if r['correct'] else 'NO'} ({worst:.1e})",
                        r.get("kernel") or ""])
-    lines += _table(["configuration", "environment", "side"] + names + ["vs default", "correct (max rel err)",
-                                                                       "kernel"], rows)
+    lines = _table(["configuration", "environment", "side"] + names + ["vs default", "correct (max rel err)",
+                                                                      "kernel"], rows)
     st = d.get("encoder_step") or {}
     if st:
         any_info = next(iter(d["workers"].values())).get("encoder_step", {})
@@ -476,8 +488,11 @@ def _gemm_host(d, when):
                         [[k, f"{v['ms_best']:.0f}", f"{v['ms_median']:.0f}", f"{v['tokens_per_s']:.0f}",
                           f"{v.get('speedup_vs_default', 1):.2f}x", f"{v.get('loss_rel_diff_vs_default', 0):.1e}"]
                          for k, v in st.items()])
-    w = d["workers"].get("default", {})
-    mkl, dnnl = w.get("mkl"), w.get("onednn")
+    return lines
+
+
+def _gemm_mkl_facts(d):
+    mkl = d["workers"].get("default", {}).get("mkl")
     facts = []
     if mkl:
         detect = {k: d["workers"][k]["mkl"].get("mkl_serv_cpu_detect") for k in d["workers"]
@@ -498,20 +513,30 @@ def _gemm_host(d, when):
                 f"died ({so.get('signal') or 'return code ' + str(so['returncode'])})")
         facts.append(f"`FLAGS_use_onednn=1` under `paddle.jit.to_static`: {so['onednn_matmul_exec']} oneDNN matmul "
                      f"run(s) ({so.get('onednn_impl')}), then the program {fate}.")
+    return facts
+
+
+def _gemm_library_facts(d):
+    w = d["workers"].get("default", {})
+    dnnl, nb = w.get("onednn"), w.get("numpy_blas")
+    facts = []
     if dnnl:
         facts.append(f"`{dnnl['library']}` (oneDNN {dnnl['version']}, already loaded by Paddle) picks its kernels "
                      f"by CPU features (effective ISA {dnnl['effective_cpu_isa']}), not by vendor.")
-    nb = w.get("numpy_blas")
     if isinstance(nb, list) and nb:
         facts.append("numpy's BLAS (threadpoolctl): " + "; ".join(
             f"{b['internal_api']} {b['version']} {b['architecture']} kernel, {b['num_threads']} threads" for b in nb)
             + ".")
-    cleared = c.get("cleared_from_shell") or {}
+    cleared = d["config"].get("cleared_from_shell") or {}
     if cleared:
         facts.append("Cleared from the shell's environment in every worker: "
                      + ", ".join(f"`{k}={v}`" for k, v in cleared.items()) + ".")
-    lines += [f"- {f}" for f in facts] + [""]
-    return lines
+    return facts
+
+
+def _gemm_host(d, when):
+    lines = _gemm_intro(d, when) + _gemm_results(d)
+    return lines + [f"- {f}" for f in _gemm_mkl_facts(d) + _gemm_library_facts(d)] + [""]
 
 
 def gemm():
@@ -754,10 +779,7 @@ def encoder():
     return lines
 
 
-def e2e():
-    d, when = _newest("e2e")
-    if d is None:
-        return []
+def _e2e_ways(d, when):
     c, ways = d["config"], d["ways"]
     lines = _header("End-to-end fleetrun training, five ways side by side", "python benchmarks/bench_e2e.py", d,
                     c.get("date", when), f"{c['world']} ranks x {c['threads_per_rank']} thread(s) on {c['device']}.")
@@ -783,7 +805,11 @@ def e2e():
                      f"{sp[w]:.2f}x" if w in sp else "-"])
     lines += _table(["way", "samples/s", "tokens/s", "step ms", "compute ms per rank", "wait ms", "comm ms",
                      "padding computed", "MFU", "alloc peak MiB", "page faults per step", "vs batch-max"], rows)
-    a = d["acceptance"]
+    return lines
+
+
+def _e2e_acceptance(a, ways):
+    lines = []
     if "ideal_vs_batch_max" in a:
         lines += [f"Unpadded + balanced vs stock padded to the batch max: **{a['balanced_speedup_vs_batch_max']:.2f}x** "
                   f"tokens/s; the ideal FLOP ratio of these batches is {a['ideal_vs_batch_max']:.2f}, so the "
@@ -805,47 +831,64 @@ def e2e():
                           f"{100 * a['exposed_comm_share_balanced_after']:.1f}% of its step (on CPU ranks that keep every "
                           "core busy, what the overlap hides is paid partly in compute: its thread shares the cores).")
         lines += [""]
+    return lines
+
+
+def _e2e_grad_sync_profiles(profs):
+    if len(profs) != 2:
+        return []
+    cats = list(profs["overlap"]["shares"])
+    cats += [k for k in profs["serial"]["shares"] if k not in cats]
+    lines = ["### Gradient all-reduce: before and after", "",
+             "The balanced way profiled twice in the same job: the gradients reduced by one flat all-reduce "
+             "after the backward (before), and by `paddle_unpad.fleet.GradientAllReduce` (after: embedding "
+             "tables by rows, large gradients in place, overlapped with the backward). ms per step, mean of "
+             "ranks:", ""]
+    rows = [[k] + [f"{profs[m]['ms_per_step'].get(k, 0.0):.1f}" for m in ("serial", "overlap")] for k in cats]
+    rows.append(["**step (timer)**"] + [f"**{profs[m]['timer_step_ms']:.0f}**" for m in ("serial", "overlap")])
+    if all("useful_gflops_per_rank" in profs[m] for m in ("serial", "overlap")):
+        rows.append(["useful GFLOP/s per rank (the steps train different batches)"]
+                    + [f"{profs[m]['useful_gflops_per_rank']:.0f}" for m in ("serial", "overlap")])
+    rows.append(["gradient bytes sent per step (MB)"] + [f"{profs[m]['grad_bytes_per_step'] / 1e6:.1f}"
+                                                         for m in ("serial", "overlap")])
+    lines += _table(["category", "before: flat all-reduce after the backward", "after: GradientAllReduce"],
+                    rows)
+    return lines
+
+
+def _e2e_profile(p):
+    if not p:
+        return []
+    lines = ["### Where the time goes (unpadded + balanced)", "",
+             f"Paddle's profiler over {p['steps_per_rank']} more steps on every rank (exclusive time per "
+             f"operator, mean of ranks; {p['profiled_step_ms']:.0f} ms per profiled step, "
+             f"{p['timer_step_ms']:.0f} ms by the step timer of the same steps; the profiler adds some "
+             "overhead per op).", ""]
+    lines += _table(["category", "ms per step", "share"],
+                    [[k, f"{p['ms_per_step'][k]:.1f}", f"{100 * v:.1f}%"] for k, v in p["shares"].items()])
+    lines += ["The three largest costs, and what would reduce them:", ""]
+    ach = p.get("achieved", {})
+
+    def rate(cat):
+        a = ach.get(cat)
+        return (f" It runs at {a['useful_gflops']:.0f} useful GFLOP/s, {100 * a['of_matmul']:.0f}% of the "
+                "measured fp32 matmul." if a else "")
+
+    lines += [f"{i + 1}. **{t['category']}** ({100 * t['share']:.0f}%).{rate(t['category'])} To reduce it: "
+              f"{t['reduce_by']}." for i, t in enumerate(p["top3"])] + [""]
+    return lines
+
+
+def e2e():
+    d, when = _newest("e2e")
+    if d is None:
+        return []
+    ways = d["ways"]
+    lines = _e2e_ways(d, when) + _e2e_acceptance(d["acceptance"], ways)
     lines += _plot("e2e_throughput.png", "End-to-end tokens/s per way (real tokens)", "way", "tokens/s",
                    [("tokens/s", list(range(len(ways))), [x["tokens_per_s"] for x in ways.values()])],
                    xticks=list(ways)) if ways else []
-    profs = d.get("profiles") or {}
-    if len(profs) == 2:
-        cats = list(profs["overlap"]["shares"])
-        cats += [k for k in profs["serial"]["shares"] if k not in cats]
-        lines += ["### Gradient all-reduce: before and after", "",
-                  "The balanced way profiled twice in the same job: the gradients reduced by one flat all-reduce "
-                  "after the backward (before), and by `paddle_unpad.fleet.GradientAllReduce` (after: embedding "
-                  "tables by rows, large gradients in place, overlapped with the backward). ms per step, mean of "
-                  "ranks:", ""]
-        rows = [[k] + [f"{profs[m]['ms_per_step'].get(k, 0.0):.1f}" for m in ("serial", "overlap")] for k in cats]
-        rows.append(["**step (timer)**"] + [f"**{profs[m]['timer_step_ms']:.0f}**" for m in ("serial", "overlap")])
-        if all("useful_gflops_per_rank" in profs[m] for m in ("serial", "overlap")):
-            rows.append(["useful GFLOP/s per rank (the steps train different batches)"]
-                        + [f"{profs[m]['useful_gflops_per_rank']:.0f}" for m in ("serial", "overlap")])
-        rows.append(["gradient bytes sent per step (MB)"] + [f"{profs[m]['grad_bytes_per_step'] / 1e6:.1f}"
-                                                             for m in ("serial", "overlap")])
-        lines += _table(["category", "before: flat all-reduce after the backward", "after: GradientAllReduce"],
-                        rows)
-    p = d.get("profile")
-    if p:
-        lines += ["### Where the time goes (unpadded + balanced)", "",
-                  f"Paddle's profiler over {p['steps_per_rank']} more steps on every rank (exclusive time per "
-                  f"operator, mean of ranks; {p['profiled_step_ms']:.0f} ms per profiled step, "
-                  f"{p['timer_step_ms']:.0f} ms by the step timer of the same steps; the profiler adds some "
-                  "overhead per op).", ""]
-        lines += _table(["category", "ms per step", "share"],
-                        [[k, f"{p['ms_per_step'][k]:.1f}", f"{100 * v:.1f}%"] for k, v in p["shares"].items()])
-        lines += ["The three largest costs, and what would reduce them:", ""]
-        ach = p.get("achieved", {})
-
-        def rate(cat):
-            a = ach.get(cat)
-            return (f" It runs at {a['useful_gflops']:.0f} useful GFLOP/s, {100 * a['of_matmul']:.0f}% of the "
-                    "measured fp32 matmul." if a else "")
-
-        lines += [f"{i + 1}. **{t['category']}** ({100 * t['share']:.0f}%).{rate(t['category'])} To reduce it: "
-                  f"{t['reduce_by']}." for i, t in enumerate(p["top3"])] + [""]
-    return lines
+    return lines + _e2e_grad_sync_profiles(d.get("profiles") or {}) + _e2e_profile(d.get("profile"))
 
 
 _GRAD_SYNC = {"overlap": "`paddle_unpad.fleet.GradientAllReduce`: overlapped with the backward, embedding tables "
@@ -924,15 +967,20 @@ def _serving_cells(d):
     for r in d["runs"]:
         for c in r["cells"]:
             u, p = c["unpadded"], c["padded"]
-            rows.append([r["threads"], c["distribution"], c["batch"], c["calls"], f"{u['p50_ms']:.1f} / {u['p99_ms']:.1f}",
+            rows.append([r["threads"], c["distribution"], c["batch"], c["calls"],
+                         f"{u['p50_ms']:.1f} / {u['p99_ms']:.1f}",
                          f"{p['p50_ms']:.1f} / {p['p99_ms']:.1f}", f"{u['seqs_per_s']:.1f}", f"{p['seqs_per_s']:.1f}",
-                         f"{c['real_over_padded']:.2f}", f"{c['ideal_p50_ms']:.1f}", f"{c['unpadded_over_ideal']:.2f}",
+                         f"{c['real_over_padded']:.2f}", f"{c['ideal_p50_ms']:.1f}", f"{c['unpadded_over_ideal']:.2f}"
+                         + (f" ({c['unpadded_over_ideal_paired']:.2f})" if "unpadded_over_ideal_paired" in c else ""),
                          f"**{c['speedup_p50']:.2f}x**"])
             if c["batch"] >= 8 and c["unpadded_over_ideal"] > d["close_within"]:
+                paired = c.get("unpadded_over_ideal_paired")
                 far.append(f"{c['distribution']} batch {c['batch']} at {r['threads']} thread(s) "
-                           f"({c['unpadded_over_ideal']:.2f}x)")
+                           f"({c['unpadded_over_ideal']:.2f}x" + ("" if paired is None else f"; per batch {paired:.2f}x")
+                           + ")")
     lines = _table(["threads", "lengths", "batch", "calls", "unpadded p50 / p99 ms", "padded p50 / p99 ms",
-                    "unpadded seq/s", "padded seq/s", "real / padded tokens", "ideal p50 ms", "unpadded / ideal",
+                    "unpadded seq/s", "padded seq/s", "real / padded tokens", "ideal p50 ms",
+                    "unpadded / ideal: p50 (median per batch)",
                     "padded / unpadded p50"], rows)
     n = sum(1 for r in d["runs"] for c in r["cells"] if c["batch"] >= 8)
     verdict = (f"At batch 8 and more, {n - len(far)} of {n} cells serve unpadded within {d['close_within']:.2f}x of "

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,9 +46,17 @@ def test_bench_serving_quick(quick_run, report, tmp_path):
     for c in cells:
         assert c["max_rel_diff"] < 1e-4, c  # the unpadded and the padded predictor answer the same batch alike
         for side in SIDES:
-            assert 0 < c[side]["p50_ms"] <= c[side]["p99_ms"] and c[side]["seqs_per_s"] > 0, (side, c)
-        assert 0 < c["real_tokens"] <= c["padded_tokens"] and c["real_over_padded"] == c["real_tokens"] / c["padded_tokens"]
+            t = c[side]
+            assert 0 < t["best_ms"] <= t["p50_ms"] <= t["p99_ms"] and t["seqs_per_s"] > 0, (side, c)
+        assert 0 < c["real_tokens"] <= c["padded_tokens"]
+        assert c["real_over_padded"] == c["real_tokens"] / c["padded_tokens"]
         assert abs(c["ideal_p50_ms"] - c["padded"]["p50_ms"] * c["real_over_padded"]) < 1e-9 * c["ideal_p50_ms"]
+        u, p = c["calls_ms"]["unpadded"], c["calls_ms"]["padded"]
+        assert len(u) == len(p) == len(c["call_tokens"]) == c["calls"]
+        assert c["padded"]["p50_ms"] == pytest.approx(float(np.median(p)), abs=1e-2)
+        assert c["unpadded"]["best_ms"] == pytest.approx(min(u), abs=1e-2)
+        paired = np.median([a / (b * r / q) for a, b, (r, q) in zip(u, p, c["call_tokens"])])
+        assert c["unpadded_over_ideal_paired"] == pytest.approx(paired, rel=1e-3)
     for e in run["profile"].values():
         assert e["total_ms"]["padded"] > 0 and e["total_ms"]["unpadded"] > 0
         assert any(k.startswith("attention") and v > 0 for k, v in e["unpadded"].items()), e["unpadded"]
