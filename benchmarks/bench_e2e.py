@@ -398,12 +398,12 @@ class _Rank:
         by a 1-element all-reduce right after the backward."""
         import paddle.profiler as profiler
 
-        paddle, dist = self.paddle, self.dist
+        dist = self.dist
 
         def span(cat):
             return profiler.RecordEvent(SPAN_PREFIX + cat)
 
-        m, opt, sync = self.models[w], self.opts[w], self.sync
+        opt, sync = self.opts[w], self.sync
         sync()
         faults0 = _thread_page_faults()
         t0 = time.perf_counter()
@@ -415,15 +415,7 @@ class _Rank:
             lengths = batch["seqlens_host"].tolist()
         else:
             batch, lengths = batch
-        # without balancing every rank holds --batch samples; the balancer counts them for us (its
-        # local path's global_num_samples is the rank's own count)
-        n_global = (int(batch["global_num_samples"]) if w.startswith("unpadded_balanced")
-                    else len(lengths) * self.world)
-        logits = m(**_model_inputs(batch))
-        logits = logits[0] if isinstance(logits, (tuple, list)) else logits
-        # sum / global count: data parallel's mean even when ranks hold different sample counts
-        loss = paddle.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum") * (self.world / n_global)
-        loss.backward()
+        loss = self._loss_backward(w, batch, lengths)
         sync()
         t2 = time.perf_counter()
         with span("waiting at the all-reduce"):
@@ -444,6 +436,24 @@ class _Rank:
         sync()
         t5 = time.perf_counter()
         faults = _thread_page_faults()
+        return self._step_record(w, grad_sync, (t0, t1, t2, t3, t4, t5), lengths, loss, before,
+                                 None if faults is None else faults - faults0)
+
+    def _loss_backward(self, w, batch, lengths):
+        paddle = self.paddle
+        # without balancing every rank holds --batch samples; the balancer counts them for us (its
+        # local path's global_num_samples is the rank's own count)
+        n_global = (int(batch["global_num_samples"]) if w.startswith("unpadded_balanced")
+                    else len(lengths) * self.world)
+        logits = self.models[w](**_model_inputs(batch))
+        logits = logits[0] if isinstance(logits, (tuple, list)) else logits
+        # sum / global count: data parallel's mean even when ranks hold different sample counts
+        loss = paddle.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum") * (self.world / n_global)
+        loss.backward()
+        return loss
+
+    def _step_record(self, w, grad_sync, times, lengths, loss, before, page_faults):
+        t0, t1, t2, t3, t4, t5 = times
         # the length every sample is computed at: its own (unpadded) or the padded batch's
         padded_to = {"padded_max_len": self.args.max_len, "padded_batch_max": max(lengths, default=0)}.get(w)
         return {"step": t5 - t0, "fetch": t1 - t0, "compute": t2 - t1, "wait": t3 - t2, "comm": t4 - t3,
@@ -452,7 +462,7 @@ class _Rank:
                 "sumsq": int(sum(s * s for s in lengths)), "padded_to": padded_to,
                 "alloc_peak": self._memory_peak(before), "loss": float(loss) / self.world,
                 "lengths": [int(x) for x in lengths],
-                "page_faults": None if faults is None else faults - faults0,
+                "page_faults": page_faults,
                 "grad_bytes": (self.grad_sync[w].stats["last_bytes"] if grad_sync == "overlap"
                                else self.grad_sync[w].stats["dense_bytes"])}
 
@@ -699,55 +709,53 @@ def _gpu_count():
         return 0
 
 
-def summarize(raw, args):
+def _rank_way(r, w, h, ffn, L):
+    """One rank's records of way ``w``: mean times, counts and useful FLOPs."""
     import numpy as np
 
-    meta, ranks = raw["meta"], raw["ranks"]
-    h, ffn, L, world = meta["hidden"], meta["ffn"], meta["layers"], meta["world"]
-    mm = [r["matmul_gflops"] for r in ranks]
-    gpu_peak = None
-    if meta["gpu_name"]:
-        gpu_peak = next((v * 1e3 for k, v in GPU_PEAK_TFLOPS.items() if k in meta["gpu_name"]), None)
-    ways = {}
-    for w in args.ways:
-        per_rank = []
-        for r in ranks:
-            recs = r["records"][w]
-            useful = [3 * L * layer_flops(x["tokens"], x["sumsq"], h, ffn) for x in recs]  # fwd + bwd
-            per_rank.append({
-                "rank": r["rank"], **{f"{k}_ms": float(np.mean([x[k] for x in recs]) * 1e3)
-                                      for k in ("step", "fetch", "compute", "wait", "comm", "opt")},
-                "samples": int(sum(x["samples"] for x in recs)), "tokens": int(sum(x["tokens"] for x in recs)),
-                "computed_tokens": int(sum(x["computed_tokens"] for x in recs)),
-                "useful_flops": float(sum(useful)),
-                "alloc_peak_mib": None if recs[0]["alloc_peak"] is None else
-                round(max(x["alloc_peak"] for x in recs) / 2 ** 20, 1),
-                "loss_first_last": [recs[0]["loss"], recs[-1]["loss"]],
-                "lengths_per_step": [x["lengths"] for x in recs],
-                "page_faults_per_step": None if recs[0]["page_faults"] is None else
-                float(np.mean([x["page_faults"] for x in recs])),
-            })
-        # ranks finish each step together (the all-reduce); the job's step time is the slowest rank's
-        step_s = max(pr["step_ms"] for pr in per_rank) / 1e3
-        n = len(ranks[0]["records"][w])
-        samples = sum(pr["samples"] for pr in per_rank)
-        tokens = sum(pr["tokens"] for pr in per_rank)
-        useful = sum(pr["useful_flops"] for pr in per_rank)
-        peak_per_rank = gpu_peak if gpu_peak else float(np.mean(mm))
-        ways[w] = {
-            "per_rank": per_rank, "steps": n, "step_ms": step_s * 1e3,
-            "samples_per_s": samples / (n * step_s), "tokens_per_s": tokens / (n * step_s),
-            "wait_ms": float(np.mean([pr["wait_ms"] for pr in per_rank])),
-            "comm_ms": float(np.mean([pr["comm_ms"] for pr in per_rank])),
-            "compute_ms_per_rank": [pr["compute_ms"] for pr in per_rank],
-            "padding_computed_pct": 100.0 * (1 - tokens / sum(pr["computed_tokens"] for pr in per_rank)),
-            "useful_gflops_per_rank": useful / (n * step_s) / world / 1e9,
-            "mfu": useful / (n * step_s) / world / (peak_per_rank * 1e9),
-            "alloc_peak_mib": max((pr["alloc_peak_mib"] or 0) for pr in per_rank) or None,
-            "page_faults_per_step": None if per_rank[0]["page_faults_per_step"] is None else
-            float(np.mean([pr["page_faults_per_step"] for pr in per_rank])),
-        }
-    # ideal FLOP ratios from the samples themselves (same samples in every way)
+    recs = r["records"][w]
+    useful = [3 * L * layer_flops(x["tokens"], x["sumsq"], h, ffn) for x in recs]  # fwd + bwd
+    return {
+        "rank": r["rank"], **{f"{k}_ms": float(np.mean([x[k] for x in recs]) * 1e3)
+                              for k in ("step", "fetch", "compute", "wait", "comm", "opt")},
+        "samples": int(sum(x["samples"] for x in recs)), "tokens": int(sum(x["tokens"] for x in recs)),
+        "computed_tokens": int(sum(x["computed_tokens"] for x in recs)),
+        "useful_flops": float(sum(useful)),
+        "alloc_peak_mib": None if recs[0]["alloc_peak"] is None else
+        round(max(x["alloc_peak"] for x in recs) / 2 ** 20, 1),
+        "loss_first_last": [recs[0]["loss"], recs[-1]["loss"]],
+        "lengths_per_step": [x["lengths"] for x in recs],
+        "page_faults_per_step": None if recs[0]["page_faults"] is None else
+        float(np.mean([x["page_faults"] for x in recs])),
+    }
+
+
+def _way(per_rank, n, world, peak_per_rank):
+    """The job's figures for one way from its ranks' (the ranks finish each step together at the
+    all-reduce: the job's step time is the slowest rank's)."""
+    import numpy as np
+
+    step_s = max(pr["step_ms"] for pr in per_rank) / 1e3
+    samples = sum(pr["samples"] for pr in per_rank)
+    tokens = sum(pr["tokens"] for pr in per_rank)
+    useful = sum(pr["useful_flops"] for pr in per_rank)
+    return {
+        "per_rank": per_rank, "steps": n, "step_ms": step_s * 1e3,
+        "samples_per_s": samples / (n * step_s), "tokens_per_s": tokens / (n * step_s),
+        "wait_ms": float(np.mean([pr["wait_ms"] for pr in per_rank])),
+        "comm_ms": float(np.mean([pr["comm_ms"] for pr in per_rank])),
+        "compute_ms_per_rank": [pr["compute_ms"] for pr in per_rank],
+        "padding_computed_pct": 100.0 * (1 - tokens / sum(pr["computed_tokens"] for pr in per_rank)),
+        "useful_gflops_per_rank": useful / (n * step_s) / world / 1e9,
+        "mfu": useful / (n * step_s) / world / (peak_per_rank * 1e9),
+        "alloc_peak_mib": max((pr["alloc_peak_mib"] or 0) for pr in per_rank) or None,
+        "page_faults_per_step": None if per_rank[0]["page_faults_per_step"] is None else
+        float(np.mean([pr["page_faults_per_step"] for pr in per_rank])),
+    }
+
+
+def _ideal_ratios(args, ranks, h, ffn):
+    """Ideal FLOP ratios from the samples themselves (the same samples in every way)."""
     ideal = {}
     for base in ("padded_batch_max", "padded_max_len"):
         if base not in args.ways:
@@ -756,9 +764,10 @@ def summarize(raw, args):
         pad_f = sum(layer_flops(x["computed_tokens"], x["computed_tokens"] * x["padded_to"], h, ffn) for x in recs)
         real_f = sum(layer_flops(x["tokens"], x["sumsq"], h, ffn) for x in recs)
         ideal[base] = pad_f / real_f
-    speedup = {}
-    for base in ideal:
-        speedup[base] = {w: ways[w]["tokens_per_s"] / ways[base]["tokens_per_s"] for w in ways}
+    return ideal
+
+
+def _acceptance(ways, ideal, speedup):
     acc = {}
     if "padded_batch_max" in ways and "unpadded_balanced" in ways:
         s = speedup["padded_batch_max"]["unpadded_balanced"]
@@ -770,12 +779,6 @@ def summarize(raw, args):
         acc["wait_ms_unbalanced"] = ways["unpadded"]["wait_ms"]
         acc["wait_ms_balanced"] = ways["unpadded_balanced"]["wait_ms"]
         acc["wait_lower_with_balancing"] = bool(ways["unpadded_balanced"]["wait_ms"] < ways["unpadded"]["wait_ms"])
-    profiles = {}
-    for mode in ("overlap", "serial"):
-        profs = [r["profiles"][mode] for r in ranks if mode in (r.get("profiles") or {})]
-        if profs:
-            profiles[mode] = _profile_summary(profs, mm, h, ffn, L)
-    profile = profiles.get("overlap") or profiles.get("serial")
     if "unpadded_balanced" in ways:
         ub = ways["unpadded_balanced"]
         acc["exposed_comm_share_balanced"] = ub["comm_ms"] / ub["step_ms"]
@@ -785,9 +788,17 @@ def summarize(raw, args):
         ua = ways["unpadded_balanced_after"]
         acc["mfu_balanced_after"] = ua["mfu"]
         acc["exposed_comm_share_balanced_after"] = ua["comm_ms"] / ua["step_ms"]
+    return acc
+
+
+def _summary_config(raw, args, mm, gpu_peak):
+    import numpy as np
+
+    meta, ranks = raw["meta"], raw["ranks"]
+    h, ffn, L = meta["hidden"], meta["ffn"], meta["layers"]
     lengths = meta.pop("lengths_all")
     L_arr = np.asarray(lengths)
-    config = {
+    return {
         "model": f"BERT {L}x{h} (heads {meta['heads']}, FFN {ffn}, vocab {meta['vocab']}), BertForSequenceClassification"
                  f" (next-sentence prediction), dropout 0.1, AdamW",
         **meta, "threads_per_rank": args.threads_per_rank, "batch_per_rank": args.batch, "steps": args.steps,
@@ -801,8 +812,33 @@ def summarize(raw, args):
         "loadavg_1min": (bench_util.load_average() or [None])[0],
         "eval_loss_rank0": ranks[0]["eval_loss"], "peak_rss_mib_per_rank": [r["peak_rss_mib"] for r in ranks],
     }
+
+
+def summarize(raw, args):
+    import numpy as np
+
+    meta, ranks = raw["meta"], raw["ranks"]
+    h, ffn, L, world = meta["hidden"], meta["ffn"], meta["layers"], meta["world"]
+    mm = [r["matmul_gflops"] for r in ranks]
+    gpu_peak = None
+    if meta["gpu_name"]:
+        gpu_peak = next((v * 1e3 for k, v in GPU_PEAK_TFLOPS.items() if k in meta["gpu_name"]), None)
+    peak_per_rank = gpu_peak if gpu_peak else float(np.mean(mm))
+    ways = {w: _way([_rank_way(r, w, h, ffn, L) for r in ranks], len(ranks[0]["records"][w]), world, peak_per_rank)
+            for w in args.ways}
+    ideal = _ideal_ratios(args, ranks, h, ffn)
+    speedup = {base: {w: ways[w]["tokens_per_s"] / ways[base]["tokens_per_s"] for w in ways} for base in ideal}
+    profiles = {}
+    for mode in ("overlap", "serial"):
+        profs = [r["profiles"][mode] for r in ranks if mode in (r.get("profiles") or {})]
+        if profs:
+            profiles[mode] = _profile_summary(profs, mm, h, ffn, L)
+    profile = profiles.get("overlap") or profiles.get("serial")
+    acc = _acceptance(ways, ideal, speedup)
+    config = _summary_config(raw, args, mm, gpu_peak)
     return {"config": config, "ways": ways, "ideal": ideal, "speedup": speedup, "acceptance": acc,
             "profile": profile, "profiles": profiles, "machine": ranks[0]["machine"]}
+
 
 
 def _profile_summary(profs, mm, h, ffn, L):

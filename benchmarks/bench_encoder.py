@@ -578,7 +578,7 @@ def _mib(b):
     return None if b is None else round(b / 2**20)
 
 
-def print_tables(results):
+def _print_scenarios(results):
     c = results["config"]
     if results["scenarios"]:
         print(f"\nBERT training step (fwd+bwd+AdamW), {c['model']} ({c['weights']}), threads={c['threads']}, "
@@ -611,7 +611,10 @@ def print_tables(results):
                            f"(+{r['step_increase_kib'] / 1024:.0f})"
                 parts.append(txt)
             print(f"  {s['name']:<9} " + " | ".join(parts))
-    sw = c.get("sweep", {})
+
+
+def _print_sweeps(results):
+    sw = results["config"].get("sweep", {})
     for name, sweep in results["sweeps"].items():
         print(f"\nsweep {name} ({sweep['description']}); median of {sw.get('repeats')}; padded side = batch max "
               "(= max_len)")
@@ -630,6 +633,9 @@ def print_tables(results):
                   f"{s['speedup_over_ideal_vs_batch_max']:>7.2f} | {sd['unpadded']['useful_gflops']:>18.1f}"
                   f"{sd['batch_max']['useful_gflops']:>6.1f} | {str(_mib(a['unpadded'])):>13}"
                   f"{str(_mib(a['batch_max'])):>6}")
+
+
+def _print_fits(results):
     fit = results.get("fits")
     if fit and "unpadded" in fit:
         print(f"\nstep time fits over {fit['n']} points of the {fit['model']} (R^2):")
@@ -648,6 +654,12 @@ def print_tables(results):
     if allp:
         worst = max(s["loss_rel_diff_eval"] for s in allp)
         print(f"\nloss of converted vs original on the same batch (dropout off): max relative diff {worst:.1e}")
+
+
+def print_tables(results):
+    _print_scenarios(results)
+    _print_sweeps(results)
+    _print_fits(results)
 
 
 def _row(s):
@@ -722,94 +734,17 @@ def main(argv=None):
     scenarios, dist = make_scenarios(args, rng)
     cfg = dict(TINY if args.quick else MINILM)
     cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], args.max_len)
-    use_weights = not args.quick and not args.random_weights
-    results = {
-        "config": {
-            "threads": args.threads, "parts": args.parts, "batch": args.batch, "max_len": args.max_len,
-            "repeats": args.repeats, "warmup": args.warmup, "quick": args.quick, "seed": args.seed,
-            "length_distribution": dist, "ftz": args.ftz,
-            "model": "tiny BERT" if args.quick else "MiniLM-L6-H384", "model_config": cfg, "weights": None,
-            "head": "BertForSequenceClassification", "dropout": "0.1 (train mode)",
-            "ops_available": pu.ops_available(),
-            "paddle": paddle.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "flops_formula": "per layer forward: 24*T*h^2 + 4*h*sum(s_i^2); padded: T=B*S, s_i=S; "
-                             "useful GFLOP/s = 3 x layers x real-token forward FLOPs / step time",
-            "memory_method": "rss: fresh subprocess per side; VmHWM reset after setup, peak RSS of 1 step; "
-                             "paddle_alloc: host_memory_stat_peak_value('Allocated') during one step, minus "
-                             "allocated before it",
-            "sweep": {
-                "model": f"random init, {args.sweep_layers} layers, heads = hidden/{args.head_dim}, FFN = 4*hidden, "
-                         f"vocab {cfg['vocab_size']}, max_position_embeddings "
-                         f"{max(_ints(args.max_lens) + [args.max_len])}",
-                "pad_ratios": [float(x) for x in args.pad_ratios.split(",") if x.strip()],
-                "max_lens": _ints(args.max_lens), "hiddens": _ints(args.hiddens),
-                "layers": args.sweep_layers, "head_dim": args.head_dim, "hidden": args.sweep_hidden,
-                "batch_padding_sweep": args.pad_batch, "batch_hidden_sweep": args.sweep_batch,
-                "tokens_per_batch_max_len_sweep": args.sweep_tokens,
-                "repeats": args.sweep_repeats, "warmup": args.sweep_warmup, "weights": "random init",
-                "max_len_side": "every sweep batch holds a sample of the max length: max_len side = batch_max side",
-            },
-        },
-        "scenarios": [],
-        "sweeps": {},
-    }
+    results = {"config": _run_config(args, cfg, dist, pu.ops_available()), "scenarios": [], "sweeps": {}}
     load = [_loadavg()]
     wall = {}
     if "real" in args.parts:
-        t0 = time.perf_counter()
-        original, converted, opts, src, use_w = build_pair(cfg, args.seed, use_weights)
-        results["config"]["weights"] = src
-        for name, lengths, max_len, _ in scenarios["real"]:
-            print(f"running {name}: B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...", flush=True)
-            results["scenarios"].append(bench_scenario(name, lengths, args, (original, converted, opts), cfg, use_w,
-                                                       max_len, args.warmup, args.repeats, args.memory != "none"))
-        del original, converted, opts
-        gc.collect()
-        wall["real"] = time.perf_counter() - t0
+        wall["real"] = _run_real(args, cfg, scenarios["real"], results)
         load.append(_loadavg())
-    shared = {}  # the sweep model at --sweep-hidden, built once for every sweep
-
-    def pair_for(h):
-        scfg = sweep_config(args, h, cfg["vocab_size"])
-        if h == args.sweep_hidden:
-            if not shared:
-                shared["pair"] = build_pair(scfg, args.seed, False)[:3]
-            return scfg, shared["pair"]
-        return scfg, build_pair(scfg, args.seed, False)[:3]
-
-    descriptions = {
-        "padding": f"B={args.pad_batch}, max length {args.max_len}, one sample of the max length, the others set "
-                   f"to hit the ratio; hidden {args.sweep_hidden}",
-        "max_len": f"{args.sweep_tokens} padded tokens per batch, B = max(2, {args.sweep_tokens} // L); realistic "
-                   f"lengths scaled to L (quantiles of the max-{args.max_len} pool times L/{args.max_len}); hidden "
-                   f"{args.sweep_hidden}",
-        "hidden": f"realistic lengths (quantiles of the max-{args.max_len} pool), B={args.sweep_batch}, max length "
-                  f"{args.max_len}; heads = hidden/{args.head_dim}, FFN = 4*hidden",
-    }
     for sweep in SWEEPS:
-        if sweep not in args.parts:
-            continue
-        t0 = time.perf_counter()
-        points = []
-        for name, lengths, max_len, h in scenarios[sweep]:
-            scfg, pair = pair_for(h)
-            print(f"running {sweep}/{name}: h={h} B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...",
-                  flush=True)
-            p = bench_scenario(name, lengths, args, pair, scfg, False, max_len, args.sweep_warmup,
-                               args.sweep_repeats, args.memory == "all")
-            p["x"] = {"padding": round(100 * p["padding_ratio"], 1), "max_len": max_len, "hidden": h}[sweep]
-            points.append(p)
-            del pair
-            gc.collect()
-        hs = sorted({p["hidden"] for p in points})
-        results["sweeps"][sweep] = {"description": descriptions[sweep],
-                                    "x": {"padding": "padding_pct", "max_len": "max_len", "hidden": "hidden"}[sweep],
-                                    "model_configs": [sweep_config(args, h, cfg["vocab_size"]) for h in hs],
-                                    "points": points}
-        wall[sweep] = time.perf_counter() - t0
-        load.append(_loadavg())
-    shared.clear()
+        if sweep in args.parts:
+            wall[sweep] = _run_sweep(args, cfg, sweep, scenarios[sweep], results)
+            load.append(_loadavg())
+    _SHARED.clear()
     if results["sweeps"]:
         results["fits"] = fit_sweeps(results, args)
     wall["total"] = time.perf_counter() - t_start
@@ -825,6 +760,97 @@ def main(argv=None):
     bench_util.write_result(args.out, results)
     print(f"\nwrote {args.out}")
     return results
+
+
+def _run_config(args, cfg, dist, ops_available):
+    return {
+        "threads": args.threads, "parts": args.parts, "batch": args.batch, "max_len": args.max_len,
+        "repeats": args.repeats, "warmup": args.warmup, "quick": args.quick, "seed": args.seed,
+        "length_distribution": dist, "ftz": args.ftz,
+        "model": "tiny BERT" if args.quick else "MiniLM-L6-H384", "model_config": cfg, "weights": None,
+        "head": "BertForSequenceClassification", "dropout": "0.1 (train mode)",
+        "ops_available": ops_available,
+        "paddle": paddle.__version__, "python": platform.python_version(), "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "flops_formula": "per layer forward: 24*T*h^2 + 4*h*sum(s_i^2); padded: T=B*S, s_i=S; "
+                         "useful GFLOP/s = 3 x layers x real-token forward FLOPs / step time",
+        "memory_method": "rss: fresh subprocess per side; VmHWM reset after setup, peak RSS of 1 step; "
+                         "paddle_alloc: host_memory_stat_peak_value('Allocated') during one step, minus "
+                         "allocated before it",
+        "sweep": {
+            "model": f"random init, {args.sweep_layers} layers, heads = hidden/{args.head_dim}, FFN = 4*hidden, "
+                     f"vocab {cfg['vocab_size']}, max_position_embeddings "
+                     f"{max(_ints(args.max_lens) + [args.max_len])}",
+            "pad_ratios": [float(x) for x in args.pad_ratios.split(",") if x.strip()],
+            "max_lens": _ints(args.max_lens), "hiddens": _ints(args.hiddens),
+            "layers": args.sweep_layers, "head_dim": args.head_dim, "hidden": args.sweep_hidden,
+            "batch_padding_sweep": args.pad_batch, "batch_hidden_sweep": args.sweep_batch,
+            "tokens_per_batch_max_len_sweep": args.sweep_tokens,
+            "repeats": args.sweep_repeats, "warmup": args.sweep_warmup, "weights": "random init",
+            "max_len_side": "every sweep batch holds a sample of the max length: max_len side = batch_max side",
+        },
+    }
+
+
+def _run_real(args, cfg, scenarios, results):
+    """The real-model scenarios; returns their wall seconds."""
+    t0 = time.perf_counter()
+    use_weights = not args.quick and not args.random_weights
+    original, converted, opts, src, use_w = build_pair(cfg, args.seed, use_weights)
+    results["config"]["weights"] = src
+    for name, lengths, max_len, _ in scenarios:
+        print(f"running {name}: B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...", flush=True)
+        results["scenarios"].append(bench_scenario(name, lengths, args, (original, converted, opts), cfg, use_w,
+                                                   max_len, args.warmup, args.repeats, args.memory != "none"))
+    del original, converted, opts
+    gc.collect()
+    return time.perf_counter() - t0
+
+
+_SHARED = {}  # the sweep model at --sweep-hidden, built once for every sweep
+
+
+def _pair_for(args, h, vocab_size):
+    scfg = sweep_config(args, h, vocab_size)
+    if h == args.sweep_hidden:
+        if not _SHARED:
+            _SHARED["pair"] = build_pair(scfg, args.seed, False)[:3]
+        return scfg, _SHARED["pair"]
+    return scfg, build_pair(scfg, args.seed, False)[:3]
+
+
+def _sweep_description(args, sweep):
+    return {
+        "padding": f"B={args.pad_batch}, max length {args.max_len}, one sample of the max length, the others set "
+                   f"to hit the ratio; hidden {args.sweep_hidden}",
+        "max_len": f"{args.sweep_tokens} padded tokens per batch, B = max(2, {args.sweep_tokens} // L); realistic "
+                   f"lengths scaled to L (quantiles of the max-{args.max_len} pool times L/{args.max_len}); hidden "
+                   f"{args.sweep_hidden}",
+        "hidden": f"realistic lengths (quantiles of the max-{args.max_len} pool), B={args.sweep_batch}, max length "
+                  f"{args.max_len}; heads = hidden/{args.head_dim}, FFN = 4*hidden",
+    }[sweep]
+
+
+def _run_sweep(args, cfg, sweep, scenarios, results):
+    """One sweep's points into results["sweeps"]; returns its wall seconds."""
+    t0 = time.perf_counter()
+    points = []
+    for name, lengths, max_len, h in scenarios:
+        scfg, pair = _pair_for(args, h, cfg["vocab_size"])
+        print(f"running {sweep}/{name}: h={h} B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...",
+              flush=True)
+        p = bench_scenario(name, lengths, args, pair, scfg, False, max_len, args.sweep_warmup,
+                           args.sweep_repeats, args.memory == "all")
+        p["x"] = {"padding": round(100 * p["padding_ratio"], 1), "max_len": max_len, "hidden": h}[sweep]
+        points.append(p)
+        del pair
+        gc.collect()
+    hs = sorted({p["hidden"] for p in points})
+    results["sweeps"][sweep] = {"description": _sweep_description(args, sweep),
+                                "x": {"padding": "padding_pct", "max_len": "max_len", "hidden": "hidden"}[sweep],
+                                "model_configs": [sweep_config(args, h, cfg["vocab_size"]) for h in hs],
+                                "points": points}
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -264,53 +264,67 @@ def at_scale(rows, inputs, samples_per_rank=32, worlds=(64, 256, 1024)):
     * Start-up: the measured 2-rank time from ``fleet.init`` to the first balanced batch, plus
       what the group and the first step add between 2 and N ranks; the agreement of the
       settings is O(1) store requests per rank."""
-    import math
-
-    import numpy as np
-
-    from paddle_unpad.distributed.wire import HDR
-
     pts = [r for r in rows if r.get("design") == "allgather" and r.get("nnodes") == 1 and "error" not in r
            and r["moved_bytes_per_step"] > 0]
     two = [r for r in pts if r["world"] == 2]
     if len(pts) < 2 or not two:
         return None
-    m = float(np.mean([r["moved_bytes_per_step"] / (r["world"] * PER_RANK) for r in pts]))
-    ln_n = np.array([math.log(r["world"]) for r in pts])
-    ratio = np.array([r["received_bytes_per_step"] / r["moved_bytes_per_step"] for r in pts])
-    b, a = np.polyfit(ln_n, ratio, 1)
+    model = _ScaleModel(pts, two, inputs)
     i = inputs
-    bw, hop = i["bytes_per_s"], i["hop_s"]
+    base = two[0]["first_batch_after_all_s"] - model.group_s(2, i["store_request_s"]) - model.step_s(2, PER_RANK, 0.0)
+    out = [_scale_row(model, n, samples_per_rank, base) for n in worlds]
+    return {"moved_bytes_per_sample_slot": model.m, "padding_fit": [model.a, model.b], "inputs": inputs,
+            "base_2_ranks_s": base, "rows": out}
 
-    def received(n, per_rank):
-        return (a + b * math.log(n)) * n * per_rank * m
 
-    base_step = two[0]["step_ms"] / 1e3 - (3 * hop + received(2, PER_RANK) / bw)
+class _ScaleModel:
+    """The terms of :func:`at_scale`, fitted to this run's rows and measured inputs."""
 
-    def step_s(n, per_rank, planner_s):
-        return base_step + 3 * (n - 1) * hop + received(n, per_rank) / bw + planner_s
+    def __init__(self, pts, two, inputs):
+        import math
 
-    def group_s(n, request_s):
+        import numpy as np
+
+        self.m = float(np.mean([r["moved_bytes_per_step"] / (r["world"] * PER_RANK) for r in pts]))
+        ln_n = np.array([math.log(r["world"]) for r in pts])
+        ratio = np.array([r["received_bytes_per_step"] / r["moved_bytes_per_step"] for r in pts])
+        self.b, self.a = np.polyfit(ln_n, ratio, 1)
+        self.i = inputs
+        self.bw, self.hop = inputs["bytes_per_s"], inputs["hop_s"]
+        self.base_step = two[0]["step_ms"] / 1e3 - (3 * self.hop + self.received(2, PER_RANK) / self.bw)
+
+    def received(self, n, per_rank):
+        import math
+
+        return (self.a + self.b * math.log(n)) * n * per_rank * self.m
+
+    def step_s(self, n, per_rank, planner_s):
+        return self.base_step + 3 * (n - 1) * self.hop + self.received(n, per_rank) / self.bw + planner_s
+
+    def group_s(self, n, request_s):
+        i, bw = self.i, self.bw
         blob = GLOO_ADDRESS_BYTES * (n - 1)
-        own = (n - 1) * (2 * request_s + i["connect_s"] + 2 * hop) + (n - 1) * blob / bw
+        own = (n - 1) * (2 * request_s + i["connect_s"] + 2 * self.hop) + (n - 1) * blob / bw
         server = 2 * n * (n - 1) * i["store_server_s"] + n * (n - 1) * blob / bw
         return max(own, server)
 
-    base = two[0]["first_batch_after_all_s"] - group_s(2, i["store_request_s"]) - step_s(2, PER_RANK, 0.0)
-    out = []
-    for n in worlds:
-        planner = i["planner_s"][str(n)]
-        out.append({"ranks": n, "samples_per_rank": samples_per_rank, "groups_per_rank": 1,
-                    "messages_per_rank": 6 * (n - 1), "header_bytes": n * HDR * 8,
-                    "length_bytes": n * samples_per_rank * 16, "moved_bytes_total": n * samples_per_rank * m,
-                    "padding_ratio": a + b * math.log(n), "received_bytes": received(n, samples_per_rank),
-                    "planner_s": planner, "step_s": step_s(n, samples_per_rank, planner),
-                    "group_s": group_s(n, i["store_request_s"]),
-                    "group_nagle_s": group_s(n, i["store_request_nagle_s"]),
-                    "rendezvous_bytes_per_rank": (n - 1) * GLOO_ADDRESS_BYTES * (n - 1),
-                    "startup_s": base + group_s(n, i["store_request_s"]) + step_s(n, samples_per_rank, planner)})
-    return {"moved_bytes_per_sample_slot": m, "padding_fit": [a, b], "inputs": inputs, "base_2_ranks_s": base,
-            "rows": out}
+
+def _scale_row(model, n, samples_per_rank, base):
+    import math
+
+    from paddle_unpad.distributed.wire import HDR
+
+    i = model.i
+    planner = i["planner_s"][str(n)]
+    return {"ranks": n, "samples_per_rank": samples_per_rank, "groups_per_rank": 1,
+            "messages_per_rank": 6 * (n - 1), "header_bytes": n * HDR * 8,
+            "length_bytes": n * samples_per_rank * 16, "moved_bytes_total": n * samples_per_rank * model.m,
+            "padding_ratio": model.a + model.b * math.log(n), "received_bytes": model.received(n, samples_per_rank),
+            "planner_s": planner, "step_s": model.step_s(n, samples_per_rank, planner),
+            "group_s": model.group_s(n, i["store_request_s"]),
+            "group_nagle_s": model.group_s(n, i["store_request_nagle_s"]),
+            "rendezvous_bytes_per_rank": (n - 1) * GLOO_ADDRESS_BYTES * (n - 1),
+            "startup_s": base + model.group_s(n, i["store_request_s"]) + model.step_s(n, samples_per_rank, planner)}
 
 
 def table(rows):

@@ -58,108 +58,101 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    bench_util.set_threads(args.threads)  # before Paddle loads: its pools and the plugin's kernels
-    sys.path.insert(0, ROOT)
-    import numpy as np
+def _timed(fns, repeats, warmup):
+    """Median seconds of each fn, calls interleaved so that drift hits all alike."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
+def _time_modes(args, modes, row, diff):
+    """One row per mode: fused vs unfused medians, GB/s from the bytes each mode moves."""
     import paddle
 
-    import paddle_unpad
-    from paddle_unpad import _native, ops
-
-    F = paddle.nn.functional
-    avail = paddle_unpad.ops_available()
-    native = {op: avail[op]["cpu"] for op in ("bias_gelu", "bias_dropout_residual_layer_norm")}
-    rng = np.random.default_rng(0)
-
-    def tensor(shape, grad):
-        t = paddle.to_tensor(rng.standard_normal(shape, dtype=np.float32))
-        t.stop_gradient = not grad
-        return t
-
-    def timed(fns, repeats, warmup):
-        """Median seconds of each fn, calls interleaved so that drift hits all alike."""
-        for _ in range(warmup):
-            for fn in fns:
-                fn()
-        times = [[] for _ in fns]
-        for _ in range(repeats):
-            for i, fn in enumerate(fns):
-                t0 = time.perf_counter()
-                fn()
-                times[i].append(time.perf_counter() - t0)
-        return [statistics.median(t) for t in times]
-
     rows = []
-    for hidden in args.hidden:
-        T = args.tokens
-        # ---- bias_gelu on [T, 4h]
-        Fi = 4 * hidden
-        x, bias, dy = tensor([T, Fi], True), tensor([Fi], True), tensor([T, Fi], False)
+    for mode, fns, nbytes in modes:
+        with paddle.no_grad() if mode == "fwd" else _null():
+            t_fused, t_unfused = _timed(fns, args.repeats, args.warmup)
+        rows.append(dict(row, mode=mode, fused_ms=1e3 * t_fused, unfused_ms=1e3 * t_unfused,
+                         speedup=t_unfused / t_fused, fused_gbs=nbytes / t_fused / 1e9,
+                         unfused_gbs=nbytes / t_unfused / 1e9, max_abs_diff=diff))
+    return rows
 
-        def gelu_fused():
-            return ops.bias_gelu(x, bias)
 
-        def gelu_unfused():
-            return F.gelu(x + bias)
+def _gelu_rows(args, tensor, hidden):
+    """bias_gelu on [T, 4h], forward and forward + backward."""
+    import paddle
+    from paddle_unpad import ops
 
-        # paddle.grad: the gradients themselves, without accumulating them into .grad
-        # (which would add the same zero-fill and add passes to both sides).
-        def with_backward(f):
+    T, Fi = args.tokens, 4 * hidden
+    x, bias, dy = tensor([T, Fi], True), tensor([Fi], True), tensor([T, Fi], False)
+
+    def gelu_fused():
+        return ops.bias_gelu(x, bias)
+
+    def gelu_unfused():
+        return paddle.nn.functional.gelu(x + bias)
+
+    # paddle.grad: the gradients themselves, without accumulating them into .grad
+    # (which would add the same zero-fill and add passes to both sides).
+    def with_backward(f):
+        def run():
+            return paddle.grad([f()], [x, bias], grad_outputs=[dy])
+        return run
+
+    diff = float((gelu_fused() - gelu_unfused()).abs().max())
+    elems = T * Fi
+    modes = (("fwd", (lambda: gelu_fused(), lambda: gelu_unfused()), 2 * 4 * elems),
+             ("fwd_bwd", (with_backward(gelu_fused), with_backward(gelu_unfused)), 5 * 4 * elems))
+    return _time_modes(args, modes, dict(op="bias_gelu", hidden=hidden, shape=[T, Fi], dropout=None), diff)
+
+
+def _ln_rows(args, tensor, hidden):
+    """bias + dropout + residual + LayerNorm on [T, h], with and without dropout."""
+    import paddle
+    from paddle_unpad import ops
+
+    F, T = paddle.nn.functional, args.tokens
+    xs, bs, res = tensor([T, hidden], True), tensor([hidden], True), tensor([T, hidden], True)
+    w, b = tensor([hidden], True), tensor([hidden], True)
+    dyh = tensor([T, hidden], False)
+    params = (xs, bs, res, w, b)
+    rows = []
+    for p in (0.1, 0.0):
+
+        def ln_fused(p=p):
+            return ops.bias_dropout_residual_layer_norm(xs, bs, res, w, b, dropout=p, epsilon=1e-12)
+
+        def ln_unfused(p=p):
+            h = xs + bs
+            if p > 0:  # without dropout the unfused side skips the dropout op altogether
+                h = F.dropout(h, p=p, training=True)
+            return F.layer_norm(res + h, [hidden], weight=w, bias=b, epsilon=1e-12)
+
+        def ln_backward(f):
             def run():
-                return paddle.grad([f()], [x, bias], grad_outputs=[dy])
+                return paddle.grad([f()], list(params), grad_outputs=[dyh])
             return run
 
-        diff = float((gelu_fused() - gelu_unfused()).abs().max())
-        elems = T * Fi
-        for mode, fns, nbytes in (
-            ("fwd", (lambda: gelu_fused(), lambda: gelu_unfused()), 2 * 4 * elems),
-            ("fwd_bwd", (with_backward(gelu_fused), with_backward(gelu_unfused)), 5 * 4 * elems),
-        ):
-            with paddle.no_grad() if mode == "fwd" else _null():
-                t_fused, t_unfused = timed(fns, args.repeats, args.warmup)
-            rows.append(dict(op="bias_gelu", hidden=hidden, shape=[T, Fi], dropout=None, mode=mode,
-                             fused_ms=1e3 * t_fused, unfused_ms=1e3 * t_unfused, speedup=t_unfused / t_fused,
-                             fused_gbs=nbytes / t_fused / 1e9, unfused_gbs=nbytes / t_unfused / 1e9,
-                             max_abs_diff=diff))
+        diff = float((ln_fused(0.0) - ln_unfused(0.0)).abs().max())
+        elems = T * hidden
+        modes = (("fwd", (ln_fused, ln_unfused), 3 * 4 * elems),
+                 ("fwd_bwd", (ln_backward(ln_fused), ln_backward(ln_unfused)), 8 * 4 * elems))
+        rows += _time_modes(args, modes, dict(op="bias_dropout_residual_layer_norm", hidden=hidden,
+                                              shape=[T, hidden], dropout=p), diff)
+    return rows
 
-        # ---- bias + dropout + residual + LayerNorm on [T, h]
-        xs, bs, res = tensor([T, hidden], True), tensor([hidden], True), tensor([T, hidden], True)
-        w, b = tensor([hidden], True), tensor([hidden], True)
-        dyh = tensor([T, hidden], False)
-        params = (xs, bs, res, w, b)
-        for p in (0.1, 0.0):
 
-            def ln_fused(p=p):
-                return ops.bias_dropout_residual_layer_norm(xs, bs, res, w, b, dropout=p, epsilon=1e-12)
-
-            def ln_unfused(p=p):
-                h = xs + bs
-                if p > 0:  # without dropout the unfused side skips the dropout op altogether
-                    h = F.dropout(h, p=p, training=True)
-                return F.layer_norm(res + h, [hidden], weight=w, bias=b, epsilon=1e-12)
-
-            def ln_backward(f):
-                def run():
-                    return paddle.grad([f()], list(params), grad_outputs=[dyh])
-                return run
-
-            diff = float((ln_fused(0.0) - ln_unfused(0.0)).abs().max())
-            elems = T * hidden
-            for mode, fns, nbytes in (
-                ("fwd", (ln_fused, ln_unfused), 3 * 4 * elems),
-                ("fwd_bwd", (ln_backward(ln_fused), ln_backward(ln_unfused)), 8 * 4 * elems),
-            ):
-                with paddle.no_grad() if mode == "fwd" else _null():
-                    t_fused, t_unfused = timed(fns, args.repeats, args.warmup)
-                rows.append(dict(op="bias_dropout_residual_layer_norm", hidden=hidden, shape=[T, hidden], dropout=p,
-                                 mode=mode, fused_ms=1e3 * t_fused, unfused_ms=1e3 * t_unfused,
-                                 speedup=t_unfused / t_fused, fused_gbs=nbytes / t_fused / 1e9,
-                                 unfused_gbs=nbytes / t_unfused / 1e9, max_abs_diff=diff))
-
-    print(f"threads: {args.threads} (both sides)   native: {native}   isa: {_native.info().get('isa')}")
-    print(f"paddle {paddle.__version__}, {platform.processor() or platform.machine()}, "
+def _print_rows(args, rows, native, isa, paddle_version):
+    print(f"threads: {args.threads} (both sides)   native: {native}   isa: {isa}")
+    print(f"paddle {paddle_version}, {platform.processor() or platform.machine()}, "
           f"median of {args.repeats} interleaved repeats")
     for mode, title in (("fwd", "forward"), ("fwd_bwd", "forward + backward")):
         print(f"\n== {title} ==")
@@ -174,9 +167,34 @@ def main(argv=None):
             print(f"{r['op']:<34}{shape:>13}{p:>5}{r['fused_ms']:>10.3f}{r['unfused_ms']:>12.3f}"
                   f"{r['speedup']:>8.2f}x{r['fused_gbs']:>12.2f}{r['unfused_gbs']:>14.2f}")
 
+
+def main(argv=None):
+    args = parse_args(argv)
+    bench_util.set_threads(args.threads)  # before Paddle loads: its pools and the plugin's kernels
+    sys.path.insert(0, ROOT)
+    import numpy as np
+    import paddle
+
+    import paddle_unpad
+    from paddle_unpad import _native
+
+    avail = paddle_unpad.ops_available()
+    native = {op: avail[op]["cpu"] for op in ("bias_gelu", "bias_dropout_residual_layer_norm")}
+    rng = np.random.default_rng(0)
+
+    def tensor(shape, grad):
+        t = paddle.to_tensor(rng.standard_normal(shape, dtype=np.float32))
+        t.stop_gradient = not grad
+        return t
+
+    rows = []
+    for hidden in args.hidden:
+        rows += _gelu_rows(args, tensor, hidden) + _ln_rows(args, tensor, hidden)
+    isa = _native.info().get("isa")
+    _print_rows(args, rows, native, isa, paddle.__version__)
     result = {
         "config": {"threads": args.threads, "tokens": args.tokens, "hidden": args.hidden, "repeats": args.repeats,
-                   "warmup": args.warmup, "quick": args.quick, "native": native, "isa": _native.info().get("isa"),
+                   "warmup": args.warmup, "quick": args.quick, "native": native, "isa": isa,
                    "paddle": paddle.__version__, "machine": platform.machine()},
         "rows": rows,
     }

@@ -255,41 +255,15 @@ class _Worker:
         paddle.set_device("cpu")
         if spec["set_threads"]:
             set_num_threads(self.threads)
-        self._blas_limit = None
         self.info = {"errors": {}}
-        try:
-            import threadpoolctl
-
-            if spec["set_threads"]:
-                self._blas_limit = threadpoolctl.threadpool_limits(limits=self.threads, user_api="blas")
-            self.info["numpy_blas"] = [
-                {k: d.get(k) for k in ("internal_api", "version", "architecture", "num_threads", "threading_layer")}
-                | {"library": os.path.basename(d.get("filepath", ""))}
-                for d in threadpoolctl.threadpool_info() if d.get("user_api") == "blas"]
-        except ImportError:
-            self.info["numpy_blas"] = "threadpoolctl not installed"
+        self._limit_blas(spec)
         # Paddle loads MKL on the first GEMM; the ctypes sides must bind to that same copy.
         a = paddle.ones([8, 8])
         paddle.matmul(a, a)
         self.libs = _loaded_libs()
-        self.mkl = self._bind(r"libmklml|libmkl_rt", "cblas_sgemm",
-                              [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                                    ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
-        i64 = ctypes.c_int64
-        self.dnnl = self._bind(r"libdnnl|libmkldnn", "dnnl_sgemm",
-                               [ctypes.c_char, ctypes.c_char, i64, i64, i64, ctypes.c_float, ctypes.c_void_p, i64,
-                                ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64])
+        self._bind_gemms()
         self.info.update(self._library_info())
-        self.data = {}
-        rng = np.random.default_rng(spec["seed"])
-        for shp in spec["shapes"]:
-            name, m, n, k, ta, tb = shp
-            a_np = rng.uniform(-1, 1, (k, m) if ta else (m, k)).astype(np.float32)
-            b_np = rng.uniform(-1, 1, (n, k) if tb else (k, n)).astype(np.float32)
-            a64, b64 = a_np.astype(np.float64), b_np.astype(np.float64)
-            ref = (a64.T if ta else a64) @ (b64.T if tb else b64)
-            self.data[name] = dict(shape=shp, a=a_np, b=b_np, ref=ref, c=np.empty((m, n), np.float32),
-                                   pa=paddle.to_tensor(a_np), pb=paddle.to_tensor(b_np))
+        self._make_data(spec)
         self.fns = {}
         if "encoder_step" in spec["sides"]:
             self._build_step(spec)
@@ -303,6 +277,44 @@ class _Worker:
                 self.fns[(side, name)] = fn
                 self.info["errors"][f"{side}/{name}"] = self._error(fn(), name)
         self.info["libs_after"] = _loaded_libs()
+
+    def _limit_blas(self, spec):
+        """numpy's BLAS at the worker's thread count (when it sets threads), and what it is."""
+        self._blas_limit = None
+        try:
+            import threadpoolctl
+
+            if spec["set_threads"]:
+                self._blas_limit = threadpoolctl.threadpool_limits(limits=self.threads, user_api="blas")
+            self.info["numpy_blas"] = [
+                {k: d.get(k) for k in ("internal_api", "version", "architecture", "num_threads", "threading_layer")}
+                | {"library": os.path.basename(d.get("filepath", ""))}
+                for d in threadpoolctl.threadpool_info() if d.get("user_api") == "blas"]
+        except ImportError:
+            self.info["numpy_blas"] = "threadpoolctl not installed"
+
+    def _bind_gemms(self):
+        self.mkl = self._bind(r"libmklml|libmkl_rt", "cblas_sgemm",
+                              [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                    ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+        i64 = ctypes.c_int64
+        self.dnnl = self._bind(r"libdnnl|libmkldnn", "dnnl_sgemm",
+                               [ctypes.c_char, ctypes.c_char, i64, i64, i64, ctypes.c_float, ctypes.c_void_p, i64,
+                                ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64])
+
+    def _make_data(self, spec):
+        """Per shape: the fp32 operands (numpy and Paddle), the fp64 reference and an output buffer."""
+        np, paddle = self.np, self.paddle
+        self.data = {}
+        rng = np.random.default_rng(spec["seed"])
+        for shp in spec["shapes"]:
+            name, m, n, k, ta, tb = shp
+            a_np = rng.uniform(-1, 1, (k, m) if ta else (m, k)).astype(np.float32)
+            b_np = rng.uniform(-1, 1, (n, k) if tb else (k, n)).astype(np.float32)
+            a64, b64 = a_np.astype(np.float64), b_np.astype(np.float64)
+            ref = (a64.T if ta else a64) @ (b64.T if tb else b64)
+            self.data[name] = dict(shape=shp, a=a_np, b=b_np, ref=ref, c=np.empty((m, n), np.float32),
+                                   pa=paddle.to_tensor(a_np), pb=paddle.to_tensor(b_np))
 
     def _build_step(self, spec):
         import paddle
@@ -679,6 +691,91 @@ def print_table(res):
               f"eval loss diff {st.get('loss_rel_diff_vs_default', 0):.1e}")
 
 
+def _start_workers(args, shapes, tmp, procs):
+    """One worker process per variant (into ``procs``); returns each one's hello message."""
+    for name in args.variant_names:
+        extra, _, sides, set_threads = VARIANTS[name]
+        if name not in PLUGIN_CONFIGURED:
+            extra = dict(extra, **{MKL_DISPATCH_ENV: "off"})
+        env = _worker_env({}, args.threads, set_threads, extra)
+        spec = dict(threads=args.threads, set_threads=set_threads, seed=args.seed, shapes=shapes,
+                    sides=list(sides), quick=args.quick)
+        procs[name] = Proc(name, env, spec, tmp)
+    infos = {}
+    for name, p in procs.items():
+        msg = p.recv()
+        if "error" in msg:
+            raise RuntimeError(f"worker {name}: {msg['error']}\n{p.log_tail()}")
+        p.pid = msg["pid"]
+        infos[name] = msg
+    return infos
+
+
+def _result_slots(procs, infos, shapes):
+    """Empty per-side GEMM results and per-variant encoder-step timings, for what each worker has."""
+    plan = [(name, side) for name in procs for side in VARIANTS[name][2] if side != "encoder_step"]
+    steps = {name: {"config": name, "times_s": []} for name in procs
+             if "encoder_step/step" in infos[name]["available"]}
+    results = {}
+    for name, side in plan:
+        avail = [s[0] for s in shapes if f"{side}/{s[0]}" in infos[name]["available"]]
+        if not avail:
+            continue
+        errs = {n: infos[name]["info"]["errors"][f"{side}/{n}"] for n in avail}
+        results[f"{name}/{side}"] = {"config": name, "side": side, "env": VARIANTS[name][0],
+                                     "description": VARIANTS[name][1], "errors": errs,
+                                     "correct": all(e["ok"] for e in errs.values()),
+                                     "times_s": {n: [] for n in avail}, "gflops_best": {}, "gflops_median": {}}
+    return results, steps
+
+
+def _time_rounds(args, shapes, procs, results, steps):
+    """Every side and shape timed once per round, in lock-step; returns the seconds it took."""
+    t_rounds = time.time()
+    for rnd in range(args.rounds):
+        for shp in shapes:
+            for key, r in results.items():
+                if shp[0] not in r["times_s"]:
+                    continue
+                p = procs[r["config"]]
+                time.sleep(args.pause)
+                p.send({"cmd": "time", "side": r["side"], "shape": shp[0], "reps": args.reps})
+                r["times_s"][shp[0]].append(p.recv()["times"])
+        for name, st in steps.items():
+            time.sleep(args.pause)
+            procs[name].send({"cmd": "time", "side": "encoder_step", "shape": "step", "reps": args.step_reps,
+                              "warmup": 1 if rnd == 0 else 0})
+            st["times_s"].append(procs[name].recv()["times"])
+    return time.time() - t_rounds
+
+
+def _perf_probes(args, shapes, procs, results, tmp):
+    """The hottest code under `perf record` for the probed sides, on the ffn1 shape."""
+    probe_shape = "ffn1" if any(s[0] == "ffn1" for s in shapes) else shapes[0][0]
+    for name, side in PERF_PROBES:
+        key = f"{name}/{side}"
+        if key in results and probe_shape in results[key]["times_s"]:
+            time.sleep(args.pause)
+            top = _perf_top(procs[name], side, probe_shape, 0.8 if not args.quick else 0.5, tmp)
+            if top is not None:
+                results[key]["perf"] = top
+                results[key]["kernel"] = top.get("kernel")
+    return {"perf_shape": probe_shape}
+
+
+def _run_config(args, shapes, cpu, load_start, t_start, t_rounds):
+    return {"cpu": cpu, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
+            "reps": args.reps, "pause_s": args.pause, "quick": args.quick, "seed": args.seed,
+            "shapes": [list(s) for s in shapes], "flops": {s[0]: gemm_flops(s) for s in shapes},
+            "variants": {n: {"env": VARIANTS[n][0], "description": VARIANTS[n][1],
+                             "sets_threads": VARIANTS[n][3]} for n in args.variant_names},
+            "cleared_from_shell": cleared_env(), "loadavg_start": load_start, "loadavg_end": loadavg(),
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "wall_s": {"rounds": t_rounds, "total": time.time() - t_start},
+            "command": "OMP_NUM_THREADS=2 python benchmarks/bench_gemm.py"
+            + (" --quick" if args.quick else "")}
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args._worker:
@@ -692,62 +789,10 @@ def main(argv=None):
     tmp = tempfile.mkdtemp(prefix="bench_gemm_")
     procs = {}
     try:
-        for name in args.variant_names:
-            extra, _, sides, set_threads = VARIANTS[name]
-            if name not in PLUGIN_CONFIGURED:
-                extra = dict(extra, **{MKL_DISPATCH_ENV: "off"})
-            env = _worker_env({}, args.threads, set_threads, extra)
-            spec = dict(threads=args.threads, set_threads=set_threads, seed=args.seed, shapes=shapes,
-                        sides=list(sides), quick=args.quick)
-            procs[name] = Proc(name, env, spec, tmp)
-        infos = {}
-        for name, p in procs.items():
-            msg = p.recv()
-            if "error" in msg:
-                raise RuntimeError(f"worker {name}: {msg['error']}\n{p.log_tail()}")
-            p.pid = msg["pid"]
-            infos[name] = msg
-        plan = [(name, side) for name in procs for side in VARIANTS[name][2] if side != "encoder_step"]
-        steps = {name: {"config": name, "times_s": []} for name in procs
-                 if "encoder_step/step" in infos[name]["available"]}
-        results = {}
-        for name, side in plan:
-            avail = [s[0] for s in shapes if f"{side}/{s[0]}" in infos[name]["available"]]
-            if not avail:
-                continue
-            errs = {n: infos[name]["info"]["errors"][f"{side}/{n}"] for n in avail}
-            results[f"{name}/{side}"] = {"config": name, "side": side, "env": VARIANTS[name][0],
-                                         "description": VARIANTS[name][1], "errors": errs,
-                                         "correct": all(e["ok"] for e in errs.values()),
-                                         "times_s": {n: [] for n in avail}, "gflops_best": {}, "gflops_median": {}}
-        t_rounds = time.time()
-        for rnd in range(args.rounds):
-            for shp in shapes:
-                for key, r in results.items():
-                    if shp[0] not in r["times_s"]:
-                        continue
-                    p = procs[r["config"]]
-                    time.sleep(args.pause)
-                    p.send({"cmd": "time", "side": r["side"], "shape": shp[0], "reps": args.reps})
-                    r["times_s"][shp[0]].append(p.recv()["times"])
-            for name, st in steps.items():
-                time.sleep(args.pause)
-                procs[name].send({"cmd": "time", "side": "encoder_step", "shape": "step", "reps": args.step_reps,
-                                  "warmup": 1 if rnd == 0 else 0})
-                st["times_s"].append(procs[name].recv()["times"])
-        t_rounds = time.time() - t_rounds
-        probes = {}
-        if not args.no_probes:
-            probe_shape = "ffn1" if any(s[0] == "ffn1" for s in shapes) else shapes[0][0]
-            for name, side in PERF_PROBES:
-                key = f"{name}/{side}"
-                if key in results and probe_shape in results[key]["times_s"]:
-                    time.sleep(args.pause)
-                    top = _perf_top(procs[name], side, probe_shape, 0.8 if not args.quick else 0.5, tmp)
-                    if top is not None:
-                        results[key]["perf"] = top
-                        results[key]["kernel"] = top.get("kernel")
-            probes["perf_shape"] = probe_shape
+        infos = _start_workers(args, shapes, tmp, procs)
+        results, steps = _result_slots(procs, infos, shapes)
+        t_rounds = _time_rounds(args, shapes, procs, results, steps)
+        probes = {} if args.no_probes else _perf_probes(args, shapes, procs, results, tmp)
     finally:
         for p in procs.values():
             p.close()
@@ -759,22 +804,8 @@ def main(argv=None):
     encoder_step = summarize_steps(steps, worker_info)
     for info in worker_info.values():
         info.pop("errors", None)
-    res = {
-        "config": {"cpu": cpu, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
-                   "reps": args.reps, "pause_s": args.pause, "quick": args.quick, "seed": args.seed,
-                   "shapes": [list(s) for s in shapes], "flops": {s[0]: gemm_flops(s) for s in shapes},
-                   "variants": {n: {"env": VARIANTS[n][0], "description": VARIANTS[n][1],
-                                    "sets_threads": VARIANTS[n][3]} for n in args.variant_names},
-                   "cleared_from_shell": cleared_env(), "loadavg_start": load_start, "loadavg_end": loadavg(),
-                   "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "wall_s": {"rounds": t_rounds, "total": time.time() - t_start},
-                   "command": "OMP_NUM_THREADS=2 python benchmarks/bench_gemm.py"
-                   + (" --quick" if args.quick else "")},
-        "workers": worker_info,
-        "results": results,
-        "encoder_step": encoder_step,
-        "probes": probes,
-    }
+    res = {"config": _run_config(args, shapes, cpu, load_start, t_start, t_rounds), "workers": worker_info,
+           "results": results, "encoder_step": encoder_step, "probes": probes}
     res["summary"] = summary(res)
     print_table(res)
     for line in res["summary"]["lines"]:

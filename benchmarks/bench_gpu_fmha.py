@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+import types
 import zlib
 
 import numpy as np
@@ -91,6 +92,91 @@ def flash_varlen_impl(torch):
         return None, reason + f"; nested SDPA flash: {type(e).__name__}: {e}"
 
 
+def _time_ours(c, harness, record):
+    """The CUDA kernel through the harness, with and without grouping of sequences."""
+    torch, q = c.torch, c.q
+    out = torch.empty_like(q)
+    lse = torch.empty(c.T, c.H, device="cuda")
+    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+    ws = torch.empty(harness.lib.pu_fmha_bwd_workspace_bytes(c.T, c.H) // 4, device="cuda")
+    for grouping in (True, False):
+        def fwd(grouping=grouping):
+            harness.fwd(q, c.k, c.v, c.cu_np, c.scale, grouping=grouping, out=out, lse=lse)
+
+        def fb(grouping=grouping):
+            harness.fwd(q, c.k, c.v, c.cu_np, c.scale, grouping=grouping, out=out, lse=lse)
+            harness.bwd(q, c.k, c.v, out, lse, c.dout, c.cu_np, c.scale, grouping=grouping, dq=dq, dk=dk,
+                        dv=dv, workspace=ws)
+
+        record("ours_grouped" if grouping else "ours_ungrouped", fwd, fb)
+
+
+def _time_sdpa_padded(c, record):
+    """Padded SDPA: [B, H, S, D] with a boolean key mask (padding is computed, then wasted)."""
+    torch, B, S, H, D = c.torch, c.B, c.S, c.H, c.D
+
+    def pad(x):
+        o = x.new_zeros(B, S, H, D)
+        for b, s in enumerate(c.lengths):
+            o[b, :s] = x[c.cu_np[b] : c.cu_np[b] + s]
+        return o.transpose(1, 2).contiguous()
+
+    qp, kp, vp, dop = (pad(x) for x in (c.q, c.k, c.v, c.dout))
+    qp.requires_grad_(), kp.requires_grad_(), vp.requires_grad_()
+    lens = torch.tensor(c.lengths, device="cuda")
+    mask = (torch.arange(S, device="cuda")[None, :] < lens[:, None])[:, None, None, :]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def p_fwd():
+        with torch.no_grad():
+            sdpa(qp, kp, vp, attn_mask=mask, scale=c.scale)
+
+    def p_fb():
+        qp.grad = kp.grad = vp.grad = None
+        sdpa(qp, kp, vp, attn_mask=mask, scale=c.scale).backward(dop)
+
+    record("sdpa_padded", p_fwd, p_fb)
+
+
+def _time_flash(c, flash, record, res):
+    """torch's own variable-length attention, when there is one (else the reason is recorded)."""
+    if flash[0] is None:
+        res["methods"]["torch_flash_varlen"] = {"error": flash[1]}
+        return
+    torch = c.torch
+    fname, ffn = flash
+    cu_t = torch.from_numpy(c.cu_np).cuda()
+    ql, kl, vl = (x.detach().clone().requires_grad_() for x in (c.q, c.k, c.v))
+
+    def fl_fwd():
+        with torch.no_grad():
+            ffn(ql, kl, vl, cu_t, c.S, c.scale)
+
+    def fl_fb():
+        ql.grad = kl.grad = vl.grad = None
+        ffn(ql, kl, vl, cu_t, c.S, c.scale).backward(c.dout)
+
+    record("torch_flash_varlen", fl_fwd, fl_fb)
+    res["torch_flash_varlen_impl"] = fname
+
+
+def _ratios(m):
+    def ratio(a, b, key):
+        try:
+            return m[a][key] / m[b][key]
+        except Exception:  # noqa: BLE001
+            return None
+
+    return {
+        "fwdbwd_ms ours_grouped / torch_flash_varlen": ratio("ours_grouped", "torch_flash_varlen", "fwdbwd_ms"),
+        "fwdbwd_ms ours_grouped / sdpa_padded": ratio("ours_grouped", "sdpa_padded", "fwdbwd_ms"),
+        "fwdbwd_ms ours_grouped / ours_ungrouped": ratio("ours_grouped", "ours_ungrouped", "fwdbwd_ms"),
+        "fwd_ms ours_grouped / torch_flash_varlen": ratio("ours_grouped", "torch_flash_varlen", "fwd_ms"),
+        "fwd_ms ours_grouped / sdpa_padded": ratio("ours_grouped", "sdpa_padded", "fwd_ms"),
+        "fwd_ms ours_grouped / ours_ungrouped": ratio("ours_grouped", "ours_ungrouped", "fwd_ms"),
+    }
+
+
 def run_case(torch, harness, name, H, D, B, max_len, warmup, iters, flash):
     dt = torch.bfloat16
     lengths = realistic_lengths(B, max_len, seed=zlib.crc32(name.encode()))
@@ -115,78 +201,12 @@ def run_case(torch, harness, name, H, D, B, max_len, warmup, iters, flash):
         except Exception as e:  # noqa: BLE001
             res["methods"][method] = {"error": f"{type(e).__name__}: {e}"}
 
-    out = torch.empty_like(q)
-    lse = torch.empty(T, H, device="cuda")
-    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
-    ws = torch.empty(harness.lib.pu_fmha_bwd_workspace_bytes(T, H) // 4, device="cuda")
-    for grouping in (True, False):
-        def fwd(grouping=grouping):
-            harness.fwd(q, k, v, cu_np, scale, grouping=grouping, out=out, lse=lse)
-
-        def fb(grouping=grouping):
-            harness.fwd(q, k, v, cu_np, scale, grouping=grouping, out=out, lse=lse)
-            harness.bwd(q, k, v, out, lse, dout, cu_np, scale, grouping=grouping, dq=dq, dk=dk,
-                        dv=dv, workspace=ws)
-
-        record("ours_grouped" if grouping else "ours_ungrouped", fwd, fb)
-
-    # Padded SDPA: [B, H, S, D] with a boolean key mask (padding is computed, then wasted).
-    def pad(x):
-        o = x.new_zeros(B, S, H, D)
-        for b, s in enumerate(lengths):
-            o[b, :s] = x[cu_np[b] : cu_np[b] + s]
-        return o.transpose(1, 2).contiguous()
-
-    qp, kp, vp, dop = (pad(x) for x in (q, k, v, dout))
-    qp.requires_grad_(), kp.requires_grad_(), vp.requires_grad_()
-    lens = torch.tensor(lengths, device="cuda")
-    mask = (torch.arange(S, device="cuda")[None, :] < lens[:, None])[:, None, None, :]
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def p_fwd():
-        with torch.no_grad():
-            sdpa(qp, kp, vp, attn_mask=mask, scale=scale)
-
-    def p_fb():
-        qp.grad = kp.grad = vp.grad = None
-        sdpa(qp, kp, vp, attn_mask=mask, scale=scale).backward(dop)
-
-    record("sdpa_padded", p_fwd, p_fb)
-
-    if flash[0] is not None:
-        fname, ffn = flash
-        cu_t = torch.from_numpy(cu_np).cuda()
-        ql, kl, vl = (x.detach().clone().requires_grad_() for x in (q, k, v))
-
-        def fl_fwd():
-            with torch.no_grad():
-                ffn(ql, kl, vl, cu_t, S, scale)
-
-        def fl_fb():
-            ql.grad = kl.grad = vl.grad = None
-            ffn(ql, kl, vl, cu_t, S, scale).backward(dout)
-
-        record("torch_flash_varlen", fl_fwd, fl_fb)
-        res["torch_flash_varlen_impl"] = fname
-    else:
-        res["methods"]["torch_flash_varlen"] = {"error": flash[1]}
-
-    m = res["methods"]
-
-    def ratio(a, b, key):
-        try:
-            return m[a][key] / m[b][key]
-        except Exception:  # noqa: BLE001
-            return None
-
-    res["ratios"] = {
-        "fwdbwd_ms ours_grouped / torch_flash_varlen": ratio("ours_grouped", "torch_flash_varlen", "fwdbwd_ms"),
-        "fwdbwd_ms ours_grouped / sdpa_padded": ratio("ours_grouped", "sdpa_padded", "fwdbwd_ms"),
-        "fwdbwd_ms ours_grouped / ours_ungrouped": ratio("ours_grouped", "ours_ungrouped", "fwdbwd_ms"),
-        "fwd_ms ours_grouped / torch_flash_varlen": ratio("ours_grouped", "torch_flash_varlen", "fwd_ms"),
-        "fwd_ms ours_grouped / sdpa_padded": ratio("ours_grouped", "sdpa_padded", "fwd_ms"),
-        "fwd_ms ours_grouped / ours_ungrouped": ratio("ours_grouped", "ours_ungrouped", "fwd_ms"),
-    }
+    case = types.SimpleNamespace(torch=torch, q=q, k=k, v=v, dout=dout, cu_np=cu_np, lengths=lengths, T=T, S=S,
+                                 B=B, H=H, D=D, scale=scale)
+    _time_ours(case, harness, record)
+    _time_sdpa_padded(case, record)
+    _time_flash(case, flash, record, res)
+    res["ratios"] = _ratios(res["methods"])
     return res
 
 
