@@ -17,9 +17,10 @@ the same batches. Per cell: p50 / p99 latency, sequences/s, real tokens / padded
 *ideal* unpadded latency, padded latency x (real / padded).
 
 Paddle Inference's own CPU optimisations -- graph passes (``switch_ir_optim``) and oneDNN
-kernels (``enable_mkldnn``) -- are first swept at ``--sweep-batch`` for both sides (a combination
-that refuses to build or run is recorded in words); each side is then served with the
-combination that was fastest for it. Each thread count (``set_cpu_math_library_num_threads``,
+kernels (``enable_mkldnn``) -- are first swept at the ``--sweep-batches`` for both sides (a
+combination that refuses to build or run is recorded in words); each side then serves a batch
+with the combination that was fastest for it at the largest swept batch size not above it
+(oneDNN builds its kernels per input shape, which costs most where the calls are shortest). Each thread count (``set_cpu_math_library_num_threads``,
 and every thread pool of the process) runs in a process of its own. Last, where the time goes:
 Paddle's profiler over the same models in dygraph on one batch of the largest size per
 distribution, exclusive time per operator kind.
@@ -77,7 +78,7 @@ def parse_args(argv=None):
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, one process each")
     ap.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--long-max-len", type=int, default=128, help="max tokens of a pre-training pair")
-    ap.add_argument("--sweep-batch", type=int, default=8, help="batch size of the optimisation sweep")
+    ap.add_argument("--sweep-batches", default="1,8", help="comma-separated batch sizes of the optimisation sweep")
     ap.add_argument("--sweep-repeats", type=int, default=3, help="timed calls per side, config and distribution")
     ap.add_argument("--cell-seconds", type=float, default=4.0, help="time budget per batch size and distribution")
     ap.add_argument("--min-repeats", type=int, default=3, help="timed calls per side and cell at least")
@@ -92,10 +93,11 @@ def parse_args(argv=None):
     ap.add_argument("--_worker", default="", help=argparse.SUPPRESS)  # internal: the work folder
     args = ap.parse_args(argv)
     if args.quick:
-        args.threads, args.batches, args.long_max_len, args.sweep_batch = "1", "1,4", 64, 4
+        args.threads, args.batches, args.long_max_len, args.sweep_batches = "1", "1,4", 64, "1,4"
         args.sweep_repeats, args.cell_seconds, args.min_repeats, args.max_repeats = 1, 0.0, 2, 2
     args.threads, args.batches = _ints(ap, "threads", args.threads), _ints(ap, "batches", args.batches)
-    for name in ("long_max_len", "sweep_batch", "sweep_repeats", "min_repeats", "max_repeats"):
+    args.sweep_batches = sorted(set(_ints(ap, "sweep-batches", args.sweep_batches)))
+    for name in ("long_max_len", "sweep_repeats", "min_repeats", "max_repeats"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.long_max_len < 16:
@@ -135,7 +137,7 @@ def _sequences(args, tokenizer):
 def draw_batches(args, seqs):
     """{distribution: {batch size: [batch, ...]}}: max_repeats seeded draws (without replacement within a batch)."""
     rng = np.random.default_rng(args.seed)
-    sizes = sorted(set(args.batches) | {args.sweep_batch})
+    sizes = sorted(set(args.batches) | set(args.sweep_batches))
     out = {}
     for name, pool in seqs.items():
         out[name] = {b: [[pool[i] for i in rng.choice(len(pool), size=b, replace=False)]
@@ -240,39 +242,50 @@ def time_cell(preds, batches, repeats):
 # ----------------------------------------------------------------------------- one thread count (worker)
 
 
-def sweep(args, work, batches, threads):
-    """Every optimisation setting at --sweep-batch: {config: {distribution: {side: median ms}, "max_rel_diff"}}
-    or {config: {"refused": why}}."""
+def sweep(args, work, batches, threads, cache):
+    """Every optimisation setting at the --sweep-batches: {config: {"by_batch": {batch: {distribution: {side:
+    median ms}}}, "max_rel_diff"}} or {config: {"refused": why}}. ``cache``: (config -> predictors), filled."""
     out = {}
     for config in CONFIGS:
         try:
-            preds = make_predictors(work, config, threads)
-            entry, diffs = {}, []
-            for name in CORPORA:
-                cell = batches[name][args.sweep_batch][:args.sweep_repeats]
-                times, diff = time_cell(preds, cell, args.sweep_repeats)
-                entry[name] = {side: float(np.median(times[side]) * 1e3) for side in SIDES}
-                diffs.append(diff)
+            preds = cache[config] = make_predictors(work, config, threads)
+            entry, diffs = {"by_batch": {}}, []
+            for size in args.sweep_batches:
+                entry["by_batch"][str(size)] = per = {}
+                for name in CORPORA:
+                    times, diff = time_cell(preds, batches[name][size][:args.sweep_repeats], args.sweep_repeats)
+                    per[name] = {side: float(np.median(times[side]) * 1e3) for side in SIDES}
+                    diffs.append(diff)
             entry["max_rel_diff"] = max(diffs)
             if entry["max_rel_diff"] > AGREE:
                 entry = {"refused": f"the sides' logits differ by {entry['max_rel_diff']:.2e} (relative) > {AGREE}"}
         except Exception as e:  # a setting Paddle refuses is a result, not a crash
             entry = {"refused": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
         out[config] = entry
-        print(f"  [{threads} thread(s)] {config}: " + (entry.get("refused") or ", ".join(
-            f"{n} " + "/".join(f"{entry[n][s]:.1f}" for s in SIDES) + " ms" for n in CORPORA)), flush=True)
+        print(f"  [{threads} thread(s)] {config}: " + (entry.get("refused") or "; ".join(
+            f"batch {b}: " + ", ".join(f"{n} " + "/".join(f"{per[n][s]:.1f}" for s in SIDES) + " ms" for n in CORPORA)
+            for b, per in entry["by_batch"].items())), flush=True)
     return out
 
 
-def best_configs(sweeps):
-    """{side: fastest working setting}: least summed median over the distributions."""
+def best_configs(sweeps, sweep_batches):
+    """{sweep batch: {side: fastest working setting}}: least summed median over the distributions."""
     best = {}
-    for side in SIDES:
-        ok = {c: sum(e[n][side] for n in CORPORA) for c, e in sweeps.items() if "refused" not in e}
-        if not ok:
-            raise SystemExit(f"no Paddle Inference setting served the {side} export: {sweeps}")
-        best[side] = min(ok, key=ok.get)
+    for size in sweep_batches:
+        best[str(size)] = {}
+        for side in SIDES:
+            ok = {c: sum(e["by_batch"][str(size)][n][side] for n in CORPORA) for c, e in sweeps.items()
+                  if "refused" not in e}
+            if not ok:
+                raise SystemExit(f"no Paddle Inference setting served the {side} export: {sweeps}")
+            best[str(size)][side] = min(ok, key=ok.get)
     return best
+
+
+def settings_for(size, best):
+    """{side: setting} for a batch of ``size``: the sweep's best at the largest swept size not above it."""
+    swept = sorted(int(b) for b in best)
+    return best[str(max([b for b in swept if b <= size] or swept[:1]))]
 
 
 def summarize(times, batch_list, size):
@@ -297,20 +310,20 @@ def summarize(times, batch_list, size):
     return out
 
 
-def grid(args, work, batches, threads, best):
+def grid(args, batches, threads, best, cache):
     """Every distribution x batch size, each side with its best setting; repeats sized by --cell-seconds."""
-    preds = {side: serve.predictor(os.path.join(work, side), threads, ir_optim=CONFIGS[best[side]][0],
-                                   onednn=CONFIGS[best[side]][1]) for side in SIDES}
     cells = []
     for name in CORPORA:
         for size in args.batches:
+            configs = settings_for(size, best)
+            preds = {side: cache[configs[side]][side] for side in SIDES}
             blist = batches[name][size]
             t0 = time.perf_counter()
             est, _ = time_cell(preds, blist[:1], 1)
             per_call = max(time.perf_counter() - t0, 1e-6) / 2  # one untimed + one timed call per side
             reps = int(min(args.max_repeats, max(args.min_repeats, args.cell_seconds / per_call)))
             times, diff = time_cell(preds, blist, reps)
-            cell = dict(summarize(times, blist, size), distribution=name, max_rel_diff=diff)
+            cell = dict(summarize(times, blist, size), distribution=name, max_rel_diff=diff, settings=configs)
             cells.append(cell)
             print(f"  [{threads} thread(s)] {name:18s} batch {size:3d}: " + _cell_line(cell), flush=True)
     return cells
@@ -402,10 +415,12 @@ def worker(args):
     with open(os.path.join(work, "batches.json")) as f:
         batches = {n: {int(b): v for b, v in per.items()} for n, per in json.load(f).items()}
     t0 = time.time()
-    sweeps = sweep(args, work, batches, threads)
-    best = best_configs(sweeps)
-    print(f"  [{threads} thread(s)] serving with: " + ", ".join(f"{s} {best[s]}" for s in SIDES), flush=True)
-    res = {"threads": threads, "sweep": sweeps, "best": best, "cells": grid(args, work, batches, threads, best)}
+    cache = {}
+    sweeps = sweep(args, work, batches, threads, cache)
+    best = best_configs(sweeps, args.sweep_batches)
+    print(f"  [{threads} thread(s)] serving with: " + "; ".join(f"from batch {b}: " + ", ".join(
+        f"{s} {per[s]}" for s in SIDES) for b, per in best.items()), flush=True)
+    res = {"threads": threads, "sweep": sweeps, "best": best, "cells": grid(args, batches, threads, best, cache)}
     if not args.no_profile:
         res["profile"] = profile(args, work, batches)
     res["seconds"], res["loadavg"] = round(time.time() - t0, 1), bench_util.load_average()

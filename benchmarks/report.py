@@ -945,20 +945,22 @@ def demo_seeds():
 
 
 def _serving_sweep(d):
-    """The optimisation settings per thread count: median ms at the sweep batch, or why Paddle refused."""
-    c = d["config"]
+    """The optimisation settings per thread count and swept batch size: median ms, or why Paddle refused."""
+    c, sides = d["config"], ("unpadded", "padded")
     names = list(dict.fromkeys(cell["distribution"] for cell in d["runs"][0]["cells"]))
     rows = []
     for r in d["runs"]:
-        for config, e in r["sweep"].items():
-            chosen = " / ".join(s for s in ("unpadded", "padded") if r["best"][s] == config) or "-"
-            cols = (["refused: " + e["refused"]] + [""] * (2 * len(names) - 1) if "refused" in e else
-                    [f"{e[n][s]:.1f}" for n in names for s in ("unpadded", "padded")])
-            rows.append([r["threads"], config] + cols + [chosen])
-    head = ["threads", "ir_optim / oneDNN"] + [f"{n}: {s} ms" for n in names for s in ("unpadded", "padded")]
-    return ([f"Paddle Inference's CPU optimisations at batch {c['sweep_batch']} (median of {c['sweep_repeats']} "
-             "calls; `ir_optim` = `switch_ir_optim(True)`, `onednn` = `enable_mkldnn()`); each side is then served "
-             "with its fastest setting (last column):", ""] + _table(head + ["serves"], rows))
+        for b in map(str, c["sweep_batches"]):
+            for config, e in r["sweep"].items():
+                chosen = " / ".join(s for s in sides if r["best"][b][s] == config) or "-"
+                cols = (["refused: " + e["refused"]] + [""] * (2 * len(names) - 1) if "refused" in e else
+                        [f"{e['by_batch'][b][n][s]:.1f}" for n in names for s in sides])
+                rows.append([r["threads"], b, config] + cols + [chosen])
+    head = ["threads", "batch", "ir_optim / oneDNN"] + [f"{n}: {s} ms" for n in names for s in sides]
+    return ([f"Paddle Inference's CPU optimisations (median of {c['sweep_repeats']} calls on different batches; "
+             "`ir_optim` = `switch_ir_optim(True)`, `onednn` = `enable_mkldnn()`); each side then serves a batch "
+             "with the setting that was fastest for it at the largest swept size not above it (last column):", ""]
+            + _table(head + ["serves"], rows))
 
 
 def _serving_cells(d):
@@ -968,6 +970,7 @@ def _serving_cells(d):
         for c in r["cells"]:
             u, p = c["unpadded"], c["padded"]
             rows.append([r["threads"], c["distribution"], c["batch"], c["calls"],
+                         " / ".join(c["settings"][s] for s in ("unpadded", "padded")),
                          f"{u['p50_ms']:.1f} / {u['p99_ms']:.1f}",
                          f"{p['p50_ms']:.1f} / {p['p99_ms']:.1f}", f"{u['seqs_per_s']:.1f}", f"{p['seqs_per_s']:.1f}",
                          f"{c['real_over_padded']:.2f}", f"{c['ideal_p50_ms']:.1f}", f"{c['unpadded_over_ideal']:.2f}"
@@ -978,7 +981,7 @@ def _serving_cells(d):
                 far.append(f"{c['distribution']} batch {c['batch']} at {r['threads']} thread(s) "
                            f"({c['unpadded_over_ideal']:.2f}x" + ("" if paired is None else f"; per batch {paired:.2f}x")
                            + ")")
-    lines = _table(["threads", "lengths", "batch", "calls", "unpadded p50 / p99 ms", "padded p50 / p99 ms",
+    lines = _table(["threads", "lengths", "batch", "calls", "settings", "unpadded p50 / p99 ms", "padded p50 / p99 ms",
                     "unpadded seq/s", "padded seq/s", "real / padded tokens", "ideal p50 ms",
                     "unpadded / ideal: p50 (median per batch)",
                     "padded / unpadded p50"], rows)

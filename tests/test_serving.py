@@ -39,12 +39,17 @@ def test_bench_serving_quick(quick_run, report, tmp_path):
     assert run["threads"] == 1 and res["machine"]["cpu_model"]
     for config, e in run["sweep"].items():  # each setting measured both sides, or says why it could not
         assert (isinstance(e.get("refused"), str) and e["refused"]) or e["max_rel_diff"] < 1e-4, (config, e)
-    assert set(run["best"]) == set(SIDES) and all("refused" not in run["sweep"][run["best"][s]] for s in SIDES)
+        assert "refused" in e or sorted(e["by_batch"]) == ["1", "4"]
+    for size, best in run["best"].items():  # the fastest working setting per side at each swept size
+        working = {c: e["by_batch"][size] for c, e in run["sweep"].items() if "refused" not in e}
+        for side in SIDES:
+            assert best[side] == min(working, key=lambda c: sum(v[side] for v in working[c].values()))
     cells = run["cells"]
     assert sorted({(c["distribution"], c["batch"]) for c in cells}) == sorted(
         (d, b) for d in ("short reviews", "pre-training pairs") for b in (1, 4))
     for c in cells:
         assert c["max_rel_diff"] < 1e-4, c  # the unpadded and the padded predictor answer the same batch alike
+        assert c["settings"] == run["best"][str(c["batch"])]
         for side in SIDES:
             t = c[side]
             assert 0 < t["best_ms"] <= t["p50_ms"] <= t["p99_ms"] and t["seqs_per_s"] > 0, (side, c)
