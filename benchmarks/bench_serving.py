@@ -20,14 +20,18 @@ Paddle Inference's own CPU optimisations -- graph passes (``switch_ir_optim``) a
 kernels (``enable_mkldnn``) -- are first swept at the ``--sweep-batches`` for both sides (a
 combination that refuses to build or run is recorded in words); each side then serves a batch
 with the combination that was fastest for it at the largest swept batch size not above it
-(oneDNN builds its kernels per input shape, which costs most where the calls are shortest). Each thread count (``set_cpu_math_library_num_threads``,
-and every thread pool of the process) runs in a process of its own. Last, where the time goes:
-Paddle's profiler over the same models in dygraph on one batch of the largest size per
-distribution, exclusive time per operator kind.
+(oneDNN builds its kernels per input shape, which costs most where the calls are shortest).
+Each thread count (``set_cpu_math_library_num_threads``, and every thread pool of the process)
+runs in a process of its own. Where the time goes: per cell, a few more calls on one batch whose
+shapes the predictor has already seen (the packed ``[T]`` is new with nearly every batch, the
+padded ``[B, S]`` repeats); and Paddle's profiler over the same models in dygraph on one batch
+of the largest size per distribution, exclusive time per operator kind. "Paired": the median
+over batches of unpadded / (padded x real / padded) of the two calls on the same batch, made
+back to back, which load from other processes disturbs least.
 
 Writes ``benchmarks/results/serving_<kind>.json``; ``benchmarks/report.py`` renders it.
 
-    python benchmarks/bench_serving.py                # make bench size: about 3 minutes on 2 cores
+    python benchmarks/bench_serving.py                # make bench size: 3-4 minutes on 2 cores
     python benchmarks/bench_serving.py --quick --tiny # smoke run: small batches, a 2-layer random model
 """
 from __future__ import annotations
@@ -310,6 +314,13 @@ def summarize(times, batch_list, size):
     return out
 
 
+def same_batch_p50(preds, batch, repeats):
+    """Per side, p50 ms of ``repeats`` more calls on one batch whose shapes the predictor has seen: without the
+    cost of a new input shape (oneDNN builds its kernels per shape; the packed ``[T]`` changes with every batch)."""
+    times, _ = time_cell(preds, [batch], repeats)
+    return {side: float(np.median(times[side]) * 1e3) for side in SIDES}
+
+
 def grid(args, batches, threads, best, cache):
     """Every distribution x batch size, each side with its best setting; repeats sized by --cell-seconds."""
     cells = []
@@ -324,6 +335,7 @@ def grid(args, batches, threads, best, cache):
             reps = int(min(args.max_repeats, max(args.min_repeats, args.cell_seconds / per_call)))
             times, diff = time_cell(preds, blist, reps)
             cell = dict(summarize(times, blist, size), distribution=name, max_rel_diff=diff, settings=configs)
+            cell["same_batch_p50_ms"] = same_batch_p50(preds, blist[0], min(reps, 3))
             cells.append(cell)
             print(f"  [{threads} thread(s)] {name:18s} batch {size:3d}: " + _cell_line(cell), flush=True)
     return cells

@@ -963,6 +963,11 @@ def _serving_sweep(d):
             + _table(head + ["serves"], rows))
 
 
+def _same_batch(c):
+    same = c.get("same_batch_p50_ms")
+    return [f"{same['unpadded']:.1f} / {same['padded']:.1f}" if same else "-"]
+
+
 def _serving_cells(d):
     """p50/p99 and sequences/s of both sides per thread count, distribution and batch; the ideal."""
     rows, far = [], []
@@ -975,7 +980,7 @@ def _serving_cells(d):
                          f"{p['p50_ms']:.1f} / {p['p99_ms']:.1f}", f"{u['seqs_per_s']:.1f}", f"{p['seqs_per_s']:.1f}",
                          f"{c['real_over_padded']:.2f}", f"{c['ideal_p50_ms']:.1f}", f"{c['unpadded_over_ideal']:.2f}"
                          + (f" ({c['unpadded_over_ideal_paired']:.2f})" if "unpadded_over_ideal_paired" in c else ""),
-                         f"**{c['speedup_p50']:.2f}x**"])
+                         f"**{c['speedup_p50']:.2f}x**"] + _same_batch(c))
             if c["batch"] >= 8 and c["unpadded_over_ideal"] > d["close_within"]:
                 paired = c.get("unpadded_over_ideal_paired")
                 far.append(f"{c['distribution']} batch {c['batch']} at {r['threads']} thread(s) "
@@ -984,7 +989,7 @@ def _serving_cells(d):
     lines = _table(["threads", "lengths", "batch", "calls", "settings", "unpadded p50 / p99 ms", "padded p50 / p99 ms",
                     "unpadded seq/s", "padded seq/s", "real / padded tokens", "ideal p50 ms",
                     "unpadded / ideal: p50 (median per batch)",
-                    "padded / unpadded p50"], rows)
+                    "padded / unpadded p50", "same batch again: unpadded / padded ms"], rows)
     n = sum(1 for r in d["runs"] for c in r["cells"] if c["batch"] >= 8)
     verdict = (f"At batch 8 and more, {n - len(far)} of {n} cells serve unpadded within {d['close_within']:.2f}x of "
                "the ideal (padded p50 x real / padded tokens)")

@@ -50,6 +50,7 @@ def test_bench_serving_quick(quick_run, report, tmp_path):
     for c in cells:
         assert c["max_rel_diff"] < 1e-4, c  # the unpadded and the padded predictor answer the same batch alike
         assert c["settings"] == run["best"][str(c["batch"])]
+        assert all(c["same_batch_p50_ms"][side] > 0 for side in SIDES)
         for side in SIDES:
             t = c[side]
             assert 0 < t["best_ms"] <= t["p50_ms"] <= t["p99_ms"] and t["seqs_per_s"] > 0, (side, c)
