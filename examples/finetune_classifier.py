@@ -27,6 +27,7 @@ import os
 import pickle
 import resource
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -60,8 +61,11 @@ def parse_args(argv=None):
                    help="continue from this checkpoint folder (an --output-dir or its checkpoint-<step>)")
     add_run_args(p)
     args = p.parse_args(argv)
-    if args.save_steps < 0:
-        p.error(f"--save-steps must be >= 0, got {args.save_steps}")
+    for name, low in (("max_steps", 0), ("save_steps", 0), ("batch_size", 1), ("max_seq_len", 1)):
+        if getattr(args, name) < low:
+            p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if args.epochs <= 0:
+        p.error(f"--epochs must be > 0, got {args.epochs}")
     if args.save_steps and not args.output_dir:
         p.error(f"--save-steps {args.save_steps} needs --output-dir")
     if args.resume and not os.path.isfile(os.path.join(args.resume, TRAIN_STATE)):
@@ -121,151 +125,32 @@ def main(argv=None):
     args = parse_args(argv)
     quiet_logs(args.verbose)
     import paddle
-    import paddle.distributed as dist
-    import paddle.distributed.fleet as fleet
-    from paddlenlp.transformers import BertForSequenceClassification, BertTokenizer
 
-    import paddle_unpad as pu
-    from paddle_unpad.data import corpora
-
-    unpad = not args.no_unpad
-    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
-    strategy = pu.fleet.DistributedStrategy()
-    strategy.unpad = unpad and not args.no_balance
-    strategy.unpad_configs = {"max_seqlen": args.max_seq_len}
-    if world > 1:
-        fleet.init(is_collective=True, strategy=strategy)
-    rank = dist.get_rank() if world > 1 else 0
-    paddle.seed(args.seed)
-    np.random.seed(args.seed)
-
-    tokenizer = BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
-    train_rows = corpora.rotten_tomatoes("train")
-    dev_rows = corpora.rotten_tomatoes("dev")
-    if args.max_train:
-        train_rows = train_rows[: args.max_train]
-    if args.max_dev:
-        dev_rows = dev_rows[: args.max_dev]
-    train = ListDataset(tokenize(tokenizer, train_rows, args.max_seq_len))
-    dev = ListDataset(tokenize(tokenizer, dev_rows, args.max_seq_len))
-
-    model = pu.models.load_hf_bert(
-        corpora.minilm_dir(), model_class=BertForSequenceClassification, num_classes=2,
-        hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
-    )
-    if unpad:
-        pu.convert(model)
-
-    sampler = paddle.io.DistributedBatchSampler(train, batch_size=args.batch_size, shuffle=True, drop_last=False)
-    collate = pu.data.sample_list_collate if unpad else pad_collate
-    loader = paddle.io.DataLoader(train, batch_sampler=sampler, collate_fn=collate, num_workers=0)
-    if unpad:
-        loader = pu.fleet.distributed_loader(loader, strategy=strategy if world > 1 else None)
-
-    steps_per_epoch = len(sampler)
-    total_steps = max(1, int(math.ceil(steps_per_epoch * args.epochs)))
-    warmup = max(1, int(total_steps * args.warmup))
-    schedule = paddle.optimizer.lr.LambdaDecay(
-        args.lr, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / max(1, total_steps - warmup))))
-    decay = [p.name for n, p in model.named_parameters() if not any(x in n for x in ("bias", "norm"))]
-    opt = base_opt = paddle.optimizer.AdamW(schedule, parameters=model.parameters(), weight_decay=0.01,
-                                            apply_decay_param_fun=lambda name: name in decay)
-    start, history = 0, StepHistory()
+    job = setup(args)
     if args.resume:
-        start, history = load_checkpoint(args.resume, model, base_opt, rank, ranks=world, batch_size=args.batch_size,
-                                         schedule_steps=total_steps)
-        sampler.set_epoch(start // steps_per_epoch)
-    run_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
-    if start >= run_steps:
-        raise SystemExit(f"--resume {args.resume!r}: the checkpoint is at step {start}, this run ends at step "
-                         f"{run_steps} (--max-steps {args.max_steps}, --epochs {args.epochs:g}): nothing to train")
-    train_model, grad_sync = model, None
-    if world > 1 and unpad:
-        # the plugin's all-reduce: embedding rows the batch used only, overlapped with the backward
-        grad_sync = pu.fleet.GradientAllReduce(model)
-    elif world > 1:  # the stock way
-        train_model = fleet.distributed_model(model)
-        opt = fleet.distributed_optimizer(opt)
-
-    progress = Progress(max(run_steps, 1), enabled=rank == 0 and not args.no_progress, start=start)
-    label = "paddle_unpad" if unpad else "stock (padded)"
-    step, tokens, samples, t_train, out_of_time = start, 0, 0, 0.0, False
-    skip = start % steps_per_epoch  # batches of the resumed epoch trained before: read, not trained
-    train_model.train()
-    while step < run_steps and not out_of_time:
-        for batch in loader:
-            if skip:
-                skip -= 1
-                continue
-            if step >= run_steps or out_of_time:
-                break
-            t0 = time.perf_counter()
-            labels = batch.pop("labels")
-            n_global = batch.get("global_num_samples", batch["num_samples"] * world)
-            logits = train_model(**model_inputs(batch))
-            logits = logits[0] if isinstance(logits, (tuple, list)) else logits
-            # sum / global count: identical to plain data parallel's mean even when the
-            # balancer gives ranks different sample counts (uneven last batch)
-            loss_sum = paddle.nn.functional.cross_entropy(logits, labels, reduction="sum")
-            loss = loss_sum * (world / max(1, n_global))
-            loss.backward()
-            if grad_sync is not None:
-                grad_sync.wait()
-            opt.step()
-            # None rather than zeros: the next backward then writes each gradient instead of adding it
-            # to a zeroed copy (with an embedding table, ~50 MB of memset and add per step saved)
-            opt.clear_grad(set_to_zero=False)
-            lr = schedule.get_lr()
-            schedule.step()
-            dt = time.perf_counter() - t0
-            t_train += dt
-            step += 1
-            n_tok = int(batch["cu_seqlens_host"][-1]) if unpad else batch["tokens"]
-            tokens += n_tok
-            samples += int(batch["num_samples"])
-            row = record_step(history, step, float(loss_sum), n_global, n_tok, dt, lr, world)  # outside the timing
-            progress.update(step, f"loss {row['loss']:.4f}, {row['tokens_per_s']:.0f} tokens/s")
-            if args.save_steps and step % args.save_steps == 0 and step < run_steps:
-                folder = os.path.join(args.output_dir, f"checkpoint-{step}")
-                save_rng_state(folder, rank)
-                if rank == 0:
-                    save_checkpoint(folder, model, tokenizer, base_opt, step=step, world=world,
-                                    batch_size=args.batch_size, schedule_steps=total_steps, history=history)
-            if args.time_budget:  # outside the timed region; every rank stops at the same step
-                out_of_time = _out_of_time(t_train, step - start, args.time_budget, world)
+        job.start, job.history = load_checkpoint(args.resume, job.model, job.base_opt, job.rank, ranks=job.world,
+                                                 batch_size=args.batch_size, schedule_steps=job.total_steps)
+        job.sampler.set_epoch(job.start // job.steps_per_epoch)
+    job.run_steps = min(job.total_steps, args.max_steps) if args.max_steps else job.total_steps
+    if job.start >= job.run_steps:
+        raise SystemExit(f"--resume {args.resume!r}: the checkpoint is at step {job.start}, this run ends at step "
+                         f"{job.run_steps} (--max-steps {args.max_steps}, --epochs {args.epochs:g}): nothing to train")
+    distribute(job)
+    counts = train(job, args)
     if args.output_dir:
-        save_rng_state(args.output_dir, rank)
-    if hasattr(loader, "close"):
-        loader.close()
-    if grad_sync is not None:
-        grad_sync.close()
-
-    acc, n_dev = evaluate(model, dev, args, unpad, world, rank)
-    # throughput of the whole job: every rank's samples and real tokens
-    totals = paddle.to_tensor([samples, tokens], dtype="int64")
-    t_max = paddle.to_tensor([t_train], dtype="float32")
-    if world > 1:
-        dist.all_reduce(totals)
-        dist.all_reduce(t_max, op=dist.ReduceOp.MAX)
-    n_samples, n_tokens = (int(x) for x in totals.numpy())
-    wall = float(t_max.numpy()[0])
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    summary = {
-        "path": "unpadded+balanced" if unpad and not args.no_balance else ("unpadded" if unpad else "padded (stock)"),
-        "ranks": world, "steps": step, "schedule_steps": total_steps, "stopped_by_time_budget": out_of_time,
-        "train_samples": n_samples, "train_tokens": n_tokens,
-        "train_seconds": round(wall, 2), "samples_per_s": round(n_samples / wall, 2),
-        "tokens_per_s": round(n_tokens / wall, 1), "dev_accuracy": round(acc, 4), "dev_samples": n_dev,
-        "peak_rss_mb_rank0": round(peak_mb, 1),
-        "machine": dict(pu.cpu_gemm.host_info(), paddle=paddle.__version__),
-    }
-    if rank == 0:
+        save_rng_state(args.output_dir, job.rank)
+    if hasattr(job.loader, "close"):
+        job.loader.close()
+    if job.grad_sync is not None:
+        job.grad_sync.close()
+    acc, n_dev = evaluate(job.model, job.dev, args, job.unpad, job.world, job.rank)
+    summary = summarize(job, args, counts, acc, n_dev, paddle.__version__)
+    if job.rank == 0:
         print(json.dumps(summary, indent=1))
         if args.output_dir:
-            save_checkpoint(args.output_dir, model, tokenizer, base_opt, step=step, world=world,
-                            batch_size=args.batch_size, schedule_steps=total_steps, history=history)
-            plot_loss_curves(os.path.join(args.output_dir, PLOT), {label: history},
-                             f"MiniLM-L6 on Rotten Tomatoes, {world} rank(s), batch {args.batch_size}/rank")
+            save_checkpoint(args.output_dir, job, args, counts["step"])
+            plot_loss_curves(os.path.join(args.output_dir, PLOT), {job.label: job.history},
+                             f"MiniLM-L6 on Rotten Tomatoes, {job.world} rank(s), batch {args.batch_size}/rank")
             print(f"saved to {args.output_dir}")
         if args.json_out:
             with open(args.json_out, "w") as f:
@@ -273,11 +158,173 @@ def main(argv=None):
     return summary
 
 
+def setup(args):
+    """The job's process group, data, model, loader and optimizer, as a namespace."""
+    import paddle
+    import paddle.distributed as dist
+    import paddle.distributed.fleet as fleet
+    from paddlenlp.transformers import BertForSequenceClassification, BertTokenizer
+
+    import paddle_unpad as pu
+    from paddle_unpad.data import corpora
+
+    job = SimpleNamespace(unpad=not args.no_unpad, world=int(os.environ.get("PADDLE_TRAINERS_NUM", "1")),
+                          start=0, history=StepHistory())
+    job.label = "paddle_unpad" if job.unpad else "stock (padded)"
+    job.strategy = pu.fleet.DistributedStrategy()
+    job.strategy.unpad = job.unpad and not args.no_balance
+    job.strategy.unpad_configs = {"max_seqlen": args.max_seq_len}
+    if job.world > 1:
+        fleet.init(is_collective=True, strategy=job.strategy)
+    job.rank = dist.get_rank() if job.world > 1 else 0
+    paddle.seed(args.seed)
+    np.random.seed(args.seed)
+
+    job.tokenizer = BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
+    train_rows = corpora.rotten_tomatoes("train")[: args.max_train or None]
+    dev_rows = corpora.rotten_tomatoes("dev")[: args.max_dev or None]
+    job.train = ListDataset(tokenize(job.tokenizer, train_rows, args.max_seq_len))
+    job.dev = ListDataset(tokenize(job.tokenizer, dev_rows, args.max_seq_len))
+    job.model = pu.models.load_hf_bert(
+        corpora.minilm_dir(), model_class=BertForSequenceClassification, num_classes=2,
+        hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
+    )
+    if job.unpad:
+        pu.convert(job.model)
+
+    job.sampler = paddle.io.DistributedBatchSampler(job.train, batch_size=args.batch_size, shuffle=True,
+                                                    drop_last=False)
+    collate = pu.data.sample_list_collate if job.unpad else pad_collate
+    job.loader = paddle.io.DataLoader(job.train, batch_sampler=job.sampler, collate_fn=collate, num_workers=0)
+    if job.unpad:
+        job.loader = pu.fleet.distributed_loader(job.loader, strategy=job.strategy if job.world > 1 else None)
+    job.steps_per_epoch = len(job.sampler)
+    job.total_steps = max(1, int(math.ceil(job.steps_per_epoch * args.epochs)))
+    job.schedule, job.base_opt = make_optimizer(job.model, args, job.total_steps)
+    return job
+
+
+def make_optimizer(model, args, total_steps):
+    """AdamW (no decay on biases and norms) under linear warm-up and linear decay to 0."""
+    import paddle
+
+    warmup = max(1, int(total_steps * args.warmup))
+    schedule = paddle.optimizer.lr.LambdaDecay(
+        args.lr, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / max(1, total_steps - warmup))))
+    decay = [p.name for n, p in model.named_parameters() if not any(x in n for x in ("bias", "norm"))]
+    opt = paddle.optimizer.AdamW(schedule, parameters=model.parameters(), weight_decay=0.01,
+                                 apply_decay_param_fun=lambda name: name in decay)
+    return schedule, opt
+
+
+def distribute(job):
+    """Multi-rank training: the plugin's gradient all-reduce on the unpadded path, fleet's wrappers on
+    the stock one."""
+    import paddle.distributed.fleet as fleet
+
+    import paddle_unpad as pu
+
+    job.train_model, job.opt, job.grad_sync = job.model, job.base_opt, None
+    if job.world > 1 and job.unpad:
+        # the plugin's all-reduce: embedding rows the batch used only, overlapped with the backward
+        job.grad_sync = pu.fleet.GradientAllReduce(job.model)
+    elif job.world > 1:  # the stock way
+        job.train_model = fleet.distributed_model(job.model)
+        job.opt = fleet.distributed_optimizer(job.opt)
+
+
+def train(job, args):
+    """Steps ``job.start`` .. ``job.run_steps`` (or until the time budget); returns what was trained."""
+    progress = Progress(job.run_steps, enabled=job.rank == 0 and not args.no_progress, start=job.start)
+    c = {"step": job.start, "tokens": 0, "samples": 0, "seconds": 0.0, "out_of_time": False}
+    skip = job.start % job.steps_per_epoch  # batches of the resumed epoch trained before: read, not trained
+    job.train_model.train()
+    while c["step"] < job.run_steps and not c["out_of_time"]:
+        for batch in job.loader:
+            if skip:
+                skip -= 1
+                continue
+            if c["step"] >= job.run_steps or c["out_of_time"]:
+                break
+            t0 = time.perf_counter()
+            loss_sum, n_global, lr = train_step(job, batch)
+            dt = time.perf_counter() - t0
+            c["seconds"] += dt
+            c["step"] += 1
+            step = c["step"]
+            n_tok = int(batch["cu_seqlens_host"][-1]) if job.unpad else batch["tokens"]
+            c["tokens"] += n_tok
+            c["samples"] += int(batch["num_samples"])
+            row = record_step(job.history, step, loss_sum, n_global, n_tok, dt, lr, job.world)  # outside the timing
+            progress.update(step, f"loss {row['loss']:.4f}, {row['tokens_per_s']:.0f} tokens/s")
+            if args.save_steps and step % args.save_steps == 0 and step < job.run_steps:
+                folder = os.path.join(args.output_dir, f"checkpoint-{step}")
+                save_rng_state(folder, job.rank)
+                if job.rank == 0:
+                    save_checkpoint(folder, job, args, step)
+            if args.time_budget:  # outside the timed region; every rank stops at the same step
+                c["out_of_time"] = _out_of_time(c["seconds"], step - job.start, args.time_budget, job.world)
+    return c
+
+
+def train_step(job, batch):
+    """One optimizer step; returns this rank's loss sum (a Paddle tensor), the job's sample count and the
+    learning rate used."""
+    import paddle
+
+    labels = batch.pop("labels")
+    n_global = batch.get("global_num_samples", batch["num_samples"] * job.world)
+    logits = job.train_model(**model_inputs(batch))
+    logits = logits[0] if isinstance(logits, (tuple, list)) else logits
+    # sum / global count: identical to plain data parallel's mean even when the
+    # balancer gives ranks different sample counts (uneven last batch)
+    loss_sum = paddle.nn.functional.cross_entropy(logits, labels, reduction="sum")
+    loss = loss_sum * (job.world / max(1, n_global))
+    loss.backward()
+    if job.grad_sync is not None:
+        job.grad_sync.wait()
+    job.opt.step()
+    # None rather than zeros: the next backward then writes each gradient instead of adding it
+    # to a zeroed copy (with an embedding table, ~50 MB of memset and add per step saved)
+    job.opt.clear_grad(set_to_zero=False)
+    lr = job.schedule.get_lr()
+    job.schedule.step()
+    return loss_sum, n_global, lr
+
+
+def summarize(job, args, c, acc, n_dev, paddle_version):
+    """The run's summary (``--json-out``): throughput of the whole job, every rank's samples and real tokens."""
+    import paddle
+    import paddle.distributed as dist
+
+    import paddle_unpad as pu
+
+    totals = paddle.to_tensor([c["samples"], c["tokens"]], dtype="int64")
+    t_max = paddle.to_tensor([c["seconds"]], dtype="float32")
+    if job.world > 1:
+        dist.all_reduce(totals)
+        dist.all_reduce(t_max, op=dist.ReduceOp.MAX)
+    n_samples, n_tokens = (int(x) for x in totals.numpy())
+    wall = float(t_max.numpy()[0])
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    unpad = job.unpad
+    return {
+        "path": "unpadded+balanced" if unpad and not args.no_balance else ("unpadded" if unpad else "padded (stock)"),
+        "ranks": job.world, "steps": c["step"], "schedule_steps": job.total_steps,
+        "stopped_by_time_budget": c["out_of_time"], "train_samples": n_samples, "train_tokens": n_tokens,
+        "train_seconds": round(wall, 2), "samples_per_s": round(n_samples / wall, 2),
+        "tokens_per_s": round(n_tokens / wall, 1), "dev_accuracy": round(acc, 4), "dev_samples": n_dev,
+        "peak_rss_mb_rank0": round(peak_mb, 1),
+        "machine": dict(pu.cpu_gemm.host_info(), paddle=paddle_version),
+    }
+
+
 def record_step(history, step, loss_sum, n_global, n_tok, seconds, lr, world):
     """A history row: the loss over every rank's samples and the job's tokens per second of this step."""
     import paddle
     import paddle.distributed as dist
 
+    loss_sum = float(loss_sum)
     if world > 1:
         t = paddle.to_tensor([loss_sum, float(n_tok)], dtype="float32")
         dist.all_reduce(t)
@@ -285,18 +332,19 @@ def record_step(history, step, loss_sum, n_global, n_tok, seconds, lr, world):
     return history.add(step=step, loss=loss_sum / max(1, n_global), tokens_per_s=n_tok / max(seconds, 1e-9), lr=lr)
 
 
-def save_checkpoint(folder, model, tokenizer, opt, *, step, world, batch_size, schedule_steps, history):
+def save_checkpoint(folder, job, args, step):
     """The model and tokenizer as PaddleNLP saves them (stock parameter names), the optimizer with its
     learning-rate schedule, and what ``--resume`` checks and continues from (rank 0 only)."""
     import paddle
 
     os.makedirs(folder, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    paddle.save(opt.state_dict(), os.path.join(folder, OPT_STATE))
-    history.save(os.path.join(folder, HISTORY))
+    job.model.save_pretrained(folder)
+    job.tokenizer.save_pretrained(folder)
+    paddle.save(job.base_opt.state_dict(), os.path.join(folder, OPT_STATE))
+    job.history.save(os.path.join(folder, HISTORY))
     with open(os.path.join(folder, TRAIN_STATE), "w") as f:
-        json.dump({"step": step, "ranks": world, "batch_size": batch_size, "schedule_steps": schedule_steps}, f)
+        json.dump({"step": step, "ranks": job.world, "batch_size": args.batch_size,
+                   "schedule_steps": job.total_steps}, f)
 
 
 def save_rng_state(folder, rank):
