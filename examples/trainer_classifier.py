@@ -153,12 +153,34 @@ def history_callback(label, out_dir, counter, resume_dir, show_progress):
     return HistoryCallback()
 
 
+def encode(tokenizer, rows, n):
+    """The first ``n`` rows (0: all) as the Trainer's samples: unpadded token ids and a label."""
+    rows = rows[:n] if n else rows
+    return [dict(tokenizer(r["text"], max_length=128, truncation=True), labels=r["label"]) for r in rows]
+
+
+def training_arguments(args, out_dir):
+    from paddlenlp.trainer import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=out_dir, max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=64, learning_rate=1e-4, warmup_ratio=0.1, weight_decay=0.01,
+        logging_steps=args.logging_steps, save_strategy=args.save_strategy if args.output_dir else "no",
+        save_steps=args.save_steps, save_total_limit=args.save_total_limit or None, evaluation_strategy="no",
+        seed=42, disable_tqdm=True, report_to=[],
+    )
+
+
+def accuracy(pred):
+    return {"accuracy": float((np.argmax(pred.predictions, -1) == pred.label_ids).mean())}
+
+
 def main(argv=None):
     args = parse_args(argv)
     quiet_logs(args.verbose)
     import paddle
     from paddlenlp.data import DataCollatorWithPadding
-    from paddlenlp.trainer import Trainer, TrainingArguments
+    from paddlenlp.trainer import Trainer
     from paddlenlp.transformers import BertForSequenceClassification, BertTokenizer
 
     from paddle_unpad.data import corpora
@@ -169,32 +191,15 @@ def main(argv=None):
     out_dir = args.output_dir or tempfile.mkdtemp(prefix="trainer_classifier_")
     resume = resume_path(args.resume, out_dir)
     tokenizer = BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
-
-    def encode(rows, n):
-        rows = rows[:n] if n else rows
-        return [dict(tokenizer(r["text"], max_length=128, truncation=True), labels=r["label"]) for r in rows]
-
-    train = encode(corpora.rotten_tomatoes("train"), args.max_train)
-    dev = encode(corpora.rotten_tomatoes("dev"), args.max_dev)
+    train = encode(tokenizer, corpora.rotten_tomatoes("train"), args.max_train)
+    dev = encode(tokenizer, corpora.rotten_tomatoes("dev"), args.max_dev)
     paddle.seed(42)  # the classifier head's initialisation
     model = load_hf_bert(corpora.minilm_dir(), model_class=BertForSequenceClassification, num_classes=2,
                          hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
-    training_args = TrainingArguments(
-        output_dir=out_dir, max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64, learning_rate=1e-4, warmup_ratio=0.1, weight_decay=0.01,
-        logging_steps=args.logging_steps, save_strategy=args.save_strategy if args.output_dir else "no",
-        save_steps=args.save_steps,
-        save_total_limit=args.save_total_limit or None, evaluation_strategy="no", seed=42, disable_tqdm=True,
-        report_to=[],
-    )
-
-    def accuracy(pred):
-        return {"accuracy": float((np.argmax(pred.predictions, -1) == pred.label_ids).mean())}
-
     label = "stock" if args.no_unpad else "paddle_unpad"
     callback = history_callback(label, args.output_dir, TokenCounter(model), resume, not args.no_progress)
-    common = dict(model=model, args=training_args, train_dataset=train, eval_dataset=dev, tokenizer=tokenizer,
-                  compute_metrics=accuracy, callbacks=[callback])
+    common = dict(model=model, args=training_arguments(args, out_dir), train_dataset=train, eval_dataset=dev,
+                  tokenizer=tokenizer, compute_metrics=accuracy, callbacks=[callback])
     if args.no_unpad:
         trainer = Trainer(data_collator=DataCollatorWithPadding(tokenizer), **common)
     else:
