@@ -986,7 +986,12 @@ def _serving_cells(d):
                 far.append(f"{c['distribution']} batch {c['batch']} at {r['threads']} thread(s) "
                            f"({c['unpadded_over_ideal']:.2f}x" + ("" if paired is None else f"; per batch {paired:.2f}x")
                            + ")")
-    lines = _table(["threads", "lengths", "batch", "calls", "settings", "unpadded p50 / p99 ms", "padded p50 / p99 ms",
+    lines = ["Per thread count, distribution and batch size (settings: unpadded / padded). Ideal = padded p50 x real "
+             "/ padded tokens; in brackets the median over batches of the same ratio taken call by call (the two "
+             "calls on one batch ran back to back, so load from other processes disturbs it least). Same batch "
+             "again: p50 of a few more calls on a batch whose shapes the predictor has seen (oneDNN builds kernels "
+             "per input shape; the packed `[T]` is new with nearly every batch).", ""]
+    lines += _table(["threads", "lengths", "batch", "calls", "settings", "unpadded p50 / p99 ms", "padded p50 / p99 ms",
                     "unpadded seq/s", "padded seq/s", "real / padded tokens", "ideal p50 ms",
                     "unpadded / ideal: p50 (median per batch)",
                     "padded / unpadded p50", "same batch again: unpadded / padded ms"], rows)
