@@ -15,7 +15,8 @@ a summary for ``examples/run_demo.py``. With ``--output-dir D``, rank 0 writes i
 fine-tuned model and tokenizer (``save_pretrained``: loads with unmodified PaddleNLP
 ``from_pretrained``), the optimizer and learning-rate state with the step reached
 (``optimizer.pdopt``, ``train_state.json``), ``history.json`` (global loss, tokens/s and
-learning rate of every step) and ``loss.png``; ``--save-steps N`` also writes such a
+learning rate of every step) and ``loss.png``, and every rank its random state
+(``rng-rank<r>.pkl``, for dropout); ``--save-steps N`` also writes such a
 checkpoint into ``D/checkpoint-<step>`` every N steps. ``--resume`` continues from one of
 them (same ranks, batch size and schedule): weights, optimizer, schedule, data position,
 each rank's random state (dropout) and history.
