@@ -102,8 +102,9 @@ demo: setup
 
 # Every benchmark prints both sides of its comparison and writes benchmarks/results/*.json;
 # report.py regenerates docs/performance.md and docs/img/*.png from those files.
-# The sizes are chosen so that the whole suite takes about 25 minutes on 2 cores: 17m44s measured for
-# the rest; bench_exchange_scale.py about 6 minutes and bench_fp32_attention.py 43 s, measured alone.
+# The sizes are chosen so that the whole suite takes about 30 minutes on 2 cores: 17m44s measured for
+# the rest; bench_exchange_scale.py about 6 minutes, bench_serving.py 4.5 (under load) and
+# bench_fp32_attention.py 43 s, measured alone.
 bench: setup
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_attention.py --threads $(THREADS)
 	OMP_NUM_THREADS=$(THREADS) $(VPY) benchmarks/bench_fused_ops.py
