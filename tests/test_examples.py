@@ -1,4 +1,5 @@
 """Smoke runs of the example scripts: a few steps each, under fleetrun with 2 CPU ranks."""
+import importlib
 import json
 import os
 import subprocess
@@ -122,17 +123,17 @@ def test_pretrain_mlm_two_ranks_loss_falls_and_resumes_bit_exactly(tmp_path):
     assert r["evals"] == s["evals"]
 
 
-def _pretrain_module():
+def _example_module(name):
+    """An example script imported as a module (examples/ is not a package)."""
     sys.path.insert(0, EX)
     try:
-        import pretrain_mlm
+        return importlib.import_module(name)
     finally:
         sys.path.remove(EX)
-    return pretrain_mlm
 
 
 def test_pretrain_mlm_help_shows_defaults_and_fused_lamb_is_refused(capsys):
-    pm = _pretrain_module()
+    pm = _example_module("pretrain_mlm")
     with pytest.raises(SystemExit) as e:
         pm.parse_args(["--help"])
     assert e.value.code == 0
@@ -153,7 +154,7 @@ def test_pretrain_mlm_no_weight_decay_selects_biases_and_layer_norms():
     import paddle_unpad as pu
     from paddlenlp.transformers import BertConfig, BertForPretraining
 
-    pm = _pretrain_module()
+    pm = _example_module("pretrain_mlm")
     model = BertForPretraining(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                           intermediate_size=32, max_position_embeddings=32))
     pu.convert(model)
@@ -235,17 +236,8 @@ def test_demo_fmha_runs_respects_threads_and_explains_its_speedup():
     assert ("exceeds the ideal ratio because" in out) == (max(speedups) > ideal), out
 
 
-def _example_util():
-    sys.path.insert(0, EX)
-    try:
-        import example_util
-    finally:
-        sys.path.remove(EX)
-    return example_util
-
-
 def test_example_util_history_progress_and_plot(tmp_path, capsys):
-    eu = _example_util()
+    eu = _example_module("example_util")
     h = eu.StepHistory()
     for i in range(4):
         h.add(step=i, loss=5.0 - i, tokens_per_s=100.0 + i, lr=1e-3 * i, mlm_acc=0.1 * i)

@@ -349,12 +349,7 @@ def test_dropout_mask_layout_exact(impl, p, request):
     the Philox layout of philox_ref, and the dropped fraction must be ~p."""
     fn = _impl(impl, request)
     lengths, H, D = [64, 0, 17, 128, 1], 2, 128
-    cu = cu_seqlens_host(lengths)
-    T = int(cu[-1])
-    q = np.zeros((T, H, D), np.float32)
-    v = np.zeros((T, H, D), np.float32)
-    for b, s in enumerate(lengths):
-        v[cu[b]:cu[b + 1], :, :s] = np.eye(s, dtype=np.float32)[:, None, :]
+    cu, q, v = _zero_q_identity_v(lengths, H, D)
     out = run(fn, q, q, v, cu, 128, dropout=p, rng_state=(SEED, OFFSET))
     keep = philox_ref.dropout_keep_mask(SEED, OFFSET, p, cu, H)
     n = dropped = 0
@@ -397,12 +392,7 @@ def test_seed_is_taken_as_uint64(impl, seed, request):
 
 def test_dropout_changes_output_and_rate_with_paddle_seed():
     lengths, H, D = [100, 128], 4, 128
-    cu = cu_seqlens_host(lengths)
-    T = int(cu[-1])
-    q = np.zeros((T, H, D), np.float32)
-    v = np.zeros((T, H, D), np.float32)
-    for b, s in enumerate(lengths):
-        v[cu[b]:cu[b + 1], :, :s] = np.eye(s, dtype=np.float32)[:, None, :]
+    cu, q, v = _zero_q_identity_v(lengths, H, D)
     no_drop = run(paddle_unpad.fmha, q, q, v, cu, 128, dropout=0.0)
     paddle.seed(7)
     drop = run(paddle_unpad.fmha, q, q, v, cu, 128, dropout=0.1)
@@ -639,3 +629,15 @@ def test_to_static_dropout_draws_a_fresh_state_per_run(native_ops, tmp_path):
     assert np.isfinite(a).all() and np.isfinite(b).all()
     assert not np.array_equal(a, b)
     assert not np.array_equal(a, plain)
+
+
+def _zero_q_identity_v(lengths, H, D):
+    """q = 0 (uniform attention) and v = the identity within each sequence: the output row
+    of query i is column j's attention weight, so it shows the dropout keep mask itself."""
+    cu = cu_seqlens_host(lengths)
+    T = int(cu[-1])
+    q = np.zeros((T, H, D), np.float32)
+    v = np.zeros((T, H, D), np.float32)
+    for b, s in enumerate(lengths):
+        v[cu[b]:cu[b + 1], :, :s] = np.eye(s, dtype=np.float32)[:, None, :]
+    return cu, q, v

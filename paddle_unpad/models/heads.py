@@ -142,11 +142,16 @@ def seqcls_forward(model, spec, a):
 # ---- token classification -------------------------------------------------------------------------
 
 
-def tokcls_forward(model, spec, a):
+def _encode_tokens(model, spec, a):
+    """The encoder for a per-token head: (packing, sequence output [T, H], hidden states, return_dict)."""
     base = getattr(model, spec.base_attr)
     ohs = _head_flags(spec, base, a)
-    return_dict = _return_dict(model, a)
     pk, seq, _, hidden = _encode(model, spec, a, base, want_pooled=False, output_hidden_states=ohs)
+    return pk, seq, hidden, _return_dict(model, a)
+
+
+def tokcls_forward(model, spec, a):
+    pk, seq, hidden, return_dict = _encode_tokens(model, spec, a)
     logits_t = model.classifier(model.dropout(seq))  # [T, num_labels]
     loss = None
     labels = a.get("labels")
@@ -164,10 +169,7 @@ def tokcls_forward(model, spec, a):
 
 
 def qa_forward(model, spec, a):
-    base = getattr(model, spec.base_attr)
-    ohs = _head_flags(spec, base, a)
-    return_dict = _return_dict(model, a)
-    pk, seq, _, hidden = _encode(model, spec, a, base, want_pooled=False, output_hidden_states=ohs)
+    pk, seq, hidden, return_dict = _encode_tokens(model, spec, a)
     logits_t = model.classifier(seq)  # [T, 2]
     logits = pk.to_padded(logits_t, fill=common.PAD_LOGIT)  # [B, S, 2], -1e4 at padding
     logits = paddle.transpose(logits, perm=[2, 0, 1])
