@@ -37,8 +37,8 @@ def parse_args(argv=None):
                         "to export; empty: all-MiniLM-L6-v2 with a fresh, untrained 2-class head")
     p.add_argument("--max-seq-len", type=int, default=128, help="tokens per text at most ([CLS] and [SEP] included)")
     p.add_argument("--threads", type=int, default=1,
-                   help="CPU math threads of the predictor, and of paddle_unpad's kernels unless "
-                        "PADDLE_UNPAD_NUM_THREADS or OMP_NUM_THREADS is set")
+                   help="CPU math threads of the predictor; also OMP_NUM_THREADS (which paddle_unpad's kernels "
+                        "follow) when it is unset")
     p.add_argument("--onednn", action="store_true", help="switch on Paddle Inference's oneDNN kernels")
     p.add_argument("--no-ir-optim", action="store_true", help="switch off Paddle Inference's graph optimisation passes")
     args = p.parse_args(argv)
@@ -164,8 +164,7 @@ def print_answers(texts, logits, tokens, tok_s, run_s):
 
 def main(argv=None):
     args = parse_args(argv)
-    if not (os.environ.get("PADDLE_UNPAD_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")):
-        os.environ["PADDLE_UNPAD_NUM_THREADS"] = str(args.threads)  # read when paddle_unpad loads its kernels
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # read when paddle_unpad loads its kernels
     texts = read_texts(args)
     with tempfile.TemporaryDirectory(prefix="pu_serve_") as tmp:
         prefix = args.export
