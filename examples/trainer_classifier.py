@@ -70,30 +70,31 @@ def resume_path(resume, output_dir):
 
 
 class TokenCounter:
-    """Real (unpadded) tokens of the training batches the model runs, read by a forward pre-hook:
-    the Trainer's callbacks never see a batch. Packed batches carry ``cu_seqlens``; padded ones
-    an ``attention_mask``. Paddle versions whose hooks cannot see keyword inputs count nothing."""
+    """Real (unpadded) tokens of the training batches, counted where the Trainer hands a batch to
+    its ``training_step`` (its callbacks never see one; a forward pre-hook sees keyword inputs
+    only on Paddle 3.x). Packed batches carry ``cu_seqlens``; padded ones an ``attention_mask``."""
 
-    def __init__(self, model):
+    def __init__(self):
         self.tokens = 0
-        try:
-            model.register_forward_pre_hook(self._hook, with_kwargs=True)
-            self.available = True
-        except TypeError:
-            self.available = False
 
-    def _hook(self, layer, args, kwargs):
-        if not layer.training:
-            return None
-        if kwargs.get("cu_seqlens_host") is not None:
-            self.tokens += int(kwargs["cu_seqlens_host"][-1])
-        elif kwargs.get("cu_seqlens") is not None:
-            self.tokens += int(kwargs["cu_seqlens"][-1])
-        elif kwargs.get("attention_mask") is not None:
-            self.tokens += int(kwargs["attention_mask"].sum())
-        elif kwargs.get("input_ids") is not None:
-            self.tokens += int(np.prod(kwargs["input_ids"].shape))
-        return None
+    def attach(self, trainer):
+        step = trainer.training_step
+
+        def counted(model, inputs, *args, **kwargs):
+            self.count(inputs)
+            return step(model, inputs, *args, **kwargs)
+
+        trainer.training_step = counted
+
+    def count(self, inputs):
+        if inputs.get("cu_seqlens_host") is not None:
+            self.tokens += int(inputs["cu_seqlens_host"][-1])
+        elif inputs.get("cu_seqlens") is not None:
+            self.tokens += int(inputs["cu_seqlens"][-1])
+        elif inputs.get("attention_mask") is not None:
+            self.tokens += int(inputs["attention_mask"].sum())
+        elif inputs.get("input_ids") is not None:
+            self.tokens += int(np.prod(inputs["input_ids"].shape))
 
     def take(self):
         n, self.tokens = self.tokens, 0
@@ -124,7 +125,7 @@ def history_callback(label, out_dir, counter, resume_dir, show_progress):
                 t = paddle.to_tensor([tokens], dtype="int64")
                 paddle.distributed.all_reduce(t)
                 tokens = int(t.numpy()[0])
-            tok_s = tokens / max(now - self.t, 1e-9) if counter.available else None
+            tok_s = tokens / max(now - self.t, 1e-9)
             self.t = now
             self.history.add(step=state.global_step, loss=logs["loss"], tokens_per_s=tok_s,
                              lr=logs.get("learning_rate"))
@@ -197,13 +198,15 @@ def main(argv=None):
     model = load_hf_bert(corpora.minilm_dir(), model_class=BertForSequenceClassification, num_classes=2,
                          hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
     label = "stock" if args.no_unpad else "paddle_unpad"
-    callback = history_callback(label, args.output_dir, TokenCounter(model), resume, not args.no_progress)
+    counter = TokenCounter()
+    callback = history_callback(label, args.output_dir, counter, resume, not args.no_progress)
     common = dict(model=model, args=training_arguments(args, out_dir), train_dataset=train, eval_dataset=dev,
                   tokenizer=tokenizer, compute_metrics=accuracy, callbacks=[callback])
     if args.no_unpad:
         trainer = Trainer(data_collator=DataCollatorWithPadding(tokenizer), **common)
     else:
         trainer = UnpadTrainer(**common)  # paddle_unpad line 2 (was: Trainer(...))
+    counter.attach(trainer)
     result = trainer.train(resume_from_checkpoint=resume)
     if args.output_dir:
         trainer.save_model()  # model (stock parameter names and layout) and tokenizer

@@ -31,6 +31,7 @@ def assert_loads_in_stock_paddlenlp(folder):
     """``folder`` loads with unmodified PaddleNLP ``from_pretrained`` (a fresh process: no paddle_unpad
     import) and classifies."""
     code = (
+        "import zlib  # before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md\n"
         "import paddle\n"
         "from paddlenlp.transformers import BertForSequenceClassification\n"
         f"m = BertForSequenceClassification.from_pretrained({str(folder)!r}); m.eval()\n"
