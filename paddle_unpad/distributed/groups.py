@@ -83,6 +83,30 @@ def job() -> tuple:
     return dist.get_rank(), dist.get_world_size()
 
 
+def launched_world() -> int:
+    """The number of ranks the launcher started this process among (1 when not launched)."""
+    for name in ("PADDLE_TRAINERS_NUM", "PADDLE_GLOBAL_SIZE"):
+        text = os.environ.get(name, "").strip()
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    return 1
+
+
+def checked_job(where: str, error=RuntimeError) -> tuple:
+    """:func:`job`, refusing a process that the launcher started as one of several ranks but
+    that has not joined the job yet: built there, an object would see one rank and never
+    talk to the others (each rank would train alone, silently). ``where``: the public name
+    after ``paddle_unpad.``; ``error``: the exception type to raise."""
+    rank, world = job()
+    launched = launched_world()
+    if world == 1 and launched > 1:
+        raise error(f"paddle_unpad.{where}: built before the job was initialized: this process was launched as one "
+                    f"of {launched} ranks (PADDLE_TRAINERS_NUM={launched}), but paddle.distributed is not "
+                    "initialized yet, so it would see 1 rank and never reach the others; call fleet.init("
+                    "is_collective=True, ...) or paddle.distributed.init_parallel_env() first")
+    return rank, world
+
+
 # ----------------------------------------------------------------------------- groups
 
 
@@ -118,6 +142,15 @@ def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None)
 def _paddle_group(ranks, backend):
     """Paddle's group (one function, so that a test can stand a gloo group in for NCCL)."""
     return dist.new_group(ranks, backend=backend)
+
+
+def release(group: Optional[Group]):
+    """Give back what ``group`` holds (Paddle's process group, its rendezvous store, their
+    sockets and threads). Idempotent; None is ignored. Called by the owner's ``close()``:
+    after it, no collective may be issued on the group."""
+    if group is None or getattr(group, "released", False):
+        return
+    group.released = True
 
 
 def wrap_host_group(pg, purpose: str) -> Group:
