@@ -21,7 +21,6 @@ training loader is a ``paddle.io.DataLoader`` to the Trainer, so its epoch and s
 apply. Checkpoints are unchanged: ``save_model`` /
 ``save_pretrained`` output loads in unmodified PaddleNLP.
 """
-from collections.abc import Mapping
 
 import numpy as np
 import paddle
@@ -30,35 +29,19 @@ from . import models as _models
 from .distributed import groups as _groups
 from .distributed import options as _balance_options
 from .data import sample_list_collate
-from .data.collate import DEFAULT_TOKEN_FIELDS, normalize_batch
+from .data.collate import DEFAULT_TOKEN_FIELDS, LABEL_ALIASES, normalize_batch, rename_label_keys
 
 __all__ = ["UnpadTrainer", "PadCollator", "LABEL_ALIASES", "rename_label_keys"]
 
 # PaddleNLP's TrainingArguments make the job's process groups before a Trainer exists: give
 # each gloo group its own rendezvous store from here on (paddle_unpad.distributed.groups).
-_groups.install_group_stores()
-
-#: Sample keys that PaddleNLP's collators (``DataCollatorWithPadding``,
-#: ``default_data_collator``) hand to the model as ``labels``, in this order (a later one wins).
-LABEL_ALIASES = ("label", "label_ids")
-
-
-def rename_label_keys(sample):
-    """``sample`` with ``label`` / ``label_ids`` renamed to ``labels`` (and None-valued
-    labels dropped), as PaddleNLP's collators do; other samples are returned as they are."""
-    if not isinstance(sample, Mapping) or not any(k in sample for k in LABEL_ALIASES):
-        return sample
-    out = {k: v for k, v in sample.items() if k not in LABEL_ALIASES}
-    for alias in LABEL_ALIASES:
-        if sample.get(alias) is not None:
-            out["labels"] = sample[alias]
-    return out
+_groups.install_group_stores(check=False)
 
 
 def train_collate(batch):
     """``collate_fn`` of UnpadTrainer's training DataLoader: the list of samples (label keys
-    renamed) that the exchange balances and packs."""
-    return sample_list_collate([rename_label_keys(smp) for smp in batch])
+    renamed by :func:`~paddle_unpad.data.sample_list_collate`) that the exchange balances and packs."""
+    return sample_list_collate(batch)
 
 
 def _trainer_base():

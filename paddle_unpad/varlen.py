@@ -290,6 +290,34 @@ def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who=".fmha", tokens=
     return longest
 
 
+def check_no_empty_sequences(cu_seqlens, reader, *, who=""):
+    """Refuse ``cu_seqlens`` holding an empty sequence where ``reader`` takes one row per
+    sequence (its first token: a pooler, a sequence-level head).
+
+    Per-token outputs are defined for empty sequences (they have no rows); a per-sequence
+    output is not: there is no [CLS] row to read, and reading ``x[cu_seqlens[b]]`` would
+    give the next sequence's first token, or run past the last row. The first empty
+    sequence is named, wherever it is in the batch.
+
+    Args:
+        cu_seqlens: host values (numpy array, list, or CPU tensor), already checked by
+            :func:`check_cu_seqlens`.
+        reader: what needs the rows, for the message (e.g. ``"BertModel's pooler"``).
+        who: what follows ``paddle_unpad`` in the message (``""``: a converted model's forward).
+    Raises:
+        ValueError naming ``cu_seqlens``, the empty sequence's index and its offset.
+    """
+    if _compat.is_tensor(cu_seqlens):
+        cu_seqlens = cu_seqlens.numpy()
+    cu = np.asarray(cu_seqlens).astype(np.int64, copy=False).reshape(-1)
+    empty = np.flatnonzero(cu[1:] == cu[:-1])
+    if empty.size:
+        b = int(empty[0])
+        raise ValueError(f"paddle_unpad{who}: sequence {b} of {cu.size - 1} is empty (cu_seqlens[{b}] == "
+                         f"cu_seqlens[{b + 1}] == {int(cu[b])}): {reader} needs at least the first ([CLS]) token "
+                         "of every sequence; drop empty sequences from the batch (per-token outputs accept them)")
+
+
 def _lengths_array(lengths, fn):
     """Validate ``lengths`` and return it as a 1-D numpy int64 array."""
     if isinstance(lengths, paddle.Tensor):

@@ -159,3 +159,56 @@ def test_no_length_limit_only_with_none():
     assert _pc(long, max_seqlen=None)["max_seqlen"] == 5000
     with pytest.raises(SampleError, match="more than max_seqlen=4999"):
         _pc(long, max_seqlen=4999)
+
+
+def test_positional_ids_count_per_call():
+    """A sample without an id is named by its index in the call, in sample_ids and in errors,
+    however many calls came before and whatever the rank; a sample's own id wins."""
+    collate = PackingCollator(return_tensors="np", max_seqlen=4, rank=3)
+    ok = [{"input_ids": [1, 2]}, {"input_ids": [3]}]
+    for _ in range(3):
+        assert collate(ok)["sample_ids"].tolist() == [0, 1]
+    padded = {"input_ids": np.array([[3, 4, 0], [7, 7, 7]]), "attention_mask": np.array([[1, 1, 0], [1, 1, 1]])}
+    assert collate(padded)["sample_ids"].tolist() == [0, 1]
+    with pytest.raises(SampleError, match=r"^paddle_unpad.data: sample id 1 on rank 3 has 5 tokens"):
+        collate([{"input_ids": [1]}, {"input_ids": [1] * 5}])
+    with pytest.raises(SampleError, match=r"^paddle_unpad.data: sample id 12 on rank 3 has 5 tokens"):
+        collate([{"input_ids": [1]}, {"input_ids": [1] * 5, "sample_id": 12}])
+    with pytest.raises(SampleError, match=r"sample 1 \(id 1\) on rank 3 has no field 'labels'"):
+        collate([{"input_ids": [1], "labels": np.int64(0)}, {"input_ids": [2]}])
+
+
+@pytest.mark.parametrize("key, value", [("sample_id", "abc"), ("sample_id", "7"), ("idx", 2.5), ("id", None),
+                                        ("id", [1, 2])])
+def test_id_fields_must_be_single_ints(key, value):
+    with pytest.raises(SampleError, match=rf"^paddle_unpad.data: sample 1 on rank 0: id field '{key}' must be a "
+                                          r"single int, got"):
+        _pc([{"input_ids": [1]}, {"input_ids": [2], key: value}])
+
+
+def test_text_fields_are_named():
+    batch = [{"input_ids": [1, 2], "text": "a b"}, {"input_ids": [3], "text": "c"}]
+    with pytest.raises(SampleError, match=r"^paddle_unpad.data: sample 0 \(id 0\) on rank 0: field 'text' holds "
+                                          r"text \(dtype <U3\)"):
+        PackingCollator()(batch)
+    with pytest.raises(SampleError, match=r"sample 0 \(id 7\) on rank 0: field 'labels' holds text"):
+        PackingCollator()([{"input_ids": [1], "label": "pos", "sample_id": 7}])
+    assert _pc(batch)["text"].tolist() == ["a b", "c"]  # numpy batches keep them
+
+
+def test_label_keys_become_labels():
+    """As PaddleNLP's DataCollatorWithPadding: 'label' (per sample) and 'label_ids' (per token)
+    reach the model as 'labels'; a sample with 'labels' too is refused, naming it."""
+    from paddle_unpad.data import sample_list_collate
+
+    b = _pc([{"input_ids": [1, 2], "label": 1}, {"input_ids": [3], "label": 0}])
+    assert "label" not in b and b["labels"].tolist() == [1, 0]
+    b = _pc([{"input_ids": [1, 2], "label_ids": [4, 5]}, {"input_ids": [3], "label_ids": [6]}])
+    assert "label_ids" not in b and b["labels"].tolist() == [4, 5, 6]
+    assert PackingCollator()([{"input_ids": [1], "label": 2}])["labels"].numpy().tolist() == [2]
+    with pytest.raises(SampleError, match=r"^paddle_unpad.data: sample 1 on rank 0 has both 'labels' and 'label'"):
+        _pc([{"input_ids": [1], "label": 1}, {"input_ids": [2], "label": 1, "labels": 0}])
+    listed = sample_list_collate([{"input_ids": [1, 2], "label": 1}])
+    assert set(listed[0]) == {"input_ids", "labels"} and listed[0]["labels"].tolist() == 1
+    with pytest.raises(SampleError, match=r"sample 0 of the DataLoader batch has both 'labels' and 'label_ids'"):
+        sample_list_collate([{"input_ids": [1], "label_ids": [1], "labels": [0]}])

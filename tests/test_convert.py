@@ -449,6 +449,101 @@ def test_empty_row_refused():
         model(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask))
 
 
+# ---- empty sequences in packed batches -------------------------------------------------------------------
+
+EMPTY_AT = {"first": 0, "middle": 2, "last": len(LENGTHS)}  # where a 0-length sequence joins LENGTHS
+
+
+def _with_empty(fam, where):
+    """The ragged batch and the packed inputs of the same rows with an empty sequence inserted."""
+    ids, tt, mask = ragged_batch(fam)
+    lengths = list(LENGTHS)
+    lengths.insert(EMPTY_AT[where], 0)
+    v = mask.astype(bool)
+    cu, mx = pu.cu_seqlens_from_lengths(lengths)
+    packed = dict(token_type_ids=paddle.to_tensor(tt[v]), cu_seqlens=cu, max_seqlen=mx,
+                  cu_seqlens_host=np.cumsum([0] + lengths).astype(np.int32))
+    return ids, tt, mask, lengths, packed
+
+
+PER_SEQUENCE = [(fam, kind) for fam, kind in CASES if kind in ("model", "seqcls", "pretrain")]
+PER_TOKEN = [(fam, kind) for fam, kind in CASES if kind in ("tokcls", "qa", "mlm")]
+
+
+@pytest.mark.parametrize("where", list(EMPTY_AT))
+@pytest.mark.parametrize("fam,kind", PER_SEQUENCE)
+def test_empty_sequence_refused_by_per_sequence_outputs(fam, kind, where):
+    """A pooled output, sequence logits or NSP logits need the sequence's [CLS] row: an empty
+    sequence is refused naming it, wherever it is (it used to get the next sequence's row, or an
+    IndexError when last); with labels too, so no step trains on another sequence's row."""
+    ref, model = make_pair(fam, kind)
+    ids, tt, mask, lengths, packed = _with_empty(fam, where)
+    b, start = EMPTY_AT[where], sum(lengths[:EMPTY_AT[where]])
+    extra = {"labels": paddle.to_tensor(np.zeros(len(lengths), np.int64))} if kind == "seqcls" else {}
+    msg = (rf"^paddle_unpad: sequence {b} of {len(lengths)} is empty \(cu_seqlens\[{b}\] == cu_seqlens\[{b + 1}\] "
+           rf"== {start}\): {type(model).__name__}'s .*first \(\[CLS\]\) token")
+    with pytest.raises(ValueError, match=msg):
+        model(paddle.to_tensor(ids[mask.astype(bool)]), **packed, **extra)
+
+
+@pytest.mark.parametrize("where", list(EMPTY_AT))
+@pytest.mark.parametrize("fam,kind", PER_TOKEN)
+def test_empty_sequence_per_token_outputs_match_the_original(fam, kind, where):
+    """Per-token heads take empty sequences: they produce no rows, the other sequences' outputs
+    and gradients are the original model's on the padded batch without the empty one; QA's
+    [B, max_seqlen] logits give the empty sequence's row the padding value (-1e4)."""
+    ref, model = make_pair(fam, kind)
+    ids, tt, mask, lengths, packed = _with_empty(fam, where)
+    v = mask.astype(bool)
+    out = model(paddle.to_tensor(ids[v]), **packed)
+    expected = call(ref, fam, kind, ids, tt, mask)
+    ref_idx = paddle.to_tensor(valid_flat(mask))
+    if kind == "qa":
+        b = EMPTY_AT[where]
+        assert [list(t.shape) for t in out] == [[len(lengths), SEQ]] * 2
+        assert all((t.numpy()[b] == -1e4).all() for t in out)
+        idx = paddle.to_tensor(valid_flat(np.insert(mask, b, 0, axis=0)))
+        got = [paddle.gather(t.reshape([-1]), idx) for t in out]
+        want = [paddle.gather(t.reshape([-1]), ref_idx) for t in expected]
+    else:
+        got, want = [out], [paddle.gather(expected.reshape([-1, expected.shape[-1]]), ref_idx)]
+    for a, e in zip(got, want):
+        assert a.shape == e.shape and rel_err(a.numpy(), e.numpy()) < RTOL
+    weighted_sum(got).backward()
+    weighted_sum(want).backward()
+    check_grads(ref, model)
+
+
+def test_empty_sequence_token_loss():
+    """The per-token loss of a packed batch with an empty sequence: the mean over its labelled
+    tokens, computed here from the original model's logits."""
+    ref, model = make_pair("bert", "tokcls")
+    ids, tt, mask, _, packed = _with_empty("bert", "middle")
+    v = mask.astype(bool)
+    lab = _token_labels("bert", "tokcls", ids, mask, np.random.default_rng(33))
+    expected = _ce_mean_over_labelled(call(ref, "bert", "tokcls", ids, tt, mask).numpy()[v], lab[v])
+    loss = float(model(paddle.to_tensor(ids[v]), labels=paddle.to_tensor(lab[v]), **packed)[0])
+    assert abs(loss - expected) <= RTOL * abs(expected), (loss, expected)
+
+
+def test_static_graph_empty_sequence_rows_are_nan(tmp_path):
+    """An exported program has no host copy of cu_seqlens to check: an empty sequence's
+    per-sequence row is NaN (never another sequence's), the other rows are the original's."""
+    from paddle.static import InputSpec
+
+    ref, model = make_pair("bert", "seqcls")
+    static = paddle.jit.to_static(pu.models.PackedInputs(model), input_spec=[
+        InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens")], full_graph=True)
+    paddle.jit.save(static, str(tmp_path / "cls"))
+    static = paddle.jit.load(str(tmp_path / "cls"))
+    for where, b in EMPTY_AT.items():
+        ids, tt, mask, lengths, packed = _with_empty("bert", where)
+        out = static(paddle.to_tensor(ids[mask.astype(bool)]), packed["cu_seqlens"]).numpy()
+        expected = call(ref, "bert", "seqcls", ids, tt * 0, mask).numpy()
+        assert np.isnan(out[b]).all(), where
+        assert rel_err(np.delete(out, b, axis=0), expected) < RTOL, where
+
+
 # ---- packed inputs (the packing collator) ----------------------------------------------------------------
 
 
@@ -476,6 +571,24 @@ def test_packed_collator_batch_matches_padded(fam):
                    labels=paddle.to_tensor(labels), return_dict=True)
     assert rel_err(out.logits.numpy(), expected.logits.numpy()) < RTOL
     assert abs(float(out.loss) - float(expected.loss)) <= RTOL * abs(float(expected.loss))
+
+
+def test_collator_label_key_reaches_the_model_as_labels():
+    """Samples with PaddleNLP's 'label' key: the packing collator renames it, and the loss is
+    the original model's with those labels; a batch that still says 'label' gets a hint."""
+    from paddle_unpad.data import PackingCollator
+
+    ref, model = make_pair("bert", "seqcls")
+    ids, tt, mask = ragged_batch("bert")
+    labels = np.array([2, 0, 1, 1])
+    samples = [{"input_ids": s["input_ids"], "token_type_ids": s["token_type_ids"], "label": np.int64(y)}
+               for s, y in zip(_samples(ids, tt, mask), labels)]
+    out = model(**PackingCollator(max_seqlen=SEQ)(samples), return_dict=True)
+    expected = ref(paddle.to_tensor(ids), token_type_ids=paddle.to_tensor(tt), attention_mask=paddle.to_tensor(mask),
+                   labels=paddle.to_tensor(labels), return_dict=True)
+    assert abs(float(out.loss) - float(expected.loss)) <= RTOL * abs(float(expected.loss))
+    with pytest.raises(TypeError, match=r"argument\(s\) label; the model's argument is 'labels'"):
+        model(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), label=paddle.to_tensor(labels))
 
 
 def _packed(fam, ids, tt, mask, **per_token):

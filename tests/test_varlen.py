@@ -4,7 +4,7 @@ import paddle
 import pytest
 
 from paddle_unpad import cu_seqlens_from_lengths, pad_input, unpad_input
-from paddle_unpad.varlen import check_cu_seqlens, cu_seqlens_host
+from paddle_unpad.varlen import check_cu_seqlens, check_no_empty_sequences, cu_seqlens_host
 from testutil import empty_refused_here
 
 pytestmark = pytest.mark.paddle_gpu_stage
@@ -313,3 +313,22 @@ def test_check_cu_seqlens_refusals(cu, total, max_seqlen, words):
     with pytest.raises(ValueError) as ei:
         check_cu_seqlens(np.asarray(cu, np.int32), total, max_seqlen, who="", tokens="len(x)")
     assert str(ei.value) == "paddle_unpad: " + words.replace("q.shape[0]", "len(x)")
+
+
+@pytest.mark.parametrize("lengths, b", [([0, 3, 2], 0), ([3, 0, 2], 1), ([3, 2, 0], 2), ([0], 0), ([3, 0, 0], 1)])
+def test_check_no_empty_sequences_names_the_first_empty_one(lengths, b):
+    """Wherever it is: the first empty sequence, its index, the batch size and its offset."""
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    at = sum(lengths[:b])
+    for form in (cu, np.array(cu, np.int32), cu_seqlens_from_lengths(lengths)[0]):
+        with pytest.raises(ValueError, match=rf"^paddle_unpad: sequence {b} of {len(lengths)} is empty "
+                                             rf"\(cu_seqlens\[{b}\] == cu_seqlens\[{b + 1}\] == {at}\): the pooler "
+                                             r"needs at least the first \(\[CLS\]\) token"):
+            check_no_empty_sequences(form, "the pooler")
+
+
+@pytest.mark.parametrize("cu", [[0], [0, 1], [0, 3, 4, 9]])
+def test_check_no_empty_sequences_accepts_non_empty(cu):
+    assert check_no_empty_sequences(np.array(cu, np.int32), "the pooler") is None

@@ -8,7 +8,11 @@ A *sample* is a dict of arrays (numpy, lists, or paddle tensors):
   per-sample label), and any name listed in ``token_fields``;
 * per-sample fields: everything else (e.g. a classification label, ``next_sentence_label``);
 * the sample id: ``sample_id`` (or ``id`` / ``idx``), an int; when absent, an id is made
-  from the position (``rank << 40 | batch << 20 | index``);
+  from the position: :class:`PackingCollator` uses the sample's index in its call, the
+  distributed loader ``rank << 40 | batch << 20 | index``;
+* ``label`` / ``label_ids`` are renamed ``labels`` (by :class:`PackingCollator`,
+  :func:`sample_list_collate` and UnpadTrainer's collators), as PaddleNLP's collators
+  rename them; a sample with both ``labels`` and one of them is refused;
 * ``attention_mask`` (1 = keep), if present, is applied to every per-token field and then
   dropped, so padded samples can be fed as they are.
 
@@ -45,7 +49,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["PackingCollator", "pack_samples", "normalize_batch", "to_paddle", "sample_list_collate",
-           "DEFAULT_TOKEN_FIELDS", "BATCH_BOOKKEEPING_KEYS", "SampleError", "check_max_seqlen"]
+           "DEFAULT_TOKEN_FIELDS", "BATCH_BOOKKEEPING_KEYS", "SampleError", "check_max_seqlen", "LABEL_ALIASES",
+           "rename_label_keys"]
 
 DEFAULT_TOKEN_FIELDS = ("input_ids", "token_type_ids", "position_ids", "labels",
                         "masked_lm_labels", "mlm_labels", "special_tokens_mask")
@@ -69,13 +74,14 @@ def sample_list_collate(batch):
     :func:`paddle_unpad.fleet.distributed_loader` expects), each field as a numpy array.
 
     Why arrays: a DataLoader whose collate output holds Python lists of ints stops at
-    once, silently (paddle 3.3.1) -- and tokenizers return lists.
+    once, silently (paddle 3.3.1) -- and tokenizers return lists. ``label`` / ``label_ids``
+    become ``labels`` (:func:`rename_label_keys`), as PaddleNLP's collators rename them.
     """
     out = []
-    for smp in batch:
+    for k, smp in enumerate(batch):
         if isinstance(smp, Mapping):
-            smp = {k: (v if isinstance(v, np.ndarray) or hasattr(v, "numpy") else np.asarray(v))
-                   for k, v in smp.items()}
+            smp = {n: (v if isinstance(v, np.ndarray) or hasattr(v, "numpy") else np.asarray(v))
+                   for n, v in rename_label_keys(smp, f"sample {k} of the DataLoader batch").items()}
         out.append(smp)
     return out
 
@@ -88,14 +94,39 @@ def _to_numpy(v):
     return np.asarray(v)
 
 
-def _sid(sample, pos):
+def _sid(sample, pos, where="a sample"):
+    """The sample's own id (its first id field), else ``pos``. ``where`` names the sample in errors."""
     for k in _ID_KEYS:
         if k in sample:
             v = _to_numpy(sample[k]).reshape(-1)
-            if v.size != 1:
-                raise SampleError(f"paddle_unpad.data: sample field {k!r} must be a single int, got shape {v.shape}")
+            if v.size != 1 or not np.issubdtype(v.dtype, np.integer):
+                # int() would take "7" or 2.5 without a word, and fail on "abc" naming nothing
+                got = f"shape {list(v.shape)}" if v.size != 1 else f"{v[0]!r} (dtype {v.dtype})"
+                raise SampleError(f"paddle_unpad.data: {where}: id field {k!r} must be a single int, got {got}")
             return int(v[0])
     return pos
+
+
+#: Sample keys that PaddleNLP's collators (``DataCollatorWithPadding``,
+#: ``default_data_collator``) hand to the model as ``labels``, in this order (a later one wins).
+LABEL_ALIASES = ("label", "label_ids")
+
+
+def rename_label_keys(sample, where="a sample"):
+    """``sample`` with ``label`` / ``label_ids`` renamed to ``labels`` (and None-valued ones
+    dropped), as PaddleNLP's collators do; other samples are returned as they are. A sample
+    that also has ``labels`` is refused (:class:`SampleError` naming ``where``): which of the
+    two the model should train on is not ours to guess."""
+    if not isinstance(sample, Mapping) or not any(k in sample for k in LABEL_ALIASES):
+        return sample
+    given = [k for k in LABEL_ALIASES if sample.get(k) is not None]
+    if given and sample.get("labels") is not None:
+        raise SampleError(f"paddle_unpad.data: {where} has both 'labels' and {given[0]!r}; PaddleNLP's collators "
+                          f"rename {given[0]!r} to 'labels', so keep only one of them")
+    out = {k: v for k, v in sample.items() if k not in LABEL_ALIASES}
+    for alias in given:
+        out["labels"] = sample[alias]
+    return out
 
 
 def _is_token_field(name, arr, token_fields):
@@ -116,9 +147,11 @@ def check_max_seqlen(value, name: str = "max_seqlen", where: str = "data.check_l
 
 def _layout(name, arr, token_fields):
     """What must agree between the samples of one batch for field ``name``."""
+    # strings differ in width from sample to sample, and numpy stacks them to the widest
+    dt = np.dtype(arr.dtype.kind).str if arr.dtype.kind in "US" else arr.dtype.str
     if _is_token_field(name, arr, token_fields):
-        return ("per-token", arr.dtype.str, tuple(arr.shape[1:]))
-    return ("per-sample", arr.dtype.str, tuple(arr.shape))
+        return ("per-token", dt, tuple(arr.shape[1:]))
+    return ("per-sample", dt, tuple(arr.shape))
 
 
 def _describe(layout):
@@ -221,8 +254,15 @@ def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[
 
 def _split_padded(batch, token_fields):
     if "attention_mask" not in batch or "input_ids" not in batch:
-        raise TypeError("paddle_unpad.data: a dict batch must hold padded 'input_ids' [B, S] and "
-                        "'attention_mask' [B, S]")
+        keys = sorted(map(str, batch))
+        if "cu_seqlens" in batch or "cu_seqlens_host" in batch:  # a PackingCollator as the DataLoader's collate_fn
+            raise TypeError(f"paddle_unpad.data: the batch is already packed (keys {keys}); the balanced loader "
+                            "(distributed_loader) needs lists of samples, and packs after balancing: build the "
+                            "DataLoader with collate_fn=pu.data.sample_list_collate")
+        raise TypeError("paddle_unpad.data: a batch must be a list of sample dicts -- the balanced loader "
+                        "(distributed_loader) needs lists of samples: build the DataLoader with "
+                        "collate_fn=pu.data.sample_list_collate -- or a dict of padded 'input_ids' [B, S] with "
+                        f"'attention_mask' [B, S]; got a dict with keys {keys}")
     arrs = {k: _to_numpy(v) for k, v in batch.items()}
     B = arrs["input_ids"].shape[0]
     out = []
@@ -310,6 +350,9 @@ class PackingCollator:
 
     ``PackingCollator(max_seqlen=512)(samples)`` -> packed batch of paddle tensors (or of
     numpy arrays with ``return_tensors="np"``).  ``rank`` only names the rank in errors.
+    ``label`` / ``label_ids`` become ``labels`` (:func:`rename_label_keys`). A sample
+    without an id field gets its index in the call as its id, in ``sample_ids`` and in
+    errors, so every call's ids start at 0.
     """
 
     def __init__(self, max_seqlen: Optional[int] = 512, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
@@ -322,11 +365,38 @@ class PackingCollator:
         self.return_tensors = return_tensors
         self.place = place
         self.rank = rank
-        self._step = 0
 
     def __call__(self, batch):
-        samples, lengths, ids = normalize_batch(batch, self.rank, self._step, self.token_fields)
-        self._step += 1
+        if isinstance(batch, Mapping):
+            batch = _split_padded(batch, self.token_fields)
+        if isinstance(batch, (list, tuple)):
+            batch = [self._prepare(k, smp) for k, smp in enumerate(batch)]
+        samples, lengths, ids = normalize_batch(batch, self.rank, 0, self.token_fields)
         check_lengths(lengths, ids, self.rank, self.max_seqlen)
+        if self.return_tensors == "pd":
+            _check_tensor_dtypes(samples, ids, self.rank)
         packed = pack_samples(samples, lengths, ids, self.token_fields)
         return packed if self.return_tensors == "np" else to_paddle(packed, self.place)
+
+    def _prepare(self, k, smp):
+        """Sample ``k`` of a call with its id (its own, checked here, else ``k``) and ``labels``."""
+        if not isinstance(smp, Mapping):
+            return smp  # normalize_batch names it
+        where = f"sample {k} on rank {self.rank}"
+        if any(key in smp for key in _ID_KEYS):
+            where = f"sample {k} (id {_sid(smp, k, where)}) on rank {self.rank}"
+        else:
+            smp = dict(smp, sample_id=k)
+        return rename_label_keys(smp, where)
+
+
+def _check_tensor_dtypes(samples, ids, rank):
+    """A field paddle cannot hold (strings, objects) is refused naming it, not by paddle's
+    ``tensor.set()`` error, which names neither the field nor the sample."""
+    for k, smp in enumerate(samples):
+        for name, arr in smp.items():
+            if arr.dtype.kind in "USOV":
+                what = "text" if arr.dtype.kind in "US" else "Python objects"
+                raise SampleError(f"paddle_unpad.data: sample {k} (id {int(ids[k])}) on rank {rank}: field {name!r} "
+                                  f"holds {what} (dtype {arr.dtype}), which a paddle tensor cannot hold; drop it "
+                                  "from the samples, or pack with return_tensors='np'")

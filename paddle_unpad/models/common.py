@@ -27,7 +27,7 @@ import paddle.nn.functional as F
 
 from .. import _paddle_compat as _compat
 from .. import layers as _layers
-from ..varlen import check_cu_seqlens, pad_input
+from ..varlen import check_cu_seqlens, check_no_empty_sequences, pad_input
 
 __all__ = ["UnsupportedInput", "Packing", "FamilySpec", "options_of"]
 
@@ -178,12 +178,23 @@ class Packing:
         inv = paddle.scatter(paddle.zeros([n], dtype="int64"), self.indices, rows, overwrite=True)
         return paddle.gather(inv, positions.astype("int64"))
 
-    def cls_rows(self, x):
-        """Rows of the first token of every sequence: ``x[cu_seqlens[:-1]]`` -> ``[B, ...]``."""
-        idx = self.cu_dev[:-1]
-        if self.cu_host is None:  # static graph: guard an empty last sequence
-            idx = paddle.minimum(idx, paddle.full_like(idx, 0) + (paddle.shape(x)[0] - 1).astype(idx.dtype))
-        return paddle.gather(x, idx, axis=0)
+    def cls_rows(self, x, reader):
+        """Rows of the first token of every sequence: ``x[cu_seqlens[:-1]]`` -> ``[B, ...]``.
+
+        Every per-sequence output (pooler, sequence classification, NSP) reads its rows here.
+        An empty sequence has no first token: refused by name (``reader`` says who needs the
+        rows) when ``cu_seqlens`` is on the host; a static graph has no host values to check,
+        so its empty sequences get NaN rows (loud downstream, never another sequence's row).
+        """
+        if self.cu_host is not None:
+            check_no_empty_sequences(self.cu_host, reader)
+            return paddle.gather(x, self.cu_dev[:-1], axis=0)
+        starts, ends = self.cu_dev[:-1], self.cu_dev[1:]
+        last = (paddle.shape(x)[0] - 1).astype(starts.dtype)
+        rows = paddle.gather(x, paddle.minimum(starts, paddle.full_like(starts, 0) + last), axis=0)
+        empty = (ends == starts).astype(rows.dtype).reshape([-1] + [1] * (len(x.shape) - 1))
+        # 0 / 0 = NaN at run time: a NaN constant would not survive paddle.jit.save's program file
+        return rows + (empty * 0.0) / (1.0 - empty)
 
 
 def _place_of(t):
@@ -408,8 +419,11 @@ def check_unsupported(output_attentions=False, past_key_values=None, use_cache=F
 
 def encode(spec, base, input_ids=None, token_type_ids=None, position_ids=None, attention_mask=None,
            inputs_embeds=None, extras=None, cu_seqlens=None, max_seqlen=None, cu_seqlens_host=None,
-           output_hidden_states=False, needs_cls=False, want_pooled=True):
+           output_hidden_states=False, needs_cls=False, want_pooled=True, reader=None):
     """Embeddings + encoder on packed tokens.
+
+    ``reader``: who reads the pooled output, for the refusal of an empty sequence
+    (default: the base model's pooler).
 
     Returns ``(pk, sequence [T, H], pooled [B, H] or None, hidden_states list of [T, H] or None)``.
     """
@@ -454,7 +468,7 @@ def encode(spec, base, input_ids=None, token_type_ids=None, position_ids=None, a
     x, hidden = _layers.encoder_forward(base.encoder, x, pk.cu_cpu, pk.max_seqlen, output_hidden_states)
     pooled = None
     if want_pooled and getattr(base, "pooler", None) is not None:
-        pooled = base.pooler(pk.cls_rows(x).unsqueeze(1))
+        pooled = base.pooler(pk.cls_rows(x, reader or f"{type(base).__name__}'s pooler").unsqueeze(1))
     return pk, x, pooled, hidden
 
 

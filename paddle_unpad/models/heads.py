@@ -38,13 +38,13 @@ from paddlenlp.transformers.model_outputs import (
 from . import common
 
 
-def _encode(model, spec, a, base, needs_cls=False, want_pooled=True, output_hidden_states=False):
+def _encode(model, spec, a, base, needs_cls=False, want_pooled=True, output_hidden_states=False, reader=None):
     return common.encode(spec, base, input_ids=a.get("input_ids"), token_type_ids=a.get("token_type_ids"),
                          position_ids=a.get("position_ids"), attention_mask=a.get("attention_mask"),
                          inputs_embeds=a.get("inputs_embeds"), extras={k: a.get(k) for k in spec.embed_extras},
                          cu_seqlens=a.get("cu_seqlens"), max_seqlen=a.get("max_seqlen"),
                          cu_seqlens_host=a.get("cu_seqlens_host"), output_hidden_states=output_hidden_states,
-                         needs_cls=needs_cls, want_pooled=want_pooled)
+                         needs_cls=needs_cls, want_pooled=want_pooled, reader=reader)
 
 
 def _return_dict(model, a):
@@ -74,7 +74,8 @@ def base_forward(model, spec, a):
                                        a.get("use_cache"))
     common.check_unsupported(oa, a.get("past_key_values"), uc)
     return_dict = _return_dict(model, a)
-    pk, seq, pooled, hidden = _encode(model, spec, a, model, needs_cls=False, output_hidden_states=ohs)
+    pk, seq, pooled, hidden = _encode(model, spec, a, model, needs_cls=False, output_hidden_states=ohs,
+                                      reader=f"{type(model).__name__}'s pooler (pooler_output)")
     seq_out = common.outputs_for_caller(pk, seq)
     hs = common.hidden_for_caller(pk, hidden)
     if not return_dict:
@@ -126,11 +127,12 @@ def seqcls_forward(model, spec, a):
     if spec.roberta_positions:  # RobertaClassificationHead reads features[:, 0]
         pk, seq, _, hidden = _encode(model, spec, a, base, needs_cls=True, want_pooled=False,
                                      output_hidden_states=ohs)
-        cls = model.dropout(pk.cls_rows(seq))
+        cls = model.dropout(pk.cls_rows(seq, f"{type(model).__name__}'s classifier"))
         logits = model.classifier(cls.unsqueeze(1))
         loss = _seqcls_loss_roberta(model, logits, a.get("labels"))
     else:
-        pk, seq, pooled, hidden = _encode(model, spec, a, base, needs_cls=True, output_hidden_states=ohs)
+        pk, seq, pooled, hidden = _encode(model, spec, a, base, needs_cls=True, output_hidden_states=ohs,
+                                          reader=f"{type(model).__name__}'s classifier (through the pooler)")
         logits = model.classifier(model.dropout(pooled))
         loss = _seqcls_loss_bert(model, logits, a.get("labels"))
     hs = common.hidden_for_caller(pk, hidden)
@@ -252,7 +254,8 @@ def pretraining_forward(model, spec, a):
     ohs = _head_flags(spec, base, a)
     return_dict = a.get("return_dict") if spec.name == "bert" else _return_dict(model, a)
     with paddle.static.amp.fp16_guard():
-        pk, seq, pooled, hidden = _encode(model, spec, a, base, needs_cls=True, output_hidden_states=ohs)
+        pk, seq, pooled, hidden = _encode(model, spec, a, base, needs_cls=True, output_hidden_states=ohs,
+                                          reader=f"{type(model).__name__}'s next-sentence head (through the pooler)")
         scores, scores_loss, per_token = _mlm_scores(pk, seq, a.get("masked_positions"),
                                                      lambda h: model.cls.predictions(h, None))
         nsp = model.cls.seq_relationship(pooled)
@@ -296,8 +299,12 @@ def run(model, spec, impl, a, extra):
     mlm_head = impl in (masked_lm_forward, pretraining_forward)
     unknown = set(extra) - common.COLLATOR_EXTRAS - (common.MLM_BATCH_KEYS if mlm_head else frozenset())
     if unknown:
+        hint = ""
+        if unknown & {"label", "label_ids"}:  # a batch built without PaddleNLP's collators
+            hint = ("; the model's argument is 'labels' (PaddleNLP's collators and paddle_unpad.data.PackingCollator "
+                    "rename 'label' / 'label_ids' to it)")
         raise TypeError(f"paddle_unpad: {type(model).__name__}.forward() got unexpected keyword argument(s) "
-                        f"{', '.join(sorted(unknown))}")
+                        f"{', '.join(sorted(unknown))}{hint}")
     if mlm_head:
         a = _mlm_batch_inputs(a, extra)
     if _FALLBACK.depth and a.get("cu_seqlens") is None:  # inside another model's fallback: stay original
