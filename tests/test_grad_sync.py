@@ -53,6 +53,7 @@ def test_same_gradients_as_the_dense_all_reduce(tmp_path):
     for s in (stats("cls", bucket_mb=0.01), stats("cls", bucket_mb=0.01, overlap=False)):
         # word (1 MiB) and position (32 KiB) tables by rows; token types (512 bytes) are packed
         assert s["tables_by_rows"] == 2 and s["last_bytes"] < s["dense_bytes"] / 2
+        assert s["tables_unproven"] == 0  # the converted model looks its rows up through the layers
     assert stats("pretraining", bucket_mb=0.01)["tables_by_rows"] == 1  # the tied word table goes whole
     assert stats("cls", row_sparse_embeddings=False)["tables_by_rows"] == 0
     assert stats("branchy", bucket_mb=0.1)["tables_by_rows"] == 1
@@ -109,3 +110,37 @@ def test_one_live_all_reduce_per_parameter():
 def test_all_reduce_options_name_the_key_and_value(kw, error, pattern):
     with pytest.raises(error, match=r"^paddle_unpad\.distributed\.GradientAllReduce: " + pattern):
         pu.fleet.GradientAllReduce(paddle.nn.Linear(2, 2), **kw)
+
+
+def test_built_before_the_job_is_initialized_is_refused(monkeypatch):
+    from paddle_unpad.distributed import GradientSyncError
+
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "3")  # launched as one of 3 ranks, no fleet.init yet
+    with pytest.raises(GradientSyncError, match=r"^paddle_unpad\.distributed\.GradientAllReduce: built before the "
+                                                r"job was initialized: .* one of 3 ranks"):
+        pu.fleet.GradientAllReduce(paddle.nn.Linear(2, 2))
+
+
+def test_a_sparse_embedding_is_refused_by_name():
+    model = paddle.nn.Sequential(paddle.nn.Linear(2, 2), paddle.nn.Embedding(10, 2, sparse=True))
+    with pytest.raises(ValueError, match=rf"sparse embedding \(layer '1', nn.Embedding\(sparse=True\), weight "
+                                         rf"'{model[1].weight.name}'\).*sparse=False"):
+        pu.fleet.GradientAllReduce(model)
+    model[1].weight.stop_gradient = True  # a frozen one is not reduced at all
+    pu.fleet.GradientAllReduce(model).close()
+
+
+def test_rows_proof_sees_any_row_outside_the_looked_up_ones():
+    from paddle_unpad.distributed.grad_sync import _only_rows
+
+    g = np.zeros((50, 6), np.float32)
+    g[[3, 7]] = 1.0
+    assert _only_rows(paddle.to_tensor(g), np.array([3, 7, 9]))
+    for row, value in ((0, 1e-38), (49, -2.0), (20, float("nan"))):  # tiny, last, not a number
+        bad = g.copy()
+        bad[row, 5] = value
+        assert not _only_rows(paddle.to_tensor(bad), np.array([3, 7, 9])), (row, value)
+    odd = np.zeros((5, 3), np.float16)  # rows of 6 bytes
+    odd[4, 2] = 1.0
+    assert not _only_rows(paddle.to_tensor(odd), np.array([0, 1]))
+    assert _only_rows(paddle.to_tensor(odd), np.array([4]))

@@ -13,18 +13,27 @@ What it does, compared with reducing one flat copy of every gradient after the b
 
 * **Embedding tables by rows** (CPU jobs by default). A lookup table's gradient is zero
   outside the rows the step looked up. The rows each rank used are recorded by a forward
-  pre-hook on the model's ``nn.Embedding`` layers (host-side ids); the ranks exchange these
-  row lists and all-reduce only their union -- the other rows are zero on every rank and
-  stay zero, so the result is the dense all-reduce's. A table whose weight is also a
-  parameter of another layer (a tied output projection, as in PaddleNLP's masked-LM heads)
-  has a dense gradient and is reduced whole; so is a table when the union covers most of it.
+  pre-hook on the model's ``nn.Embedding`` layers (host-side ids, positional or ``x=``); the
+  ranks exchange these row lists and all-reduce only their union -- the other rows are zero
+  on every rank and stay zero, so the result is the dense all-reduce's. The recorded rows are
+  a hint, not a promise: before sending its count each rank checks that its gradient has no
+  nonzero row outside them (one read of the table), and sends -1 when it has -- the weight was
+  also used elsewhere (a tied ``matmul`` output projection, ``F.embedding``) -- so that every
+  rank reduces that table whole that step. A table whose weight is also a parameter of another
+  layer (a tied output layer, as in PaddleNLP's masked-LM heads) is reduced whole from the
+  start; so is a table when the union covers most of it. ``nn.Embedding(sparse=True)`` (a
+  SelectedRows gradient) is refused at construction, or, in a list of parameters, at the
+  first :meth:`~GradientAllReduce.wait`.
 * **In place.** A gradient of at least ``bucket_mb`` is all-reduced in its own memory; only
   the small ones (biases, LayerNorm) are packed into buckets (one copy in, one out).
 * **Overlap** (the default): a hook on every parameter marks its gradient complete; buckets
   follow the reverse registration order (the order the backward completes them) and are
   always reduced in that order on every rank. :meth:`GradientAllReduce.wait` marks parameters
   without a gradient this step as complete (reduced as zeros, so every rank issues the same
-  collectives) and finishes the last buckets.
+  collectives) and finishes the last buckets. A second gradient of a parameter before
+  ``wait()`` (two backward passes: gradient accumulation) cannot be reduced right -- its bucket
+  may be reduced already, or being reduced -- so it is a :class:`GradientSyncError` on every
+  rank at that ``wait()``, whatever the timing: accumulate with ``overlap=False``.
 
   - **CPU jobs** (gloo): a communication thread on its own group reduces each bucket as soon
     as it is complete, while the backward goes on.
@@ -36,15 +45,24 @@ What it does, compared with reducing one flat copy of every gradient after the b
 **Agreement.** At construction the ranks compare their layouts (parameter count, shapes,
 dtypes, bucket plan, options) through the job's store, within ``timeout``: models that differ
 are a :class:`GradientSyncError` on every rank, never a collective of mismatched sizes (which
-aborts inside gloo). Each step's reduction starts with a small header that carries the step
--- the global step of the batch the training loop last took from a balanced loader, else the
-count of reductions -- so a rank that skipped a step is a named error on every rank, not
-gradients paired with another step's. One all-reduce per parameter at a time: a second one
-on the same parameters raises until the first is closed.
+aborts inside gloo); a process launched as one of several ranks that builds it before
+``fleet.init`` is a :class:`GradientSyncError` too (it would see one rank). Each step's
+reduction ends with a small trailer that every rank all-gathers: the step -- the global step
+of the batch the training loop last took from a balanced loader, else the count of
+reductions -- and what went wrong on that rank in the pass (a second backward, a parameter
+frozen or unfrozen since construction, a sparse gradient, the rank leaving). Any of these on
+any rank is the same named error on every rank at that ``wait()``: a rank that skipped a step,
+or accumulated, never steps with gradients paired with another step's or another rank's
+unreduced ones. A rank that leaves with a pass open (an exception between the backward and
+``wait()``, or :meth:`~GradientAllReduce.close`) still issues that pass's collectives, with
+its closing mark, so that the peers' ``wait()`` names it at once instead of waiting for
+gloo's own timeout. One all-reduce per parameter at a time: a second one on the same
+parameters raises until the first is closed.
 
-Dygraph only; one :meth:`~GradientAllReduce.wait` per optimizer step. With gradient
-accumulation use ``overlap=False`` and call ``wait`` after the last backward only: with
-overlap, a bucket is reduced as soon as the first micro-batch completes it.
+Dygraph only; one :meth:`~GradientAllReduce.wait` per optimizer step. The set of trainable
+parameters is fixed at construction (checked at every ``wait()``): after changing
+``stop_gradient``, ``close()`` the all-reduce and build a new one. With gradient accumulation
+use ``overlap=False`` and call ``wait`` after the last backward only.
 """
 from __future__ import annotations
 
@@ -67,6 +85,7 @@ from .options import resolve as resolve_options
 __all__ = ["GradientAllReduce", "GradientSyncError"]
 
 _OWNERS: Dict[int, "weakref.ref"] = {}  # id(parameter) -> the live all-reduce that reduces it
+_CLOSE_JOIN_S = 5.0  # close() with a pass open waits this long for the peers' share of it, then leaves it to exit
 
 
 def _nbytes(p):
@@ -84,21 +103,47 @@ class _Bucket:
 
 
 class _Table:
-    """The rows of one embedding table looked up since the last step."""
+    """The rows of one embedding table looked up through its layer since the last step. Only
+    a hint: the reduction proves that the gradient has no other nonzero row (:func:`_rows_used`)."""
 
     def __init__(self, layer):
         self.rows = int(layer.weight.shape[0])
         self.ids: List[np.ndarray] = []
-        self.hook = layer.register_forward_pre_hook(self._record)
+        try:
+            self.hook = layer.register_forward_pre_hook(self._record, with_kwargs=True)
+        except TypeError:  # Paddle 2.6: positional inputs only; a keyword call fails the proof instead
+            self.hook = layer.register_forward_pre_hook(self._record)
 
-    def _record(self, layer, inputs):
-        ids = inputs[0]
+    def _record(self, layer, args, kwargs=None):
+        ids = args[0] if args else (kwargs or {}).get("x")
         if isinstance(ids, paddle.Tensor):
             self.ids.append(np.unique(ids.numpy()).astype(np.int64))
 
     def take(self):
         got, self.ids = self.ids, []
         return np.unique(np.concatenate(got)) if got else np.zeros(0, np.int64)
+
+
+def _rows_used(g) -> np.ndarray:
+    """Per row of the table gradient ``g``, whether any bit of it is set (so -0.0 counts as used:
+    at worst one whole reduction more). On CPU a zero-copy view, read once as wide integers."""
+    if g.place.is_cpu_place():
+        try:
+            a = np.from_dlpack(g)
+        except (TypeError, RuntimeError, BufferError, ValueError):  # a dtype numpy lacks (bfloat16)
+            a = None
+        if a is not None:
+            flat = np.ascontiguousarray(a).reshape(a.shape[0], -1).view(np.uint8)
+            unit = next(u for u in (8, 4, 2, 1) if flat.shape[1] % u == 0)
+            return flat.view(f"u{unit}").any(axis=1)
+    return paddle.any(g != 0, axis=1).numpy()
+
+
+def _only_rows(g, ids) -> bool:
+    """Whether every nonzero row of ``g`` is among ``ids`` (then reducing those rows is exact)."""
+    used = _rows_used(g)
+    used[ids[(ids >= 0) & (ids < len(used))]] = False
+    return not used.any()
 
 
 def _embedding_tables(model):
@@ -131,6 +176,18 @@ def _trainable(model, is_layer):
     return params
 
 
+def _refuse_sparse_tables(model):
+    """A sparse embedding's gradient is a SelectedRows, which no collective here can take."""
+    for name, layer in model.named_sublayers(include_self=True):
+        if isinstance(layer, paddle.nn.Embedding) and getattr(layer, "_sparse", False) \
+                and not layer.weight.stop_gradient:
+            raise ValueError(
+                f"paddle_unpad.distributed.GradientAllReduce: model has a sparse embedding (layer {name or 'model'!r}, "
+                f"nn.Embedding(sparse=True), weight {layer.weight.name!r}); its gradient is a SelectedRows, which "
+                "the all-reduce cannot reduce: build it with sparse=False (on CPU jobs the table is reduced by "
+                "the rows the step used anyway)")
+
+
 class GradientAllReduce:
     """Averages (or sums) the gradients of ``model``'s trainable parameters over the ranks.
 
@@ -146,6 +203,12 @@ class GradientAllReduce:
         group: the ranks to reduce over (default: all). The reduction runs on groups of its
             own over the same ranks, created here: construct on every rank of ``group``, in
             the same order relative to other groups.
+
+    Raises at construction: ``ValueError`` for a trainable ``nn.Embedding(sparse=True)``;
+    :class:`GradientSyncError` in a process launched as one of several ranks before the job
+    is initialized (``fleet.init``), or when the ranks' layouts differ. ``stats``:
+    ``tables_unproven`` counts the by-rows reductions that went whole because a rank's table
+    gradient had rows it had not looked up through the layer.
     """
 
     def __init__(self, model, bucket_mb: Optional[float] = None, average: Optional[bool] = None,
@@ -157,22 +220,32 @@ class GradientAllReduce:
             scope=ALLREDUCE)
         is_layer = isinstance(model, paddle.nn.Layer)
         params = _trainable(model, is_layer)
+        if is_layer:
+            _refuse_sparse_tables(model)
+        rank, world = groups.checked_job("distributed.GradientAllReduce", GradientSyncError)
         self.gpu = groups.job_uses_gpu()
         self.overlap = True if o["overlap"] is None else o["overlap"]
         by_rows = (not self.gpu) if o["row_sparse_embeddings"] is None else o["row_sparse_embeddings"]
         self.average, self.dense_fraction, self.timeout = o["average"], float(o["dense_fraction"]), float(o["timeout"])
         self.options = o
-        ranks = list(group.ranks) if group is not None else (list(range(groups.job()[1])))
-        self.world = len(ranks) if groups.job()[1] > 1 else 1
+        ranks = list(group.ranks) if group is not None else list(range(world))
+        self.world = len(ranks) if world > 1 else 1
+        self._ranks = ranks
         limit = float(o["bucket_mb"]) * (1 << 20)
         tables = _embedding_tables(model) if (is_layer and by_rows and self.world > 1) else {}
         self._buckets = self._plan_buckets(params, tables, limit)
         self._params = params
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self._known = list(model.parameters() if is_layer else model)  # frozen ones too: checked at wait()
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._claim(params)
         self._lock = threading.Lock()
         self._fired = set()
         self._step_open = False
+        self._sealed = threading.Event()  # wait() or close() has ended the pass: no hook of it comes later
+        self._closing = False
+        self._again = self._sparse = -1  # this pass: a parameter's second hook; a SelectedRows gradient
+        self._changed = 0  # this pass: +-(index in _known + 1) of a parameter unfrozen / frozen since
         self._done = threading.Event()
         self._error: Optional[BaseException] = None
         self._timed_out: Optional[str] = None
@@ -182,7 +255,7 @@ class GradientAllReduce:
         self._next_bucket, self._tasks, self._pass_step = 0, [], None
         self.stats = {"steps": 0, "exposed_s": 0.0, "bytes": 0, "last_bytes": 0, "buckets": len(self._buckets),
                       "dense_bytes": sum(b.nbytes for b in self._buckets),
-                      "tables_by_rows": sum(b.table is not None for b in self._buckets)}
+                      "tables_by_rows": sum(b.table is not None for b in self._buckets), "tables_unproven": 0}
         self._work: "queue.Queue" = queue.Queue()
         self._thread = self._group = self._control = None
         if self.world == 1:
@@ -196,6 +269,7 @@ class GradientAllReduce:
                 "gradient all-reduce control", groups.HOST, ranks)
         except BaseException:
             self._release()
+            self._release_groups()
             raise
         groups.use_for_exit_order(self._control)
         if self.overlap:
@@ -203,7 +277,7 @@ class GradientAllReduce:
                 compat.register_grad_ready_hook(p, self._hook_for(id(p)))
         if not self.gpu:  # the thread does the work, so that wait() can give up after `timeout`
             self._thread = threading.Thread(target=self._serve, name="paddle_unpad-grad-allreduce", daemon=True)
-            groups.register_thread(self._thread, lambda: self._work.put(None))
+            groups.register_thread(self._thread, self._stop_thread)
             self._thread.start()
 
     @staticmethod
@@ -280,7 +354,7 @@ class GradientAllReduce:
     def _hook_for(self, key):
         def hook():
             if not self._closed:
-                self._mark_ready(key)
+                self._mark_ready(key, from_hook=True)
 
         return hook
 
@@ -288,14 +362,22 @@ class GradientAllReduce:
         step = groups.batch_step()
         return self._passes if step is None else step
 
-    def _mark_ready(self, key):
+    def _mark_ready(self, key, from_hook=False):
         with self._lock:
-            if key in self._fired or self._timed_out is not None:
+            if self._timed_out is not None:
+                return
+            if key in self._fired:
+                # a second backward before wait() (gradient accumulation): the bucket may already
+                # be reduced, or be in a collective while this gradient is added to it -- the
+                # trailer makes it an error on every rank, whichever came first
+                if from_hook and self._again < 0:
+                    self._again = self._index[key]
                 return
             if not self._step_open:  # the step's first complete gradient opens its pass
                 self._step_open = True
                 self._step_bytes = 0
                 self._done.clear()
+                self._sealed.clear()
                 self._pass_step = self._step_now()
                 if not self.gpu:
                     self._work.put(self._pass_step)
@@ -307,26 +389,56 @@ class GradientAllReduce:
         if self.gpu:
             self._issue_ready()
 
+    def _seal(self, closing=False):
+        """End the open pass: parameters without a gradient are marked complete (reduced as
+        zeros). ``closing``: this rank leaves; it still issues the pass's collectives, so that
+        the peers' ones return, and its trailer tells them the step was not reduced."""
+        if closing:
+            if not self._step_open:
+                return
+            self._closing = True
+        for p in self._params:  # without overlap: all of them; with it: those without a gradient
+            self._mark_ready(id(p))
+        self._sealed.set()
+
+    def _check_trainable(self):
+        """Note (for the trailer) a parameter frozen or unfrozen since construction."""
+        for i, p in enumerate(self._known):
+            reduced = id(p) in self._index
+            if reduced and p.stop_gradient:
+                self._changed = -(i + 1)
+                return
+            if not reduced and not p.stop_gradient and p.grad is not None:
+                self._changed = i + 1
+                return
+
     # ------------------------------------------------------------------ CPU jobs: the communication thread
 
     def _serve(self):
         while True:
             step = self._work.get()
             if step is None:
-                return
+                break
             try:
-                self._check_step(step)
                 self._reduce_all()
+                self._sealed.wait()
+                self._check_trailer(step)
             except BaseException as e:  # noqa: BLE001 -- raised in the training thread by wait()
                 self._error = e
             finally:
                 self._done.set()
+        if self._closed:
+            self._release_groups()
+
+    def _stop_thread(self):
+        """At interpreter exit: a pass left open (an exception between backward() and wait())
+        is finished with the closing mark, so the peers' wait() names this rank at once."""
+        self._seal(closing=True)
+        self._work.put(None)
 
     def _reduce_all(self):
         for b in self._buckets:  # the same order on every rank
             b.ready.wait()
-            if b.pending > 0:  # set by close() before the pass was complete: the ranks stop here alike
-                return
             if b.table is not None:
                 self._step_bytes += self._reduce_rows(b)
             else:
@@ -334,27 +446,78 @@ class GradientAllReduce:
                 task.wait()
                 finish()
 
-    def _check_step(self, step):
-        """All-gather every rank's step (the header of a pass); raise when they differ."""
+    def _check_trailer(self, step):
+        """All-gather every rank's step and report on its pass (the trailer of a pass); raise on
+        every rank alike when any rank's is not right."""
+        mine = np.array([step, self._closing, self._again + 1, self._changed, self._sparse + 1], np.int64)
         try:
-            steps = groups.all_gather_array(self._control, np.array([step], np.int64)).reshape(-1)
+            rows = groups.all_gather_array(self._control, mine)
         except Exception as e:  # noqa: BLE001
-            raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: the step header all-gather failed "
+            raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: the step trailer all-gather failed "
                                     "-- a peer died or "
                                     f"stopped ({type(e).__name__}: {str(e).splitlines()[0][:300]})") from e
-        if np.any(steps != steps[0]):
-            raise GradientSyncError(
-                "paddle_unpad.distributed.GradientAllReduce: the ranks are reducing the gradients of different steps ("
-                + ", ".join(f"rank {r} step {int(s)}" for r, s in enumerate(steps))
-                + "): a rank skipped a step's backward or wait(), or ran an extra one; every rank must reduce "
-                  "every step")
+        problem = self._problem(rows)
+        if problem is not None:
+            raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {problem} "
+                                    f"(this is rank {groups.job()[0]})")
+
+    def _name(self, params, index):
+        return repr(params[index].name) if 0 <= index < len(params) else f"#{index}"
+
+    def _problem(self, rows) -> Optional[str]:
+        """The first thing wrong with the pass, in words, from every rank's trailer (None: nothing)."""
+        ranks = self._ranks
+        closing = [ranks[i] for i, r in enumerate(rows) if r[1]]
+        if closing:
+            return (f"rank(s) {closing} closed the all-reduce with the reduction of step {int(rows[0][0])} open "
+                    "(an exception or exit between backward() and wait(), or close() before wait()); this step's "
+                    "gradients are not reduced on any rank")
+        if np.any(rows[:, 0] != rows[0, 0]):
+            return ("the ranks are reducing the gradients of different steps ("
+                    + ", ".join(f"rank {ranks[i]} step {int(r[0])}" for i, r in enumerate(rows))
+                    + "): a rank skipped a step's backward or wait(), or ran an extra one; every rank must reduce "
+                      "every step")
+        return self._flagged(rows)
+
+    def _flagged(self, rows) -> Optional[str]:
+        """What a rank flagged in its trailer: a sparse gradient, a second backward, a change of
+        the trainable set (the parameter named from this rank's own list)."""
+        ranks = self._ranks
+        for i, r in enumerate(rows):
+            if r[4]:
+                return (f"parameter {self._name(self._params, int(r[4]) - 1)} has a sparse (SelectedRows) gradient on "
+                        f"rank {ranks[i]} (nn.Embedding(sparse=True)); the all-reduce reduces dense gradients only: "
+                        "build the embedding with sparse=False")
+        for i, r in enumerate(rows):
+            if r[2]:
+                return (f"parameter {self._name(self._params, int(r[2]) - 1)} got a second gradient before wait() on "
+                        f"rank {ranks[i]} (two backward passes in one step): gradient accumulation needs "
+                        "GradientAllReduce(overlap=False), with wait() after the last backward only -- with overlap "
+                        "a bucket is reduced as soon as the first backward completes it")
+        for i, r in enumerate(rows):
+            if r[3]:
+                k = abs(int(r[3])) - 1
+                now = "trainable now (stop_gradient=False)" if r[3] > 0 else "frozen now (stop_gradient=True)"
+                was = "frozen" if r[3] > 0 else "trainable"
+                return (f"parameter {self._name(self._known, k)} is {now} on rank {ranks[i]} but was {was} when "
+                        "this GradientAllReduce was built, so its gradient would not be averaged like the others: "
+                        "after changing stop_gradient, close() the all-reduce and build a new GradientAllReduce")
+        return None
 
     # ------------------------------------------------------------------ the reduction of a bucket
 
     def _grad(self, p):
-        if p.grad is None:  # no gradient on this rank this step: it takes part with zeros
+        g = p.grad
+        if g is None:  # no gradient on this rank this step: it takes part with zeros
+            if p.stop_gradient:  # frozen since construction: left alone, named by the trailer
+                return paddle.zeros(p.shape, dtype=p.dtype)
             compat.set_grad(p, paddle.zeros(p.shape, dtype=p.dtype))
-        return p.grad.detach()  # shares the gradient's memory
+            return p.grad.detach()  # shares the gradient's memory
+        if g.is_selected_rows():  # zeros instead, so that the ranks' collectives still match
+            if self._sparse < 0:
+                self._sparse = self._index[id(p)]
+            return paddle.zeros(p.shape, dtype=p.dtype)
+        return g.detach()
 
     def _start_dense(self, b):
         """Issue the all-reduce of a dense bucket: ``(task, finish)``; ``finish()`` after the task
@@ -374,14 +537,22 @@ class GradientAllReduce:
         return task, finish
 
     def _reduce_rows(self, b):
-        """A by-rows table: the union of the rows the ranks used (host values, on the control
-        group), then its rows all-reduced in place (or the whole table when the union is large)."""
+        """A by-rows table: the union of the rows the ranks looked up (host values, on the control
+        group), then its rows all-reduced in place -- or the whole table when the union is large,
+        or when a rank's gradient has a nonzero row it did not look up through the layer (the
+        weight used elsewhere: a tied matmul, ``F.embedding``). Each rank proves its own rows;
+        the count it sends is -1 when it cannot, so every rank takes the same branch."""
         g = self._grad(b.params[0])
         mine = b.table.take()
-        counts = [int(c) for c in groups.all_gather_array(self._control, np.array([len(mine)], np.int64)).reshape(-1)]
+        count = len(mine) if _only_rows(g, mine) else -1
+        counts = [int(c) for c in groups.all_gather_array(self._control, np.array([count], np.int64)).reshape(-1)]
         width = max(counts)
         union = None
-        if width <= self.dense_fraction * b.table.rows:
+        if min(counts) < 0:
+            self.stats["tables_unproven"] += 1
+        elif width == 0:  # gloo's all_gather of nothing dies of SIGFPE
+            union = mine
+        elif width <= self.dense_fraction * b.table.rows:
             padded = np.zeros(width, dtype=np.int64)  # equal shapes: what gloo's all_gather needs
             padded[: len(mine)] = mine
             gathered = groups.all_gather_array(self._control, padded)
@@ -428,8 +599,8 @@ class GradientAllReduce:
                                     "gradients were never reduced: close() this all-reduce")
         if self.world == 1:
             return 0.0
-        for p in self._params:  # without overlap: all of them; with it: those without a gradient
-            self._mark_ready(id(p))
+        self._check_trainable()
+        self._seal()
         if not self.gpu and not self._done.wait(self.timeout):
             # The thread keeps this complete pass: with every peer alive it finishes it (the ranks
             # issue the same collectives and none waits for gloo's own timeout at exit); with a
@@ -443,6 +614,8 @@ class GradientAllReduce:
             if self.gpu:
                 self._finish_on_gpu()
             err, self._error = self._error, None
+            if isinstance(err, GradientSyncError):
+                raise err
             if err is not None:
                 raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: the gradient all-reduce failed: "
                                         f"{err}") from err
@@ -451,16 +624,18 @@ class GradientAllReduce:
         return self._account(t0)
 
     def _finish_on_gpu(self):
-        self._check_step(self._pass_step)
         tasks, self._tasks = self._tasks, []
         for task, finish in tasks:
             task.wait()  # NCCL: the compute stream waits for the communication stream
             finish()
+        self._check_trailer(self._pass_step)
 
     def _end_pass(self):
         with self._lock:
             self._fired.clear()
             self._step_open = False
+            self._again = self._sparse = -1
+            self._changed = 0
             self._next_bucket, self._tasks = 0, []
             for b in self._buckets:
                 b.pending = len(b.params)
@@ -476,21 +651,43 @@ class GradientAllReduce:
         return dt
 
     def close(self):
-        """Stop the communication thread and remove the embedding lookups' hooks; the gradient
-        hooks then do nothing. Idempotent. Another GradientAllReduce may then take the model."""
+        """End this all-reduce: a pass left open (a backward without its wait()) is finished with
+        a mark that makes the peers' wait() fail, naming this rank; the communication thread
+        stops, the embedding lookups' hooks are removed, the gradient hooks then do nothing, and
+        the groups are released. Idempotent. Another GradientAllReduce may then take the model."""
         if self._closed:
             return
         self._closed = True
         self._release()
         for b in self._buckets:
-            b.ready.set()
             if b.table is not None:
                 b.table.hook.remove()
-        if self._thread is not None:
-            self._work.put(None)
-            self._thread.join(timeout=1.0)  # one still inside a collective is joined at exit
-            if not self._thread.is_alive():
-                groups.unregister_thread(self._thread)
+        if self.gpu and self.world > 1:
+            self._close_on_gpu()
+        if self._thread is None:
+            self._release_groups()
+            return
+        self._seal(closing=True)
+        self._work.put(None)
+        self._thread.join(timeout=_CLOSE_JOIN_S)  # one still inside a collective is joined at exit
+        if not self._thread.is_alive():
+            groups.unregister_thread(self._thread)
+            self._release_groups()  # else the thread does, on its way out
+
+    def _close_on_gpu(self):
+        if not self._step_open:
+            return
+        try:
+            self._seal(closing=True)
+            self._finish_on_gpu()
+        except GradientSyncError:  # this rank's own closing mark: the peers report it
+            pass
+        finally:
+            self._end_pass()
+
+    def _release_groups(self):
+        groups.release(self._group)
+        groups.release(self._control)
 
 
 def _first_difference(layouts, ranks) -> str:
