@@ -110,8 +110,10 @@ def distributed_loader(loader, strategy=None, **overrides) -> BalancedLoader:
     ``token_fields`` and ``place`` of :class:`BalancedLoader`). Balancing needs a
     :class:`DistributedStrategy` with ``unpad`` (= ``unpad_configs["balance"]``) on and more
     than one rank; with a plain ``fleet.DistributedStrategy`` each rank's batches are packed
-    as they are. Call it at the same point of the program on every rank (it creates the
-    exchange's process group).
+    as they are. Call it at the same point of the program on every rank, after ``fleet.init``
+    (it creates the exchange's process group; in a launched job of several ranks, before
+    ``fleet.init`` it raises :class:`ExchangeError`). ``len()`` of the result is the number of
+    batches each rank receives (see :class:`BalancedLoader`).
     """
     strategy = current_strategy() if strategy is None else strategy
     if isinstance(strategy, DistributedStrategy):
@@ -120,4 +122,4 @@ def distributed_loader(loader, strategy=None, **overrides) -> BalancedLoader:
         configs = dict(DEFAULT_UNPAD_CONFIGS, balance=False)
     extra = {k: overrides.pop(k) for k in ("token_fields", "place") if k in overrides}
     configs = _options.resolve(overrides, "fleet.distributed_loader", base=configs)
-    return BalancedLoader(loader, **extra, **configs)
+    return BalancedLoader(loader, **extra, _where="fleet.distributed_loader", **configs)

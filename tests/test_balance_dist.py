@@ -47,6 +47,7 @@ TRAIN_CHECKS = {
     "thread stopped after RuntimeError in the training loop",
     "thread stopped after KeyboardInterrupt in the training loop",
     "a full epoch still works after early stops",
+    "len() is the number of batches every rank received",
 }
 
 

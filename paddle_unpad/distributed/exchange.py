@@ -5,7 +5,9 @@ Per step, every rank takes the same branches, decided from gathered values, so t
 collectives always match up:
 
 1. **local batch** -- the training loop's thread hands the rank's next batch (or its end, or
-   its error) over; it is checked (:func:`paddle_unpad.data.normalize_batch`);
+   its error) over, as a copy (:func:`.source.own_batch`: the user's loader may overwrite its
+   arrays while this thread still holds the batch); it is checked
+   (:func:`paddle_unpad.data.normalize_batch`);
 2. **headers** -- all-gather of every rank's header (:mod:`.wire`): a rank that failed, ended,
    stopped iterating, plans with other settings or is at another step is known to every rank
    at the same collective, before any sample moves;

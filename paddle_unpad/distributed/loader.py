@@ -6,6 +6,9 @@ Failures (see docs/distributed.md, *Failure behaviour*, for what a user sees on 
   settings, timeouts, ``max_seqlen``, ``check_plan``, ``token_fields``) -- or a rank that
   builds no loader -- are a named error on every rank when the loaders are built, within
   ``timeout`` (:func:`~paddle_unpad.distributed.groups.agree`: no collective, so no hang);
+* a loader built before ``fleet.init`` in a launched job, or given a group over a subset of
+  the ranks, is refused at construction, on every rank alike (decided from the environment
+  and the group's rank list, which every rank sees the same);
 * a bad sample or a loader that raises on one rank: that rank raises its own exception,
   every other rank :class:`ExchangeError` naming the rank and the message, at the same
   step, before any sample is sent;
@@ -20,6 +23,7 @@ Failures (see docs/distributed.md, *Failure behaviour*, for what a user sees on 
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import queue
@@ -80,42 +84,64 @@ class BalancedLoader:
         token_fields: per-token fields of a sample (packed along the tokens): a sequence of names.
         place: where the packed tensors go (default: Paddle's current place).
         group: a gloo process group over all ranks to use (default: a new one, created here --
-            build loaders at the same point of the program on every rank).
+            build loaders at the same point of the program on every rank). A group passed in is
+            the caller's: :meth:`close` leaves it open.
+
+    ``len(loader)`` is the number of global steps: the largest ``len()`` of the ranks' own
+    loaders, agreed through the job's store when the loader is built and again when each epoch
+    starts. Every rank receives one batch per global step, also a rank whose own loader is
+    done; a step at which no rank has a sample (every rank's batch empty) is skipped, so only
+    such steps make an epoch shorter. With ``balance=False`` or in one process it is
+    ``len()`` of the rank's own loader. A rank's loader without ``len()`` makes ``len()`` a
+    ``TypeError`` naming the rank.
+
+    What the loader keeps of the user's: nothing after a batch is taken -- each batch is
+    copied as the training loop's thread takes it from the rank's loader (one copy per field
+    of each sample), so a loader may reuse or overwrite its arrays for its next batch.
     """
 
     def __init__(self, loader, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS, place=None, group=None,
-                 **options):
-        o = resolve_options(options, "distributed.BalancedLoader")
-        self.loader, self.options, self.place = loader, o, place
-        self.token_fields = check_token_fields(token_fields)
+                 _where: str = "distributed.BalancedLoader", **options):
+        o = resolve_options(options, _where)
+        self.loader, self.options, self.place, self.where = loader, o, place, _where
+        self.token_fields = check_token_fields(token_fields, _where)
         self.cost, self.counts, self.tol, self.max_seqlen = o["cost"], o["counts"], o["tol"], o["max_seqlen"]
         self.prefetch, self.timeout, self.close_timeout = o["prefetch"], float(o["timeout"]), float(o["close_timeout"])
         self.check_plan = o["check_plan"]
         self.plan_key, self.plan_desc = wire.plan_settings(self.cost, self.counts, self.tol)
-        self.rank, self.world = groups.job()
-        if self.world > 1:
-            self._agree_settings()
+        # launched as one of N ranks but built before fleet.init: refused, not packed alone
+        self.rank, self.world = groups.checked_job(_where, ExchangeError)
         self.distributed = o["balance"] and self.world > 1
+        if self.distributed and group is not None:
+            _check_group_spans_job(group, self.world, _where)  # before any rank waits for another
+        self._lens = [_own_len(loader)] * self.world  # every rank's (len, why unknown); agreed below
+        if self.world > 1:
+            self._agree_settings(group)
         self.group = None
+        own_group = None
         if self.distributed:
             if group is None:
-                self.group = groups.new_group("sample exchange", groups.HOST)
+                self.group = own_group = groups.new_group("sample exchange", groups.HOST)
             else:
-                self.group = group if isinstance(group, groups.Group) else groups.wrap_host_group(
-                    group, "distributed.BalancedLoader")
+                self.group = group if isinstance(group, groups.Group) else groups.wrap_host_group(group, _where)
             groups.use_for_exit_order(self.group)
         self._settings = Settings(self.group, self.rank, self.world, o, self.token_fields, place, self.plan_key,
                                   self.plan_desc)
-        self._live = _Live(self.close_timeout)
-        weakref.finalize(self, self._live.close)  # the loader dropped: its epoch stops
+        self._live = _Live(self.close_timeout, own_group)
+        self._epochs, self.closed = 0, False
+        weakref.finalize(self, self._live.shutdown)  # the loader dropped: its epoch stops, its group goes
         self.stats = {"steps": 0, "thread_cpu_s": 0.0, "moved_in": 0, "moved_bytes": 0, "wire_bytes": 0}
 
-    def _agree_settings(self):
+    def _agree_settings(self, group):
         # the planner's settings compare by their fingerprint (a cost name and the CostModel it
-        # stands for plan alike) and are named by their description
+        # stands for plan alike) and are named by their description; the lengths of the ranks'
+        # loaders travel along (they may differ), for len()
         mine = {k: self.options[k] for k in _AGREED if k not in ("counts", "tol")}
-        mine.update(planner=self.plan_key, token_fields=list(self.token_fields))
-        text = json.dumps({"compared": mine, "planner": self.plan_desc}, sort_keys=True, default=repr)
+        # a group passed on some ranks only would leave the others in a group creation alone
+        mine.update(planner=self.plan_key, token_fields=list(self.token_fields),
+                    group="passed in" if group is not None else "its own")
+        text = json.dumps({"compared": mine, "planner": self.plan_desc, "len": self._lens[self.rank]},
+                          sort_keys=True, default=repr)
         values, missing = groups.agree("balanced-loader", text, self.timeout)
         if missing:
             raise ExchangeError(
@@ -125,6 +151,7 @@ class BalancedLoader:
                 "counts: it builds a loader too)")
         if values is not None:
             got = [json.loads(v) for v in values]
+            self._lens = [tuple(g["len"]) for g in got]
 
             def shown(g, k):
                 return g["planner"] if k == "planner" else repr(g["compared"][k])
@@ -139,9 +166,36 @@ class BalancedLoader:
                                     f"{self.rank})")
 
     def __len__(self):
-        return len(self.loader)
+        """The number of batches an epoch gives this rank (see the class docstring)."""
+        lens = self._lens if self.distributed else [_own_len(self.loader)]
+        unknown = [r for r, (n, _) in enumerate(lens) if n is None]
+        if unknown:
+            if not self.distributed:
+                raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader has no len() "
+                                f"({lens[0][1]})")
+            why = lens[unknown[0]][1]
+            raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader of rank(s) {unknown} has no "
+                            f"len() ({why}); every rank receives as many batches as the longest rank's loader gives, "
+                            "so len() needs every rank's")
+        return max(n for n, _ in lens)
+
+    def _agree_epoch_lengths(self):
+        """Every rank's len() for the epoch that starts (a sampler may change it between epochs),
+        through the job's store: no collective, so a rank that does not start the epoch is a
+        named error within ``timeout``, never a hang."""
+        mine = _own_len(self.loader)
+        values, missing = groups.agree("balanced-loader-epoch", json.dumps(mine), self.timeout)
+        if missing:
+            raise ExchangeError(
+                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not start epoch {self._epochs} of this "
+                f"balanced loader within {max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {self.rank}): "
+                "every rank must iterate its balanced loader as many times as the others")
+        self._lens = [mine] * self.world if values is None else [tuple(json.loads(v)) for v in values]
 
     def __iter__(self):
+        if self.closed:
+            raise ValueError(f"paddle_unpad.{self.where}: iterating a closed loader: close() released its process "
+                             "group; build a new loader (on every rank) for another epoch")
         if not self._live.close():
             raise ExchangeError(f"paddle_unpad.distributed: exchange on rank {self.rank}: the previous epoch's "
                                 "exchange thread "
@@ -149,31 +203,73 @@ class BalancedLoader:
                                 "peer that is gone?); its group cannot carry another epoch")
         if not self.distributed:
             return self._local_iter()
-        epoch = Epoch(self._settings, Source(self.loader))
+        self._agree_epoch_lengths()
+        self._epochs += 1
+        epoch = Epoch(self._settings, Source(self.loader, self.where))
         self.stats = epoch.stats
         it = EpochIterator(self, epoch, self.timeout, self.close_timeout)
         self._live.set(epoch)
         return it
 
     def _local_iter(self):
-        for step, batch in enumerate(self.loader):
-            samples, lengths, ids = normalize_batch(batch, self.rank, step, self.token_fields)
-            check_lengths(lengths, ids, self.rank, self.max_seqlen)
-            packed = pack_samples(samples, lengths, ids, self.token_fields)
-            packed["step"] = step
-            groups.note_batch_step(step)
-            yield to_paddle(packed, self.place)
+        # read through a Source: a DataLoader whose loading thread dies (Paddle's default collate
+        # on samples of different lengths) is an error here too, not a next() that never returns
+        src = Source(self.loader, self.where)
+        try:
+            for step in itertools.count():
+                kind, batch = src.take()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise batch
+                samples, lengths, ids = normalize_batch(batch, self.rank, step, self.token_fields)
+                check_lengths(lengths, ids, self.rank, self.max_seqlen)
+                packed = pack_samples(samples, lengths, ids, self.token_fields)
+                packed["step"] = step
+                groups.note_batch_step(step)
+                yield to_paddle(packed, self.place)
+        finally:
+            src.close()
 
     def close(self):
-        """Stop the current epoch's exchange thread, waiting up to ``close_timeout``."""
-        self._live.close()
+        """Stop the current epoch's exchange thread (waiting up to ``close_timeout``) and release
+        the process group the loader created (not one passed in); the loader cannot be
+        iterated again."""
+        self.closed = True
+        self._live.shutdown()
+
+
+def _own_len(loader):
+    """``(len(loader), "")``, or ``(None, why)`` for a loader without a length (an iterable,
+    a DataLoader over an IterableDataset)."""
+    try:
+        return int(len(loader)), ""
+    except (TypeError, ValueError, NotImplementedError) as e:
+        return None, f"{type(e).__name__}: {e}"[:200]
+
+
+def _check_group_spans_job(group, world, where):
+    """The exchange plans over every rank, indexed by rank: a group over a subset (or in another
+    order) is refused. Decided from the group's rank list, which every rank sees alike (a rank
+    outside a subset has no process group of it at all)."""
+    ranks = getattr(group, "ranks", None)
+    if ranks is None:
+        raise TypeError(f"paddle_unpad.{where}: group must be a process group from paddle.distributed.new_group("
+                        f"list(range({world})), backend='gloo'), got {type(group).__name__}")
+    if list(ranks) != list(range(world)):
+        raise ValueError(f"paddle_unpad.{where}: group must span every rank of the job in order (ranks "
+                         f"{list(range(world))}: the exchange balances over all of them), got a group over ranks "
+                         f"{list(ranks)}")
+    if getattr(group, "released", False):
+        raise ValueError(f"paddle_unpad.{where}: group {group!r} was released (its owner was closed)")
 
 
 class _Live:
-    """The loader's current epoch (held by the loader, not by the exchange thread)."""
+    """The loader's current epoch and the group it created (held by the loader, not by the
+    exchange thread)."""
 
-    def __init__(self, close_timeout):
-        self.epoch, self.close_timeout = None, close_timeout
+    def __init__(self, close_timeout, own_group=None):
+        self.epoch, self.close_timeout, self.own_group = None, close_timeout, own_group
 
     def set(self, epoch):
         self.epoch = epoch
@@ -181,6 +277,13 @@ class _Live:
     def close(self) -> bool:
         epoch, self.epoch = self.epoch, None
         return True if epoch is None else _close_epoch(epoch, self.close_timeout)
+
+    def shutdown(self):
+        """The loader's end (close() or its finalizer): its epoch stops, then its own group is
+        released -- only once no thread of it can be inside a collective on that group."""
+        if self.close():
+            group, self.own_group = self.own_group, None
+            groups.release(group)
 
 
 def _close_epoch(epoch, close_timeout) -> bool:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import traceback
 import weakref
-from typing import Dict
+from typing import Dict, Mapping
+
+import numpy as np
 
 from .. import _paddle_compat as _compat
 
@@ -48,16 +51,71 @@ def _install_excepthook():
             threading.excepthook = _excepthook
 
 
+def _own_value(v):
+    """``v`` as an array nothing else holds: a copy of an array (the loader may overwrite it for
+    its next batch), a paddle tensor's ``numpy()`` (already a copy), anything else as numpy
+    reads it (a list's values are copied out of it)."""
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    if hasattr(v, "numpy") and callable(v.numpy):
+        return np.asarray(v.numpy())
+    return np.asarray(v)
+
+
+def own_batch(batch):
+    """A copy of ``batch`` that shares no memory with the user's loader.
+
+    The exchange holds a batch for up to ``prefetch`` steps after the training loop took it,
+    while the loader goes on: a loader that reuses its buffers (each batch's samples views of
+    one array it overwrites) would otherwise change the samples under the exchange. One copy
+    per field of each sample (of a padded dict batch: per field); what is not a sample dict
+    (a wrong batch) is left for :func:`paddle_unpad.data.normalize_batch` to refuse by name."""
+    if isinstance(batch, Mapping):
+        return {k: _own_value(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [{k: _own_value(v) for k, v in smp.items()} if isinstance(smp, Mapping) else smp for smp in batch]
+    return batch
+
+
+def uses_default_collate(loader) -> bool:
+    """Whether ``loader`` is a ``paddle.io.DataLoader`` left with Paddle's own collate_fn,
+    which stacks the samples' fields (and fails on samples of different lengths)."""
+    import paddle
+
+    return isinstance(loader, paddle.io.DataLoader) and getattr(loader, "collate_fn", None) is None
+
+
+def failed_in_default_collate(exc) -> bool:
+    """Whether ``exc`` was raised inside Paddle's default collate_fn (not by the dataset): its
+    traceback passes through it, or (a worker process's error) its message quotes it."""
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    return any(f.name == "default_collate_fn" for f in frames) or "in default_collate_fn" in str(exc)
+
+
+def default_collate_error(exc, where):
+    """The error of a loader that failed with Paddle's default collate_fn: what to pass instead."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    # a worker's message is a traceback: its last line ("Type: message") says why
+    cause = lines[-1][:200] if len(lines) > 1 else f"{type(exc).__name__}: {''.join(lines)[:200]}"
+    err = ValueError(f"paddle_unpad.{where}: the DataLoader's default collate_fn failed ({cause}): it stacks the "
+                     "samples into padded arrays, which samples of different lengths cannot be; the balanced loader "
+                     "needs lists of samples: build the DataLoader with collate_fn=pu.data.sample_list_collate")
+    err.__cause__ = exc
+    return err
+
+
 class Source:
     """The rank's own loader, iterated on the thread that iterates the BalancedLoader.
 
-    ``take()`` returns ``("batch", b)``, ``("end", None)`` or ``("error", exception)``;
-    after the first end or error it is done."""
+    ``take()`` returns ``("batch", b)`` (a copy: :func:`own_batch`), ``("end", None)`` or
+    ``("error", exception)``; after the first end or error it is done. ``where``: the public
+    name errors start with."""
 
     _WAIT_THREAD_EXC_S = 1.0  # how long a woken reader waits for the dying thread's exception
 
-    def __init__(self, loader):
+    def __init__(self, loader, where="distributed.BalancedLoader"):
         self.it, self.error, self.done = None, None, False
+        self.where, self.default_collate = where, uses_default_collate(loader)
         self.thread_failed = threading.Event()
         self._thread = None
         _install_excepthook()  # before iter(): the loader's thread may fail at once
@@ -94,8 +152,13 @@ class Source:
 
     def _failure(self, fallback):
         if self._thread is not None and self.thread_failed.wait(self._WAIT_THREAD_EXC_S if fallback else 0):
-            return ("error", self.thread_exc)  # the real cause, not "blocking queue killed"
-        return ("error", fallback) if fallback is not None else ("end", None)
+            return self._error(self.thread_exc)  # the real cause, not "blocking queue killed"
+        return self._error(fallback) if fallback is not None else ("end", None)
+
+    def _error(self, exc):
+        if self.default_collate and failed_in_default_collate(exc):
+            return ("error", default_collate_error(exc, self.where))
+        return ("error", exc)
 
     def take(self):
         if self.done:
@@ -104,7 +167,7 @@ class Source:
             self.done = True
             return ("error", self.error)
         try:
-            return ("batch", next(self.it))
+            batch = next(self.it)
         except StopIteration:
             self.done = True
             return self._failure(None)  # a loader thread that died ends the iteration early
@@ -116,6 +179,11 @@ class Source:
         except Exception as e:  # noqa: BLE001 - reported to every rank
             self.done = True
             return self._failure(e)
+        try:
+            return ("batch", own_batch(batch))
+        except Exception as e:  # noqa: BLE001 - a value numpy cannot read: reported to every rank
+            self.done = True
+            return ("error", e)
 
     def close(self):
         with _WATCH_LOCK:

@@ -180,6 +180,10 @@ def scenario_train():
             opt.step()
             opt.clear_grad()
         check(f"thread stopped at end of epoch {epoch}", wait_threads_gone())
+    # a rank whose loader ends a step early (3+ ranks) receives as many batches as the others; len() says so
+    per_epoch = [sum(1 for r in records if r[0] == e) for e in range(n_epochs)]
+    check("len() is the number of batches every rank received",
+          per_epoch == [len(steps)] * n_epochs == [len(bl)] * n_epochs, (per_epoch, len(bl), len(loader)))
 
     allrec = []
     dist.all_gather_object(allrec, records)
@@ -214,8 +218,7 @@ def scenario_train():
     # break early (every rank at the same step), then a full epoch still works
     for i, b in enumerate(bl):
         if i == 1:
-            break
-    bl.close()
+            break  # releases the epoch's iterator: its thread stops (close() would end the loader itself)
     check("thread stopped after break", wait_threads_gone())
     for kind in (RuntimeError, KeyboardInterrupt):
         it = iter(bl)
