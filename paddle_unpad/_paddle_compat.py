@@ -7,6 +7,7 @@ release is adapted here and nowhere else. Each helper says which versions differ
 This module imports only paddle and the standard library (``_build_config`` uses it
 at build time, before the package exists).
 """
+import contextlib
 import functools
 import re
 import warnings
@@ -300,3 +301,65 @@ def paddle_cuda_home():
         return eu.find_cuda_home()
     except Exception:  # some versions raise when nothing is found
         return None
+
+
+# ----------------------------------------------------------------------------- process groups and stores
+
+
+def job_store():
+    """The job's TCP store (``core.create_or_get_global_tcp_store``, Paddle 2.6 and 3.x): one per
+    process, made from the launcher's environment (``PADDLE_MASTER`` or the first of
+    ``PADDLE_TRAINER_ENDPOINTS``, ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``); the same object
+    ``init_parallel_env`` (and so ``fleet.init``) takes later, so it may be made before them."""
+    from paddle.base import core
+
+    return core.create_or_get_global_tcp_store()
+
+
+def tcp_store(host, port, is_master, timeout_s):
+    """A TCP store of Paddle's (``core.TCPStore``, 2.6 and 3.x) with no workers to wait for."""
+    from paddle.base import core
+
+    return core.TCPStore(host, int(port), bool(is_master), 0, int(timeout_s))
+
+
+def process_group_factory():
+    """The function ``paddle.distributed.new_group`` makes each process group with
+    (``collective._new_process_group_impl``, 2.6 and 3.x), or None where it is missing."""
+    from paddle.distributed import collective
+
+    return getattr(collective, "_new_process_group_impl", None)
+
+
+def set_process_group_factory(fn):
+    from paddle.distributed import collective
+
+    collective._new_process_group_impl = fn
+
+
+def can_choose_group_id():
+    """Whether :func:`chosen_group_id` can give a group the id the caller picks (``collective._custom_gid``,
+    which ``new_group`` takes instead of its per-process counter when set: 2.6 and 3.x)."""
+    from paddle.distributed import collective
+
+    return hasattr(collective, "_custom_gid")
+
+
+@contextlib.contextmanager
+def chosen_group_id(gid):
+    """Within it, ``paddle.distributed.new_group`` gives its group the id ``gid`` (when not None
+    and :func:`can_choose_group_id`) instead of the next of its per-process counter, which then
+    does not move: a group made by some ranks only would otherwise shift the ids of every later
+    group on those ranks, and ranks that disagree on a group's id meet under different store
+    keys."""
+    from paddle.distributed import collective
+
+    if gid is None or not can_choose_group_id():
+        yield
+        return
+    saved = collective._custom_gid
+    collective._custom_gid = int(gid)
+    try:
+        yield
+    finally:
+        collective._custom_gid = saved

@@ -11,14 +11,23 @@ is the table (docs/api.md lists it). Rules:
   is read when it is needed, so a variable set before the process (or before the first
   use) takes effect;
 * an explicit argument always wins: functions that take the same setting as an
-  argument use the variable only when the argument is ``None``.
+  argument use the variable only when the argument is ``None``;
+* a ``PADDLE_UNPAD_*`` variable that is not in the table (a misspelt name) is reported
+  once, with the closest known name, when the configuration is first read (a
+  ``UserWarning``): it would otherwise be ignored without a word;
+* a setting marked ``agree`` decides how the ranks of a job talk to each other: it must be
+  the same on every rank, and the distributed layer compares it across ranks (through the
+  job's store, bounded) before the first group that depends on it
+  (:func:`paddle_unpad.distributed.groups.check_settings_agree`).
 
 This module imports only the standard library: the build (``setup.py``) reads it
 before the package exists.
 """
 from __future__ import annotations
 
+import difflib
 import os
+import warnings
 from typing import NamedTuple, Optional, Tuple
 
 PREFIX = "PADDLE_UNPAD_"
@@ -34,6 +43,7 @@ class Variable(NamedTuple):
     choices: Tuple[str, ...] = ()
     when: str = "run"  # "build": read by setup.py / the JIT build; "run": at run time
     bounds: Tuple[int, Optional[int]] = (0, None)  # ints: the smallest and largest value (None: no limit)
+    agree: bool = False  # must be equal on every rank of a distributed job (compared before the first group)
 
     @property
     def env(self):
@@ -64,7 +74,8 @@ VARIABLES = tuple(Variable(*v) for v in (
     ("GLOO_GROUP_STORES", "flag", True,
      "give every gloo process group after the default one a rendezvous store of its own (read when the "
      "plugin makes its first group or a paddle_unpad DistributedStrategy is built; off: Paddle's groups share the "
-     "job's store and can read each other's addresses)"),
+     "job's store and can read each other's addresses; must be equal on every rank: compared across ranks there)",
+     (), "run", (0, None), True),
     ("STORE_NODELAY", "flag", True,
      "send this process's requests to Paddle's TCP stores without Nagle's delay (TCP_NODELAY on its "
      "connections to the job's and the groups' stores; off: each request can wait ~40 ms for a delayed ACK)"),
@@ -92,9 +103,33 @@ def variable(name):
                        f"{', '.join(sorted(_BY_NAME))})") from None
 
 
+_warned_unknown = set()  # names already reported in this process
+_checked_names = []  # [True] once the process's environment has been checked
+
+
+def warn_unknown(environ=None):
+    """Warn once per name about ``PADDLE_UNPAD_*`` variables that are not in the table (a
+    misspelt name is otherwise ignored without a word), naming the closest known one.
+    Returns the unknown names found."""
+    env = os.environ if environ is None else environ
+    unknown = sorted(k for k in env if k.startswith(PREFIX) and k[len(PREFIX):] not in _BY_NAME)
+    for name in unknown:
+        if name in _warned_unknown:
+            continue
+        _warned_unknown.add(name)
+        close = difflib.get_close_matches(name[len(PREFIX):], list(_BY_NAME), n=1, cutoff=0.6)  # the prefix aside
+        hint = f"did you mean {PREFIX}{close[0]}?" if close else f"known: {', '.join(v.env for v in VARIABLES)}"
+        warnings.warn(f"paddle_unpad.config: {name} is not a paddle_unpad setting and is ignored ({hint})",
+                      UserWarning, stacklevel=3)
+    return unknown
+
+
 def get(name, environ=None):
     """The parsed value of a variable (its default when unset or empty)."""
     var = variable(name)
+    if environ is None and not _checked_names:
+        _checked_names.append(True)  # the first read of the process's own environment: check its names once
+        warn_unknown()
     text = (os.environ if environ is None else environ).get(var.env, "").strip()
     if not text:
         return var.default
@@ -127,6 +162,24 @@ def parse(var: Variable, text: str):
     return text
 
 
+def agreed_settings(environ=None):
+    """``{variable: text}`` of the settings that must be equal on every rank (``agree``), as this
+    process reads them: the parsed value (``on``/``off`` for flags), or ``invalid 'text'``."""
+    env = os.environ if environ is None else environ
+    out = {}
+    for v in VARIABLES:
+        if not v.agree:
+            continue
+        text = env.get(v.env, "").strip()
+        try:
+            value = parse(v, text) if text else v.default
+        except ConfigError:
+            out[v.env] = f"invalid {text!r}"
+            continue
+        out[v.env] = ("on" if value else "off") if v.kind == "flag" else str(value)
+    return out
+
+
 def _range_text(var):
     low, high = var.bounds
     return f"{low}-{high}" if high is not None else f">= {low}"
@@ -146,8 +199,8 @@ def markdown_table():
             default = "on" if v.default else "off"
         else:
             default = f"`{v.default}`" if v.default != "" else "-"
-        rows.append(f"| `{v.env}` | {kind} | {default} | {'build' if v.when == 'build' else 'run time'} | "
-                    f"{v.meaning} |")
+        read = "build" if v.when == "build" else "run time, equal on every rank" if v.agree else "run time"
+        rows.append(f"| `{v.env}` | {kind} | {default} | {read} | {v.meaning} |")
     return "\n".join(rows)
 
 

@@ -35,9 +35,9 @@ def _mallopt():
 
 
 def _group_factory():
-    from paddle.distributed import collective
+    from . import _paddle_compat
 
-    rules = getattr(getattr(collective, "_new_process_group_impl", None), "_paddle_unpad_rules", None)
+    rules = getattr(_paddle_compat.process_group_factory(), "_paddle_unpad_rules", None)
     return {"applied": rules is not None, "when": _FIRST_GROUP,
             "why": "paddle.distributed's process-group factory wrapped: each gloo group gets a rendezvous store "
                    "of its own (Paddle's groups overwrite each other's keys in the job's store), and store "

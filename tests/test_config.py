@@ -176,3 +176,32 @@ def test_the_shell_helper_checks_names_and_values():
     for bad in ("REQUIRE_CUDA=sometimes", "NO_SUCH=1"):
         p = subprocess.run(run + [bad], capture_output=True, text=True, timeout=60)
         assert p.returncode != 0 and bad.split("=")[0] in p.stderr
+
+
+def test_a_misspelt_variable_is_named_once_with_the_closest_setting(monkeypatch):
+    """Before, ``PADDLE_UNPAD_GLOO_GROUP_STORE=0`` (no S) was ignored without a word."""
+    monkeypatch.setattr(config, "_warned_unknown", set())
+    monkeypatch.setattr(config, "_checked_names", [])
+    monkeypatch.setenv("PADDLE_UNPAD_GLOO_GROUP_STORE", "0")
+    monkeypatch.setenv("PADDLE_UNPAD_FLUX_CAPACITOR", "1")
+    with pytest.warns(UserWarning) as seen:
+        assert config.get("GLOO_GROUP_STORES") is True  # the misspelt one does not count
+    texts = [str(w.message) for w in seen if "paddle_unpad.config" in str(w.message)]
+    assert any("PADDLE_UNPAD_GLOO_GROUP_STORE is not a paddle_unpad setting" in t
+               and "did you mean PADDLE_UNPAD_GLOO_GROUP_STORES?" in t for t in texts), texts
+    assert any("PADDLE_UNPAD_FLUX_CAPACITOR" in t and "known: PADDLE_UNPAD_DISABLE_NATIVE" in t for t in texts), texts
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process: the next reads say nothing
+        config.get("GLOO_GROUP_STORES")
+        assert config.warn_unknown() == ["PADDLE_UNPAD_FLUX_CAPACITOR", "PADDLE_UNPAD_GLOO_GROUP_STORE"]
+
+
+def test_settings_that_must_agree_across_ranks_are_declared_and_read_alike():
+    assert [v.name for v in config.VARIABLES if v.agree] == ["GLOO_GROUP_STORES"]
+    assert config.agreed_settings({}) == {"PADDLE_UNPAD_GLOO_GROUP_STORES": "on"}
+    assert config.agreed_settings({"PADDLE_UNPAD_GLOO_GROUP_STORES": "OFF"}) == {"PADDLE_UNPAD_GLOO_GROUP_STORES": "off"}
+    assert config.agreed_settings({"PADDLE_UNPAD_GLOO_GROUP_STORES": "maybe"}) == {
+        "PADDLE_UNPAD_GLOO_GROUP_STORES": "invalid 'maybe'"}  # compared too: every rank hears of it
+    assert "| run time, equal on every rank |" in config.markdown_table()

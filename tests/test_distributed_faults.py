@@ -107,7 +107,63 @@ def test_a_rank_that_skips_a_step_is_a_named_error_on_every_rank():
                                   within=10.0)
 
 
+def test_all_reduce_misuse_is_exact_or_refused_on_every_rank():
+    """A table reduced by rows whose weight is also used outside its layer (a tied matmul,
+    ``F.embedding``), called with a keyword or not used at all: averaged gradients as the global
+    batch's, computed in one process. Gradient accumulation with overlap (whether or not its
+    buckets were reduced before the second backward, on every rank or one), parameters frozen
+    or unfrozen after construction, a sparse embedding: refused by name on every rank."""
+    ranks = run("allreduce_misuse")
+    assert_no_abort(ranks)
+    for rk in ranks:
+        assert rk.rc == 0, rk
+        got = {(r["case"], r.get("use") or r.get("who")): r for r in rk.results if "case" in r}
+        for use in ("plain", "keyword", "functional", "matmul", "unused"):
+            res = got[("tied", use)]
+            assert res["by_rows"] == 1 and res["error"] < 1e-4, res
+            assert res["unproven"] == (2 if use in ("functional", "matmul") else 0), res  # reduced whole, each step
+        assert got[("accumulation", "overlap=False")]["error"] < 1e-4, rk
+        assert got[("rebuilt", None)]["error"] < 1e-4, rk
+        refused = {"accumulation": "gradient accumulation needs GradientAllReduce(overlap=False)",
+                   "unfrozen": "is trainable now (stop_gradient=False) on rank 0 but was frozen when",
+                   "frozen": "is frozen now (stop_gradient=True) on rank 0",
+                   "sparse list": "has a sparse (SelectedRows) gradient on rank 0"}
+        for (case, who), res in got.items():
+            if case in refused and who != "overlap=False":
+                assert res["error"].startswith("GradientSyncError: paddle_unpad.distributed.GradientAllReduce: "), res
+                assert refused[case] in res["error"], res
+        assert "nn.Embedding(sparse=True)" in got[("sparse layer", None)]["error"], rk
+        assert "build a new GradientAllReduce" in got[("unfrozen", None)]["error"], rk
+        assert len([k for k in got if k[0] == "accumulation"]) == 3, rk
+
+
+def test_an_exception_between_backward_and_wait_fails_the_peers_at_once():
+    """Ranks 1 (an exception) and 2 (close()) leave with the reduction of their step open while
+    their communication thread waits for a bucket (a layer without a gradient): each finishes
+    the pass with a closing mark, at exit or in close(), so rank 0's wait() names them at once
+    and every rank exits promptly."""
+    ranks = run("allreduce_exception_before_wait")
+    assert_named_error_everywhere([ranks[1]], "RuntimeError", "failed on purpose")
+    assert_named_error_everywhere([ranks[0]], "GradientSyncError", "rank(s) [1, 2] closed the all-reduce",
+                                  "not reduced on any rank", within=10.0)
+    assert_no_abort(ranks[2:])
+    assert ranks[2].rc == 0 and ranks[2].results[-1]["closed_in"] < 5.0, ranks[2]
+    for rk in ranks:
+        assert rk.exit_s < GLOO_OWN_TIMEOUT_S, rk  # before: rank 1 stayed about 40 s, the others failed at 30 s
+
+
 # ------------------------------------------------------------------ the exchange's ends and settings
+
+
+def test_a_setting_that_must_agree_differs_on_one_rank_and_every_rank_is_told():
+    """The per-group stores off on the last rank only (one machine exporting it): before, every
+    rank blocked in fleet.init without a word. Now pu.fleet.DistributedStrategy() compares the
+    settings through the job's store first."""
+    ranks = run("settings_differ")
+    assert_named_error_everywhere(ranks, "ConfigError", "PADDLE_UNPAD_GLOO_GROUP_STORES: rank 0 on, rank 1 on, "
+                                  "rank 2 off", within=AGREE_MIN_S)
+    for rk in ranks:
+        assert rk.exit_s < 30, rk
 
 
 def test_loader_timeout_is_a_named_error_and_no_abort():
@@ -164,3 +220,31 @@ def test_arguments_are_refused_where_given_and_the_job_goes_on():
         for what, (exc, text) in want.items():
             assert got[what]["refused"] and got[what]["exc"] == exc and text in got[what]["msg"], (what, rk)
         assert rk.results[-1]["afterwards"] is True, rk
+
+
+def test_the_balanced_loaders_contract_holds_on_every_rank():
+    """Found at 3-5 ranks: a loader reusing its buffer gave 44 of 48 samples another batch's
+    tokens; len() was each rank's own batch count while every rank received the longest's; a
+    loader built before fleet.init packed alone, silently; a group over a subset of the ranks
+    was an IndexError. Each is now right, or refused by name on every rank at once."""
+    ranks = run("loader_contract")
+    assert_no_abort(ranks)
+    refused = {"before fleet.init": ("ExchangeError", "paddle_unpad.fleet.distributed_loader: built before the job "
+                                     "was initialized", "call fleet.init"),
+               "subset group": ("ValueError", "paddle_unpad.distributed.BalancedLoader: group must span every rank",
+                                "got a group over ranks [0, 1]"),
+               "len unknown on rank 1": ("TypeError", "len() is not known: the loader of rank(s) [1] has no len()"),
+               "iterate after close": ("ValueError", "iterating a closed loader")}
+    for rk in ranks:
+        assert rk.rc == 0, rk
+        got = {r["what"]: r for r in rk.results if "what" in r}
+        for what, (exc, *texts) in refused.items():
+            r = got[what]
+            assert r["refused"] and r["exc"] == exc and all(t in r["msg"] for t in texts), (what, rk)
+            assert r["after"] < 1.0, (what, rk)  # at once: no rank waits for another
+        # 6 / 4 / 2 batches, then 3 / 5 / 1: every rank receives the longest rank's count, and len() says so
+        assert got["built"]["len"] == 6, rk
+        for epoch, n in ((0, 6), (1, 5)):
+            e = got[f"epoch {epoch}"]
+            assert (e["lens"], e["received"], e["own_tokens"], e["complete"]) == ([n], n, True, True), (epoch, rk)
+        assert got["closed"]["released"] is True, rk

@@ -3,6 +3,8 @@ connections without Nagle's delay. (When they are installed: tests/test_process_
 several ranks: tests/test_distributed_rules.py, test_distributed_faults.py,
 test_distributed_nodes.py.)"""
 
+import pytest
+
 from launch_util import free_port
 from paddle_unpad.distributed import groups
 
@@ -105,3 +107,51 @@ def test_store_connections_send_without_nagles_delay(monkeypatch):
     assert all(_nodelay_of_connections_to(port)) and not any(_nodelay_of_connections_to(other))
     assert client.get("k") == b"v" and unrelated.get("k") == b"v"  # the connections still work
     del server, unrelated_server
+
+
+class _FakePG:
+    def __init__(self, gid, ranks=(0, 1, 2), rank=0):
+        self.id, self.ranks, self.rank = gid, list(ranks), rank
+
+
+def test_released_groups_go_back_to_the_pool_unless_busy_failed_or_the_users(monkeypatch):
+    """What :func:`groups.release` keeps for reuse (Paddle cannot free a process group), and that
+    nothing is issued on a released group."""
+    monkeypatch.setattr(groups, "_free", {})
+    monkeypatch.setattr(groups, "_exit", {"installed": True, "order_group": None})
+    mine = groups.Group(_FakePG(1 << 20), groups.HOST, "gloo", "sample exchange", owned=True)
+    groups.issue("all_gather", mine)
+    assert mine.conn["ops"] == 1
+    groups._exit["order_group"] = mine
+    groups.release(mine)
+    groups.release(mine)  # idempotent
+    groups.release(None)
+    assert groups._free == {("gloo", (0, 1, 2)): [mine]} and groups._exit["order_group"] is mine  # idle: still fine
+    with pytest.raises(RuntimeError, match="all_reduce on the sample exchange group after it was released"):
+        groups.issue("all_reduce", mine)
+    busy = groups.Group(_FakePG((1 << 20) + 1), groups.HOST, "gloo", "x", owned=True)
+    busy.conn["busy"] = 1  # a thread still inside a collective
+    failed = groups.Group(_FakePG((1 << 20) + 2), groups.HOST, "gloo", "x", owned=True)
+    failed.conn["failed"] = True
+    users = groups.Group(_FakePG(12), groups.HOST, "gloo", "x", owned=False)
+    groups._exit["order_group"] = busy
+    for g in (busy, failed, users):
+        groups.release(g)
+        assert g.released
+    assert groups._free == {("gloo", (0, 1, 2)): [mine]}
+    assert groups._exit["order_group"] is None  # the busy one is not waited on at exit; no idle one spans the job
+    # outside a job (world 1) no group spans every rank; the idle pooled one would be taken in a 3-rank job
+    monkeypatch.setattr(groups, "job", lambda: (0, 3))
+    groups._exit["order_group"] = busy
+    busy.released = False
+    groups.release(busy)
+    assert groups._exit["order_group"] is mine
+
+
+def test_a_collective_that_fails_marks_its_group_not_reusable():
+    g = groups.Group(_FakePG((1 << 20) + 3), groups.HOST, "gloo", "x", owned=True)
+    with pytest.raises(ValueError):
+        with groups._running("all_gather", g):
+            assert g.conn["busy"] == 1
+            raise ValueError("gloo failed")
+    assert g.conn == {"ops": 1, "busy": 0, "failed": True}

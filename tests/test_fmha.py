@@ -174,9 +174,9 @@ def _cpu_flags():
 def test_native_variants(env, native_ops):
     if env.get("PADDLE_UNPAD_CPU_ISA") == "avx2" and not {"avx2", "fma"} <= _cpu_flags():
         pytest.skip("this CPU has no AVX2+FMA")
-    if os.environ.get("PADDLE_UNPAD_VARIANT_CHILD"):
+    if os.environ.get("PU_TEST_VARIANT_CHILD"):
         pytest.skip("already inside a variant run")
-    full_env = dict(os.environ, PADDLE_UNPAD_VARIANT_CHILD="1", **env)
+    full_env = dict(os.environ, PU_TEST_VARIANT_CHILD="1", **env)
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", _VARIANT_TESTS]
     r = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=600,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -461,7 +461,7 @@ def _child_digest(env_extra):
 def test_thread_count_independent(fused_native):
     """PADDLE_UNPAD_NUM_THREADS=1, 2 and 3 (separate processes: the pool is sized once) give
     bitwise-identical outputs and gradients, equal to this process's."""
-    if os.environ.get("PADDLE_UNPAD_VARIANT_CHILD"):
+    if os.environ.get("PU_TEST_VARIANT_CHILD"):
         pytest.skip("already inside a variant run")
     here = _digest(_all_results())
     for n in ("1", "2", "3"):
@@ -506,9 +506,9 @@ def test_isa_variants(isa, fused_native):
     """The narrower kernels (forced with PADDLE_UNPAD_CPU_ISA) pass the same checks."""
     if isa == "avx2" and not {"avx2", "fma"} <= _cpu_flags():
         pytest.skip("this CPU has no AVX2+FMA")
-    if os.environ.get("PADDLE_UNPAD_VARIANT_CHILD"):
+    if os.environ.get("PU_TEST_VARIANT_CHILD"):
         pytest.skip("already inside a variant run")
-    env = dict(os.environ, PADDLE_UNPAD_VARIANT_CHILD="1", PADDLE_UNPAD_CPU_ISA=isa)
+    env = dict(os.environ, PU_TEST_VARIANT_CHILD="1", PADDLE_UNPAD_CPU_ISA=isa)
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", _VARIANT_TESTS]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     tail = (r.stdout + r.stderr)[-4000:]

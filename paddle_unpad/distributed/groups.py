@@ -18,6 +18,13 @@ Groups per rank do not depend on the number of ranks: one host group per balance
 device group (plus, in GPU jobs, one small host group for its control messages) per gradient
 all-reduce. No pair groups, no per-pair stores.
 
+**Lifetime.** A group is made by its members only (:func:`new_group`; they agree on its id
+through the job's store, so groups over some ranks never shift the ids of later groups) and
+released by its owner's ``close()`` (:func:`release`). Paddle cannot free a process group, so
+a released group of the plugin is handed out again to the next owner over the same ranks,
+when every member offers it in the same state: open files and threads stay flat however many
+loaders and all-reduces a job makes and closes one after the other.
+
 **Workarounds of Paddle, and the versions they are for** -- applied when the first group of
 the plugin is made (or :func:`paddle_unpad.fleet.DistributedStrategy` is built, so that
 ``fleet.init``'s own groups get the first one too):
@@ -39,8 +46,10 @@ differ, or a rank that never arrives, are a named error on every rank, never a h
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import itertools
+import json
 import logging
 import os
 import socket
@@ -111,32 +120,104 @@ def checked_job(where: str, error=RuntimeError) -> tuple:
 
 
 class Group:
-    """A process group of the plugin: ``role`` host or device, its backend, what it is for."""
+    """A process group of the plugin: ``role`` host or device, its backend, what it is for.
 
-    def __init__(self, pg, role: str, backend: str, purpose: str):
+    ``owned``: made by :func:`new_group` (the plugin may reuse it after :func:`release`); a
+    group the user passed in (:func:`wrap_host_group`) is never reused nor destroyed.
+    ``gid``: Paddle's id of the group, the same on every member."""
+
+    def __init__(self, pg, role: str, backend: str, purpose: str, owned: bool = False, conn=None):
         self.pg, self.role, self.backend, self.purpose = pg, role, backend, purpose
         self.ranks = list(pg.ranks)
         self.nranks, self.rank = len(self.ranks), pg.rank
+        self.gid = getattr(pg, "id", None)
+        self.owned, self.released = owned, False
+        # what the process group has seen, shared by every Group that wraps it in turn:
+        # collectives issued, collectives in progress, whether one failed
+        self.conn = conn if conn is not None else {"ops": 0, "busy": 0, "failed": False}
         # NCCL: every collective from the creating (training) thread; gloo: any one thread
         self.owner = threading.get_ident() if backend == "nccl" else None
 
     def __repr__(self):
-        return f"Group({self.purpose!r}, {self.role}, {self.backend}, ranks={self.ranks})"
+        return (f"Group({self.purpose!r}, {self.role}, {self.backend}, ranks={self.ranks}"
+                f"{', released' if self.released else ''})")
 
 
-CREATED: List[Group] = []  # every group this process made through the layer (tests and benchmarks count them)
+CREATED: List[Group] = []  # every process group this process made through the layer (reuses not counted)
+REUSED = {"count": 0}  # groups handed out again from the released ones (tests and benchmarks)
+GROUP_MEET_S = 300.0  # how long the members of a new group wait for each other (a missing one: named error)
+_GID_BASE = 1 << 20  # the plugin's groups take ids from here up: never one Paddle's own counter gives
+_GID_KEY = "paddle_unpad/group_ids"
+_MEET_KEY = "paddle_unpad/group_meet"
+_free: Dict[tuple, List[Group]] = {}  # (backend, ranks) -> released groups of the plugin, idle, oldest first
+_meetings: Dict[tuple, "itertools.count"] = {}  # (backend, ranks) -> groups made over them so far
+_lock = threading.Lock()
 
 
 def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None) -> Group:
-    """A group over ``ranks`` (default: all). Collective: every rank calls it, in the same
-    order relative to the job's other group creations."""
+    """A group over ``ranks`` (default: all). Called by every member of the group, and only by
+    them, in the same order relative to the other groups of the plugin over the same ranks
+    (groups over other ranks, and groups made by Paddle or the user, do not count).
+
+    The members first meet through the job's store (bounded by ``GROUP_MEET_S``: a member that
+    never comes is a named error, not a hang). A group released earlier over the same ranks and
+    backend, idle and in the same state on every member, is handed out again (Paddle cannot free
+    a process group: see :func:`release`); otherwise a new one is made, with a group id the
+    members agree on (taken from a counter in the job's store), so that groups made by some
+    ranks only never shift the ids -- and store keys -- of later groups."""
     install_group_stores()
     _ensure_exit_handler()
+    rank, world = job()
     backend = "gloo" if role == HOST else device_backend()
-    ranks = list(range(dist.get_world_size())) if ranks is None else sorted(ranks)
-    g = Group(_paddle_group(ranks, backend), role, backend, purpose)
+    ranks = list(range(world)) if ranks is None else sorted(set(int(r) for r in ranks))
+    if rank not in ranks:
+        raise ValueError(f"paddle_unpad.distributed: the {purpose} group over ranks {ranks} was asked for on rank "
+                         f"{rank}, which is not one of them: only the members of a group create it")
+    pool_key = (backend, tuple(ranks))
+    n = next(_meetings.setdefault(pool_key, itertools.count()))
+    with _lock:
+        pool = list(_free.get(pool_key, []))
+    offer = json.dumps(sorted([g.gid, g.conn["ops"]] for g in pool))
+    values, missing = agree(f"group/{backend}", offer, GROUP_MEET_S, ranks)  # per rank set (see agree)
+    if missing:
+        raise RuntimeError(
+            f"paddle_unpad.distributed: rank(s) {[ranks[i] for i in missing]} did not come to create the {purpose} "
+            f"group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {rank}): every member must create "
+            "it at the same point (groups of the plugin over the same ranks in the same order)")
+    offers = [offer] if values is None else values
+    common = set.intersection(*({tuple(x) for x in json.loads(o)} for o in offers))
+    if common:  # the same idle group on every member: hand it out again
+        gid = min(common)[0]
+        with _lock:
+            old = next(g for g in _free[pool_key] if g.gid == gid)
+            _free[pool_key].remove(old)
+        REUSED["count"] += 1
+        return Group(old.pg, role, backend, purpose, owned=True, conn=old.conn)
+    gid = _agreed_gid(ranks, backend, n, purpose) if _compat.can_choose_group_id() else None
+    with _compat.chosen_group_id(gid):
+        pg = _paddle_group(ranks, backend)
+    g = Group(pg, role, backend, purpose, owned=True)
     CREATED.append(g)
     return g
+
+
+def _agreed_gid(ranks, backend, n, purpose) -> int:
+    """The id of the ``n``-th new group over ``ranks``: the first member takes it from the job's
+    counter (unique in the job) and publishes it, the others read it (bounded)."""
+    store = _job_store()
+    key = f"{_MEET_KEY}/{backend}/{'-'.join(map(str, ranks))}/{n}"
+    if job()[0] == ranks[0]:
+        gid = _GID_BASE + int(store.add(_GID_KEY, 1))
+        store.set(key, str(gid).encode())
+        store.add(key + "/ready", 1)
+        return gid
+    deadline = time.monotonic() + GROUP_MEET_S
+    while store.add(key + "/ready", 0) == 0:  # add 0: a read that never blocks
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"paddle_unpad.distributed: rank {ranks[0]} did not publish the id of the {purpose} "
+                               f"group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {job()[0]})")
+        time.sleep(0.005)
+    return int(store.get(key).decode())
 
 
 def _paddle_group(ranks, backend):
@@ -145,12 +226,38 @@ def _paddle_group(ranks, backend):
 
 
 def release(group: Optional[Group]):
-    """Give back what ``group`` holds (Paddle's process group, its rendezvous store, their
-    sockets and threads). Idempotent; None is ignored. Called by the owner's ``close()``:
-    after it, no collective may be issued on the group."""
-    if group is None or getattr(group, "released", False):
+    """Give back what ``group`` holds. Idempotent; None is ignored. Called by the owner's
+    ``close()``: after it, no collective may be issued on the group (:func:`issue` refuses).
+    Local: no collective, no wait, so ranks may release at different times.
+
+    Paddle 2.6 and 3.x cannot free a process group: its C++ registries
+    (``ProcessGroupIdMap``, ``CommContextManager``) keep every group -- its gloo contexts,
+    their sockets and loop threads, and the store it met through -- until the process ends
+    (measured on Paddle 3.3.1: ``destroy_process_group`` and dropping every Python reference
+    free none of them). So a group the plugin made goes back to a pool instead, and the next
+    group over the same ranks and backend takes it when every member offers it in the same
+    state (:func:`new_group`): a job that makes and closes loaders or all-reduces one after the
+    other holds as many groups as it ever had open at once. A group with a collective still in
+    progress (a thread that did not stop) or that failed is not reused; a group the user passed
+    in is only marked released."""
+    if group is None or group.released:
         return
     group.released = True
+    if not group.owned:
+        return
+    reusable = group.conn["busy"] == 0 and not group.conn["failed"]
+    if reusable:
+        with _lock:
+            _free.setdefault((group.backend, tuple(group.ranks)), []).append(group)
+    else:
+        log.warning("paddle_unpad: the %s group is released with a collective in progress or failed; it is not reused",
+                    group.purpose)
+    if _exit["order_group"] is group and not reusable:
+        _exit["order_group"] = None
+        with _lock:
+            idle = [g for gs in _free.values() for g in gs]
+        for g in idle:  # an idle group over every rank keeps the exit ordering
+            use_for_exit_order(g)
 
 
 def wrap_host_group(pg, purpose: str) -> Group:
@@ -161,7 +268,7 @@ def wrap_host_group(pg, purpose: str) -> Group:
         raise ValueError(f"paddle_unpad.{purpose}: group must be a gloo group (the exchange sends CPU buffers: "
                          f"paddle.distributed.new_group(ranks, backend='gloo')), got a {backend} group")
     _ensure_exit_handler()
-    return Group(pg, HOST, "gloo", purpose)
+    return Group(pg, HOST, "gloo", purpose, owned=False)
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -172,7 +279,12 @@ RECORDER: Optional[Callable] = None
 
 
 def issue(op: str, group: Group):
-    """Every collective passes here: NCCL ones only from their group's owner thread."""
+    """Every collective passes here: none on a released group, NCCL ones only from their group's
+    owner thread. Counts the group's collectives (a released group is reused only where every
+    member counted the same)."""
+    if group.released:
+        raise RuntimeError(f"paddle_unpad.distributed: {op} on the {group.purpose} group after it was released "
+                           "(its owner was closed)")
     if group.owner is not None and threading.get_ident() != group.owner:
         raise RuntimeError(
             f"paddle_unpad.distributed: {op} on the {group.purpose} group (NCCL) from thread "
@@ -180,46 +292,52 @@ def issue(op: str, group: Group):
             "collectives from the training thread only, in the same order on every rank")
     if RECORDER is not None:
         RECORDER(op, group)
+    group.conn["ops"] += 1
+
+
+@contextlib.contextmanager
+def _running(op: str, group: Group):
+    """A collective in progress on ``group`` (a group released meanwhile is not reused)."""
+    issue(op, group)
+    group.conn["busy"] += 1
+    try:
+        yield
+    except BaseException:
+        group.conn["failed"] = True
+        raise
+    finally:
+        group.conn["busy"] -= 1
 
 
 def all_gather_array(group: Group, arr) -> np.ndarray:
     """``[nranks, *arr.shape]`` int64 from every rank's ``arr`` (same shape on every rank), on CPU."""
-    issue("all_gather", group)
     t = paddle.to_tensor(np.ascontiguousarray(arr, dtype=np.int64), place=paddle.CPUPlace())
     outs = []
-    dist.all_gather(outs, t, group=group.pg)
+    with _running("all_gather", group):
+        dist.all_gather(outs, t, group=group.pg)
     return np.stack([o.numpy() for o in outs])
 
 
 def all_gather_object(group: Group, obj) -> list:
-    issue("all_gather_object", group)
     outs = []
-    dist.all_gather_object(outs, obj, group=group.pg)
+    with _running("all_gather_object", group):
+        dist.all_gather_object(outs, obj, group=group.pg)
     return outs
 
 
 def all_reduce(group: Group, tensor, sync_op: bool = True):
     """Sum ``tensor`` over the group, in place; returns the task (``sync_op=False``: wait on it)."""
-    issue("all_reduce", group)
-    return dist.all_reduce(tensor, group=group.pg, sync_op=sync_op)
-
-
-def all_gather_tensors(group: Group, tensor) -> list:
-    issue("all_gather", group)
-    outs = []
-    dist.all_gather(outs, tensor, group=group.pg)
-    return outs
+    with _running("all_reduce", group):
+        return dist.all_reduce(tensor, group=group.pg, sync_op=sync_op)
 
 
 # ----------------------------------------------------------------------------- agreement through the store
 
-_agree_seq: Dict[str, "itertools.count"] = {}
+_agree_seq: Dict[tuple, "itertools.count"] = {}
 
 
 def _job_store():
-    from paddle.base import core  # 2.6 and 3.x
-
-    store = core.create_or_get_global_tcp_store()
+    store = _compat.job_store()
     quick_store_requests()
     return store
 
@@ -227,10 +345,12 @@ def _job_store():
 AGREE_MIN_S = 10.0  # ranks reach the same construction seconds apart: never wait less than this for them
 
 
-def agree(kind: str, value: str, timeout: float, ranks: Optional[List[int]] = None):
-    """Compare this rank's ``value`` for the ``n``-th agreement of ``kind`` in this process with
-    the other ``ranks``' (default: all), through the job's TCP store, waiting at most
-    ``timeout`` seconds (at least ``AGREE_MIN_S``).
+def agree(kind: str, value: str, timeout: float, ranks: Optional[List[int]] = None, _job=None):
+    """Compare this rank's ``value`` for the ``n``-th agreement of ``kind`` over ``ranks`` in this
+    process with the other ``ranks``' (default: all), through the job's TCP store, waiting at
+    most ``timeout`` seconds (at least ``AGREE_MIN_S``). ``n`` counts per rank set: agreements
+    among some ranks only do not shift the others'. ``_job``: ``(rank, world)`` before the job is
+    initialized (from the launcher's environment).
 
     Returns ``(values, missing)``: ``values`` is None when every rank holds the same value,
     else every rank's value in the order of ``ranks`` (None for a rank that did not arrive);
@@ -238,10 +358,10 @@ def agree(kind: str, value: str, timeout: float, ranks: Optional[List[int]] = No
     is involved, so a rank that never comes cannot make the others hang; each rank compares
     with the first rank's value and counts itself in, so the store serves O(1) requests per
     rank unless something differs."""
-    rank, world = job()
+    rank, world = job() if _job is None else _job
     ranks = list(range(world)) if ranks is None else list(ranks)
     me, n_ranks = ranks.index(rank), len(ranks)
-    n = next(_agree_seq.setdefault(kind, itertools.count()))
+    n = next(_agree_seq.setdefault((kind, tuple(ranks)), itertools.count()))
     prefix = f"paddle_unpad/agree/{kind}/{'-'.join(map(str, ranks)) if n_ranks < world else 'all'}/{n}"
     store = _job_store()
     store.set(f"{prefix}/value/{me}", value.encode("utf-8"))
@@ -296,7 +416,7 @@ _group_stores = []  # each group's own store, alive as long as the process (its 
 _group_store_uses = {}  # gid -> groups created with it so far (a reused custom gid gets a new key)
 
 
-def install_group_stores(enabled=None):
+def install_group_stores(enabled=None, check=True):
     """Give every gloo process group after the default one a rendezvous store of its own
     (Paddle 2.6 and 3.x). Idempotent; returns whether the rendezvous is isolated.
 
@@ -312,17 +432,24 @@ def install_group_stores(enabled=None):
     With this, ``paddle.distributed.new_group`` on gloo gives the group a TCP store served by
     its first member (address passed through the job's store under a key unique to the
     group), so no key it reads can be stale. The default group (gid 0) and other backends
-    are left as they are. The ``GLOO_GROUP_STORES`` setting off leaves Paddle as it ships."""
-    from paddle.distributed import collective
+    are left as they are. The ``GLOO_GROUP_STORES`` setting off leaves Paddle as it ships.
 
+    Without ``enabled`` (the setting decides), the settings that must be equal on every rank
+    are compared (:func:`check_settings_agree`): the ranks of a job that disagree on this one
+    would meet through different keys and wait for each other for ever. ``check`` True
+    compares them here (a training job starts: :func:`paddle_unpad.fleet.DistributedStrategy`);
+    False leaves it to the first gloo group after the default one (an import must not wait
+    for the other ranks)."""
+    if enabled is None and check:
+        check_settings_agree()
     enabled = config.get("GLOO_GROUP_STORES") if enabled is None else enabled
     quick = config.get("STORE_NODELAY")
-    impl = getattr(collective, "_new_process_group_impl", None)
+    impl = _compat.process_group_factory()
     if impl is None:  # a Paddle without this hook: leave it alone
         return False
     original = getattr(impl, "_paddle_unpad_original", impl)
     if not (enabled or quick):
-        collective._new_process_group_impl = original
+        _compat.set_process_group_factory(original)
         return False
     if impl is not original and getattr(impl, "_paddle_unpad_rules", None) == (enabled, quick):
         return enabled
@@ -332,20 +459,55 @@ def install_group_stores(enabled=None):
                                *args, **kwargs):
         if quick:  # the job's store exists by now (fleet.init / init_parallel_env made it)
             quick_store_requests()
+        if backend == "gloo" and group_id != 0 and world_size > 1:
+            check_settings_agree()  # once per process, before the first rendezvous they decide
         if enabled and backend == "gloo" and group_id != 0 and world_size > 1:
             store = _group_store(store, rank, world_size, group_id)
         return original(backend, store, rank, world_size, group_name, pg_options, group_id, *args, **kwargs)
 
     new_process_group_impl._paddle_unpad_original = original
     new_process_group_impl._paddle_unpad_rules = (enabled, quick)
-    collective._new_process_group_impl = new_process_group_impl
+    _compat.set_process_group_factory(new_process_group_impl)
     return enabled
 
 
-def group_stores_installed() -> bool:
-    from paddle.distributed import collective
+SETTINGS_AGREE_S = 900.0  # as long as Paddle's own store waits for a rank (FLAGS_stop_check_timeout)
+_settings = {"checked": False}
 
-    return getattr(getattr(collective, "_new_process_group_impl", None), "_paddle_unpad_rules", (False,))[0]
+
+def check_settings_agree():
+    """Compare the settings that must be equal on every rank (``agree`` in
+    :data:`paddle_unpad.config.VARIABLES`) across the ranks of a launched job, once per process,
+    through the job's store (bounded, no collective): before ``fleet.init`` when called from
+    :func:`paddle_unpad.fleet.DistributedStrategy` (the store is made from the launcher's
+    environment, and ``fleet.init`` takes the same one), else at the plugin's first group.
+    Settings that differ raise :class:`paddle_unpad.config.ConfigError` on every rank, naming
+    each rank's value; a rank that does not come within ``SETTINGS_AGREE_S`` is named too. A
+    process that was not launched as one of several ranks checks nothing."""
+    if _settings["checked"]:
+        return
+    rank, world = job()
+    if world == 1:  # not initialized yet: the launcher's environment says who this is
+        world = launched_world()
+        text = os.environ.get("PADDLE_TRAINER_ID", "").strip()
+        has_store = os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS")
+        if world == 1 or not text.isdigit() or not has_store:
+            return
+        rank = int(text)
+    _settings["checked"] = True
+    mine = config.agreed_settings()
+    values, missing = agree("settings", json.dumps(mine, sort_keys=True), SETTINGS_AGREE_S, _job=(rank, world))
+    if values is None:
+        return
+    got = [json.loads(v) if v is not None else None for v in values]
+    diff = [f"{name}: " + ", ".join(f"rank {r} {g[name]}" for r, g in enumerate(got) if g is not None)
+            for name in sorted(mine) if len({g[name] for g in got if g is not None}) > 1]
+    if missing:
+        diff.append(f"rank(s) {missing} did not compare theirs within {SETTINGS_AGREE_S:g} s")
+    raise config.ConfigError(
+        f"paddle_unpad.config: the ranks of this job have different settings that must be equal on every rank "
+        f"({'; '.join(diff)}; this is rank {rank}): they decide how the ranks meet, so set them alike on every "
+        "machine (or on none)")
 
 
 _store_ports = set()  # ports of the TCP stores this process talks to besides the job's
@@ -402,9 +564,9 @@ def quick_store_requests() -> int:
 
 
 def _group_store(job_store, rank, size, gid):
-    """The fresh TCP store of group ``gid``: served by its rank 0, joined by the others."""
-    from paddle.base import core  # 2.6 and 3.x
-
+    """The fresh TCP store of group ``gid``: served by its rank 0, joined by the others. (The
+    plugin's own groups have ids unique in the job, agreed by their members; Paddle's and the
+    user's groups take the ids of Paddle's counter, equal on every rank by Paddle's rule.)"""
     uses = _group_store_uses.get(gid, 0)
     _group_store_uses[gid] = uses + 1
     key = f"{_GROUP_STORE_KEY}/{gid}/{uses}"
@@ -418,7 +580,7 @@ def _group_store(job_store, rank, size, gid):
                 s.bind(("", 0))
                 port = s.getsockname()[1]
             try:
-                own = core.TCPStore(host, port, True, 0, timeout)  # 0 workers: returns at once
+                own = _compat.tcp_store(host, port, True, timeout)  # 0 workers: returns at once
                 break
             except Exception as e:  # noqa: BLE001 - retried on another port, then reported
                 error = e
@@ -433,7 +595,7 @@ def _group_store(job_store, rank, size, gid):
             raise RuntimeError(f"paddle_unpad.distributed: the first member of gloo group {gid} could not start its "
                                f"rendezvous store ({value[7:]})")
         host, _, port = value.rpartition(":")
-        own = core.TCPStore(host, int(port), False, 0, timeout)
+        own = _compat.tcp_store(host, port, False, timeout)
     _group_stores.append(own)
     _store_ports.add(int(port))
     quick_store_requests()

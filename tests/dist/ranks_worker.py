@@ -19,6 +19,7 @@ sys.path.insert(0, ROOT)
 import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 
+import paddle_unpad as pu  # noqa: E402
 import paddle_unpad.fleet as pf  # noqa: E402
 import worker_util  # noqa: E402  (tests/dist)
 from worker_util import result  # noqa: E402
@@ -188,6 +189,150 @@ def scenario_skipped_step():
     reported(train)
 
 
+class TiedTable(paddle.nn.Layer):
+    """A 1 MiB table (reduced by rows) whose weight ``use`` takes through its layer
+    (``plain``, ``keyword``), through ``F.embedding``, also in a tied output ``matmul``, or not
+    at all (``unused``: no rank has a row to send)."""
+
+    def __init__(self, use):
+        super().__init__()
+        self.use = use
+        self.emb = paddle.nn.Embedding(2048, 128)
+        self.mid = paddle.nn.Linear(128, 128)
+
+    def forward(self, ids):
+        if self.use == "functional":
+            h = paddle.nn.functional.embedding(ids, self.emb.weight)
+        elif self.use == "unused":
+            h = paddle.ones([ids.shape[0], 128])
+        else:
+            h = self.emb(x=ids) if self.use == "keyword" else self.emb(ids)
+        h = paddle.tanh(self.mid(h))
+        if self.use == "matmul":
+            h = paddle.matmul(h, self.emb.weight, transpose_y=True)
+        return h.square().mean()
+
+
+def global_reference(make, losses, world):
+    """The gradients of the mean over the ranks of every rank's loss, in this one process:
+    ``losses(model, r)`` is rank r's loss (all its micro-batches)."""
+    ref = make()
+    (sum(losses(ref, r) for r in range(world)) / world).backward()
+    return [np.zeros(p.shape, np.float32) if p.grad is None else p.grad.numpy() for p in ref.parameters()]
+
+
+def worst_error(model, ref):
+    """The largest difference from the reference, relative to the gradient's largest value."""
+    worst = 0.0
+    for p, want in zip(model.parameters(), ref):
+        got = p.grad.numpy()
+        worst = max(worst, float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-12)))
+    return worst
+
+
+def caught(fn):
+    try:
+        fn()
+        return None
+    except (pf.GradientSyncError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def scenario_allreduce_misuse():
+    """Each rank: a tied table used in several ways (the averaged gradients against the global
+    batch's, computed here); gradient accumulation with overlap (every rank, and rank 0 only);
+    a parameter unfrozen or frozen after construction; a sparse embedding."""
+    rank, world = init()
+
+    def ids(r, s):
+        return paddle.to_tensor(np.random.default_rng(100 * r + s).integers(0, 2048, 24))
+
+    for use in ("plain", "keyword", "functional", "matmul", "unused"):
+        def make():
+            paddle.seed(3)
+            return TiedTable(use)
+
+        model, errs = make(), []
+        sync = pf.GradientAllReduce(model)
+        for s in range(2):
+            model(ids(rank, s)).backward()
+            sync.wait()
+            errs.append(worst_error(model, global_reference(make, lambda m, r: m(ids(r, s)), world)))
+            model.clear_gradients()
+        result(case="tied", use=use, error=max(errs), unproven=sync.stats["tables_unproven"],
+               by_rows=sync.stats["tables_by_rows"])
+        sync.close()
+    accumulation(rank, world)
+    trainable_changes(rank, world)
+    sparse = paddle.nn.Embedding(50, 4, sparse=True)
+    result(case="sparse layer", error=caught(lambda: pf.GradientAllReduce(paddle.nn.Sequential(sparse))))
+    sync = pf.GradientAllReduce([sparse.weight])
+    sparse(paddle.to_tensor([1, 2, 3])).sum().backward()
+    result(case="sparse list", error=caught(sync.wait))
+    sync.close()
+
+
+def accumulation(rank, world):
+    model = model_of()
+    sync = pf.GradientAllReduce(model)
+    for who, pause in (("every rank, bucket reduced first", 0.5), ("rank 0 only, at once", 0.0)):
+        model(batch(rank)).square().mean().backward()
+        time.sleep(pause)  # the communication thread reduces every bucket meanwhile
+        if who.startswith("every") or rank == 0:
+            model(batch(rank + 10)).square().mean().backward()
+        result(case="accumulation", who=who, error=caught(sync.wait))
+        model.clear_gradients()
+    sync.close()
+    sync = pf.GradientAllReduce(model, overlap=False)
+    for x in (batch(rank), batch(rank + 10)):
+        model(x).square().mean().backward()
+    sync.wait()
+    ref = global_reference(model_of, lambda m, r: m(batch(r)).square().mean() + m(batch(r + 10)).square().mean(),
+                           world)
+    result(case="accumulation", who="overlap=False", error=worst_error(model, ref))
+    sync.close()
+
+
+def trainable_changes(rank, world):
+    model = model_of()
+    model[0].weight.stop_gradient = True
+    sync = pf.GradientAllReduce(model)
+    model[0].weight.stop_gradient = False
+    result(case="unfrozen", error=caught(lambda: step(model, sync, rank)))
+    sync.close()
+    model.clear_gradients()
+    sync = pf.GradientAllReduce(model)  # built again after the change: reduced
+    step(model, sync, rank)
+    result(case="rebuilt", error=worst_error(model, global_reference(
+        model_of, lambda m, r: m(batch(r)).square().mean(), world)))
+    model.clear_gradients()
+    model[1].bias.stop_gradient = True
+    result(case="frozen", error=caught(lambda: step(model, sync, rank)))
+    sync.close()
+
+
+def scenario_allreduce_exception_before_wait():
+    """Rank 1's loop raises between backward() and wait() while a layer got no gradient (its
+    communication thread waits for that bucket); rank 2 calls close() there instead; rank 0
+    reaches wait()."""
+    rank, world = init()
+    paddle.seed(7)
+    used = paddle.nn.Sequential(paddle.nn.Linear(6, 4), paddle.nn.Linear(4, 2))
+    model = paddle.nn.LayerList([used, paddle.nn.Linear(2, 2)])
+    sync = pf.GradientAllReduce(model)
+    used(batch(rank)).square().mean().backward()
+
+    def fail():
+        raise RuntimeError("the training loop failed on purpose")
+
+    if rank == 2:
+        t = time.monotonic()
+        sync.close()
+        result(closed_in=round(time.monotonic() - t, 3))
+        return
+    reported(fail if rank == 1 else sync.wait)
+
+
 # ------------------------------------------------------------------ the exchange's ends and settings
 
 
@@ -275,7 +420,145 @@ def scenario_bad_arguments():
     result(afterwards=all_ids(seen) == sorted(10 * r + k for r in range(world) for k in range(2)))
 
 
+# ------------------------------------------------------------------ the balanced loader's contract
+
+
+class ReusingLoader:
+    """Batches whose samples are views of one buffer that the next batch overwrites (a fast
+    pipeline's habit); ``sizes[epoch][rank]`` batches of 3 samples. Sample ``i`` holds the
+    tokens ``i % 97 + 1``, ``3 + 7 * (i % 5)`` of them."""
+
+    def __init__(self, rank, sizes):
+        self.rank, self.sizes, self.epoch = rank, sizes, 0
+        self.buf = np.zeros((3, 40), np.int64)
+
+    def __len__(self):
+        return self.sizes[self.epoch][self.rank]
+
+    def __iter__(self):
+        for s in range(len(self)):
+            ids = [1000 * self.rank + 100 * self.epoch + 10 * s + k for k in range(3)]
+            for k, i in enumerate(ids):
+                self.buf[k] = i % 97 + 1
+            yield [{"input_ids": self.buf[k, : 3 + 7 * (i % 5)], "sample_id": i} for k, i in enumerate(ids)]
+
+
+def own_tokens(batch):
+    """Whether every sample of a packed batch holds its own tokens."""
+    cu, tok = batch["cu_seqlens_host"], batch["input_ids"].numpy()
+    return all(len(tok[cu[j]:cu[j + 1]]) == 3 + 7 * (i % 5) and (tok[cu[j]:cu[j + 1]] == i % 97 + 1).all()
+               for j, i in enumerate(batch["sample_ids"].tolist()))
+
+
+def attempt(what, fn):
+    t = time.monotonic()
+    try:
+        fn()
+        result(what=what, refused=False)
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        result(what=what, refused=True, exc=type(e).__name__, msg=str(e), after=round(time.monotonic() - t, 3))
+
+
+def scenario_loader_contract():
+    """A loader built before fleet.init is refused; so is a group over a subset of the ranks, on
+    every rank. A loader reusing its buffer with 6 / 4 / 2 batches (then 3 / 5 / 1): len() is 6
+    (then 5) on every rank, every rank receives that many batches, every sample with its own
+    tokens. A rank whose loader has no len() makes len() a named error on every rank. close()
+    releases the loader's group and refuses another epoch."""
+    attempt("before fleet.init", lambda: pf.distributed_loader([[smp(0, 4)]]))
+    rank, world = init()
+    subset = dist.new_group([0, 1], backend="gloo")  # rank 2 is outside it
+    attempt("subset group", lambda: pu.distributed.BalancedLoader([[smp(rank, 4)]], group=subset))
+    loader = ReusingLoader(rank, [[6, 4, 2], [3, 5, 1]])
+    bl = pf.distributed_loader(loader)
+    built_len = len(bl)  # agreed when the loader was built
+    for epoch in range(2):
+        loader.epoch = epoch  # a sampler's set_epoch: the lengths change
+        it = iter(bl)  # agreed again as the epoch starts
+        lens, seen, mine, received = {len(bl)}, [], True, 0
+        for batch in it:
+            received += 1
+            mine = mine and own_tokens(batch)
+            seen += batch["sample_ids"].tolist()
+            if rank == 0 and received == 1:
+                lens.add(len(bl))  # len() on one rank only, mid-epoch
+        want = sorted(1000 * r + 100 * epoch + 10 * s + k for r in range(world)
+                      for s in range(loader.sizes[epoch][r]) for k in range(3))
+        result(what=f"epoch {epoch}", lens=sorted(lens), received=received, own_tokens=mine,
+               complete=all_ids(seen) == want)
+    result(what="built", len=built_len)
+    unknown = pf.distributed_loader(iter([[smp(rank, 4)]]) if rank == 1 else [[smp(rank, 4)]])
+    attempt("len unknown on rank 1", lambda: len(unknown))
+    bl.close()
+    result(what="closed", released=bool(getattr(bl.group, "released", False)))
+    attempt("iterate after close", lambda: iter(bl))
+
+
+# ------------------------------------------------------------------ group lifetime, sub-groups, settings
+
+
+def open_files_and_threads():
+    return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+
+
+def scenario_groups_released(n):
+    """``n`` balanced loaders and ``n`` all-reduces made, used (one step) and closed one after
+    the other: the process's open files and threads stay where the first of each left them."""
+    from paddle_unpad.distributed import groups
+
+    rank, world = init()
+    model = model_of()
+
+    def one_of_each(i):
+        loader = pf.distributed_loader([[smp(100 * i + 10 * rank, 3 + rank)]])
+        got = [int(j) for b in loader for j in b["sample_ids"].tolist()]
+        loader.close()
+        sync = pf.GradientAllReduce(model)
+        step(model, sync, rank)
+        model.clear_gradients()
+        sync.close()
+        return sorted(got)
+
+    one_of_each(0)
+    before, created = open_files_and_threads(), len(groups.CREATED)
+    t = time.monotonic()
+    ok = all(len(one_of_each(i)) > 0 for i in range(1, n + 1))
+    result(before=before, after=open_files_and_threads(), used=ok, created=len(groups.CREATED) - created,
+           reused=groups.REUSED["count"], seconds=round(time.monotonic() - t, 2))
+
+
+def scenario_subgroup_then_all():
+    """Every rank makes Paddle's group over ranks 0 and 1 (Paddle's rule); the all-reduce over it
+    is built and stepped on its members only; then a balanced loader over all three ranks."""
+    rank, world = init()
+    pair = dist.new_group([0, 1], backend="gloo")
+    model = model_of()
+    if rank in (0, 1):
+        sync = pf.GradientAllReduce(model, group=pair, timeout=20.0)
+        step(model, sync, rank)
+        sync.close()
+        again = pf.GradientAllReduce(model, group=pair, timeout=20.0)  # one more over the same pair
+        step(model, again, rank)
+        again.close()
+    seen = reported(lambda: [int(i) for b in pf.distributed_loader([[smp(10 * rank + k, 3 + k) for k in range(2)]])
+                             for i in b["sample_ids"].tolist()])
+    sync = pf.GradientAllReduce(model)  # and an all-reduce over every rank after it
+    step(model, sync, rank)
+    sync.close()
+    result(complete=all_ids(seen) == sorted(10 * r + k for r in range(world) for k in range(2)))
+
+
+def scenario_settings_differ():
+    """The last rank switched the per-group stores off (one machine exporting it): every rank is
+    told at pu.fleet.DistributedStrategy(), before fleet.init makes a group."""
+    if int(os.environ["PADDLE_TRAINER_ID"]) == int(os.environ["PADDLE_TRAINERS_NUM"]) - 1:
+        os.environ["PADDLE_UNPAD_GLOO_GROUP_STORES"] = "0"
+    reported(pf.DistributedStrategy)
+    result(built=True)
+
+
 SCENARIOS = {
+    "loader_contract": scenario_loader_contract,
     "peer_killed": lambda: scenario_peer_signal(signal.SIGKILL),
     "peer_stopped": lambda: scenario_peer_signal(signal.SIGSTOP),
     "fewer_or_no_batches": lambda: scenario_counts([4, 1, 0]),
@@ -284,12 +567,17 @@ SCENARIOS = {
     "allreduce_timeout": scenario_allreduce_timeout,
     "allreduce_peer_stopped": scenario_allreduce_peer_stopped,
     "skipped_step": scenario_skipped_step,
+    "allreduce_misuse": scenario_allreduce_misuse,
+    "allreduce_exception_before_wait": scenario_allreduce_exception_before_wait,
     "loader_timeout": scenario_loader_timeout,
     "break_and_del": scenario_break_and_del,
     "balance_on_one_rank_only": scenario_balance_on_one_rank_only,
     "missing_loader": scenario_missing_loader,
     "string_field": scenario_string_field,
     "bad_arguments": scenario_bad_arguments,
+    "groups_released": lambda: scenario_groups_released(int(os.environ.get("N_OBJECTS", "100"))),
+    "subgroup_then_all": scenario_subgroup_then_all,
+    "settings_differ": scenario_settings_differ,
 }
 
 if __name__ == "__main__":
