@@ -12,6 +12,7 @@ import functools
 import re
 import warnings
 
+import numpy as np
 import paddle
 
 # (major, minor) of the running Paddle; develop builds report "0.0.0" and are treated
@@ -215,6 +216,34 @@ def register_grad_ready_hook(param, hook):
     accumulation into ``param.grad``). Paddle's DataParallel uses the same private hook
     (``Tensor._register_backward_hook``, 2.6 and 3.x); there is no public equivalent."""
     param._register_backward_hook(hook)
+
+
+def host_view(t):
+    """A numpy array sharing the memory of the CPU tensor ``t`` (no copy), or None where numpy
+    cannot view it (a device tensor, a dtype numpy lacks such as bfloat16). Paddle 3.x tensors
+    speak ``__dlpack__``; Paddle 2.6's do not, but its ``paddle.utils.dlpack.to_dlpack`` capsule
+    does the same once wrapped."""
+    if not t.place.is_cpu_place():
+        return None
+    try:
+        return np.from_dlpack(t) if hasattr(t, "__dlpack__") else np.from_dlpack(_Capsule(t))
+    except (TypeError, RuntimeError, BufferError, ValueError, AttributeError):
+        return None
+
+
+class _Capsule:
+    """``__dlpack__`` over Paddle 2.6's capsule (a CPU tensor: device type 1)."""
+
+    def __init__(self, t):
+        from paddle.utils import dlpack
+
+        self._capsule = dlpack.to_dlpack(t)
+
+    def __dlpack__(self, stream=None, **_):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
 
 
 def set_grad(param, grad):

@@ -12,6 +12,8 @@ import paddle_unpad as pu
 import paddle_unpad.fleet as pf
 from paddle_unpad.distributed.source import Source
 
+pytestmark = pytest.mark.paddle_gpu_stage
+
 
 class ReusingLoader:
     """Yields batches whose samples are views of one buffer, overwritten for every batch (a

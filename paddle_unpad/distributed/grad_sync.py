@@ -128,11 +128,8 @@ def _bits(g) -> Optional[np.ndarray]:
     """``g`` as a zero-copy ``[rows, words]`` array of unsigned integers (so -0.0 and NaN count
     as set: at worst one whole reduction more), or None where numpy cannot view it (a GPU
     tensor, bfloat16)."""
-    if not g.place.is_cpu_place():
-        return None
-    try:
-        a = np.from_dlpack(g)
-    except (TypeError, RuntimeError, BufferError, ValueError):
+    a = compat.host_view(g)
+    if a is None:
         return None
     flat = np.ascontiguousarray(a).reshape(a.shape[0], -1).view(np.uint8)
     unit = next(u for u in (8, 4, 2, 1) if flat.shape[1] % u == 0)
