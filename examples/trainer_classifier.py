@@ -1,55 +1,142 @@
-"""PaddleNLP Trainer fine-tuning MiniLM-L6 on Rotten Tomatoes, with paddle_unpad in two lines.
+"""PaddleNLP Trainer fine-tuning a classifier (default: MiniLM-L6 on Rotten Tomatoes), with paddle_unpad in two lines.
 
     python -m paddle.distributed.launch --nproc_per_node 2 examples/trainer_classifier.py --max-steps 50
+    python examples/trainer_classifier.py --model_name_or_path my_bert --train_file train.jsonl \\
+        --eval_file dev.jsonl --learning_rate 3e-5 --per_device_train_batch_size 16 --num_train_epochs 2
 
 The script is a plain PaddleNLP Trainer script; the only paddle_unpad lines are the import
 of ``UnpadTrainer`` and its use in place of ``Trainer`` (marked below). ``--no-unpad`` runs
-the stock Trainer with PaddleNLP's padding collator.
+the stock Trainer with PaddleNLP's padding collator. The command line is PaddleNLP's
+``PdArgumentParser`` over the example's model and data arguments and PaddleNLP's
+``TrainingArguments`` (``--learning_rate``, ``--per_device_train_batch_size``, ``--num_train_epochs``,
+...; every option also spelled with dashes, ``--max-steps``); ``--help`` lists them all.
+``--model-name-or-path`` names a PaddleNLP model or a ``save_pretrained`` folder;
+``--train-file`` / ``--eval-file`` are jsonl, csv or tsv files with named text and label columns.
 
 ``--output-dir`` receives the Trainer's checkpoints (``checkpoint-<step>/``, every
 ``--save-steps``), the final model and tokenizer (``save_model``: loads with unmodified
-PaddleNLP ``from_pretrained``), ``history.json`` (loss, tokens/s and learning rate per logged
-step) and ``loss.png``. ``--resume checkpoint-<step>`` (or ``last``) continues a run from a
+PaddleNLP ``from_pretrained``), ``labels.json`` (class names by id), ``history.json`` (loss,
+tokens/s and learning rate per logged step) and ``loss.png``. ``--resume checkpoint-<step>`` (or ``last``) continues a run from a
 checkpoint, with the same number of ranks.
 """
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
+import dataclasses
+import functools
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 import numpy as np
 
-from example_util import Progress, StepHistory, add_run_args, make_parser, plot_loss_curves, quiet_logs
+from example_util import (BUNDLED_MODEL, Progress, StepHistory, check_data_args, classifier_data, encode_text,
+                          load_classifier, load_tokenizer, plot_or_skip, quiet_logs, save_labels)
 
 HISTORY, PLOT = "history.json", "loss.png"
 
 
+def _arg(default, help):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = _arg("", "PaddleNLP model name (downloaded by PaddleNLP if not cached) or a local folder "
+                                       "written by save_pretrained (BERT, ERNIE, RoBERTa), tokenizer from the same "
+                                       f"place; empty: {BUNDLED_MODEL}")
+    no_unpad: bool = _arg(False, "the stock Trainer with PaddleNLP's padding collator")
+    dropout: float = _arg(0.1, "hidden and attention dropout")
+    max_seq_len: int = _arg(128, "longer texts are truncated")
+
+
+@dataclass
+class DataArguments:
+    train_file: str = _arg("", "training rows: jsonl, csv or tsv with named columns (empty: the bundled Rotten "
+                               "Tomatoes snippets)")
+    eval_file: str = _arg("", "evaluation rows, labels as in --train-file (empty: no evaluation with --train-file)")
+    text_column: str = _arg("text", "column of the text")
+    text_pair_column: str = _arg("", "column of a second text (sentence pairs; empty: none)")
+    label_column: str = _arg("label", "column of the label: class ids (0, 1, ...) or names (numbered in sorted "
+                                      "order, the mapping saved as labels.json)")
+    max_train: int = _arg(0, "use the first N training rows (0: all)")
+    max_dev: int = _arg(0, "evaluate on the first N evaluation rows (0: all)")
+
+
+@dataclass
+class RunArguments:
+    resume: str = _arg("", "continue from this checkpoint folder; 'last': the newest one in --output-dir")
+    json_out: str = _arg("", "write a JSON summary here (rank 0)")
+    verbose: bool = _arg(False, "show Paddle's and PaddleNLP's start-up log lines")
+    no_progress: bool = _arg(False, "no progress lines with the time left")
+
+
+@functools.lru_cache(maxsize=None)
+def training_arguments_class():
+    """PaddleNLP's ``TrainingArguments`` with this example's defaults (imported late: after quiet_logs)."""
+    from paddlenlp.trainer import TrainingArguments
+
+    @dataclass
+    class ExampleTrainingArguments(TrainingArguments):
+        output_dir: str = _arg("trainer_out", "checkpoints, the final model, history.json and loss.png go here "
+                                              "(empty: a temporary folder, nothing kept)")
+        max_steps: int = _arg(50, "training steps (-1: --num_train_epochs decides)")
+        per_device_train_batch_size: int = _arg(32, "training samples per rank and step")
+        per_device_eval_batch_size: int = _arg(64, "evaluation samples per rank and batch")
+        learning_rate: float = _arg(1e-4, "peak learning rate of AdamW")
+        warmup_ratio: float = _arg(0.1, "share of the steps for linear warm-up")
+        weight_decay: float = _arg(0.01, "AdamW weight decay")
+        logging_steps: int = _arg(1, "a history row (mean loss) every N steps")
+        save_steps: int = _arg(25, "steps between checkpoints (--save_strategy steps)")
+        save_total_limit: Optional[int] = _arg(2, "checkpoints kept (0: all)")
+        disable_tqdm: Optional[bool] = _arg(True, "no tqdm progress bar (the example prints its own progress)")
+        report_to: Optional[List[str]] = field(default_factory=lambda: ["none"],
+                                               metadata={"help": "logging integrations (none: the example's history)"})
+
+    return ExampleTrainingArguments
+
+
+ALIASES = {"--batch-size": "--per_device_train_batch_size"}
+
+
+def make_parser():
+    """PdArgumentParser over the example's arguments and TrainingArguments; every ``--a_b`` option also
+    answers to ``--a-b``."""
+    from paddlenlp.trainer import PdArgumentParser
+
+    p = PdArgumentParser((ModelArguments, DataArguments, RunArguments, training_arguments_class()),
+                         description=__doc__.split("\n\n")[0])
+    for action in list(p._actions):
+        for opt in list(action.option_strings):
+            dashed = opt[:2] + opt[2:].replace("_", "-")
+            if dashed != opt and dashed not in p._option_string_actions:
+                action.option_strings.append(dashed)
+                p._option_string_actions[dashed] = action
+    for alias, target in ALIASES.items():
+        action = p._option_string_actions[target]
+        action.option_strings.append(alias)
+        p._option_string_actions[alias] = action
+    return p
+
+
 def parse_args(argv=None):
-    p = make_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--no-unpad", action="store_true", help="the stock Trainer with PaddleNLP's padding collator")
-    p.add_argument("--max-steps", type=int, default=50, help="training steps")
-    p.add_argument("--max-train", type=int, default=0, help="use the first N training snippets (0: all)")
-    p.add_argument("--max-dev", type=int, default=0, help="evaluate on the first N dev snippets (0: all)")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout")
-    p.add_argument("--logging-steps", type=int, default=1, help="a history row (mean loss) every N steps")
-    p.add_argument("--save-strategy", choices=("steps", "epoch", "no"), default="steps",
-                   help="when the Trainer writes a checkpoint-<step> folder into --output-dir")
-    p.add_argument("--save-steps", type=int, default=25, help="steps between checkpoints (--save-strategy steps)")
-    p.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (0: all)")
-    p.add_argument("--resume", default="",
-                   help="continue from this checkpoint folder; 'last': the newest one in --output-dir")
-    p.add_argument("--json-out", default="", help="write a JSON summary here (rank 0)")
-    add_run_args(p)
-    p.set_defaults(output_dir="trainer_out")
+    """One namespace: the example's options and the TrainingArguments fields (built later, in
+    ``training_arguments``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    quiet_logs(any(a.split("=")[0] == "--verbose" for a in argv))  # before PaddleNLP (and Paddle) load
+    p = make_parser()
     args = p.parse_args(argv)
-    for name in ("max_steps", "logging_steps", "save_steps"):
+    for name in ("logging_steps", "save_steps"):
         if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.save_total_limit < 0:
-        p.error(f"--save-total-limit must be >= 0, got {args.save_total_limit}")
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.max_steps == 0 or args.max_steps < -1:
+        p.error(f"--max_steps must be >= 1 (or -1: --num_train_epochs decides), got {args.max_steps}")
+    if args.save_total_limit is not None and args.save_total_limit < 0:
+        p.error(f"--save_total_limit must be >= 0, got {args.save_total_limit}")
+    check_data_args(p, args)
     return args
 
 
@@ -101,7 +188,7 @@ class TokenCounter:
         return n
 
 
-def history_callback(label, out_dir, counter, resume_dir, show_progress):
+def history_callback(label, out_dir, counter, resume_dir, show_progress, title):
     """A PaddleNLP ``TrainerCallback``: history rows at each log, progress lines with the time
     left, ``history.json`` in every checkpoint and, with ``loss.png``, in ``out_dir`` at the end."""
     import paddle
@@ -148,28 +235,32 @@ def history_callback(label, out_dir, counter, resume_dir, show_progress):
         def on_train_end(self, args, state, control, **kwargs):
             if state.is_world_process_zero and out_dir:
                 self.history.save(os.path.join(out_dir, HISTORY))
-                plot_loss_curves(os.path.join(out_dir, PLOT), {label: self.history},
-                                 f"MiniLM-L6 on Rotten Tomatoes, PaddleNLP Trainer ({label})")
+                plot_or_skip(os.path.join(out_dir, PLOT), {label: self.history},
+                             f"{title}, PaddleNLP Trainer ({label})")
 
     return HistoryCallback()
 
 
-def encode(tokenizer, rows, n):
+def encode(tokenizer, rows, n, max_seq_len):
     """The first ``n`` rows (0: all) as the Trainer's samples: unpadded token ids and a label."""
-    rows = rows[:n] if n else rows
-    return [dict(tokenizer(r["text"], max_length=128, truncation=True), labels=r["label"]) for r in rows]
+    out = []
+    for r in rows[:n] if n else rows:
+        ids, types = encode_text(tokenizer, r, max_seq_len)
+        out.append({"input_ids": ids, "token_type_ids": types, "labels": r["label"]})
+    return out
 
 
 def training_arguments(args, out_dir):
-    from paddlenlp.trainer import TrainingArguments
+    """PaddleNLP's TrainingArguments from the command line's fields; without --output-dir the Trainer works
+    in ``out_dir`` (temporary) and saves no checkpoints."""
+    from paddlenlp.trainer import TrainingArguments  # the stock class: checkpoints pickle it
 
-    return TrainingArguments(
-        output_dir=out_dir, max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64, learning_rate=1e-4, warmup_ratio=0.1, weight_decay=0.01,
-        logging_steps=args.logging_steps, save_strategy=args.save_strategy if args.output_dir else "no",
-        save_steps=args.save_steps, save_total_limit=args.save_total_limit or None, evaluation_strategy="no",
-        seed=42, disable_tqdm=True, report_to=[],
-    )
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainingArguments)
+              if f.init and hasattr(args, f.name)}
+    values.update(output_dir=out_dir, save_total_limit=args.save_total_limit or None)
+    if not args.output_dir:
+        values["save_strategy"] = "no"
+    return TrainingArguments(**values)
 
 
 def accuracy(pred):
@@ -182,26 +273,25 @@ def main(argv=None):
     import paddle
     from paddlenlp.data import DataCollatorWithPadding
     from paddlenlp.trainer import Trainer
-    from paddlenlp.transformers import BertForSequenceClassification, BertTokenizer
 
-    from paddle_unpad.data import corpora
-    from paddle_unpad.models import load_hf_bert
     from paddle_unpad.trainer import UnpadTrainer  # paddle_unpad line 1
 
     # the Trainer needs a folder; without --output-dir it works in a temporary one and saves nothing
     out_dir = args.output_dir or tempfile.mkdtemp(prefix="trainer_classifier_")
     resume = resume_path(args.resume, out_dir)
-    tokenizer = BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
-    train = encode(tokenizer, corpora.rotten_tomatoes("train"), args.max_train)
-    dev = encode(tokenizer, corpora.rotten_tomatoes("dev"), args.max_dev)
-    paddle.seed(42)  # the classifier head's initialisation
-    model = load_hf_bert(corpora.minilm_dir(), model_class=BertForSequenceClassification, num_classes=2,
-                         hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
+    tokenizer = load_tokenizer(args.model_name_or_path)
+    train_rows, dev_rows, label_names = classifier_data(args)
+    train = encode(tokenizer, train_rows, args.max_train, args.max_seq_len)
+    dev = encode(tokenizer, dev_rows, args.max_dev, args.max_seq_len)
+    paddle.seed(args.seed)  # the classifier head's initialisation
+    model = load_classifier(args.model_name_or_path, len(label_names), args.dropout)
     label = "stock" if args.no_unpad else "paddle_unpad"
+    title = (f"{os.path.basename(os.path.normpath(args.model_name_or_path)) or 'MiniLM-L6'} on "
+             f"{os.path.basename(args.train_file) or 'Rotten Tomatoes'}")
     counter = TokenCounter()
-    callback = history_callback(label, args.output_dir, counter, resume, not args.no_progress)
-    common = dict(model=model, args=training_arguments(args, out_dir), train_dataset=train, eval_dataset=dev,
-                  tokenizer=tokenizer, compute_metrics=accuracy, callbacks=[callback])
+    callback = history_callback(label, args.output_dir, counter, resume, not args.no_progress, title)
+    common = dict(model=model, args=training_arguments(args, out_dir), train_dataset=train,
+                  eval_dataset=dev or None, tokenizer=tokenizer, compute_metrics=accuracy, callbacks=[callback])
     if args.no_unpad:
         trainer = Trainer(data_collator=DataCollatorWithPadding(tokenizer), **common)
     else:
@@ -210,11 +300,13 @@ def main(argv=None):
     result = trainer.train(resume_from_checkpoint=resume)
     if args.output_dir:
         trainer.save_model()  # model (stock parameter names and layout) and tokenizer
-    metrics = trainer.evaluate()
+        if trainer.is_world_process_zero():
+            save_labels(args.output_dir, label_names)
+    metrics = trainer.evaluate() if dev else {}
     summary = {"unpad": not args.no_unpad, "train_loss": float(result.training_loss),
-               "eval_loss": float(metrics["eval_loss"]),
-               "eval_accuracy": float(metrics["eval_accuracy"]), "steps": int(result.global_step),
-               "world_size": int(paddle.distributed.get_world_size())}
+               "eval_loss": metrics.get("eval_loss"), "eval_accuracy": metrics.get("eval_accuracy"),
+               "steps": int(result.global_step), "world_size": int(paddle.distributed.get_world_size()),
+               "labels": label_names}
     if trainer.is_world_process_zero():
         print(json.dumps(summary))
         if args.json_out:

@@ -87,9 +87,17 @@ def test_help_shows_every_default(script):
     proc = subprocess.run([sys.executable, os.path.join(EX, script), "--help"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    options = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  --")]
-    assert {"--output-dir", "--resume", "--verbose", "--no-progress"} <= set(options), proc.stdout
-    assert proc.stdout.count("(default:") == len(options), proc.stdout
+    blocks = {}  # option line (every spelling) -> its help text
+    for line in proc.stdout.splitlines():
+        if line.startswith("  --"):
+            key = line
+            blocks[key] = line
+        elif blocks and line.startswith("    "):
+            blocks[key] += " " + line.strip()
+    spellings = {w.rstrip(",") for k in blocks for w in k.split() if w.startswith("--")}
+    assert {"--output-dir", "--resume", "--verbose", "--no-progress", "--model-name-or-path", "--train-file",
+            "--eval-file", "--text-column", "--label-column"} <= spellings, proc.stdout
+    assert all("(default:" in text for text in blocks.values()), [k for k, t in blocks.items() if "(default:" not in t]
 
 
 @pytest.mark.dist
@@ -204,16 +212,25 @@ def test_pretrain_mlm_compare_stock_and_unpadded(tmp_path):
 @pytest.mark.slow
 def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
     """A time budget smaller than one step: the stock job stops after its first step (of 4), and
-    the paddle_unpad job trains exactly that step, on the same samples."""
-    out = tmp_path / "demo.json"
+    the paddle_unpad job trains exactly that step, on the same samples. The terminal gets a few
+    lines, the table last; the launcher's and workers' output goes to the log folder, none to the
+    working directory."""
+    out, logs = tmp_path / "demo.json", tmp_path / "logs"
     proc = subprocess.run([sys.executable, os.path.join(EX, "run_demo.py"), "--max-train", "128", "--batch-size",
-                           "16", "--time-budget", "0.001", "--max-dev", "32", "--json-out", str(out)],
+                           "16", "--time-budget", "0.001", "--max-dev", "32", "--json-out", str(out),
+                           "--log-dir", str(logs)],
                           cwd=str(tmp_path), capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "stock (padded)" in proc.stdout and "paddle_unpad" in proc.stdout
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert len(lines) <= 40 and not proc.stderr, lines
+    assert lines[-6].split() == ["stock", "(padded)", "paddle_unpad", "ratio"], lines  # the table is last
+    assert [line.split()[0] for line in lines[-5:]] == ["samples/s", "tokens/s", "dev", "peak", "train"], lines
     assert "stopped at 1 of 4 steps by the 0.001 s budget" in proc.stdout, proc.stdout[-2000:]
-    assert "host: " in proc.stdout
+    assert "host: " in proc.stdout and "LAUNCH" not in proc.stdout and "{" not in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.json", "logs"]  # no log/ left behind
+    assert {"padded.json", "padded.out", "unpadded.out"} <= {p.name for p in logs.iterdir()}
+    assert "step 1/4" in (logs / "padded.out").read_text()
     d = json.load(open(out))
     pad, unp = d["padded"], d["unpadded"]
     assert pad["stopped_by_time_budget"] is True and pad["steps"] == unp["steps"] == 1
@@ -235,6 +252,54 @@ def test_demo_fmha_runs_respects_threads_and_explains_its_speedup():
     ideal = float(rows[0][-1].rstrip("x"))
     assert "(kernel, at equal work)" in out, out
     assert ("exceeds the ideal ratio because" in out) == (max(speedups) > ideal), out
+
+
+def test_progress_time_left_honours_the_time_budget():
+    eu = _example_module("example_util")
+    now = [0.0]
+    p = eu.Progress(100, clock=lambda: now[0], budget_s=60)
+    now[0] = 20.0  # 10 steps in 20 s: 180 s by the steps, 40 s by the budget
+    assert p.line(10, "loss 0.7").endswith("elapsed 20s, about 40s left")
+    now[0] = 70.0  # past the budget: nothing left
+    assert p.remaining_s(30) == 0.0
+    assert eu.Progress(100, clock=lambda: 0.0, budget_s=600).remaining_s(50, now=70.0) == pytest.approx(70.0)
+    assert eu.Progress.parse("step 7/21 loss 0.6, 300 tokens/s elapsed 1m02s, about 3h05m left") == (
+        7, 21, "loss 0.6, 300 tokens/s", 62.0)
+    assert eu.Progress.parse("step 3/3 elapsed 1h00m, done") == (3, 3, "", 3600.0)
+    assert eu.Progress.parse("{") is None and eu.Progress.parse("step 1/4 loss 1") is None
+
+
+class _Terminal(list):
+    def __init__(self, tty):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        self.append(text)
+
+    def flush(self):
+        pass
+
+
+def test_demo_shows_one_line_per_job():
+    """On a terminal the progress line is rewritten in place, its time left within the job's budget;
+    elsewhere only the job's closing line is written."""
+    rd = _example_module("run_demo")
+    term = _Terminal(tty=True)
+    job = rd.JobLine("stock (padded)", 60.0, stream=term)
+    job.feed("step 10/100 loss 0.7 elapsed 20s, about 3m00s left\n")
+    job.feed("{\n")
+    job.close("10 steps")
+    assert term == ["\r\033[Kstock (padded): step 10/100 loss 0.7 elapsed 20s, about 40s left",
+                    "\r\033[Kstock (padded): 10 steps\n"]
+    pipe = _Terminal(tty=False)
+    job = rd.JobLine("paddle_unpad", 0.0, stream=pipe)
+    job.feed("step 10/100 loss 0.7 elapsed 20s, about 3m00s left\n")
+    job.close("10 steps")
+    assert pipe == ["paddle_unpad: 10 steps\n"]
 
 
 def test_example_util_history_progress_and_plot(tmp_path, capsys):

