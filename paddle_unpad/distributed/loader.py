@@ -214,7 +214,7 @@ class BalancedLoader:
     def _local_iter(self):
         # read through a Source: a DataLoader whose loading thread dies (Paddle's default collate
         # on samples of different lengths) is an error here too, not a next() that never returns
-        src = Source(self.loader, self.where)
+        src = Source(self.loader, self.where, copy=False)  # packed at once: pack_samples copies
         try:
             for step in itertools.count():
                 kind, batch = src.take()

@@ -109,13 +109,15 @@ class Source:
 
     ``take()`` returns ``("batch", b)`` (a copy: :func:`own_batch`), ``("end", None)`` or
     ``("error", exception)``; after the first end or error it is done. ``where``: the public
-    name errors start with."""
+    name errors start with; ``copy`` False for a reader that packs each batch before taking the
+    next (nothing of the user's outlives the take there)."""
 
     _WAIT_THREAD_EXC_S = 1.0  # how long a woken reader waits for the dying thread's exception
 
-    def __init__(self, loader, where="distributed.BalancedLoader"):
+    def __init__(self, loader, where="distributed.BalancedLoader", copy=True):
         self.it, self.error, self.done = None, None, False
         self.where, self.default_collate = where, uses_default_collate(loader)
+        self.copy = copy  # False: the caller packs each batch before it takes the next one
         self.thread_failed = threading.Event()
         self._thread = None
         _install_excepthook()  # before iter(): the loader's thread may fail at once
@@ -180,7 +182,7 @@ class Source:
             self.done = True
             return self._failure(e)
         try:
-            return ("batch", own_batch(batch))
+            return ("batch", own_batch(batch) if self.copy else batch)
         except Exception as e:  # noqa: BLE001 - a value numpy cannot read: reported to every rank
             self.done = True
             return ("error", e)
