@@ -125,12 +125,10 @@ def find_cuda():
         if home:
             nvcc = _nvcc_in(home)
             if nvcc is None:
-                raise RuntimeError(f"paddle_unpad: {var}={home!r} has no bin/nvcc: point it at a CUDA toolkit, or "
-                                   "unset it")
+                raise RuntimeError(f"paddle_unpad: {var}={home!r} has no bin/nvcc: point it at a CUDA toolkit, or unset it")
             found = _ask_nvcc(nvcc, f"${var}")
             if found is None:
-                raise RuntimeError(f"paddle_unpad: {var}={home!r}: {nvcc} does not report the CUDA headers and "
-                                   "libcudart")
+                raise RuntimeError(f"paddle_unpad: {var}={home!r}: {nvcc} does not report the CUDA headers and libcudart")
             return found
     home = compat.paddle_cuda_home()
     if home and _nvcc_in(home) and os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
@@ -160,13 +158,9 @@ def cuda_plan():
     elif not paddle.is_compiled_with_cuda():
         reason = f"Paddle {paddle.__version__} is a CPU build"
     elif find_cuda() is None:
-        reason = (f"Paddle {paddle.__version__} has CUDA, but no CUDA toolkit was found ($CUDA_HOME, "
-                  "$CUDA_PATH, paddle.utils.cpp_extension, nvcc on PATH); set CUDA_HOME to build the "
-                  "CUDA kernels")
+        reason = (f"Paddle {paddle.__version__} has CUDA, but no CUDA toolkit was found ($CUDA_HOME, $CUDA_PATH, paddle.utils.cpp_extension, nvcc on PATH); set CUDA_HOME to build the CUDA kernels")
     if reason and config.get("REQUIRE_CUDA"):
-        raise RuntimeError(f"paddle_unpad: {config.variable('REQUIRE_CUDA').env} is set but the CUDA kernels cannot "
-                           "be built: "
-                           f"{reason}")
+        raise RuntimeError(f"paddle_unpad: {config.variable('REQUIRE_CUDA').env} is set but the CUDA kernels cannot be built: {reason}")
     return reason is None, reason
 
 
@@ -180,9 +174,7 @@ def cuda_archs():
     archs = [a.strip() for a in raw.replace(",", ";").replace(" ", ";").split(";") if a.strip()]
     for a in archs:
         if not a.isdigit() or int(a) < 80:
-            raise ValueError(f"paddle_unpad: {config.variable('CUDA_ARCHS').env}: {a!r} is not a supported SM version "
-                             "(need 80 or "
-                             "newer, e.g. '80;90')")
+            raise ValueError(f"paddle_unpad: {config.variable('CUDA_ARCHS').env}: {a!r} is not a supported SM version (need 80 or newer, e.g. '80;90')")
     return archs
 
 

@@ -64,8 +64,7 @@ def _jit_library(cache):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(out):
             print(
-                f"paddle_unpad: compiled operators not installed; building them into {folder} "
-                "(once, about a minute)...",
+                f"paddle_unpad: compiled operators not installed; building them into {folder} (once, about a minute)...",
                 file=sys.stderr,
                 flush=True,
             )
@@ -115,8 +114,7 @@ def _load_locked(wanted):
     except Exception as e:  # import must never fail because of native code
         _state["error"] = f"{type(e).__name__}: {e}"
         warnings.warn(
-            "paddle_unpad: native operators unavailable, using the plain-Paddle reference "
-            f"implementations (slower). Reason: {_state['error']}",
+            f"paddle_unpad: native operators unavailable, using the plain-Paddle reference implementations (slower). Reason: {_state['error']}",
             RuntimeWarning,
             stacklevel=4,
         )

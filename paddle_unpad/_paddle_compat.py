@@ -33,8 +33,7 @@ def check_versions():
     if PADDLE_VERSION not in SUPPORTED_PADDLE and PADDLE_VERSION != (99, 0):
         tested = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_PADDLE)
         warnings.warn(
-            f"paddle_unpad: Paddle {paddle.__version__} has not been tested with this release "
-            f"(tested: {tested}); see the supported-versions table in docs/gpu.md",
+            f"paddle_unpad: Paddle {paddle.__version__} has not been tested with this release (tested: {tested}); see the supported-versions table in docs/gpu.md",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -56,8 +55,7 @@ def protobuf_problem(paddle_version=None, protobuf_version=None):
             return None
     major = re.match(r"(\d+)", protobuf_version)
     if paddle_version < (3, 0) and major and int(major.group(1)) >= 7:
-        return (f"Paddle {'.'.join(map(str, paddle_version))} with protobuf {protobuf_version}: fleet's "
-                "DistributedStrategy fails (hybrid_configs: no attribute 'label'); install \"protobuf<7\"")
+        return (f"Paddle {'.'.join(map(str, paddle_version))} with protobuf {protobuf_version}: fleet's DistributedStrategy fails (hybrid_configs: no attribute 'label'); install \"protobuf<7\"")
     return None
 
 
@@ -75,8 +73,7 @@ def check_paddlenlp_version(version=None):
         _checked_paddlenlp.append(version)
     if not any(version.startswith(v + ".") or version == v for v in SUPPORTED_PADDLENLP):
         warnings.warn(
-            f"paddle_unpad: PaddleNLP {version} has not been tested with this release "
-            f"(tested: {', '.join(s + '.x' for s in SUPPORTED_PADDLENLP)})",
+            f"paddle_unpad: PaddleNLP {version} has not been tested with this release (tested: {', '.join(s + '.x' for s in SUPPORTED_PADDLENLP)})",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -118,9 +115,7 @@ def refuse_empty(op, name, t):
     shape = list(t.shape)
     if any(d == 0 for d in shape):
         raise ValueError(
-            f"paddle_unpad.{op}: {name} has no elements (shape {shape}); Paddle {paddle.__version__} cannot "
-            "compute on empty tensors (its own add and matmul fail on them): skip empty batches, "
-            "or use Paddle 3.x"
+            f"paddle_unpad.{op}: {name} has no elements (shape {shape}); Paddle {paddle.__version__} cannot compute on empty tensors (its own add and matmul fail on them): skip empty batches, or use Paddle 3.x"
         )
 
 

@@ -63,22 +63,16 @@ VARIABLES = tuple(Variable(*v) for v in (
     ("FMHA_GROUPING", "flag", True, "default of fmha(grouping=None) on GPU: the grouped multi-stream launch"),
     ("FMHA_STREAMS", "int", 4, "size of the CUDA stream pool of the grouped FMHA launch", (), "run", (1, 16)),
     ("MKL_DISPATCH", "choice", "auto",
-     "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels "
-     "(MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
+     "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels (MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
     ("HOST_MALLOC", "choice", "retain",
-     "retain: on Linux with glibc, keep freed host memory for reuse instead of returning it to the kernel and "
-     "faulting it in again every step (mallopt at the first convert(), unpadded layer, op call or paddle_unpad "
-     "DistributedStrategy, unless the user tuned malloc's mmap/trim settings); off: glibc's defaults",
+     "retain: on Linux with glibc, keep freed host memory for reuse instead of returning it to the kernel and faulting it in again every step (mallopt at the first convert(), unpadded layer, op call or paddle_unpad DistributedStrategy, unless the user tuned malloc's mmap/trim settings); off: glibc's defaults",
      ("retain", "off")),
     # run time: distributed
     ("GLOO_GROUP_STORES", "flag", True,
-     "give every gloo process group after the default one a rendezvous store of its own (read when the "
-     "plugin makes its first group or a paddle_unpad DistributedStrategy is built; off: Paddle's groups share the "
-     "job's store and can read each other's addresses; must be equal on every rank: compared across ranks there)",
+     "give every gloo process group after the default one a rendezvous store of its own (read when the plugin makes its first group or a paddle_unpad DistributedStrategy is built; off: Paddle's groups share the job's store and can read each other's addresses; must be equal on every rank: compared across ranks there)",
      (), "run", (0, None), True),
     ("STORE_NODELAY", "flag", True,
-     "send this process's requests to Paddle's TCP stores without Nagle's delay (TCP_NODELAY on its "
-     "connections to the job's and the groups' stores; off: each request can wait ~40 ms for a delayed ACK)"),
+     "send this process's requests to Paddle's TCP stores without Nagle's delay (TCP_NODELAY on its connections to the job's and the groups' stores; off: each request can wait ~40 ms for a delayed ACK)"),
     # build time
     ("SKIP_CUDA", "flag", False, "never compile the CUDA sources", (), "build"),
     ("REQUIRE_CUDA", "flag", False, "fail the build unless the CUDA kernels are compiled (make setup PADDLE=gpu)",
@@ -99,8 +93,7 @@ def variable(name):
     try:
         return _BY_NAME[name[len(PREFIX):] if name.startswith(PREFIX) else name]
     except KeyError:
-        raise KeyError(f"paddle_unpad.config: no configuration variable {name!r} (known: "
-                       f"{', '.join(sorted(_BY_NAME))})") from None
+        raise KeyError(f"paddle_unpad.config: no configuration variable {name!r} (known: {', '.join(sorted(_BY_NAME))})") from None
 
 
 _warned_unknown = set()  # names already reported in this process
@@ -143,8 +136,7 @@ def parse(var: Variable, text: str):
             return True
         if low in _FALSE:
             return False
-        raise ConfigError(f"paddle_unpad.config: {var.env}={text!r}: expected one of {'/'.join(_TRUE)} or "
-                          f"{'/'.join(_FALSE)}")
+        raise ConfigError(f"paddle_unpad.config: {var.env}={text!r}: expected one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
     if var.kind == "int":
         try:
             value = int(text)

@@ -88,17 +88,14 @@ def check_supported_layer(layer, where="encoder layer"):
     """Raise ``NotImplementedError`` naming the option when ``layer`` cannot run unpadded."""
     if not isinstance(layer, nn.TransformerEncoderLayer):
         raise NotImplementedError(
-            f"paddle_unpad: {where} is a {type(layer).__name__}, not a paddle.nn.TransformerEncoderLayer; "
-            "only the standard PaddleNLP encoder can run unpadded")
+            f"paddle_unpad: {where} is a {type(layer).__name__}, not a paddle.nn.TransformerEncoderLayer; only the standard PaddleNLP encoder can run unpadded")
     if layer.normalize_before:
-        raise NotImplementedError(f"paddle_unpad: {where} has normalize_before=True (pre-LN); only the post-LN "
-                                  "BERT layer is supported unpadded")
+        raise NotImplementedError(f"paddle_unpad: {where} has normalize_before=True (pre-LN); only the post-LN BERT layer is supported unpadded")
     attn = layer.self_attn
     if attn.kdim != attn.embed_dim or attn.vdim != attn.embed_dim:
         raise NotImplementedError(f"paddle_unpad: {where}: self_attn.kdim/vdim differ from embed_dim")
     if attn.need_weights:
-        raise NotImplementedError(f"paddle_unpad: {where}: self_attn.need_weights=True (attention weights, "
-                                  "i.e. output_attentions) cannot be produced unpadded")
+        raise NotImplementedError(f"paddle_unpad: {where}: self_attn.need_weights=True (attention weights, i.e. output_attentions) cannot be produced unpadded")
 
 
 def encoder_layer_forward(layer, x, cu_seqlens, max_seqlen):
@@ -168,8 +165,7 @@ class _UnpadLayerMixin:
         if cu_seqlens is None:
             return super().forward(src, src_mask=src_mask, cache=cache, output_attentions=output_attentions)
         if src_mask is not None or cache is not None or output_attentions:
-            raise NotImplementedError("paddle_unpad: with cu_seqlens, src_mask/cache/output_attentions are not "
-                                      "supported (the sequences are given by cu_seqlens)")
+            raise NotImplementedError("paddle_unpad: with cu_seqlens, src_mask/cache/output_attentions are not supported (the sequences are given by cu_seqlens)")
         if max_seqlen is None:
             raise ValueError("paddle_unpad: max_seqlen (a Python int) is required with cu_seqlens")
         return encoder_layer_forward(self, src, cu_seqlens, max_seqlen)
@@ -184,8 +180,7 @@ class _UnpadEncoderMixin:
             return super().forward(src, src_mask=src_mask, cache=cache, output_attentions=output_attentions,
                                    output_hidden_states=output_hidden_states, return_dict=return_dict)
         if src_mask is not None or cache is not None or output_attentions:
-            raise NotImplementedError("paddle_unpad: with cu_seqlens, src_mask/cache/output_attentions are not "
-                                      "supported (the sequences are given by cu_seqlens)")
+            raise NotImplementedError("paddle_unpad: with cu_seqlens, src_mask/cache/output_attentions are not supported (the sequences are given by cu_seqlens)")
         if max_seqlen is None:
             raise ValueError("paddle_unpad: max_seqlen (a Python int) is required with cu_seqlens")
         out, hidden = encoder_forward(self, src, cu_seqlens, max_seqlen, output_hidden_states)
@@ -266,8 +261,7 @@ def convert_encoder(encoder):
     Raises ``NotImplementedError`` (naming the option) for layers that cannot run unpadded.
     """
     if not isinstance(encoder, nn.TransformerEncoder):
-        raise NotImplementedError(f"paddle_unpad: expected a paddle.nn.TransformerEncoder, "
-                                  f"got {type(encoder).__name__}")
+        raise NotImplementedError(f"paddle_unpad: expected a paddle.nn.TransformerEncoder, got {type(encoder).__name__}")
     for i, layer in enumerate(encoder.layers):
         check_supported_layer(layer, f"encoder.layers[{i}]")
     _host_malloc.ensure("paddle_unpad.convert / convert_encoder")  # before the training steps it is for

@@ -78,8 +78,7 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha")
     if max_seqlen < 0:
         raise ValueError(f"paddle_unpad.{op}: max_seqlen must be >= 0, got {max_seqlen}")
     if max_seqlen > _INT32_MAX:  # cu_seqlens is int32: no sequence is longer
-        raise ValueError(f"paddle_unpad.{op}: max_seqlen must be at most {_INT32_MAX} (cu_seqlens is int32), got "
-                         f"{max_seqlen}")
+        raise ValueError(f"paddle_unpad.{op}: max_seqlen must be at most {_INT32_MAX} (cu_seqlens is int32), got {max_seqlen}")
     for name, value in (("dropout", dropout), ("scale", scale)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             raise TypeError(f"paddle_unpad.{op}: {name} must be a number, got {type(value).__name__} {value!r}")
@@ -87,8 +86,7 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha")
         raise ValueError(f"paddle_unpad.{op}: dropout must be in [0, 1), got {dropout}")
     if scale is not None and not (math.isfinite(float(scale)) and abs(float(scale)) <= _FLOAT32_MAX):
         # the kernels take scale as a float32: 1e39 would become inf and every output NaN
-        raise ValueError(f"paddle_unpad.{op}: scale must be a finite float32 number (|scale| <= {_FLOAT32_MAX:.6g}), "
-                         f"got {scale}")
+        raise ValueError(f"paddle_unpad.{op}: scale must be a finite float32 number (|scale| <= {_FLOAT32_MAX:.6g}), got {scale}")
     d = q.shape[2]
     # fmha_qkvpacked checks its qkv through a q of the same shape: name what its caller passed
     in_name, hd_name = ("q/k/v", "q.shape[2]") if op == "fmha" else ("qkv", "qkv.shape[3]")
@@ -97,11 +95,9 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha")
     if _on_cpu(q):  # the CPU kernel is the only CPU path: its rules are the op's rules there
         rules = FMHA_SUPPORT["cpu"]
         if d is not None and d > 0 and d not in rules["head_dim"]:
-            raise ValueError(f"paddle_unpad.{op}: head size ({hd_name}) {d} is not supported on CPU: "
-                             f"supported are {_sizes_in_words(rules['head_dim'])}")
+            raise ValueError(f"paddle_unpad.{op}: head size ({hd_name}) {d} is not supported on CPU: supported are {_sizes_in_words(rules['head_dim'])}")
         if _dtype_name(q) not in rules["dtypes"]:
-            raise TypeError(f"paddle_unpad.{op}: {in_name} dtype {_dtype_name(q)} is not supported on CPU "
-                            f"(supported: {', '.join(rules['dtypes'])})")
+            raise TypeError(f"paddle_unpad.{op}: {in_name} dtype {_dtype_name(q)} is not supported on CPU (supported: {', '.join(rules['dtypes'])})")
     elif not _is_floating(q):
         raise TypeError(f"paddle_unpad.{op}: {in_name} dtype {_dtype_name(q)} is not a floating-point dtype")
     # cu_seqlens' values are checked where they are read, by the same rules in the same words:
@@ -118,8 +114,7 @@ def _fmha_gpu_kernel_refusal(q):
             "the compiled operators are not loaded"
     rules, dtype, d = FMHA_SUPPORT["gpu"], _dtype_name(q), q.shape[2]
     if dtype not in rules["dtypes"]:
-        return (f"the CUDA kernel takes {' and '.join(rules['dtypes'])}, not {dtype} "
-                f"(AMP, e.g. paddle.amp.auto_cast(), is the fast path)")
+        return (f"the CUDA kernel takes {' and '.join(rules['dtypes'])}, not {dtype} (AMP, e.g. paddle.amp.auto_cast(), is the fast path)")
     if d not in rules["head_dim"]:
         return f"the CUDA kernel takes head sizes {_sizes_in_words(rules['head_dim'])}, not {d}"
     return None
@@ -169,16 +164,13 @@ def _rng_state_tensor(rng_state, q):
         if paddle.in_dynamic_mode() and (list(rng_state.shape) != [2] or rng_state.dtype != paddle.int64
                                          or not rng_state.place.is_cpu_place()):
             error = TypeError if rng_state.dtype != paddle.int64 else ValueError
-            raise error(f"paddle_unpad.ops: rng_state must be (seed, offset) ints or a [2] int64 CPU tensor, got a "
-                        f"tensor of shape {list(rng_state.shape)}, dtype {_dtype_name(rng_state)} on {rng_state.place}")
+            raise error(f"paddle_unpad.ops: rng_state must be (seed, offset) ints or a [2] int64 CPU tensor, got a tensor of shape {list(rng_state.shape)}, dtype {_dtype_name(rng_state)} on {rng_state.place}")
         return rng_state
     if (not isinstance(rng_state, (tuple, list))
             or any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) for v in rng_state)):
-        raise TypeError(f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints or a [2] int64 CPU "
-                        f"tensor, got {rng_state!r}")
+        raise TypeError(f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints or a [2] int64 CPU tensor, got {rng_state!r}")
     if len(rng_state) != 2:
-        raise ValueError(f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints, got {len(rng_state)} "
-                         f"values: {rng_state!r}")
+        raise ValueError(f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints, got {len(rng_state)} values: {rng_state!r}")
     seed, offset = rng_state
     return paddle.to_tensor(
         [_as_int64(seed), int(offset) & 0xFFFFFFFF], dtype="int64", place=paddle.CPUPlace()
@@ -211,8 +203,7 @@ def _grouping(grouping):
     """The explicit argument, else the FMHA_GROUPING setting (an argument always wins)."""
     grouping = config.resolve(grouping, "FMHA_GROUPING")
     if not isinstance(grouping, (bool, np.bool_)):
-        raise TypeError(f"paddle_unpad.fmha: grouping must be a bool or None, got {type(grouping).__name__} "
-                        f"{grouping!r}")
+        raise TypeError(f"paddle_unpad.fmha: grouping must be a bool or None, got {type(grouping).__name__} {grouping!r}")
     return bool(grouping)
 
 
@@ -270,15 +261,12 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
         return out
     if not paddle.in_dynamic_mode():
         raise RuntimeError(
-            "paddle_unpad.fmha: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle "
-            f"attention reads cu_seqlens on the host){'' if refusal is None else ', and ' + refusal}; "
-            "see paddle_unpad._native.info()"
+            f"paddle_unpad.fmha: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle attention reads cu_seqlens on the host){'' if refusal is None else ', and ' + refusal}; see paddle_unpad._native.info()"
         )
     if on_cpu:
         rng = _rng_state_tensor(rng_state, q) if p > 0.0 else None
         return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
-    _warn_once(("fmha", refusal), f"fmha: {refusal}; attention runs as plain Paddle ops over length buckets "
-                                  "(paddle_unpad.bucketed_attention, slower). This warning is shown once.")
+    _warn_once(("fmha", refusal), f"fmha: {refusal}; attention runs as plain Paddle ops over length buckets (paddle_unpad.bucketed_attention, slower). This warning is shown once.")
     rng = _rng_state_tensor(rng_state, q) if p > 0.0 and rng_state is not None else None
     return bucketed_attention(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
 
@@ -326,18 +314,14 @@ def _check_qkvpacked_args(qkv, bias):
     if not _is_tensor(qkv):
         raise TypeError(f"paddle_unpad.fmha_qkvpacked: qkv must be a paddle.Tensor, got {type(qkv).__name__}")
     if len(qkv.shape) != 4 or qkv.shape[1] != 3:
-        raise ValueError(f"paddle_unpad.fmha_qkvpacked: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape "
-                         f"{list(qkv.shape)}")
+        raise ValueError(f"paddle_unpad.fmha_qkvpacked: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape {list(qkv.shape)}")
     if bias is not None:
         if not _is_tensor(bias):
-            raise TypeError("paddle_unpad.fmha_qkvpacked: bias must be a paddle.Tensor or None, got "
-                            f"{type(bias).__name__}")
+            raise TypeError(f"paddle_unpad.fmha_qkvpacked: bias must be a paddle.Tensor or None, got {type(bias).__name__}")
         if list(bias.shape) != [3] + list(qkv.shape[2:]):
-            raise ValueError(f"paddle_unpad.fmha_qkvpacked: bias must have shape [3, heads, head_dim] = "
-                             f"{[3] + list(qkv.shape[2:])}, got {list(bias.shape)}")
+            raise ValueError(f"paddle_unpad.fmha_qkvpacked: bias must have shape [3, heads, head_dim] = {[3] + list(qkv.shape[2:])}, got {list(bias.shape)}")
         if not _is_floating(bias):
-            raise TypeError(f"paddle_unpad.fmha_qkvpacked: bias dtype {_dtype_name(bias)} is not a floating-point "
-                            "dtype")
+            raise TypeError(f"paddle_unpad.fmha_qkvpacked: bias dtype {_dtype_name(bias)} is not a floating-point dtype")
         _check_mixable("fmha_qkvpacked", "bias", bias, qkv, "qkv")
 
 
@@ -356,10 +340,7 @@ def _check_mixable(op, name, t, x, x_name="x"):
     """AMP mixes float16 / bfloat16 / float32; a float64 next to another dtype is a mistake
     (casting it would silently drop precision), refused here naming both."""
     if t is not None and t.dtype != x.dtype and paddle.float64 in (t.dtype, x.dtype):
-        raise TypeError(f"paddle_unpad.{op}: {name} dtype {_dtype_name(t)} differs from {x_name} dtype "
-                        f"{_dtype_name(x)} "
-                        "(mixed dtypes are lined up among float16, bfloat16 and float32, as AMP makes them; "
-                        "float64 only with every tensor float64)")
+        raise TypeError(f"paddle_unpad.{op}: {name} dtype {_dtype_name(t)} differs from {x_name} dtype {_dtype_name(x)} (mixed dtypes are lined up among float16, bfloat16 and float32, as AMP makes them; float64 only with every tensor float64)")
 
 
 @_host_only
@@ -492,8 +473,7 @@ def _check_x(op, x):
         return  # the plain-Paddle reference runs there: any dtype Paddle supports
     if _dtype_name(x) not in FUSED_OPS_SUPPORT[device]["dtypes"]:
         raise TypeError(
-            f"paddle_unpad.{op}: x dtype {_dtype_name(x)} is not supported on {device.upper()} "
-            f"(supported: {', '.join(FUSED_OPS_SUPPORT[device]['dtypes'])})"
+            f"paddle_unpad.{op}: x dtype {_dtype_name(x)} is not supported on {device.upper()} (supported: {', '.join(FUSED_OPS_SUPPORT[device]['dtypes'])})"
         )
 
 
@@ -502,8 +482,7 @@ def _filled_vector(x, value):
     """A [F] tensor of x's dtype and place holding `value` (stands in for a None vector)."""
     f = x.shape[-1]
     if not _known(f):
-        raise ValueError("paddle_unpad.ops: the last dimension of x must be known to use a None bias / ln_weight / "
-                         "ln_bias")
+        raise ValueError("paddle_unpad.ops: the last dimension of x must be known to use a None bias / ln_weight / ln_bias")
     return paddle.full([f], value, dtype=x.dtype)
 
 
@@ -648,8 +627,7 @@ def bias_dropout_residual_layer_norm(
         return y
     if p > 0.0 and not paddle.in_dynamic_mode():
         raise RuntimeError(
-            "paddle_unpad.ops.bias_dropout_residual_layer_norm: the compiled operator is needed for dropout inside "
-            "paddle.jit.to_static (the reference builds its mask on the host); see paddle_unpad._native.info()"
+            "paddle_unpad.ops.bias_dropout_residual_layer_norm: the compiled operator is needed for dropout inside paddle.jit.to_static (the reference builds its mask on the host); see paddle_unpad._native.info()"
         )
     return _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, float(epsilon), rng)
 

@@ -13,25 +13,21 @@ from . import config, cpu_gemm, host_malloc
 
 __all__ = ["info"]
 
-_FIRST_GROUP = ("the plugin's first process group, pu.fleet.DistributedStrategy() or "
-                "import paddle_unpad.trainer")
+_FIRST_GROUP = ("the plugin's first process group, pu.fleet.DistributedStrategy() or import paddle_unpad.trainer")
 
 
 def _mkl():
     state = cpu_gemm.info()
     return {"applied": state["action"] == "set", "value": state["value"],
             "when": "import paddle_unpad (MKL reads it once, at its first GEMM, which any Paddle code may run)",
-            "why": f"{state['why']}; MKL's vendor check gives non-Intel CPUs its generic SSE2 GEMM kernels "
-                   f"(off: {config.variable('MKL_DISPATCH').env}=off)"}
+            "why": f"{state['why']}; MKL's vendor check gives non-Intel CPUs its generic SSE2 GEMM kernels (off: {config.variable('MKL_DISPATCH').env}=off)"}
 
 
 def _mallopt():
     state = host_malloc.info()
-    when = state["when"] or ("not yet: the first paddle_unpad.convert, UnpadTransformerEncoderLayer, op call "
-                             "or pu.fleet.DistributedStrategy()")
+    when = state["when"] or ("not yet: the first paddle_unpad.convert, UnpadTransformerEncoderLayer, op call or pu.fleet.DistributedStrategy()")
     return {"applied": state["action"] == "retain", "when": when,
-            "why": f"{state['why'] or 'no feature that needs it has run'}; freed host memory is kept for the next "
-                   f"step instead of being faulted in again (off: {config.variable('HOST_MALLOC').env}=off)"}
+            "why": f"{state['why'] or 'no feature that needs it has run'}; freed host memory is kept for the next step instead of being faulted in again (off: {config.variable('HOST_MALLOC').env}=off)"}
 
 
 def _group_factory():
@@ -39,10 +35,7 @@ def _group_factory():
 
     rules = getattr(_paddle_compat.process_group_factory(), "_paddle_unpad_rules", None)
     return {"applied": rules is not None, "when": _FIRST_GROUP,
-            "why": "paddle.distributed's process-group factory wrapped: each gloo group gets a rendezvous store "
-                   "of its own (Paddle's groups overwrite each other's keys in the job's store), and store "
-                   "connections get TCP_NODELAY" + ("" if rules is None else f" (group stores {rules[0]}, "
-                                                                        f"TCP_NODELAY {rules[1]})")}
+            "why": "paddle.distributed's process-group factory wrapped: each gloo group gets a rendezvous store of its own (Paddle's groups overwrite each other's keys in the job's store), and store connections get TCP_NODELAY" + ("" if rules is None else f" (group stores {rules[0]}, TCP_NODELAY {rules[1]})")}
 
 
 def _atexit():
@@ -50,8 +43,7 @@ def _atexit():
 
     return {"applied": groups._exit["installed"],
             "when": "the plugin's first process group, background thread or wrapped host group",
-            "why": "at exit the plugin's background threads are stopped and joined before the interpreter "
-                   "finalizes, and rank 0 leaves a clean job last"}
+            "why": "at exit the plugin's background threads are stopped and joined before the interpreter finalizes, and rank 0 leaves a clean job last"}
 
 
 def _excepthook():
@@ -59,8 +51,7 @@ def _excepthook():
 
     return {"applied": threading.excepthook is source._excepthook,
             "when": "a BalancedLoader first iterates a rank's own loader",
-            "why": "a DataLoader thread that dies of an exception wakes its reader (which would block for ever) "
-                   "and the error reaches every rank"}
+            "why": "a DataLoader thread that dies of an exception wakes its reader (which would block for ever) and the error reaches every rank"}
 
 
 def _nodelay():
@@ -69,8 +60,7 @@ def _nodelay():
     count = len(groups._nodelay_fds)
     return {"applied": count > 0, "connections": count,
             "when": "each group the wrapped factory creates (the job's store) and each group store",
-            "why": "the store's small requests skip Nagle's delay (~40 ms per request otherwise; off: "
-                   f"{config.variable('STORE_NODELAY').env}=off)"}
+            "why": f"the store's small requests skip Nagle's delay (~40 ms per request otherwise; off: {config.variable('STORE_NODELAY').env}=off)"}
 
 
 _CHANGES = {"MKL_DEBUG_CPU_TYPE": _mkl, "mallopt": _mallopt, "process-group factory": _group_factory,

@@ -73,8 +73,7 @@ class PadCollator:
         B, S = len(samples), int(lengths.max()) if len(samples) else 0
         if self.pad_to is not None:
             if S > self.pad_to:
-                raise ValueError(f"paddle_unpad.trainer.PadCollator: a sample of length {S} is longer than "
-                                 f"pad_to={self.pad_to}")
+                raise ValueError(f"paddle_unpad.trainer.PadCollator: a sample of length {S} is longer than pad_to={self.pad_to}")
             S = self.pad_to
         out = {"attention_mask": np.zeros((B, S), np.int64)}
         for b, n in enumerate(lengths):

@@ -44,8 +44,7 @@ def _check_tensor(fn, name, t):
 
 def _check_nonneg_int(fn, name, value):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"paddle_unpad.{fn}: {name} must be a non-negative int, got {value!r} "
-                        f"({type(value).__name__})")
+        raise TypeError(f"paddle_unpad.{fn}: {name} must be a non-negative int, got {value!r} ({type(value).__name__})")
     if value < 0:
         raise ValueError(f"paddle_unpad.{fn}: {name} must be a non-negative int, got {value!r}")
     return int(value)
@@ -82,19 +81,16 @@ def unpad_input(x, attention_mask):
     _check_tensor("unpad_input", "x", x)
     _check_tensor("unpad_input", "attention_mask", attention_mask)
     if len(x.shape) < 2:
-        raise ValueError("paddle_unpad.unpad_input: x must have shape [batch, seqlen, ...] (rank >= 2), got shape "
-                         f"{_shape(x)}")
+        raise ValueError(f"paddle_unpad.unpad_input: x must have shape [batch, seqlen, ...] (rank >= 2), got shape {_shape(x)}")
     if len(attention_mask.shape) != 2:
         raise ValueError(
-            "paddle_unpad.unpad_input: attention_mask must have shape [batch, seqlen] (rank 2), got shape "
-            f"{_shape(attention_mask)}"
+            f"paddle_unpad.unpad_input: attention_mask must have shape [batch, seqlen] (rank 2), got shape {_shape(attention_mask)}"
         )
     xs, ms = _shape(x), _shape(attention_mask)
     for dim, (a, b) in enumerate(zip(xs[:2], ms)):
         if a >= 0 and b >= 0 and a != b:
             raise ValueError(
-                f"paddle_unpad.unpad_input: attention_mask shape {ms} does not match x shape {xs} in dim {dim} "
-                f"(expected attention_mask.shape == x.shape[:2])"
+                f"paddle_unpad.unpad_input: attention_mask shape {ms} does not match x shape {xs} in dim {dim} (expected attention_mask.shape == x.shape[:2])"
             )
 
     _compat.refuse_empty("unpad_input", "attention_mask", attention_mask)
@@ -143,8 +139,7 @@ def pad_input(packed, indices, batch_size, seqlen):
     batch_size = _check_nonneg_int("pad_input", "batch_size", batch_size)
     seqlen = _check_nonneg_int("pad_input", "seqlen", seqlen)
     if len(packed.shape) < 1:
-        raise ValueError("paddle_unpad.pad_input: packed must have shape [total_tokens, ...] (rank >= 1), got shape "
-                         f"{_shape(packed)}")
+        raise ValueError(f"paddle_unpad.pad_input: packed must have shape [total_tokens, ...] (rank >= 1), got shape {_shape(packed)}")
     if len(indices.shape) != 1:
         raise ValueError(f"paddle_unpad.pad_input: indices must be 1-D [total_tokens], got shape {_shape(indices)}")
     if indices.dtype not in (paddle.int64, paddle.int32):
@@ -152,13 +147,11 @@ def pad_input(packed, indices, batch_size, seqlen):
     n_idx, n_packed = int(indices.shape[0]), int(packed.shape[0])
     if n_idx >= 0 and n_packed >= 0 and n_idx != n_packed:
         raise ValueError(
-            f"paddle_unpad.pad_input: indices has {n_idx} entries but packed has {n_packed} rows (shape "
-            f"{_shape(packed)}); they must match"
+            f"paddle_unpad.pad_input: indices has {n_idx} entries but packed has {n_packed} rows (shape {_shape(packed)}); they must match"
         )
     if n_packed > batch_size * seqlen:
         raise ValueError(
-            f"paddle_unpad.pad_input: packed has {n_packed} rows, more than batch_size * seqlen = {batch_size} * "
-            f"{seqlen}"
+            f"paddle_unpad.pad_input: packed has {n_packed} rows, more than batch_size * seqlen = {batch_size} * {seqlen}"
         )
     if indices.dtype != paddle.int64:
         indices = indices.astype("int64")
@@ -178,14 +171,12 @@ def _check_pad_indices(idx, limit):
     bad = np.flatnonzero((idx < 0) | (idx >= limit))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"paddle_unpad.pad_input: indices[{i}] = {int(idx[i])} is out of range: positions must be in "
-                         f"[0, batch_size * seqlen = {limit})")
+        raise ValueError(f"paddle_unpad.pad_input: indices[{i}] = {int(idx[i])} is out of range: positions must be in [0, batch_size * seqlen = {limit})")
     order = np.argsort(idx, kind="stable")
     dup = np.flatnonzero(idx[order][1:] == idx[order][:-1])
     if dup.size:
         a, b = sorted((int(order[dup[0]]), int(order[dup[0] + 1])))
-        raise ValueError(f"paddle_unpad.pad_input: indices must be distinct, but indices[{a}] = indices[{b}] = "
-                         f"{int(idx[a])}")
+        raise ValueError(f"paddle_unpad.pad_input: indices must be distinct, but indices[{a}] = indices[{b}] = {int(idx[a])}")
 
 
 def cu_seqlens_host(lengths):
@@ -211,13 +202,11 @@ def _cu_seqlens(arr, fn):
     if arr.size and int(arr.max()) > _INT32_MAX:
         # checked before summing: a sum of such lengths can wrap around int64
         i = int(arr.argmax())
-        raise ValueError(f"paddle_unpad.{fn}: lengths[{i}] = {int(arr[i])} is more than int32 cu_seqlens can "
-                         f"hold ({_INT32_MAX})")
+        raise ValueError(f"paddle_unpad.{fn}: lengths[{i}] = {int(arr[i])} is more than int32 cu_seqlens can hold ({_INT32_MAX})")
     cu = np.zeros(arr.shape[0] + 1, dtype=np.int64)
     np.cumsum(arr, out=cu[1:])  # at most B * (2**31 - 1): no int64 overflow below 2**32 sequences
     if cu[-1] > _INT32_MAX:
-        raise ValueError(f"paddle_unpad.{fn}: lengths sum to {int(cu[-1])} tokens, more than int32 cu_seqlens "
-                         "can hold")
+        raise ValueError(f"paddle_unpad.{fn}: lengths sum to {int(cu[-1])} tokens, more than int32 cu_seqlens can hold")
     return cu.astype(np.int32)
 
 
@@ -277,16 +266,12 @@ def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who=".fmha", tokens=
     bad = np.flatnonzero(lengths < 0)
     if bad.size:
         b = int(bad[0])
-        raise ValueError(f"paddle_unpad{who}: cu_seqlens must be non-decreasing, but cu_seqlens[{b + 1}] = {cu[b + 1]} "
-                         f"< cu_seqlens[{b}] = {cu[b]}")
+        raise ValueError(f"paddle_unpad{who}: cu_seqlens must be non-decreasing, but cu_seqlens[{b + 1}] = {cu[b + 1]} < cu_seqlens[{b}] = {cu[b]}")
     if cu[-1] != total:
-        raise ValueError(f"paddle_unpad{who}: cu_seqlens[-1] = {cu[-1]} must equal the number of packed tokens "
-                         f"{tokens} = {total}")
+        raise ValueError(f"paddle_unpad{who}: cu_seqlens[-1] = {cu[-1]} must equal the number of packed tokens {tokens} = {total}")
     longest = int(lengths.max()) if lengths.size else 0
     if max_seqlen is not None and longest > max_seqlen:
-        raise ValueError(f"paddle_unpad{who}: max_seqlen = {max_seqlen} is smaller than the longest sequence in "
-                         "cu_seqlens "
-                         f"({longest})")
+        raise ValueError(f"paddle_unpad{who}: max_seqlen = {max_seqlen} is smaller than the longest sequence in cu_seqlens ({longest})")
     return longest
 
 
@@ -313,9 +298,7 @@ def check_no_empty_sequences(cu_seqlens, reader, *, who=""):
     empty = np.flatnonzero(cu[1:] == cu[:-1])
     if empty.size:
         b = int(empty[0])
-        raise ValueError(f"paddle_unpad{who}: sequence {b} of {cu.size - 1} is empty (cu_seqlens[{b}] == "
-                         f"cu_seqlens[{b + 1}] == {int(cu[b])}): {reader} needs at least the first ([CLS]) token "
-                         "of every sequence; drop empty sequences from the batch (per-token outputs accept them)")
+        raise ValueError(f"paddle_unpad{who}: sequence {b} of {cu.size - 1} is empty (cu_seqlens[{b}] == cu_seqlens[{b + 1}] == {int(cu[b])}): {reader} needs at least the first ([CLS]) token of every sequence; drop empty sequences from the batch (per-token outputs accept them)")
 
 
 def _lengths_array(lengths, fn):
@@ -323,9 +306,7 @@ def _lengths_array(lengths, fn):
     if isinstance(lengths, paddle.Tensor):
         if not lengths.place.is_cpu_place():
             raise ValueError(
-                f"paddle_unpad.{fn}: lengths must be host data (list, tuple, numpy array or CPU tensor), got a tensor "
-                "on "
-                f"{lengths.place}: reading it would force a device-to-host copy"
+                f"paddle_unpad.{fn}: lengths must be host data (list, tuple, numpy array or CPU tensor), got a tensor on {lengths.place}: reading it would force a device-to-host copy"
             )
         lengths = lengths.numpy()
     if isinstance(lengths, (str, bytes)) or np.isscalar(lengths):
@@ -333,12 +314,10 @@ def _lengths_array(lengths, fn):
     if isinstance(lengths, (list, tuple)):
         for i, v in enumerate(lengths):
             if isinstance(v, (list, tuple, np.ndarray, paddle.Tensor)):
-                raise ValueError(f"paddle_unpad.{fn}: lengths must be 1-D, got a nested sequence at lengths[{i}] = "
-                                 f"{v!r}")
+                raise ValueError(f"paddle_unpad.{fn}: lengths must be 1-D, got a nested sequence at lengths[{i}] = {v!r}")
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
                 raise TypeError(
-                    f"paddle_unpad.{fn}: lengths must hold non-negative ints, got lengths[{i}] = {v!r} "
-                    f"({type(v).__name__})"
+                    f"paddle_unpad.{fn}: lengths must hold non-negative ints, got lengths[{i}] = {v!r} ({type(v).__name__})"
                 )
         arr = np.asarray(lengths, dtype=np.int64).reshape(-1) if len(lengths) else np.zeros(0, np.int64)
     else:
@@ -349,8 +328,7 @@ def _lengths_array(lengths, fn):
             if arr.size == 0:
                 arr = np.zeros(0, np.int64)
             else:
-                raise TypeError(f"paddle_unpad.{fn}: lengths must hold non-negative ints, got dtype {arr.dtype}: "
-                                f"{arr!r}")
+                raise TypeError(f"paddle_unpad.{fn}: lengths must hold non-negative ints, got dtype {arr.dtype}: {arr!r}")
         if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
             raise ValueError(f"paddle_unpad.{fn}: lengths value {int(arr.max())} is too large")
         arr = arr.astype(np.int64)

@@ -197,3 +197,57 @@ def test_every_literal_message_in_the_package_starts_with_the_prefix():
                 bad.append(f"{os.path.relpath(path, ROOT)}:{line}: {head[:80]!r}")
     assert seen > 150, seen  # the walk finds the package's messages
     assert not bad, "messages without the paddle_unpad prefix:\n" + "\n".join(bad)
+
+
+# Renders Python source (the generated forwards), whose lines are code, not messages.
+_CODE_RENDERERS = {os.path.join("paddle_unpad", "models", "forwards.py")}
+
+
+def _implicit_concatenations(path):
+    """Lines where one string literal follows another (Python joins them into one string)."""
+    import io
+    import tokenize
+
+    with open(path, encoding="utf-8") as f:
+        toks = [t for t in tokenize.generate_tokens(io.StringIO(f.read()).readline)
+                if t.type not in (tokenize.NL, tokenize.COMMENT)]
+    starts = {getattr(tokenize, "FSTRING_START", None), tokenize.STRING} - {None}
+    ends = {getattr(tokenize, "FSTRING_END", None), tokenize.STRING} - {None}
+    return [b.start[0] for a, b in zip(toks, toks[1:]) if a.type in ends and b.type in starts]
+
+
+def _added_messages(path):
+    """Message arguments built with ``+`` from a literal (a message split in pieces)."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        is_call = isinstance(node, ast.Call) and (_is_exception_class(node.func) or getattr(
+            node.func, "attr", getattr(node.func, "id", "")) in ("warn", "warn_once"))
+        if is_call and node.args and isinstance(node.args[0], ast.BinOp):
+            parts = [n for n in ast.walk(node.args[0]) if isinstance(n, (ast.Constant, ast.JoinedStr))]
+            if any(isinstance(n, ast.JoinedStr) or isinstance(n.value, str) for n in parts):
+                yield node.lineno
+
+
+def test_every_message_in_the_package_is_one_literal_string():
+    """A message a user sees is one literal in the source, so that grepping a phrase of it
+    finds where it is raised: no literal split over implicitly joined pieces, no pieces
+    joined with ``+`` in a raise or a warning."""
+    sources = glob.glob(os.path.join(ROOT, "paddle_unpad", "**", "*.py"), recursive=True)
+    bad, seen = [], 0
+    for path in sources:
+        rel = os.path.relpath(path, ROOT)
+        seen += sum(1 for _ in _messages(path))
+        if rel not in _CODE_RENDERERS:
+            bad += [f"{rel}:{line}: a literal joined to the one before it" for line in _implicit_concatenations(path)]
+        bad += [f"{rel}:{line}: a message joined with +" for line in _added_messages(path)]
+    assert seen > 150, seen
+    assert not bad, "messages that grep cannot find as one string:\n" + "\n".join(bad)
+
+
+def test_the_one_literal_rule_sees_a_split_message(tmp_path):
+    """The checks above find both ways of splitting a message."""
+    f = tmp_path / "m.py"
+    f.write_text('def f(x):\n    raise ValueError("paddle_unpad.x: a message "\n                     f"in {x} pieces")\n'
+                 'def g(x):\n    raise ValueError("paddle_unpad.x: two " + str(x))\n')
+    assert _implicit_concatenations(str(f)) == [3]
+    assert list(_added_messages(str(f))) == [5]

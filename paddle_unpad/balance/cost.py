@@ -106,12 +106,8 @@ def check_cost(cost, name="cost", where="balance.as_cost_fn"):
     if isinstance(cost, str):
         if cost in COST_NAMES:
             return cost
-        raise ValueError(f"paddle_unpad.{where}: {name}: unknown cost {cost!r}; use one of {sorted(COST_NAMES)}, a "
-                         "CostModel or a "
-                         "callable length -> cost")
-    raise TypeError(f"paddle_unpad.{where}: {name} must be None, a cost name, a CostModel or a callable length -> "
-                    "cost, got "
-                    f"{type(cost).__name__}")
+        raise ValueError(f"paddle_unpad.{where}: {name}: unknown cost {cost!r}; use one of {sorted(COST_NAMES)}, a CostModel or a callable length -> cost")
+    raise TypeError(f"paddle_unpad.{where}: {name} must be None, a cost name, a CostModel or a callable length -> cost, got {type(cost).__name__}")
 
 
 def as_cost_fn(cost, where="balance.as_cost_fn") -> Callable[[np.ndarray], np.ndarray]:

@@ -79,29 +79,25 @@ def _bad_length(flat, counts, why):
     i = k - int(np.sum(counts[:r]))
     v = flat[k]
     text = repr(int(v)) if np.isfinite(v) and float(v).is_integer() else repr(float(v))
-    return ValueError(f"paddle_unpad.balance.plan: sample lengths must be non-negative integers, got "
-                      f"lengths_per_rank[{r}][{i}] = {text}")
+    return ValueError(f"paddle_unpad.balance.plan: sample lengths must be non-negative integers, got lengths_per_rank[{r}][{i}] = {text}")
 
 
 def _flatten(lengths_per_rank) -> Tuple[np.ndarray, np.ndarray]:
     if isinstance(lengths_per_rank, np.ndarray):
         arr = lengths_per_rank
         if arr.ndim != 2:
-            raise ValueError(f"paddle_unpad.balance.plan: a numpy lengths_per_rank must be 2-D [ranks, samples per "
-                             f"rank], got shape {list(arr.shape)}")
+            raise ValueError(f"paddle_unpad.balance.plan: a numpy lengths_per_rank must be 2-D [ranks, samples per rank], got shape {list(arr.shape)}")
         if arr.shape[0] == 0:
             raise ValueError("paddle_unpad.balance.plan: lengths_per_rank is empty (need at least one rank)")
         counts = np.full(arr.shape[0], arr.shape[1], dtype=np.int64)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(f"paddle_unpad.balance.plan: sample lengths must be integers, got a numpy array of "
-                            f"dtype {arr.dtype}")
+            raise TypeError(f"paddle_unpad.balance.plan: sample lengths must be integers, got a numpy array of dtype {arr.dtype}")
         flat = arr.astype(np.int64).reshape(-1)
         if np.any(flat < 0):
             raise _bad_length(flat, counts, flat < 0)
         return counts, flat
     if isinstance(lengths_per_rank, (str, bytes)) or not hasattr(lengths_per_rank, "__iter__"):
-        raise TypeError(f"paddle_unpad.balance.plan: lengths_per_rank must be a list over ranks of lists of sample "
-                        f"lengths, got {type(lengths_per_rank).__name__}")
+        raise TypeError(f"paddle_unpad.balance.plan: lengths_per_rank must be a list over ranks of lists of sample lengths, got {type(lengths_per_rank).__name__}")
     rows = lengths_per_rank if isinstance(lengths_per_rank, (list, tuple)) else list(lengths_per_rank)
     if len(rows) == 0:
         raise ValueError("paddle_unpad.balance.plan: lengths_per_rank is empty (need at least one rank)")
@@ -109,11 +105,9 @@ def _flatten(lengths_per_rank) -> Tuple[np.ndarray, np.ndarray]:
         if isinstance(row, np.ndarray):
             if row.ndim != 1 or (row.size and not np.issubdtype(row.dtype, np.integer)):
                 error = ValueError if row.ndim != 1 else TypeError
-                raise error(f"paddle_unpad.balance.plan: lengths_per_rank[{r}] must be a 1-D array of integer lengths, "
-                            f"got shape {list(row.shape)}, dtype {row.dtype}")
+                raise error(f"paddle_unpad.balance.plan: lengths_per_rank[{r}] must be a 1-D array of integer lengths, got shape {list(row.shape)}, dtype {row.dtype}")
         elif isinstance(row, (str, bytes)) or not hasattr(row, "__len__"):
-            raise TypeError(f"paddle_unpad.balance.plan: lengths_per_rank[{r}] must be a list of sample lengths, got "
-                            f"{type(row).__name__}")
+            raise TypeError(f"paddle_unpad.balance.plan: lengths_per_rank[{r}] must be a list of sample lengths, got {type(row).__name__}")
     counts_l = [len(r) for r in rows]
     counts = np.array(counts_l, dtype=np.int64)
     if all(isinstance(row, np.ndarray) for row in rows):  # integer rows (checked above): no per-element read
@@ -142,8 +136,7 @@ def quantize_costs(lengths, cost=None) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     c = np.asarray(as_cost_fn(cost, "balance.plan")(lengths), dtype=np.float64).reshape(-1)
     if c.shape[0] != n or not np.all(np.isfinite(c)) or np.any(c < 0):
-        raise ValueError("paddle_unpad.balance.plan: the cost model must return finite costs >= 0 for every "
-                         "length")
+        raise ValueError("paddle_unpad.balance.plan: the cost model must return finite costs >= 0 for every length")
     mx = float(c.max())
     if mx <= 0.0:
         return np.zeros(n, dtype=np.int64)
@@ -166,12 +159,10 @@ def target_counts(counts: Sequence[int], mode: Union[str, Sequence[int], None] =
     if isinstance(mode, str):
         if mode == "source":
             return counts.copy()
-        raise ValueError(f"paddle_unpad.balance.plan: counts must be 'equal', 'source' or a list of ints, got "
-                         f"{mode!r}")
+        raise ValueError(f"paddle_unpad.balance.plan: counts must be 'equal', 'source' or a list of ints, got {mode!r}")
     t = np.asarray(mode, dtype=np.int64).reshape(-1)
     if len(t) != R or np.any(t < 0) or int(t.sum()) != N:
-        raise ValueError(f"paddle_unpad.balance.plan: explicit counts {list(t)} must be {R} non-negative ints "
-                         f"summing to {N}")
+        raise ValueError(f"paddle_unpad.balance.plan: explicit counts {list(t)} must be {R} non-negative ints summing to {N}")
     return t
 
 
@@ -293,11 +284,9 @@ def _prepare(lengths_per_rank, cost, counts, tol, max_swaps, backend):
     elif max_swaps < 0:
         raise ValueError(f"paddle_unpad.balance.plan: max_swaps must be an int >= 0 (or None), got {max_swaps!r}")
     if backend not in ("auto", "native", "python"):
-        raise ValueError(f"paddle_unpad.balance.plan: backend must be 'auto', 'native' or 'python', got "
-                         f"{backend!r}")
+        raise ValueError(f"paddle_unpad.balance.plan: backend must be 'auto', 'native' or 'python', got {backend!r}")
     if backend == "native" and _native is None:
-        raise RuntimeError("paddle_unpad.balance.plan: the C++ planner (paddle_unpad.balance._planner) is not "
-                           "built")
+        raise RuntimeError("paddle_unpad.balance.plan: the C++ planner (paddle_unpad.balance._planner) is not built")
     use_native = backend == "native" or (backend == "auto" and _native is not None)
     args = (np.ascontiguousarray(cnt, dtype=np.int64), np.ascontiguousarray(q, dtype=np.int64),
             np.ascontiguousarray(targets, dtype=np.int64), int(thr), int(max_swaps))

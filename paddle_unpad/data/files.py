@@ -27,8 +27,7 @@ def table_format(path):
     """``jsonl``, ``csv`` or ``tsv`` from the file's extension."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in TABLE_FORMATS:
-        raise DataFileError(f"paddle_unpad.data: {path}: unknown table format {ext or '(no extension)'!r}; use one of "
-                            f"{', '.join(sorted(TABLE_FORMATS))}")
+        raise DataFileError(f"paddle_unpad.data: {path}: unknown table format {ext or '(no extension)'!r}; use one of {', '.join(sorted(TABLE_FORMATS))}")
     return TABLE_FORMATS[ext]
 
 
@@ -56,8 +55,7 @@ def _read_jsonl(path, f):
         except json.JSONDecodeError as e:
             raise DataFileError(f"paddle_unpad.data: {path}: line {n}: not JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(row, dict):
-            raise DataFileError(f"paddle_unpad.data: {path}: line {n}: a JSON object with named columns expected, got "
-                                f"{type(row).__name__}")
+            raise DataFileError(f"paddle_unpad.data: {path}: line {n}: a JSON object with named columns expected, got {type(row).__name__}")
         rows.append((n, row))
     return rows
 
@@ -73,8 +71,7 @@ def _read_delimited(path, f, delimiter):
         if not any(x.strip() for x in fields):
             continue
         if len(fields) != len(header):
-            raise DataFileError(f"paddle_unpad.data: {path}: line {n}: {len(fields)} fields, the header names {len(header)} "
-                                f"({', '.join(header)})")
+            raise DataFileError(f"paddle_unpad.data: {path}: line {n}: {len(fields)} fields, the header names {len(header)} ({', '.join(header)})")
         rows.append((n, dict(zip(header, fields))))
     return rows
 
@@ -144,8 +141,7 @@ def _label_id(path, n, key, column, names):
     ids = {name: i for i, name in enumerate(names)}
     if str(key) in ids:
         return ids[str(key)]
-    raise DataFileError(f"paddle_unpad.data: {path}: line {n}: column {column!r} (label): {key!r} is not one of the training "
-                        f"labels ({', '.join(names)})")
+    raise DataFileError(f"paddle_unpad.data: {path}: line {n}: column {column!r} (label): {key!r} is not one of the training labels ({', '.join(names)})")
 
 
 def read_documents(path, text_column="text"):

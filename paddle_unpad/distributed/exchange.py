@@ -46,8 +46,7 @@ def comm_error(rank, what, exc) -> ExchangeError:
     m = re.search(r"pair_rank = (\d+)", text)
     peer = f" with rank {m.group(1)}" if m else ""
     return ExchangeError(
-        f"paddle_unpad.distributed: exchange on rank {rank}: {what} failed{peer} -- a peer died, was stopped, or did "
-        f"not reach this step within the communication backend's own timeout ({text.splitlines()[0][:300]})")
+        f"paddle_unpad.distributed: exchange on rank {rank}: {what} failed{peer} -- a peer died, was stopped, or did not reach this step within the communication backend's own timeout ({text.splitlines()[0][:300]})")
 
 
 class Settings:
@@ -198,19 +197,13 @@ class Epoch:
                 raise local["exc"]
             r = failed[0]
             text = H[r, 8:].tobytes().rstrip(b"\0").decode("utf-8", "replace")
-            raise ExchangeError(f"paddle_unpad.distributed: exchange: rank {r} {STATUS_TEXT[int(H[r, 0])]} at "
-                                f"step {int(H[r, 1])}: {text} (this is rank {s.rank})")
+            raise ExchangeError(f"paddle_unpad.distributed: exchange: rank {r} {STATUS_TEXT[int(H[r, 0])]} at step {int(H[r, 1])}: {text} (this is rank {s.rank})")
         if np.any(H[:, 4] != H[0, 4]):  # before any plan: different settings give different plans
             by_key = {}
             for r in range(s.world):
                 by_key.setdefault(int(H[r, 4]), []).append(r)
             raise ExchangeError(
-                "paddle_unpad.distributed: exchange: the ranks balance with different planner settings (cost, counts "
-                "or tol), "
-                "so they would compute different plans (ranks with the same settings: "
-                f"{' / '.join(str(g) for g in by_key.values())}); pass the same settings on every rank (a "
-                f"calibrated cost model: fit it on one rank and share its coefficients) -- this is rank {s.rank}: "
-                f"{s.plan_desc}")
+                f"paddle_unpad.distributed: exchange: the ranks balance with different planner settings (cost, counts or tol), so they would compute different plans (ranks with the same settings: {' / '.join(str(g) for g in by_key.values())}); pass the same settings on every rank (a calibrated cost model: fit it on one rank and share its coefficients) -- this is rank {s.rank}: {s.plan_desc}")
         if np.all(H[:, 0] == END):
             return "end"
         if np.any(H[:, 1] != step):
@@ -233,10 +226,7 @@ class Epoch:
                 except Exception as e:  # noqa: BLE001
                     raise comm_error(self.s.rank, self.what, e) from e
             if len(hashes) > 1:
-                raise SampleError(f"paddle_unpad.distributed: exchange: the ranks' batches of step {step} have "
-                                  "different "
-                                  f"layouts: {wire.describe_schema_difference(schemas)} (every sample of a global "
-                                  "batch needs the same fields, dtypes and trailing shapes)")
+                raise SampleError(f"paddle_unpad.distributed: exchange: the ranks' batches of step {step} have different layouts: {wire.describe_schema_difference(schemas)} (every sample of a global batch needs the same fields, dtypes and trailing shapes)")
             st["hash"], st["schema"] = hashes[0], next(x for x in schemas if x is not None)
 
     def _share_lengths(self, step, local, counts):
@@ -265,8 +255,7 @@ class Epoch:
             self._at(step, "comparing plan hashes (all-gather)")
             hs = self._all_gather(np.array([phash], dtype=np.int64)).reshape(-1)
             if np.any(hs != hs[0]):
-                raise ExchangeError(f"paddle_unpad.distributed: exchange: ranks computed different plans at step "
-                                    f"{step}: hashes {hs.tolist()}")
+                raise ExchangeError(f"paddle_unpad.distributed: exchange: ranks computed different plans at step {step}: hashes {hs.tolist()}")
         return dest, starts, phash
 
     def _transfer_and_pack(self, step, local, dest, starts, phash, lens, gids, counts):

@@ -166,13 +166,9 @@ def _trainable(model, is_layer):
     seen = {}
     for i, p in enumerate(params):
         if not isinstance(p, paddle.Tensor):
-            raise TypeError("paddle_unpad.distributed.GradientAllReduce: model must be a paddle.nn.Layer or a list "
-                            f"of parameters, item {i} "
-                            f"is a {type(p).__name__}")
+            raise TypeError(f"paddle_unpad.distributed.GradientAllReduce: model must be a paddle.nn.Layer or a list of parameters, item {i} is a {type(p).__name__}")
         if id(p) in seen:
-            raise ValueError(f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is listed twice "
-                             f"(items {seen[id(p)]} and {i}); "
-                             "each would be reduced twice and the ranks' collectives would not match")
+            raise ValueError(f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is listed twice (items {seen[id(p)]} and {i}); each would be reduced twice and the ranks' collectives would not match")
         seen[id(p)] = i
     params = [p for p in params if not p.stop_gradient]
     if not params:
@@ -186,10 +182,7 @@ def _refuse_sparse_tables(model):
         if isinstance(layer, paddle.nn.Embedding) and getattr(layer, "_sparse", False) \
                 and not layer.weight.stop_gradient:
             raise ValueError(
-                f"paddle_unpad.distributed.GradientAllReduce: model has a sparse embedding (layer {name or 'model'!r}, "
-                f"nn.Embedding(sparse=True), weight {layer.weight.name!r}); its gradient is a SelectedRows, which "
-                "the all-reduce cannot reduce: build it with sparse=False (on CPU jobs the table is reduced by "
-                "the rows the step used anyway)")
+                f"paddle_unpad.distributed.GradientAllReduce: model has a sparse embedding (layer {name or 'model'!r}, nn.Embedding(sparse=True), weight {layer.weight.name!r}); its gradient is a SelectedRows, which the all-reduce cannot reduce: build it with sparse=False (on CPU jobs the table is reduced by the rows the step used anyway)")
 
 
 class GradientAllReduce:
@@ -311,10 +304,7 @@ class GradientAllReduce:
             other = ref() if ref is not None else None
             if other is not None and other is not self and not other._closed:
                 raise GradientSyncError(
-                    f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is already reduced by a live "
-                    "GradientAllReduce "
-                    f"({other!r}); close() that one first (two would reduce every gradient twice, and their hooks "
-                    "and threads would interleave)")
+                    f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is already reduced by a live GradientAllReduce ({other!r}); close() that one first (two would reduce every gradient twice, and their hooks and threads would interleave)")
         me = weakref.ref(self)
         for p in params:
             _OWNERS[id(p)] = me
@@ -326,8 +316,7 @@ class GradientAllReduce:
                 del _OWNERS[id(p)]
 
     def __repr__(self):
-        return (f"GradientAllReduce({len(self._params)} parameters, {len(self._buckets)} buckets, "
-                f"overlap={self.overlap}{', closed' if self._closed else ''})")
+        return (f"GradientAllReduce({len(self._params)} parameters, {len(self._buckets)} buckets, overlap={self.overlap}{', closed' if self._closed else ''})")
 
     # ------------------------------------------------------------------ agreement
 
@@ -342,16 +331,10 @@ class GradientAllReduce:
         me = ranks.index(groups.job()[0])
         if missing:
             raise GradientSyncError(
-                f"paddle_unpad.distributed.GradientAllReduce: rank(s) {[ranks[i] for i in missing]} did not build "
-                "their GradientAllReduce "
-                f"within {max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {ranks[me]}): build it at the same "
-                "point on every rank")
+                f"paddle_unpad.distributed.GradientAllReduce: rank(s) {[ranks[i] for i in missing]} did not build their GradientAllReduce within {max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {ranks[me]}): build it at the same point on every rank")
         if values is not None:
             got = [json.loads(v) for v in values]
-            raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: the ranks' models or options differ "
-                                    "-- "
-                                    f"{_first_difference(got, ranks)}; every rank must reduce the same parameters "
-                                    f"with the same options (this is rank {ranks[me]})")
+            raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: the ranks' models or options differ -- {_first_difference(got, ranks)}; every rank must reduce the same parameters with the same options (this is rank {ranks[me]})")
 
     # ------------------------------------------------------------------ readiness (overlap)
 
@@ -457,13 +440,10 @@ class GradientAllReduce:
         try:
             rows = groups.all_gather_array(self._control, mine)
         except Exception as e:  # noqa: BLE001
-            raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: the step trailer all-gather failed "
-                                    "-- a peer died or "
-                                    f"stopped ({type(e).__name__}: {str(e).splitlines()[0][:300]})") from e
+            raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: the step trailer all-gather failed -- a peer died or stopped ({type(e).__name__}: {str(e).splitlines()[0][:300]})") from e
         problem = self._problem(rows)
         if problem is not None:
-            raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {problem} "
-                                    f"(this is rank {groups.job()[0]})")
+            raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {problem} (this is rank {groups.job()[0]})")
 
     def _name(self, params, index):
         return repr(params[index].name) if 0 <= index < len(params) else f"#{index}"
@@ -473,14 +453,10 @@ class GradientAllReduce:
         ranks = self._ranks
         closing = [ranks[i] for i, r in enumerate(rows) if r[1]]
         if closing:
-            return (f"rank(s) {closing} closed the all-reduce with the reduction of step {int(rows[0][0])} open "
-                    "(an exception or exit between backward() and wait(), or close() before wait()); this step's "
-                    "gradients are not reduced on any rank")
+            return (f"rank(s) {closing} closed the all-reduce with the reduction of step {int(rows[0][0])} open (an exception or exit between backward() and wait(), or close() before wait()); this step's gradients are not reduced on any rank")
         if np.any(rows[:, 0] != rows[0, 0]):
-            return ("the ranks are reducing the gradients of different steps ("
-                    + ", ".join(f"rank {ranks[i]} step {int(r[0])}" for i, r in enumerate(rows))
-                    + "): a rank skipped a step's backward or wait(), or ran an extra one; every rank must reduce "
-                      "every step")
+            steps = ", ".join(f"rank {ranks[i]} step {int(r[0])}" for i, r in enumerate(rows))
+            return f"the ranks are reducing the gradients of different steps ({steps}): a rank skipped a step's backward or wait(), or ran an extra one; every rank must reduce every step"
         return self._flagged(rows)
 
     def _flagged(self, rows) -> Optional[str]:
@@ -489,23 +465,16 @@ class GradientAllReduce:
         ranks = self._ranks
         for i, r in enumerate(rows):
             if r[4]:
-                return (f"parameter {self._name(self._params, int(r[4]) - 1)} has a sparse (SelectedRows) gradient on "
-                        f"rank {ranks[i]} (nn.Embedding(sparse=True)); the all-reduce reduces dense gradients only: "
-                        "build the embedding with sparse=False")
+                return (f"parameter {self._name(self._params, int(r[4]) - 1)} has a sparse (SelectedRows) gradient on rank {ranks[i]} (nn.Embedding(sparse=True)); the all-reduce reduces dense gradients only: build the embedding with sparse=False")
         for i, r in enumerate(rows):
             if r[2]:
-                return (f"parameter {self._name(self._params, int(r[2]) - 1)} got a second gradient before wait() on "
-                        f"rank {ranks[i]} (two backward passes in one step): gradient accumulation needs "
-                        "GradientAllReduce(overlap=False), with wait() after the last backward only -- with overlap "
-                        "a bucket is reduced as soon as the first backward completes it")
+                return (f"parameter {self._name(self._params, int(r[2]) - 1)} got a second gradient before wait() on rank {ranks[i]} (two backward passes in one step): gradient accumulation needs GradientAllReduce(overlap=False), with wait() after the last backward only -- with overlap a bucket is reduced as soon as the first backward completes it")
         for i, r in enumerate(rows):
             if r[3]:
                 k = abs(int(r[3])) - 1
                 now = "trainable now (stop_gradient=False)" if r[3] > 0 else "frozen now (stop_gradient=True)"
                 was = "frozen" if r[3] > 0 else "trainable"
-                return (f"parameter {self._name(self._known, k)} is {now} on rank {ranks[i]} but was {was} when "
-                        "this GradientAllReduce was built, so its gradient would not be averaged like the others: "
-                        "after changing stop_gradient, close() the all-reduce and build a new GradientAllReduce")
+                return (f"parameter {self._name(self._known, k)} is {now} on rank {ranks[i]} but was {was} when this GradientAllReduce was built, so its gradient would not be averaged like the others: after changing stop_gradient, close() the all-reduce and build a new GradientAllReduce")
         return None
 
     # ------------------------------------------------------------------ the reduction of a bucket
@@ -598,9 +567,7 @@ class GradientAllReduce:
         if self._closed:  # one process too: the same program fails the same way on more ranks
             raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: wait() after close() ({self!r})")
         if self._timed_out is not None:
-            raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: an earlier wait() failed "
-                                    f"({self._timed_out}); its "
-                                    "gradients were never reduced: close() this all-reduce")
+            raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: an earlier wait() failed ({self._timed_out}); its gradients were never reduced: close() this all-reduce")
         if self.world == 1:
             return 0.0
         self._check_trainable()
@@ -611,9 +578,7 @@ class GradientAllReduce:
             # stopped peer it leaves when gloo gives up. No later pass starts.
             self._timed_out = f"it did not finish within {self.timeout:g} s"
             raise GradientSyncError(
-                "paddle_unpad.distributed.GradientAllReduce: the gradient all-reduce did not finish within "
-                f"{self.timeout:g} s "
-                "(a rank died or stopped, or the ranks ran different backward passes)")
+                f"paddle_unpad.distributed.GradientAllReduce: the gradient all-reduce did not finish within {self.timeout:g} s (a rank died or stopped, or the ranks ran different backward passes)")
         try:
             if self.gpu:
                 self._finish_on_gpu()
@@ -621,8 +586,7 @@ class GradientAllReduce:
             if isinstance(err, GradientSyncError):
                 raise err
             if err is not None:
-                raise GradientSyncError("paddle_unpad.distributed.GradientAllReduce: the gradient all-reduce failed: "
-                                        f"{err}") from err
+                raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: the gradient all-reduce failed: {err}") from err
         finally:
             self._end_pass()
         return self._account(t0)
@@ -702,15 +666,13 @@ def _first_difference(layouts, ranks) -> str:
             continue
         a, b = ranks[0], ranks[i]
         if len(lay["parameters"]) != len(ref["parameters"]):
-            return (f"rank {a} has {len(ref['parameters'])} trainable parameters, rank {b} "
-                    f"{len(lay['parameters'])}")
+            return (f"rank {a} has {len(ref['parameters'])} trainable parameters, rank {b} {len(lay['parameters'])}")
         for k, (p, q) in enumerate(zip(ref["parameters"], lay["parameters"])):
             if p != q:
                 return f"parameter {k} is {p[1]} {p[0]} on rank {a} but {q[1]} {q[0]} on rank {b}"
         for key in sorted(set(ref["options"]) | set(lay["options"])):
             if ref["options"].get(key) != lay["options"].get(key):
-                return f"option {key} is {ref['options'].get(key)!r} on rank {a} but {lay['options'].get(key)!r} " \
-                       f"on rank {b}"
+                return f"option {key} is {ref['options'].get(key)!r} on rank {a} but {lay['options'].get(key)!r} on rank {b}"
         if lay != ref:
             return f"the bucket plans differ between rank {a} and rank {b}"
     return "the layouts differ"

@@ -109,10 +109,7 @@ def checked_job(where: str, error=RuntimeError) -> tuple:
     rank, world = job()
     launched = launched_world()
     if world == 1 and launched > 1:
-        raise error(f"paddle_unpad.{where}: built before the job was initialized: this process was launched as one "
-                    f"of {launched} ranks (PADDLE_TRAINERS_NUM={launched}), but paddle.distributed is not "
-                    "initialized yet, so it would see 1 rank and never reach the others; call fleet.init("
-                    "is_collective=True, ...) or paddle.distributed.init_parallel_env() first")
+        raise error(f"paddle_unpad.{where}: built before the job was initialized: this process was launched as one of {launched} ranks (PADDLE_TRAINERS_NUM={launched}), but paddle.distributed is not initialized yet, so it would see 1 rank and never reach the others; call fleet.init(is_collective=True, ...) or paddle.distributed.init_parallel_env() first")
     return rank, world
 
 
@@ -139,8 +136,7 @@ class Group:
         self.owner = threading.get_ident() if backend == "nccl" else None
 
     def __repr__(self):
-        return (f"Group({self.purpose!r}, {self.role}, {self.backend}, ranks={self.ranks}"
-                f"{', released' if self.released else ''})")
+        return (f"Group({self.purpose!r}, {self.role}, {self.backend}, ranks={self.ranks}{', released' if self.released else ''})")
 
 
 CREATED: List[Group] = []  # every process group this process made through the layer (reuses not counted)
@@ -171,8 +167,7 @@ def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None)
     backend = "gloo" if role == HOST else device_backend()
     ranks = list(range(world)) if ranks is None else sorted(set(int(r) for r in ranks))
     if rank not in ranks:
-        raise ValueError(f"paddle_unpad.distributed: the {purpose} group over ranks {ranks} was asked for on rank "
-                         f"{rank}, which is not one of them: only the members of a group create it")
+        raise ValueError(f"paddle_unpad.distributed: the {purpose} group over ranks {ranks} was asked for on rank {rank}, which is not one of them: only the members of a group create it")
     pool_key = (backend, tuple(ranks))
     n = next(_meetings.setdefault(pool_key, itertools.count()))
     with _lock:
@@ -181,9 +176,7 @@ def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None)
     values, missing = agree(f"group/{backend}", offer, GROUP_MEET_S, ranks)  # per rank set (see agree)
     if missing:
         raise RuntimeError(
-            f"paddle_unpad.distributed: rank(s) {[ranks[i] for i in missing]} did not come to create the {purpose} "
-            f"group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {rank}): every member must create "
-            "it at the same point (groups of the plugin over the same ranks in the same order)")
+            f"paddle_unpad.distributed: rank(s) {[ranks[i] for i in missing]} did not come to create the {purpose} group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {rank}): every member must create it at the same point (groups of the plugin over the same ranks in the same order)")
     offers = [offer] if values is None else values
     common = set.intersection(*({tuple(x) for x in json.loads(o)} for o in offers))
     if common:  # the same idle group on every member: hand it out again
@@ -214,8 +207,7 @@ def _agreed_gid(ranks, backend, n, purpose) -> int:
     deadline = time.monotonic() + GROUP_MEET_S
     while store.add(key + "/ready", 0) == 0:  # add 0: a read that never blocks
         if time.monotonic() > deadline:
-            raise RuntimeError(f"paddle_unpad.distributed: rank {ranks[0]} did not publish the id of the {purpose} "
-                               f"group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {job()[0]})")
+            raise RuntimeError(f"paddle_unpad.distributed: rank {ranks[0]} did not publish the id of the {purpose} group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {job()[0]})")
         time.sleep(0.005)
     return int(store.get(key).decode())
 
@@ -265,8 +257,7 @@ def wrap_host_group(pg, purpose: str) -> Group:
     ``purpose``: the public name the group was given to, after ``paddle_unpad.``."""
     backend = "gloo" if "gloo" in type(pg.process_group).__name__.lower() else type(pg.process_group).__name__
     if backend != "gloo":
-        raise ValueError(f"paddle_unpad.{purpose}: group must be a gloo group (the exchange sends CPU buffers: "
-                         f"paddle.distributed.new_group(ranks, backend='gloo')), got a {backend} group")
+        raise ValueError(f"paddle_unpad.{purpose}: group must be a gloo group (the exchange sends CPU buffers: paddle.distributed.new_group(ranks, backend='gloo')), got a {backend} group")
     _ensure_exit_handler()
     return Group(pg, HOST, "gloo", purpose, owned=False)
 
@@ -283,13 +274,10 @@ def issue(op: str, group: Group):
     owner thread. Counts the group's collectives (a released group is reused only where every
     member counted the same)."""
     if group.released:
-        raise RuntimeError(f"paddle_unpad.distributed: {op} on the {group.purpose} group after it was released "
-                           "(its owner was closed)")
+        raise RuntimeError(f"paddle_unpad.distributed: {op} on the {group.purpose} group after it was released (its owner was closed)")
     if group.owner is not None and threading.get_ident() != group.owner:
         raise RuntimeError(
-            f"paddle_unpad.distributed: {op} on the {group.purpose} group (NCCL) from thread "
-            f"{threading.current_thread().name!r}, not the thread that created the group: the plugin issues NCCL "
-            "collectives from the training thread only, in the same order on every rank")
+            f"paddle_unpad.distributed: {op} on the {group.purpose} group (NCCL) from thread {threading.current_thread().name!r}, not the thread that created the group: the plugin issues NCCL collectives from the training thread only, in the same order on every rank")
     if RECORDER is not None:
         RECORDER(op, group)
     group.conn["ops"] += 1
@@ -505,9 +493,7 @@ def check_settings_agree():
     if missing:
         diff.append(f"rank(s) {missing} did not compare theirs within {SETTINGS_AGREE_S:g} s")
     raise config.ConfigError(
-        f"paddle_unpad.config: the ranks of this job have different settings that must be equal on every rank "
-        f"({'; '.join(diff)}; this is rank {rank}): they decide how the ranks meet, so set them alike on every "
-        "machine (or on none)")
+        f"paddle_unpad.config: the ranks of this job have different settings that must be equal on every rank ({'; '.join(diff)}; this is rank {rank}): they decide how the ranks meet, so set them alike on every machine (or on none)")
 
 
 _store_ports = set()  # ports of the TCP stores this process talks to besides the job's
@@ -586,14 +572,12 @@ def _group_store(job_store, rank, size, gid):
                 error = e
         else:
             job_store.set(key, f"error: {error}".encode())
-            raise RuntimeError(f"paddle_unpad.distributed: could not start the rendezvous store of gloo group {gid}: "
-                               f"{error}")
+            raise RuntimeError(f"paddle_unpad.distributed: could not start the rendezvous store of gloo group {gid}: {error}")
         job_store.set(key, f"{host}:{port}".encode())
     else:
         value = job_store.get(key).decode()  # waits for the key (2.6 and 3.x)
         if value.startswith("error: "):
-            raise RuntimeError(f"paddle_unpad.distributed: the first member of gloo group {gid} could not start its "
-                               f"rendezvous store ({value[7:]})")
+            raise RuntimeError(f"paddle_unpad.distributed: the first member of gloo group {gid} could not start its rendezvous store ({value[7:]})")
         host, _, port = value.rpartition(":")
         own = _compat.tcp_store(host, port, False, timeout)
     _group_stores.append(own)

@@ -50,8 +50,7 @@ def check_token_fields(token_fields, where="distributed.BalancedLoader"):
     """``token_fields`` as a tuple of field names; a string (read character by character
     otherwise) or anything but names is refused, naming the value."""
     if isinstance(token_fields, (str, bytes)) or not all(isinstance(f, str) for f in _iterable(token_fields)):
-        raise TypeError(f"paddle_unpad.{where}: token_fields must be a sequence of field names (e.g. ('input_ids', "
-                        f"'token_type_ids')), got {token_fields!r}")
+        raise TypeError(f"paddle_unpad.{where}: token_fields must be a sequence of field names (e.g. ('input_ids', 'token_type_ids')), got {token_fields!r}")
     return tuple(token_fields)
 
 
@@ -145,10 +144,7 @@ class BalancedLoader:
         values, missing = groups.agree("balanced-loader", text, self.timeout)
         if missing:
             raise ExchangeError(
-                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not build this balanced loader within "
-                f"{max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {self.rank}): build the loaders at the "
-                "same point of the program on every rank, with the same settings (balance=False on one rank only "
-                "counts: it builds a loader too)")
+                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not build this balanced loader within {max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {self.rank}): build the loaders at the same point of the program on every rank, with the same settings (balance=False on one rank only counts: it builds a loader too)")
         if values is not None:
             got = [json.loads(v) for v in values]
             self._lens = [tuple(g["len"]) for g in got]
@@ -160,10 +156,7 @@ class BalancedLoader:
                     + ", ".join(f"rank {r} {shown(g, k)}" for r, g in enumerate(got))
                     for k in sorted(mine) if len({json.dumps(g["compared"][k], sort_keys=True) for g in got}) > 1]
             if diff:  # (descriptions alone may differ: a cost name and the CostModel it stands for)
-                raise ExchangeError("paddle_unpad.distributed: exchange: the ranks built their balanced loaders with "
-                                    "different "
-                                    f"settings ({'; '.join(diff)}); every rank must pass the same (this is rank "
-                                    f"{self.rank})")
+                raise ExchangeError(f"paddle_unpad.distributed: exchange: the ranks built their balanced loaders with different settings ({'; '.join(diff)}); every rank must pass the same (this is rank {self.rank})")
 
     def __len__(self):
         """The number of batches an epoch gives this rank (see the class docstring)."""
@@ -171,12 +164,9 @@ class BalancedLoader:
         unknown = [r for r, (n, _) in enumerate(lens) if n is None]
         if unknown:
             if not self.distributed:
-                raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader has no len() "
-                                f"({lens[0][1]})")
+                raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader has no len() ({lens[0][1]})")
             why = lens[unknown[0]][1]
-            raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader of rank(s) {unknown} has no "
-                            f"len() ({why}); every rank receives as many batches as the longest rank's loader gives, "
-                            "so len() needs every rank's")
+            raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader of rank(s) {unknown} has no len() ({why}); every rank receives as many batches as the longest rank's loader gives, so len() needs every rank's")
         return max(n for n, _ in lens)
 
     def _agree_epoch_lengths(self):
@@ -187,20 +177,14 @@ class BalancedLoader:
         values, missing = groups.agree("balanced-loader-epoch", json.dumps(mine), self.timeout)
         if missing:
             raise ExchangeError(
-                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not start epoch {self._epochs} of this "
-                f"balanced loader within {max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {self.rank}): "
-                "every rank must iterate its balanced loader as many times as the others")
+                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not start epoch {self._epochs} of this balanced loader within {max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {self.rank}): every rank must iterate its balanced loader as many times as the others")
         self._lens = [mine] * self.world if values is None else [tuple(json.loads(v)) for v in values]
 
     def __iter__(self):
         if self.closed:
-            raise ValueError(f"paddle_unpad.{self.where}: iterating a closed loader: close() released its process "
-                             "group; build a new loader (on every rank) for another epoch")
+            raise ValueError(f"paddle_unpad.{self.where}: iterating a closed loader: close() released its process group; build a new loader (on every rank) for another epoch")
         if not self._live.close():
-            raise ExchangeError(f"paddle_unpad.distributed: exchange on rank {self.rank}: the previous epoch's "
-                                "exchange thread "
-                                f"did not stop within {self.close_timeout:g} s (it is inside a collective with a "
-                                "peer that is gone?); its group cannot carry another epoch")
+            raise ExchangeError(f"paddle_unpad.distributed: exchange on rank {self.rank}: the previous epoch's exchange thread did not stop within {self.close_timeout:g} s (it is inside a collective with a peer that is gone?); its group cannot carry another epoch")
         if not self.distributed:
             return self._local_iter()
         self._agree_epoch_lengths()
@@ -254,12 +238,9 @@ def _check_group_spans_job(group, world, where):
     outside a subset has no process group of it at all)."""
     ranks = getattr(group, "ranks", None)
     if ranks is None:
-        raise TypeError(f"paddle_unpad.{where}: group must be a process group from paddle.distributed.new_group("
-                        f"list(range({world})), backend='gloo'), got {type(group).__name__}")
+        raise TypeError(f"paddle_unpad.{where}: group must be a process group from paddle.distributed.new_group(list(range({world})), backend='gloo'), got {type(group).__name__}")
     if list(ranks) != list(range(world)):
-        raise ValueError(f"paddle_unpad.{where}: group must span every rank of the job in order (ranks "
-                         f"{list(range(world))}: the exchange balances over all of them), got a group over ranks "
-                         f"{list(ranks)}")
+        raise ValueError(f"paddle_unpad.{where}: group must span every rank of the job in order (ranks {list(range(world))}: the exchange balances over all of them), got a group over ranks {list(ranks)}")
     if getattr(group, "released", False):
         raise ValueError(f"paddle_unpad.{where}: group {group!r} was released (its owner was closed)")
 
@@ -289,8 +270,7 @@ class _Live:
 def _close_epoch(epoch, close_timeout) -> bool:
     stopped = epoch.close(close_timeout)
     if not stopped:
-        log.warning("paddle_unpad: exchange thread of rank %d did not stop within %.1f s (blocked in a collective "
-                    "with a peer that is gone?); it is joined at exit", epoch.s.rank, close_timeout)
+        log.warning("paddle_unpad: exchange thread of rank %d did not stop within %.1f s (blocked in a collective with a peer that is gone?); it is joined at exit", epoch.s.rank, close_timeout)
     src, epoch.src = epoch.src, None
     if src is not None:
         src.close()
@@ -344,10 +324,7 @@ class EpochIterator:
                     self.finished = True
                     e.stop.set()  # the thread leaves when its collective returns (at the latest gloo's timeout)
                     raise ExchangeTimeout(
-                        f"paddle_unpad.distributed: exchange on rank {e.s.rank}: no balanced batch within "
-                        f"{self.timeout:g} s "
-                        f"after step {self.steps_done}; the exchange thread is {phase} (a rank stalled, died, or "
-                        "its loader is slower than the timeout; set unpad_configs['timeout'])") from None
+                        f"paddle_unpad.distributed: exchange on rank {e.s.rank}: no balanced batch within {self.timeout:g} s after step {self.steps_done}; the exchange thread is {phase} (a rank stalled, died, or its loader is slower than the timeout; set unpad_configs['timeout'])") from None
         if item is END_ITEM:
             self.close()
             raise StopIteration

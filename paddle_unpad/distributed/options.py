@@ -32,25 +32,20 @@ class Option(NamedTuple):
 OPTIONS: Dict[str, Option] = {
     "balance": Option(True, "exchange samples so that ranks get equal cost (False: each rank packs its own batches)",
                       (EXCHANGE,)),
-    "cost": Option("quadratic", "cost of a sample: 'quadratic' (= 'flops', BERT-large FLOPs), 'tokens' (= 'token'), "
-                                "a CostModel or a callable length -> cost", (EXCHANGE,)),
+    "cost": Option("quadratic", "cost of a sample: 'quadratic' (= 'flops', BERT-large FLOPs), 'tokens' (= 'token'), a CostModel or a callable length -> cost", (EXCHANGE,)),
     "counts": Option("equal", "samples per rank: 'equal', 'source' (keep each rank's count) or a list of counts",
                      (EXCHANGE,)),
     "tol": Option(DEFAULT_TOL, "planner stopping tolerance (max/mean - 1)", (EXCHANGE,)),
     "prefetch": Option(2, "batches prepared ahead of the training loop", (EXCHANGE,)),
-    "timeout": Option(300.0, "seconds to wait for a peer (a batch of the exchange, the all-reduce in wait(), the "
-                             "ranks' settings) before failing: a stalled or dead peer", (EXCHANGE, ALLREDUCE)),
+    "timeout": Option(300.0, "seconds to wait for a peer (a batch of the exchange, the all-reduce in wait(), the ranks' settings) before failing: a stalled or dead peer", (EXCHANGE, ALLREDUCE)),
     "max_seqlen": Option(512, "longest legal sample (None: no limit)", (EXCHANGE,)),
     "check_plan": Option(False, "all-gather each step's plan hash and compare (for tests)", (EXCHANGE,)),
     "close_timeout": Option(10.0, "seconds close() waits for the exchange thread", (EXCHANGE,)),
-    "bucket_mb": Option(1.0, "a gradient of at least this many MiB is all-reduced on its own, in place; smaller "
-                             "ones are packed into buckets of about this size", (ALLREDUCE,)),
+    "bucket_mb": Option(1.0, "a gradient of at least this many MiB is all-reduced on its own, in place; smaller ones are packed into buckets of about this size", (ALLREDUCE,)),
     "average": Option(True, "divide the summed gradients by the number of ranks (False: keep the sum)", (ALLREDUCE,)),
-    "row_sparse_embeddings": Option(None, "reduce embedding tables by the rows the step used (None: on CPU jobs, "
-                                          "off on GPU jobs, where reading the ids back would make the step wait)",
+    "row_sparse_embeddings": Option(None, "reduce embedding tables by the rows the step used (None: on CPU jobs, off on GPU jobs, where reading the ids back would make the step wait)",
                                     (ALLREDUCE,)),
-    "dense_fraction": Option(0.5, "reduce a table whole once the union of its used rows exceeds this share of its "
-                                  "rows", (ALLREDUCE,)),
+    "dense_fraction": Option(0.5, "reduce a table whole once the union of its used rows exceeds this share of its rows", (ALLREDUCE,)),
     "overlap": Option(None, "reduce while the backward runs (None: True); False: after the backward, in wait()",
                       (ALLREDUCE,)),
 }
@@ -74,8 +69,7 @@ def _check_seconds(where, name, v, strictly_positive):
     # threading waits take at most threading.TIMEOUT_MAX seconds: a larger value would raise
     # OverflowError at the first wait, long after it was given
     if not _is_number(v) or not _finite_number(v, strictly_positive) or v > threading.TIMEOUT_MAX:
-        _refuse(where, name, v, f"a finite number of seconds {'> 0' if strictly_positive else '>= 0'} and at most "
-                f"threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:.4g})", not _is_number(v))
+        _refuse(where, name, v, f"a finite number of seconds {'> 0' if strictly_positive else '>= 0'} and at most threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:.4g})", not _is_number(v))
 
 
 def _check_counts(where, name, v):

@@ -97,9 +97,7 @@ def default_collate_error(exc, where):
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     # a worker's message is a traceback: its last line ("Type: message") says why
     cause = lines[-1][:200] if len(lines) > 1 else f"{type(exc).__name__}: {''.join(lines)[:200]}"
-    err = ValueError(f"paddle_unpad.{where}: the DataLoader's default collate_fn failed ({cause}): it stacks the "
-                     "samples into padded arrays, which samples of different lengths cannot be; the balanced loader "
-                     "needs lists of samples: build the DataLoader with collate_fn=pu.data.sample_list_collate")
+    err = ValueError(f"paddle_unpad.{where}: the DataLoader's default collate_fn failed ({cause}): it stacks the samples into padded arrays, which samples of different lengths cannot be; the balanced loader needs lists of samples: build the DataLoader with collate_fn=pu.data.sample_list_collate")
     err.__cause__ = exc
     return err
 

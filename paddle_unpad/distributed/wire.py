@@ -45,9 +45,7 @@ def schema(samples, token_fields, rank):
     for name in sorted(first):
         a = first[name]
         if np.dtype(a.dtype).kind not in "biufc":  # strings and objects: not what a model takes
-            raise SampleError(f"paddle_unpad.distributed: rank {rank}: field {name!r} is not numeric (dtype "
-                              f"{a.dtype}); the exchange sends "
-                              "numbers (bool, int, float) only")
+            raise SampleError(f"paddle_unpad.distributed: rank {rank}: field {name!r} is not numeric (dtype {a.dtype}); the exchange sends numbers (bool, int, float) only")
         if name in token_fields and a.ndim >= 1:
             sch.append((name, "t", a.dtype.str, tuple(a.shape[1:])))
         else:
@@ -120,9 +118,7 @@ def encode(samples, lengths, schema) -> np.ndarray:
             a = smp[name]
             shape = ((int(s),) + tuple(tail)) if kind == "t" else tuple(tail)
             if a.dtype.str != dt or tuple(a.shape) != shape:
-                raise ExchangeError(f"paddle_unpad.distributed: exchange: field {name!r} of a sample to send has dtype "
-                                    f"{a.dtype} and shape {list(a.shape)}, the agreed layout is "
-                                    f"{np.dtype(dt).name} {list(shape)}")
+                raise ExchangeError(f"paddle_unpad.distributed: exchange: field {name!r} of a sample to send has dtype {a.dtype} and shape {list(a.shape)}, the agreed layout is {np.dtype(dt).name} {list(shape)}")
             b = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
             parts.append(b)
             pad = (-b.size) % 8

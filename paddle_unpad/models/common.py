@@ -223,8 +223,7 @@ def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_posit
     elif is_tensor(cu_seqlens):  # a device tensor without a host copy costs one device-to-host read
         host = cu_seqlens.numpy().astype(np.int32, copy=False)
     else:
-        raise TypeError("paddle_unpad: cu_seqlens must be a paddle.Tensor or numpy array, got "
-                        f"{type(cu_seqlens).__name__}")
+        raise TypeError(f"paddle_unpad: cu_seqlens must be a paddle.Tensor or numpy array, got {type(cu_seqlens).__name__}")
     if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (int, np.integer))):
         raise TypeError(f"paddle_unpad: max_seqlen must be a Python int, got {type(max_seqlen).__name__}")
     total = int(ref.shape[0])
@@ -259,8 +258,7 @@ def _classify_mask(mask_np, ndim):
         if not ok.all():
             bad = vals[~ok].flat[0]
             raise UnsupportedInput(
-                f"paddle_unpad: attention_mask holds {bad!r}; only a padding mask (1 = keep, 0 = pad) can run "
-                "unpadded (a soft or custom mask would silently change the result)")
+                f"paddle_unpad: attention_mask holds {bad!r}; only a padding mask (1 = keep, 0 = pad) can run unpadded (a soft or custom mask would silently change the result)")
         return vals == 1
     # 4-D float: additive, 0 = keep, very negative (-1e4, -1e9, -inf, finfo.min) = pad
     vals = vals.astype(np.float64)
@@ -270,8 +268,7 @@ def _classify_mask(mask_np, ndim):
     if not ok.all():
         bad = vals[~ok].flat[0]
         raise UnsupportedInput(
-            f"paddle_unpad: additive attention_mask holds {bad!r}; only a padding mask (0 = keep, <= -1e3 or -inf "
-            "= pad) can run unpadded (a soft or custom mask would silently change the result)")
+            f"paddle_unpad: additive attention_mask holds {bad!r}; only a padding mask (0 = keep, <= -1e3 or -inf = pad) can run unpadded (a soft or custom mask would silently change the result)")
     return keep
 
 
@@ -297,8 +294,7 @@ def pack_from_mask(ref, input_ids, attention_mask, pad_token_id, needs_cls, max_
         elif nd == 4:
             if shape[1] != 1 or shape[2] != 1 or shape[3] != S or shape[0] not in (1, B):
                 raise UnsupportedInput(
-                    f"paddle_unpad: attention_mask of shape {shape} is not a padding mask ([B, S] or [B, 1, 1, S]); "
-                    "per-query masks (e.g. [B, 1, S, S], [B, H, S, S]) cannot run unpadded")
+                    f"paddle_unpad: attention_mask of shape {shape} is not a padding mask ([B, S] or [B, 1, 1, S]); per-query masks (e.g. [B, 1, S, S], [B, H, S, S]) cannot run unpadded")
         else:
             raise UnsupportedInput(
                 f"paddle_unpad: attention_mask of shape {shape} is not a padding mask ([B, S] or [B, 1, 1, S])")
@@ -308,16 +304,13 @@ def pack_from_mask(ref, input_ids, attention_mask, pad_token_id, needs_cls, max_
     lengths = keep.sum(axis=1)
     if B and (lengths == 0).any():
         b = int(np.flatnonzero(lengths == 0)[0])
-        raise UnsupportedInput(f"paddle_unpad: attention_mask row {b} keeps no token (an empty sequence); "
-                               "the original model would still produce outputs for it")
+        raise UnsupportedInput(f"paddle_unpad: attention_mask row {b} keeps no token (an empty sequence); the original model would still produce outputs for it")
     if B and not keep[:, 0].all():
         b = int(np.flatnonzero(~keep[:, 0])[0])
-        msg = (f"paddle_unpad: attention_mask row {b} masks its first position (left padding?); the pooler of "
-               "the original model reads position 0 (a padding token there) while the unpadded model reads the "
-               "first real token. Pad on the right (tokenizer padding_side='right') or pass packed inputs.")
+        msg = (f"paddle_unpad: attention_mask row {b} masks its first position (left padding?); the pooler of the original model reads position 0 (a padding token there) while the unpadded model reads the first real token. Pad on the right (tokenizer padding_side='right') or pass packed inputs.")
         if needs_cls:
             raise UnsupportedInput(msg)
-        warn_once(("left-padding", who), msg + " pooler_output differs from the original for such rows.")
+        warn_once(("left-padding", who), f"{msg} pooler_output differs from the original for such rows.")
     indices = np.flatnonzero(keep.reshape(-1)).astype(np.int64)
     cu = np.zeros(B + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
@@ -345,8 +338,7 @@ def _pack_from_mask_static(ref, input_ids, attention_mask, pad_token_id, max_pos
         keep = attention_mask.astype("bool") if attention_mask.dtype != paddle.bool else attention_mask
     else:
         raise UnsupportedInput(
-            "paddle_unpad: inside paddle.jit.to_static only a [B, S] attention_mask (1 = keep), none, or packed "
-            "inputs (cu_seqlens) are accepted: a 4-D additive mask cannot be checked to be a padding mask there")
+            "paddle_unpad: inside paddle.jit.to_static only a [B, S] attention_mask (1 = keep), none, or packed inputs (cu_seqlens) are accepted: a 4-D additive mask cannot be checked to be a padding mask there")
     keep_i32 = keep.astype("int32")  # Paddle 2.6's static flatten refuses bool
     indices = paddle.nonzero(keep_i32.flatten()).flatten()
     seqlens = keep_i32.sum(axis=1)
@@ -408,11 +400,9 @@ def resolve_flags(spec, config, output_hidden_states, output_attentions, use_cac
 
 def check_unsupported(output_attentions=False, past_key_values=None, use_cache=False):
     if output_attentions:
-        raise UnsupportedInput("paddle_unpad: output_attentions=True is not supported by the unpadded model "
-                               "(fmha never materialises attention probabilities)")
+        raise UnsupportedInput("paddle_unpad: output_attentions=True is not supported by the unpadded model (fmha never materialises attention probabilities)")
     if past_key_values is not None:
-        raise UnsupportedInput("paddle_unpad: past_key_values (incremental decoding caches) are not supported by the "
-                               "unpadded model")
+        raise UnsupportedInput("paddle_unpad: past_key_values (incremental decoding caches) are not supported by the unpadded model")
     if use_cache:
         raise UnsupportedInput("paddle_unpad: use_cache=True is not supported by the unpadded model")
 
@@ -437,18 +427,15 @@ def encode(spec, base, input_ids=None, token_type_ids=None, position_ids=None, a
     extras = extras or {}
     if cu_seqlens is not None:
         if attention_mask is not None:
-            raise ValueError("paddle_unpad: attention_mask cannot be combined with cu_seqlens (packed inputs have "
-                             "no padding)")
+            raise ValueError("paddle_unpad: attention_mask cannot be combined with cu_seqlens (packed inputs have no padding)")
         tok_rank = 1 if input_ids is not None else 2
         if len(ref.shape) != tok_rank:
-            raise ValueError(f"paddle_unpad: with cu_seqlens, input_ids must be packed 1-D [T] (inputs_embeds [T, H]), "
-                             f"got shape {list(ref.shape)}")
+            raise ValueError(f"paddle_unpad: with cu_seqlens, input_ids must be packed 1-D [T] (inputs_embeds [T, H]), got shape {list(ref.shape)}")
         pk = pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_positions)
         S = pk.seqlen
     else:
         if len(ref.shape) != (2 if input_ids is not None else 3):
-            raise ValueError(f"paddle_unpad: padded input_ids must be [batch, seqlen] (or pass packed [T] ids with "
-                             f"cu_seqlens and max_seqlen), got shape {list(ref.shape)}")
+            raise ValueError(f"paddle_unpad: padded input_ids must be [batch, seqlen] (or pass packed [T] ids with cu_seqlens and max_seqlen), got shape {list(ref.shape)}")
         pk = pack_from_mask(ref, input_ids, attention_mask, base.pad_token_id, needs_cls, max_positions,
                             who=type(base).__name__)
         S = pk.seqlen
@@ -545,10 +532,7 @@ def _compare_scaling_once(model, labelled, stock_rows):
     who = type(model).__name__
     ratio = f"{stock_rows / n:.3g}x"
     warnings.warn(
-        f"paddle_unpad: the per-token loss of {who} is the mean over its labelled tokens ({n} in this batch); "
-        f"PaddleNLP's original model divides the same sum by batch x padded length ({stock_rows}, padding and "
-        f"unlabelled tokens included), so this loss is {ratio} the original's here, and the factor changes from "
-        "batch to batch. convert(model, token_loss='stock') reproduces the original scaling.",
+        f"paddle_unpad: the per-token loss of {who} is the mean over its labelled tokens ({n} in this batch); PaddleNLP's original model divides the same sum by batch x padded length ({stock_rows}, padding and unlabelled tokens included), so this loss is {ratio} the original's here, and the factor changes from batch to batch. convert(model, token_loss='stock') reproduces the original scaling.",
         UserWarning, stacklevel=5)
 
 

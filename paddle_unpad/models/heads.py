@@ -301,10 +301,8 @@ def run(model, spec, impl, a, extra):
     if unknown:
         hint = ""
         if unknown & {"label", "label_ids"}:  # a batch built without PaddleNLP's collators
-            hint = ("; the model's argument is 'labels' (PaddleNLP's collators and paddle_unpad.data.PackingCollator "
-                    "rename 'label' / 'label_ids' to it)")
-        raise TypeError(f"paddle_unpad: {type(model).__name__}.forward() got unexpected keyword argument(s) "
-                        f"{', '.join(sorted(unknown))}{hint}")
+            hint = ("; the model's argument is 'labels' (PaddleNLP's collators and paddle_unpad.data.PackingCollator rename 'label' / 'label_ids' to it)")
+        raise TypeError(f"paddle_unpad: {type(model).__name__}.forward() got unexpected keyword argument(s) {', '.join(sorted(unknown))}{hint}")
     if mlm_head:
         a = _mlm_batch_inputs(a, extra)
     if _FALLBACK.depth and a.get("cu_seqlens") is None:  # inside another model's fallback: stay original
@@ -316,8 +314,7 @@ def run(model, spec, impl, a, extra):
         if common.options_of(model).get("on_unsupported") != "fallback" or packed or not paddle.in_dynamic_mode():
             raise
         common.warn_once(("fallback", type(model).__name__, str(e)),
-                         f"{e} -- running the original padded forward of {type(model).__name__} instead "
-                         "(convert(..., on_unsupported='fallback'))")
+                         f"{e} -- running the original padded forward of {type(model).__name__} instead (convert(..., on_unsupported='fallback'))")
         _FALLBACK.depth += 1
         try:
             return _original_forward(model, a)
@@ -337,6 +334,5 @@ def _original_forward(model, a):
     kw = {k: v for k, v in a.items() if k not in common.PACKED_ARGS_ALL}
     if "masked_positions" not in inspect.signature(orig.forward).parameters:  # RoBERTa: only from a batch
         if kw.pop("masked_positions", None) is not None:
-            raise common.UnsupportedInput(f"paddle_unpad: the original {orig.__name__}.forward has no "
-                                          "masked_positions; its padded fallback cannot score only the masked rows")
+            raise common.UnsupportedInput(f"paddle_unpad: the original {orig.__name__}.forward has no masked_positions; its padded fallback cannot score only the masked rows")
     return orig.forward(model, **kw)

@@ -63,12 +63,9 @@ def bert_config_from_hf(hf_config, **overrides):
         with open(hf_config, encoding="utf-8") as f:
             hf_config = json.load(f)
     if hf_config.get("model_type", "bert") != "bert":
-        raise ValueError("paddle_unpad.models.bert_config_from_hf: not a BERT config: "
-                         f"model_type={hf_config.get('model_type')!r}")
+        raise ValueError(f"paddle_unpad.models.bert_config_from_hf: not a BERT config: model_type={hf_config.get('model_type')!r}")
     if hf_config.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError("paddle_unpad.models.bert_config_from_hf: only absolute position embeddings are supported, "
-                         "got "
-                         f"{hf_config.get('position_embedding_type')!r}")
+        raise ValueError(f"paddle_unpad.models.bert_config_from_hf: only absolute position embeddings are supported, got {hf_config.get('position_embedding_type')!r}")
     kw = {k: hf_config[k] for k in _CONFIG_KEYS if k in hf_config}
     kw["use_cache"] = False
     kw.update(overrides)
@@ -87,8 +84,7 @@ def _paddle_name(hf_name):
     if m:
         i, part, kind = m.groups()
         if part not in _LAYER_MAP:
-            raise KeyError("paddle_unpad.models.hf_bert_to_paddle_state_dict: unknown BERT encoder parameter "
-                           f"{hf_name!r}")
+            raise KeyError(f"paddle_unpad.models.hf_bert_to_paddle_state_dict: unknown BERT encoder parameter {hf_name!r}")
         new_part = _LAYER_MAP[part]
         return f"encoder.layers.{i}.{new_part}.{kind}", (kind == "weight" and new_part in _LINEAR_PARTS)
     if name.startswith("embeddings.LayerNorm."):
@@ -110,8 +106,7 @@ def hf_bert_to_paddle_state_dict(tensors):
         arr = np.asarray(v)
         if transpose:
             if arr.ndim != 2:
-                raise ValueError(f"paddle_unpad.models.hf_bert_to_paddle_state_dict: {k}: expected a 2-D Linear "
-                                 f"weight, got shape {arr.shape}")
+                raise ValueError(f"paddle_unpad.models.hf_bert_to_paddle_state_dict: {k}: expected a 2-D Linear weight, got shape {arr.shape}")
             arr = arr.T
         out[name] = np.ascontiguousarray(arr)
     return out
@@ -149,13 +144,11 @@ def load_hf_bert(model_dir=None, *, weights=None, config=None, model_class=None,
     own = base.state_dict()
     missing = sorted(set(own) - set(sd))
     if missing:
-        raise KeyError("paddle_unpad.models.load_hf_bert: weights for "
-                       f"{missing[:5]}{' ...' if len(missing) > 5 else ''} are missing from {weights}")
+        raise KeyError(f"paddle_unpad.models.load_hf_bert: weights for {missing[:5]}{' ...' if len(missing) > 5 else ''} are missing from {weights}")
     for k, p in own.items():
         arr = sd[k]
         if list(arr.shape) != list(p.shape):
-            raise ValueError(f"paddle_unpad.models.load_hf_bert: {k}: shape {list(arr.shape)} in {weights} differs "
-                             f"from the model's {list(p.shape)}")
+            raise ValueError(f"paddle_unpad.models.load_hf_bert: {k}: shape {list(arr.shape)} in {weights} differs from the model's {list(p.shape)}")
         p.set_value(paddle.to_tensor(arr.astype(dtype)))
     model.eval()
     return model
