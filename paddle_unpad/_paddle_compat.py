@@ -180,6 +180,35 @@ def is_tensor(x):
     return isinstance(x, tuple(kinds))
 
 
+# ----------------------------------------------------------------------------- layers
+
+
+def layer_norm_epsilon(norm):
+    """The epsilon of a ``paddle.nn.LayerNorm`` (kept as ``_epsilon`` in 2.6 and 3.x; no public
+    attribute)."""
+    return norm._epsilon
+
+
+def data_parallel_inner(model):
+    """The layer a ``paddle.DataParallel`` wraps (``_layers`` in 2.6 and 3.x), or ``model``."""
+    while isinstance(model, paddle.DataParallel):
+        model = model._layers
+    return model
+
+
+def own_sublayer(layer, name):
+    """The direct sub-layer ``name`` of ``layer`` (None when it has none of that name), read from
+    the layer's own table (``_sub_layers``, 2.6 and 3.x): never an attribute of the class that
+    a subclass defines under the same name."""
+    return layer.__dict__.get("_sub_layers", {}).get(name)
+
+
+def embedding_is_sparse(layer):
+    """Whether ``paddle.nn.Embedding`` ``layer`` was built with ``sparse=True`` (its gradient is a
+    SelectedRows; kept as ``_sparse`` in 2.6 and 3.x)."""
+    return bool(getattr(layer, "_sparse", False))
+
+
 # ----------------------------------------------------------------------------- random state
 
 

@@ -38,6 +38,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from . import _paddle_compat as _compat
 from . import host_malloc as _host_malloc
 from . import ops as _ops
 
@@ -121,14 +122,14 @@ def encoder_layer_forward(layer, x, cu_seqlens, max_seqlen):
     ctx = ctx.reshape([-1, heads * head_dim])
     a = paddle.matmul(ctx, attn.out_proj.weight)
     x = bias_dropout_residual_layer_norm(a, attn.out_proj.bias, x, layer.norm1.weight, layer.norm1.bias,
-                                         layer.dropout1.p, layer.norm1._epsilon, training)
+                                         layer.dropout1.p, _compat.layer_norm_epsilon(layer.norm1), training)
     f = paddle.matmul(x, layer.linear1.weight)
     f = bias_act(f, layer.linear1.bias, layer.activation)
     if training and layer.dropout.p:
         f = F.dropout(f, p=layer.dropout.p, training=True, mode=layer.dropout.mode)
     o = paddle.matmul(f, layer.linear2.weight)
     return bias_dropout_residual_layer_norm(o, layer.linear2.bias, x, layer.norm2.weight, layer.norm2.bias,
-                                            layer.dropout2.p, layer.norm2._epsilon, training)
+                                            layer.dropout2.p, _compat.layer_norm_epsilon(layer.norm2), training)
 
 
 def encoder_forward(encoder, x, cu_seqlens, max_seqlen, output_hidden_states=False):
@@ -246,6 +247,11 @@ def unswap_class(obj):
     obj.__class__ = cls
     object.__delattr__(obj, _ORIG_CLASS_ATTR)
     return True
+
+
+def original_class(obj):
+    """The class ``obj`` had before :func:`swap_class`."""
+    return obj.__dict__[_ORIG_CLASS_ATTR]
 
 
 def is_swapped(obj):

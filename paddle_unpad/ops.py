@@ -6,7 +6,6 @@ references are written for clarity, not speed; tests compare the two.
 """
 import math
 import numbers
-import warnings
 
 import numpy as np
 import paddle
@@ -14,6 +13,7 @@ import paddle
 from . import _native, config
 from . import _paddle_compat as _compat
 from . import host_malloc as _host_malloc
+from ._warn import warn_once
 # The op rules as data, in a module without imports: tests/gpu read it where Paddle is missing.
 from ._op_rules import (FMHA_GPU_TOLERANCE, FMHA_SUPPORT, FMHA_TOLERANCE, FUSED_OPS_GPU_TOLERANCE,
                         FUSED_OPS_SUPPORT, FUSED_OPS_TOLERANCE, MODEL_TOLERANCE)
@@ -118,15 +118,6 @@ def _fmha_gpu_kernel_refusal(q):
     if d not in rules["head_dim"]:
         return f"the CUDA kernel takes head sizes {_sizes_in_words(rules['head_dim'])}, not {d}"
     return None
-
-
-_warned = set()
-
-
-def _warn_once(key, message):
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def _is_floating(t):
@@ -266,7 +257,7 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     if on_cpu:
         rng = _rng_state_tensor(rng_state, q) if p > 0.0 else None
         return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
-    _warn_once(("fmha", refusal), f"fmha: {refusal}; attention runs as plain Paddle ops over length buckets (paddle_unpad.bucketed_attention, slower). This warning is shown once.")
+    warn_once(("fmha", refusal), f"fmha: {refusal}; attention runs as plain Paddle ops over length buckets (paddle_unpad.bucketed_attention, slower). This warning is shown once.", RuntimeWarning)
     rng = _rng_state_tensor(rng_state, q) if p > 0.0 and rng_state is not None else None
     return bucketed_attention(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
 

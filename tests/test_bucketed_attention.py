@@ -8,7 +8,7 @@ import paddle
 import pytest
 
 import philox_ref
-from paddle_unpad import ops
+from paddle_unpad import _warn, ops
 from paddle_unpad.bucketed_attention import bucket_plan, bucketed_attention
 from test_fmha import GRID, OFFSET, SEED, assert_close, cu_seqlens_host, grid_case, make_inputs, reference
 
@@ -93,7 +93,7 @@ def test_fmha_takes_this_path_off_the_cpu_without_a_kernel(monkeypatch):
     monkeypatch.setattr(ops, "_on_cpu", lambda t: False)
     monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: True)
     monkeypatch.setattr(ops, "_call_native", lambda *a: pytest.fail(f"a kernel was called: {a[0]}"))
-    monkeypatch.setattr(ops, "_warned", set())
+    monkeypatch.setattr(_warn, "_shown", set())
     tq, tk, tv = (paddle.to_tensor(a, stop_gradient=False) for a in (q, k, v))
     with pytest.warns(RuntimeWarning, match=r"fmha: the CUDA kernel takes float16 and bfloat16, not float32 "
                                             r"\(AMP.*is the fast path\)"):

@@ -227,7 +227,7 @@ def test_float64_mixes_are_refused_naming_both():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_attention_without_a_kernel_size_takes_the_bucketed_path(dtype):
     """Head size 48 has no CUDA kernel: plain-Paddle attention in the AMP dtype, one warning."""
-    from paddle_unpad import ops
+    from paddle_unpad import _warn, ops
     from paddle_unpad.ops import FMHA_GPU_TOLERANCE
     from test_fmha import make_inputs, reference
 
@@ -236,7 +236,7 @@ def test_half_attention_without_a_kernel_size_takes_the_bucketed_path(dtype):
     ref = reference(*(_f64(t) for t in (tq, tk, tv)), cu, 1.0 / math.sqrt(48), 0.0, None, dout)
     with amp_emulation.emulated_amp(), gpu_rules.gpu_rules(pytest) as calls:
         with pytest.warns(RuntimeWarning, match="head sizes 32, 64, 128, not 48"):
-            ops._warned.clear()
+            _warn.forget()
             out = ops.fmha(tq, tk, tv, paddle.to_tensor(cu), 33)
         (out.astype("float32") * paddle.to_tensor(dout)).sum().backward()
     assert calls == [] and out.dtype == tq.dtype

@@ -179,7 +179,7 @@ def _trainable(model, is_layer):
 def _refuse_sparse_tables(model):
     """A sparse embedding's gradient is a SelectedRows, which no collective here can take."""
     for name, layer in model.named_sublayers(include_self=True):
-        if isinstance(layer, paddle.nn.Embedding) and getattr(layer, "_sparse", False) \
+        if isinstance(layer, paddle.nn.Embedding) and compat.embedding_is_sparse(layer) \
                 and not layer.weight.stop_gradient:
             raise ValueError(
                 f"paddle_unpad.distributed.GradientAllReduce: model has a sparse embedding (layer {name or 'model'!r}, nn.Embedding(sparse=True), weight {layer.weight.name!r}); its gradient is a SelectedRows, which the all-reduce cannot reduce: build it with sparse=False (on CPU jobs the table is reduced by the rows the step used anyway)")

@@ -20,6 +20,7 @@ import warnings
 
 import paddle
 
+from .. import _paddle_compat as _compat
 from .. import layers as _layers
 from . import common as _common
 from .export import PackedInputs
@@ -48,9 +49,7 @@ def _mixins(fam):
 
 
 def _unwrap(model):
-    while isinstance(model, paddle.DataParallel):
-        model = model._layers
-    return model
+    return _compat.data_parallel_inner(model)
 
 
 def _find_base(model):
@@ -58,7 +57,7 @@ def _find_base(model):
         spec = fam.SPEC
         if isinstance(model, spec.base_class):
             return fam, model
-        base = model.__dict__.get("_sub_layers", {}).get(spec.base_attr)
+        base = _compat.own_sublayer(model, spec.base_attr)
         if isinstance(base, spec.base_class):
             return fam, base
     raise NotImplementedError(

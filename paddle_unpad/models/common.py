@@ -27,6 +27,7 @@ import paddle.nn.functional as F
 
 from .. import _paddle_compat as _compat
 from .. import layers as _layers
+from .._warn import warn_once
 from ..varlen import check_cu_seqlens, check_no_empty_sequences, pad_input
 
 __all__ = ["UnsupportedInput", "Packing", "FamilySpec", "options_of"]
@@ -56,16 +57,6 @@ PAD_LOGIT = -1.0e4
 
 class UnsupportedInput(NotImplementedError):
     """An input or option the unpadded forward cannot honour. The message names it."""
-
-
-_warned = set()
-
-
-def warn_once(key, msg):
-    if key in _warned:
-        return
-    _warned.add(key)
-    warnings.warn(msg, UserWarning, stacklevel=4)
 
 
 def options_of(model):
@@ -310,7 +301,7 @@ def pack_from_mask(ref, input_ids, attention_mask, pad_token_id, needs_cls, max_
         msg = (f"paddle_unpad: attention_mask row {b} masks its first position (left padding?); the pooler of the original model reads position 0 (a padding token there) while the unpadded model reads the first real token. Pad on the right (tokenizer padding_side='right') or pass packed inputs.")
         if needs_cls:
             raise UnsupportedInput(msg)
-        warn_once(("left-padding", who), f"{msg} pooler_output differs from the original for such rows.")
+        warn_once(("left-padding", who), f"{msg} pooler_output differs from the original for such rows.", UserWarning, stacklevel=3)
     indices = np.flatnonzero(keep.reshape(-1)).astype(np.int64)
     cu = np.zeros(B + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])

@@ -35,6 +35,8 @@ from paddlenlp.transformers.model_outputs import (
     TokenClassifierOutput,
 )
 
+from .. import _warn
+from .. import layers as _layers
 from . import common
 
 
@@ -313,7 +315,7 @@ def run(model, spec, impl, a, extra):
         packed = a.get("cu_seqlens") is not None
         if common.options_of(model).get("on_unsupported") != "fallback" or packed or not paddle.in_dynamic_mode():
             raise
-        common.warn_once(("fallback", type(model).__name__, str(e)),
+        _warn.warn_once(("fallback", type(model).__name__, str(e)),
                          f"{e} -- running the original padded forward of {type(model).__name__} instead (convert(..., on_unsupported='fallback'))")
         _FALLBACK.depth += 1
         try:
@@ -330,7 +332,7 @@ _FALLBACK = _FallbackState()
 
 
 def _original_forward(model, a):
-    orig = model.__dict__["_paddle_unpad_original_class"]
+    orig = _layers.original_class(model)
     kw = {k: v for k, v in a.items() if k not in common.PACKED_ARGS_ALL}
     if "masked_positions" not in inspect.signature(orig.forward).parameters:  # RoBERTa: only from a batch
         if kw.pop("masked_positions", None) is not None:
