@@ -25,10 +25,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CLIENT = """
 import os, sys, time
 from paddle.base import core
-from paddle_unpad.distributed import groups
+from paddle_unpad.distributed import workarounds
 port, me, clients, each = map(int, sys.argv[1:5])
 store = core.TCPStore("127.0.0.1", port, False, 0, 60)
-groups.quick_store_requests()  # PADDLE_MASTER names this store
+workarounds.quick_store_requests()  # PADDLE_MASTER names this store
 store.add("ready", 1)
 while store.add("ready", 0) < clients:
     time.sleep(0.001)
@@ -48,7 +48,7 @@ def _free_port():
 def store_costs(clients=4, each=2000):
     from paddle.base import core
 
-    from paddle_unpad.distributed import groups
+    from paddle_unpad.distributed import workarounds
 
     port = _free_port()
     old = os.environ.get("PADDLE_MASTER")
@@ -61,7 +61,7 @@ def store_costs(clients=4, each=2000):
         for _ in range(10):
             client.get("k")
         nagle = (time.perf_counter() - t) / 10
-        groups.quick_store_requests()
+        workarounds.quick_store_requests()
         t = time.perf_counter()
         for _ in range(1000):
             client.get("k")

@@ -25,15 +25,43 @@ from . import _native  # noqa: E402
 from . import _paddle_compat  # noqa: E402
 
 _paddle_compat.check_versions()
-from . import balance, data, distributed, fleet, ops, varlen  # noqa: F401
-from .models import convert, revert  # noqa: E402  (paddlenlp is imported only when convert() runs)
-from .ops import fmha, fmha_qkvpacked, ops_available
-from .process_changes import info
-from .varlen import cu_seqlens_from_lengths, pad_input, unpad_input
+import importlib  # noqa: E402
+
+from . import balance, data, ops, varlen  # noqa: E402,F401
+from .ops import fmha, fmha_qkvpacked, ops_available  # noqa: E402
+from .process_changes import info  # noqa: E402
+from .varlen import cu_seqlens_from_lengths, pad_input, unpad_input  # noqa: E402
 
 __version__ = "0.1.0"
 
 _native.load_at_import()
+
+# Imported on first use, so that inference (``import paddle_unpad``, an op, an exported model)
+# loads no distributed code and no PaddleNLP: name -> (module, attribute or None)
+_ON_FIRST_USE = {
+    "distributed": ("paddle_unpad.distributed", None),
+    "fleet": ("paddle_unpad.fleet", None),
+    "models": ("paddle_unpad.models", None),
+    "trainer": ("paddle_unpad.trainer", None),
+    "convert": ("paddle_unpad.models", "convert"),
+    "revert": ("paddle_unpad.models", "revert"),
+}
+
+
+def __getattr__(name):
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module 'paddle_unpad' has no attribute {name!r}")
+    module, attr = _ON_FIRST_USE[name]
+    value = importlib.import_module(module)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_ON_FIRST_USE))
+
 
 __all__ = [
     "fmha",

@@ -170,12 +170,8 @@ def cuda_wanted():
 
 
 def cuda_archs():
-    raw = config.get("CUDA_ARCHS")
-    archs = [a.strip() for a in raw.replace(",", ";").replace(" ", ";").split(";") if a.strip()]
-    for a in archs:
-        if not a.isdigit() or int(a) < 80:
-            raise ValueError(f"paddle_unpad: {config.variable('CUDA_ARCHS').env}: {a!r} is not a supported SM version (need 80 or newer, e.g. '80;90')")
-    return archs
+    """The SM versions to compile for (checked by :mod:`paddle_unpad.config`)."""
+    return config.sm_versions(config.get("CUDA_ARCHS"))
 
 
 def _paddle_paths():

@@ -3,6 +3,9 @@
 Supported: Paddle 2.6.x and 3.x, CPU and GPU builds. The rest of the package uses
 public Paddle API and calls into this module for anything else, so a new Paddle
 release is adapted here and nowhere else. Each helper says which versions differ.
+The patches of Paddle's distributed runtime (per-group stores, TCP_NODELAY, exit order)
+are the one other place that deals with Paddle's internals, through the helpers here:
+:mod:`paddle_unpad.distributed.workarounds` (tests/test_paddle_internals.py keeps it so).
 
 This module imports only paddle and the standard library (``_build_config`` uses it
 at build time, before the package exists).

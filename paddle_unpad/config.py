@@ -50,6 +50,9 @@ class Variable(NamedTuple):
         return PREFIX + self.name
 
 
+# When the mallopt of HOST_MALLOC is made (paddle_unpad.host_malloc.ensure's callers; info() quotes it)
+MALLOPT_WHEN = "the first convert(), unpadded layer, op call or paddle_unpad DistributedStrategy"
+
 VARIABLES = tuple(Variable(*v) for v in (
     # run time: which operator library, and where
     ("DISABLE_NATIVE", "flag", False, "run every op's plain-Paddle reference instead of the compiled operators"),
@@ -65,7 +68,7 @@ VARIABLES = tuple(Variable(*v) for v in (
     ("MKL_DISPATCH", "choice", "auto",
      "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels (MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
     ("HOST_MALLOC", "choice", "retain",
-     "retain: on Linux with glibc, keep freed host memory for reuse instead of returning it to the kernel and faulting it in again every step (mallopt at the first convert(), unpadded layer, op call or paddle_unpad DistributedStrategy, unless the user tuned malloc's mmap/trim settings); off: glibc's defaults",
+     f"retain: on Linux with glibc, keep freed host memory for reuse instead of returning it to the kernel and faulting it in again every step (mallopt at {MALLOPT_WHEN}, unless the user tuned malloc's mmap/trim settings); off: glibc's defaults",
      ("retain", "off")),
     # run time: distributed
     ("GLOO_GROUP_STORES", "flag", True,
@@ -151,7 +154,24 @@ def parse(var: Variable, text: str):
         if low not in var.choices:
             raise ConfigError(f"paddle_unpad.config: {var.env}={text!r}: expected one of {', '.join(var.choices)}")
         return low
+    if var.name in _TEXT_RULES:
+        _TEXT_RULES[var.name](var, text)
     return text
+
+
+def sm_versions(text: str):
+    """The SM versions of a ``CUDA_ARCHS`` text ("80;90"; commas and spaces separate too)."""
+    return [a.strip() for a in text.replace(",", ";").replace(" ", ";").split(";") if a.strip()]
+
+
+def _check_sm_versions(var, text):
+    for a in sm_versions(text):
+        if not a.isdigit() or int(a) < 80:
+            raise ConfigError(f"paddle_unpad.config: {var.env}={text!r}: {a!r} is not a supported SM version (need 80 or newer, e.g. '80;90')")
+
+
+# text settings with a rule of their own
+_TEXT_RULES = {"CUDA_ARCHS": _check_sm_versions}
 
 
 def agreed_settings(environ=None):

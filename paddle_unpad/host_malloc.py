@@ -12,10 +12,9 @@ with freed memory kept (1 thread, every call faulting its 8 MB output in); a pla
 (a 30522 x 384 embedding gradient is 47 MB), the others until glibc's adaptive
 threshold has grown past them.
 
-So when the plugin's training features are first used (:func:`ensure`: the first
-``paddle_unpad.convert``, unpadded encoder layer built or converted, call of one of the
-plugin's ops, or ``paddle_unpad.fleet.DistributedStrategy`` built -- before the training
-loop's allocations, not at ``import paddle_unpad``), on Linux with glibc, the plugin tells
+So when the plugin's training features are first used (:func:`ensure`, at the points
+``paddle_unpad.config.MALLOPT_WHEN`` lists -- before the training loop's allocations, not at
+``import paddle_unpad``), on Linux with glibc, the plugin tells
 ``malloc`` (``mallopt``) never to serve a block by ``mmap``
 (``M_MMAP_MAX = 0``) and never to give the top of its heap back (``M_TRIM_THRESHOLD =
 -1``): freed memory is reused by later steps instead of being faulted in again (after the

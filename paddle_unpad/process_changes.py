@@ -7,6 +7,7 @@ import. Every other change waits for the first use of the feature that needs it.
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 from . import config, cpu_gemm, host_malloc
@@ -25,7 +26,7 @@ def _mkl():
 
 def _mallopt():
     state = host_malloc.info()
-    when = state["when"] or ("not yet: the first paddle_unpad.convert, UnpadTransformerEncoderLayer, op call or pu.fleet.DistributedStrategy()")
+    when = state["when"] or f"not yet: {config.MALLOPT_WHEN}"
     return {"applied": state["action"] == "retain", "when": when,
             "why": f"{state['why'] or 'no feature that needs it has run'}; freed host memory is kept for the next step instead of being faulted in again (off: {config.variable('HOST_MALLOC').env}=off)"}
 
@@ -38,26 +39,29 @@ def _group_factory():
             "why": "paddle.distributed's process-group factory wrapped: each gloo group gets a rendezvous store of its own (Paddle's groups overwrite each other's keys in the job's store), and store connections get TCP_NODELAY" + ("" if rules is None else f" (group stores {rules[0]}, TCP_NODELAY {rules[1]})")}
 
 
-def _atexit():
-    from .distributed import groups
+def _loaded(name):
+    """The plugin's module ``name`` if something imported it (not imported: it changed nothing;
+    info() must not load the distributed layer into an inference process)."""
+    return sys.modules.get(f"{__package__}.{name}")
 
-    return {"applied": groups._exit["installed"],
+
+def _atexit():
+    workarounds = _loaded("distributed.workarounds")
+    return {"applied": workarounds is not None and workarounds.exit_handler_installed(),
             "when": "the plugin's first process group, background thread or wrapped host group",
             "why": "at exit the plugin's background threads are stopped and joined before the interpreter finalizes, and rank 0 leaves a clean job last"}
 
 
 def _excepthook():
-    from .distributed import source
-
-    return {"applied": threading.excepthook is source._excepthook,
+    source = _loaded("distributed.source")
+    return {"applied": source is not None and threading.excepthook is source._excepthook,
             "when": "a BalancedLoader first iterates a rank's own loader",
             "why": "a DataLoader thread that dies of an exception wakes its reader (which would block for ever) and the error reaches every rank"}
 
 
 def _nodelay():
-    from .distributed import groups
-
-    count = len(groups._nodelay_fds)
+    workarounds = _loaded("distributed.workarounds")
+    count = 0 if workarounds is None else workarounds.nodelay_connections()
     return {"applied": count > 0, "connections": count,
             "when": "each group the wrapped factory creates (the job's store) and each group store",
             "why": f"the store's small requests skip Nagle's delay (~40 ms per request otherwise; off: {config.variable('STORE_NODELAY').env}=off)"}

@@ -74,6 +74,8 @@ def _bad_values(var):
     if var.kind == "int":
         low, high = var.bounds
         return ["two", str(low - 1)] + ([] if high is None else [str(high + 1)])
+    if var.name == "CUDA_ARCHS":  # a text with a rule: SM versions 80 and newer
+        return ["75", "sm_90", "80;seventy"]
     return []
 
 

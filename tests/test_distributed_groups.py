@@ -6,7 +6,7 @@ test_distributed_nodes.py.)"""
 import pytest
 
 from launch_util import free_port
-from paddle_unpad.distributed import groups
+from paddle_unpad.distributed import groups, workarounds
 
 
 def test_gloo_groups_get_their_own_store_and_nothing_else_changes(monkeypatch):
@@ -26,8 +26,8 @@ def test_gloo_groups_get_their_own_store_and_nothing_else_changes(monkeypatch):
         return "pg"
 
     monkeypatch.setattr(collective, "_new_process_group_impl", fake)
-    monkeypatch.setattr(groups, "_group_stores", [])
-    monkeypatch.setattr(groups, "_group_store_uses", {})
+    monkeypatch.setattr(workarounds, "_group_stores", [])
+    monkeypatch.setattr(workarounds, "_group_store_uses", {})
     assert groups.install_group_stores(True)
     wrapper = collective._new_process_group_impl
     assert wrapper is not fake and wrapper._paddle_unpad_original is fake
@@ -42,7 +42,7 @@ def test_gloo_groups_get_their_own_store_and_nothing_else_changes(monkeypatch):
     monkeypatch.setenv("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:6170")
     wrapper("gloo", job, 0, 3, "g", None, group_id=9)
     own = calls[-1][1]
-    assert own is not job and calls[-1][2:5] == (0, 3, 9) and groups._group_stores == [own]
+    assert own is not job and calls[-1][2:5] == (0, 3, 9) and workarounds._group_stores == [own]
     host, _, own_port = job.get("paddle_unpad/gloo_group_store/9/0").decode().rpartition(":")
     assert host == "127.0.0.1" and int(own_port) not in (port, 6170)
     peer = core.TCPStore(host, int(own_port), False, 0, 30)  # what another member joins
@@ -101,9 +101,9 @@ def test_store_connections_send_without_nagles_delay(monkeypatch):
     monkeypatch.delenv("PADDLE_TRAINER_ENDPOINTS", raising=False)
     monkeypatch.setenv("PADDLE_MASTER", f"127.0.0.1:{port}")
     monkeypatch.setenv("PADDLE_UNPAD_STORE_NODELAY", "0")
-    assert groups.quick_store_requests() == 0 and not any(_nodelay_of_connections_to(port))
+    assert workarounds.quick_store_requests() == 0 and not any(_nodelay_of_connections_to(port))
     monkeypatch.delenv("PADDLE_UNPAD_STORE_NODELAY")
-    assert groups.quick_store_requests() == len(before)
+    assert workarounds.quick_store_requests() == len(before)
     assert all(_nodelay_of_connections_to(port)) and not any(_nodelay_of_connections_to(other))
     assert client.get("k") == b"v" and unrelated.get("k") == b"v"  # the connections still work
     del server, unrelated_server
@@ -118,15 +118,15 @@ def test_released_groups_go_back_to_the_pool_unless_busy_failed_or_the_users(mon
     """What :func:`groups.release` keeps for reuse (Paddle cannot free a process group), and that
     nothing is issued on a released group."""
     monkeypatch.setattr(groups, "_free", {})
-    monkeypatch.setattr(groups, "_exit", {"installed": True, "order_group": None})
+    monkeypatch.setattr(workarounds, "_exit", {"installed": True, "order_group": None})
     mine = groups.Group(_FakePG(1 << 20), groups.HOST, "gloo", "sample exchange", owned=True)
     groups.issue("all_gather", mine)
     assert mine.conn["ops"] == 1
-    groups._exit["order_group"] = mine
+    workarounds._exit["order_group"] = mine
     groups.release(mine)
     groups.release(mine)  # idempotent
     groups.release(None)
-    assert groups._free == {("gloo", (0, 1, 2)): [mine]} and groups._exit["order_group"] is mine  # idle: still fine
+    assert groups._free == {("gloo", (0, 1, 2)): [mine]} and workarounds._exit["order_group"] is mine  # idle: still fine
     with pytest.raises(RuntimeError, match="all_reduce on the sample exchange group after it was released"):
         groups.issue("all_reduce", mine)
     busy = groups.Group(_FakePG((1 << 20) + 1), groups.HOST, "gloo", "x", owned=True)
@@ -134,18 +134,18 @@ def test_released_groups_go_back_to_the_pool_unless_busy_failed_or_the_users(mon
     failed = groups.Group(_FakePG((1 << 20) + 2), groups.HOST, "gloo", "x", owned=True)
     failed.conn["failed"] = True
     users = groups.Group(_FakePG(12), groups.HOST, "gloo", "x", owned=False)
-    groups._exit["order_group"] = busy
+    workarounds._exit["order_group"] = busy
     for g in (busy, failed, users):
         groups.release(g)
         assert g.released
     assert groups._free == {("gloo", (0, 1, 2)): [mine]}
-    assert groups._exit["order_group"] is None  # the busy one is not waited on at exit; no idle one spans the job
+    assert workarounds._exit["order_group"] is None  # the busy one is not waited on at exit; no idle one spans the job
     # outside a job (world 1) no group spans every rank; the idle pooled one would be taken in a 3-rank job
     monkeypatch.setattr(groups, "job", lambda: (0, 3))
-    groups._exit["order_group"] = busy
+    workarounds._exit["order_group"] = busy
     busy.released = False
     groups.release(busy)
-    assert groups._exit["order_group"] is mine
+    assert workarounds._exit["order_group"] is mine
 
 
 def test_a_collective_that_fails_marks_its_group_not_reusable():

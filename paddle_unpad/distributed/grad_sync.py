@@ -77,7 +77,7 @@ import numpy as np
 import paddle
 
 from .. import _paddle_compat as compat
-from . import groups
+from . import groups, workarounds
 from .errors import GradientSyncError
 from .options import ALLREDUCE
 from .options import resolve as resolve_options
@@ -274,7 +274,7 @@ class GradientAllReduce:
                 compat.register_grad_ready_hook(p, self._hook_for(id(p)))
         if not self.gpu:  # the thread does the work, so that wait() can give up after `timeout`
             self._thread = threading.Thread(target=self._serve, name="paddle_unpad-grad-allreduce", daemon=True)
-            groups.register_thread(self._thread, self._stop_thread)
+            workarounds.register_thread(self._thread, self._stop_thread)
             self._thread.start()
 
     @staticmethod
@@ -639,7 +639,7 @@ class GradientAllReduce:
         self._work.put(None)
         self._thread.join(timeout=_CLOSE_JOIN_S)  # one still inside a collective is joined at exit
         if not self._thread.is_alive():
-            groups.unregister_thread(self._thread)
+            workarounds.unregister_thread(self._thread)
             self._release_groups()  # else the thread does, on its way out
 
     def _close_on_gpu(self):

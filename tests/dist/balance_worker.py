@@ -27,7 +27,8 @@ import paddle.distributed as dist  # noqa: E402
 from paddle.distributed import fleet  # noqa: E402
 
 import paddle_unpad.fleet as pf  # noqa: E402
-from paddle_unpad.balance import DEFAULT_COST, BalancedLoader, CostModel, ExchangeError, ExchangeTimeout  # noqa: E402
+from paddle_unpad.balance import DEFAULT_COST, CostModel  # noqa: E402
+from paddle_unpad.distributed import BalancedLoader, ExchangeError, ExchangeTimeout  # noqa: E402
 from paddle_unpad.data import SampleError, sample_list_collate  # noqa: E402
 
 VOCAB, HID, MAXLEN = 37, 8, 64

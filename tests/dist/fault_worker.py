@@ -103,7 +103,7 @@ def scenario_shape_token_tail_then_ranks():
 
 def _reuse(first, batches):
     """A second loader on the first one's process group (creating groups is the slow part)."""
-    from paddle_unpad.balance import BalancedLoader
+    from paddle_unpad.distributed import BalancedLoader
 
     return BalancedLoader(batches, group=first.group, timeout=first.timeout, close_timeout=first.close_timeout,
                           check_plan=True)
@@ -187,7 +187,7 @@ def scenario_collate_raises(num_workers):
 def scenario_clean_exit_order():
     """Two ranks finish cleanly; rank 1 then lingers 1.5 s in its exit (an exit handler that
     runs before the package's): rank 0 must still end after rank 1 (see
-    paddle_unpad.distributed.groups._leave_in_order)."""
+    paddle_unpad.distributed.workarounds._leave_in_order)."""
     rank = init()
     batches = [[smp(10 * rank + 2 * s + k, 3 + 5 * k + 7 * rank, np.int64(k)) for k in range(2)] for s in range(2)]
     loader = pf.distributed_loader(batches)

@@ -1,0 +1,324 @@
+"""The plugin's workarounds of Paddle's distributed runtime, each with the versions it is for.
+
+Everything here changes Paddle's process-wide behaviour (listed by ``paddle_unpad.info()``)
+and is applied on first use, never at import:
+
+* **per-group rendezvous stores** (Paddle 2.6 and 3.x, gloo): :func:`install_group_stores`
+  wraps Paddle's process-group factory so that each gloo group meets through a TCP store of
+  its own;
+* **TCP_NODELAY on store connections** (Paddle 2.6 and 3.x): :func:`quick_store_requests`;
+* **threads and exit order**: every background thread of the plugin registers here
+  (:func:`register_thread`). At interpreter exit they are all told to stop first, then
+  joined -- a thread blocked in a gloo collective with a stopped peer leaves it when gloo's
+  own timeout (``GLOO_OWN_TIMEOUT_S``) fails the call -- so that no thread of the plugin is
+  inside native code when the interpreter finalizes (a thread left there aborts the process:
+  "terminate called without an active exception"); then rank 0 leaves a clean job last
+  (Paddle 3.x, whose TCP store runs on libuv): :func:`_leave_in_order`.
+
+Groups, collectives and agreement live in :mod:`paddle_unpad.distributed.groups`, which
+applies these when it makes the plugin's first group. Besides
+:mod:`paddle_unpad._paddle_compat`, this is the one module that may touch Paddle's
+internals (tests/test_paddle_compat.py walks the source to keep it so).
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+import paddle
+import paddle.distributed as dist
+
+from .. import _paddle_compat as _compat
+from .. import config
+
+log = logging.getLogger("paddle_unpad.distributed")
+
+GLOO_OWN_TIMEOUT_S = 30.0  # a gloo collective that waits longer fails by itself (Paddle 2.6 and 3.x, CPU)
+_EXIT_JOIN_S = GLOO_OWN_TIMEOUT_S + 10.0  # how long exit waits for the plugin's threads, all together
+
+
+def job_store():
+    """The job's TCP store, its connections given TCP_NODELAY (:func:`quick_store_requests`)."""
+    store = _compat.job_store()
+    quick_store_requests()
+    return store
+
+
+# ----------------------------------------------------------------------------- per-group rendezvous stores
+
+_GROUP_STORE_KEY = "paddle_unpad/gloo_group_store"
+_group_stores = []  # each group's own store, alive as long as the process (its group holds it too)
+_group_store_uses = {}  # gid -> groups created with it so far (a reused custom gid gets a new key)
+
+
+def install_group_stores(enabled=None, before_first_group: Optional[Callable[[], None]] = None):
+    """Give every gloo process group after the default one a rendezvous store of its own
+    (Paddle 2.6 and 3.x). Idempotent; returns whether the rendezvous is isolated.
+
+    Why: ``ProcessGroupGloo.create`` connects the group's gloo context through the job's TCP
+    store under the keys ``"0"`` .. ``"n-1"``, with no per-group prefix, so each new group
+    overwrites the keys of the one before. A rank that reads a peer's key before the peer
+    has rewritten it gets the peer's address in an earlier group and fails: ``pair.cc ...
+    connect ...: Connection refused`` (that listener is closed), or ``address.cc ... 136 vs
+    68`` when the two groups differ in size (Paddle 2.6 hangs instead). It hits ``fleet.init``
+    (its data-parallel group follows the default one) and any job that creates groups one
+    after the other, more often the more loaded the machine.
+
+    With this, ``paddle.distributed.new_group`` on gloo gives the group a TCP store served by
+    its first member (address passed through the job's store under a key unique to the
+    group), so no key it reads can be stale. The default group (gid 0) and other backends
+    are left as they are. The ``GLOO_GROUP_STORES`` setting off leaves Paddle as it ships.
+
+    ``before_first_group``: called before each gloo group after the default one is created
+    (:func:`paddle_unpad.distributed.groups.check_settings_agree`, which runs once per
+    process: the ranks of a job that disagree on this setting would meet through different
+    keys and wait for each other for ever)."""
+    enabled = config.get("GLOO_GROUP_STORES") if enabled is None else enabled
+    quick = config.get("STORE_NODELAY")
+    impl = _compat.process_group_factory()
+    if impl is None:  # a Paddle without this hook: leave it alone
+        return False
+    original = getattr(impl, "_paddle_unpad_original", impl)
+    if not (enabled or quick):
+        _compat.set_process_group_factory(original)
+        return False
+    if impl is not original and getattr(impl, "_paddle_unpad_rules", None) == (enabled, quick):
+        return enabled
+
+    @functools.wraps(original)
+    def new_process_group_impl(backend, store, rank, world_size, group_name, pg_options, group_id=0,
+                               *args, **kwargs):
+        if quick:  # the job's store exists by now (fleet.init / init_parallel_env made it)
+            quick_store_requests()
+        if before_first_group is not None and backend == "gloo" and group_id != 0 and world_size > 1:
+            before_first_group()  # before the first rendezvous the settings decide
+        if enabled and backend == "gloo" and group_id != 0 and world_size > 1:
+            store = _group_store(store, rank, world_size, group_id)
+        return original(backend, store, rank, world_size, group_name, pg_options, group_id, *args, **kwargs)
+
+    new_process_group_impl._paddle_unpad_original = original
+    new_process_group_impl._paddle_unpad_rules = (enabled, quick)
+    _compat.set_process_group_factory(new_process_group_impl)
+    return enabled
+
+
+
+_store_ports = set()  # ports of the TCP stores this process talks to besides the job's
+_nodelay_fds = set()  # descriptors of the store connections given TCP_NODELAY (paddle_unpad.info())
+
+
+def _job_store_ports():
+    """The ports Paddle may have taken the job's store from (its Python and C++ sides read
+    different variables first: MASTER_ADDR/MASTER_PORT, PADDLE_MASTER, the first trainer)."""
+    ports = set()
+    for text in (os.environ.get("MASTER_PORT", ""), os.environ.get("PADDLE_MASTER", "").rpartition(":")[2],
+                 os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0].rpartition(":")[2]):
+        if text.strip().isdigit():
+            ports.add(int(text))
+    return ports
+
+
+def quick_store_requests() -> int:
+    """Set ``TCP_NODELAY`` on this process's connections to Paddle's TCP stores (the job's and
+    the groups' own); returns how many connections it set.
+
+    Why: the store client writes a request in several small pieces (command, key length, key)
+    and the server answers in several too; with Nagle's algorithm on, each piece after the
+    first waits for the ACK of the one before, which the peer delays by up to 40 ms. Measured
+    on Paddle 3.3: a ``get`` takes 88 ms, an ``add`` 44 ms on loopback, 0.1 ms with this. Gloo
+    connects a group with a wait and a get per peer, so without it creating one 16-rank group
+    spends about 2.6 s in delays alone, a 1,024-rank one about 3 minutes. Only the client side
+    needs it (each process sets its own). The ``STORE_NODELAY`` setting off leaves the
+    connections as Paddle opens them."""
+    if not config.get("STORE_NODELAY"):
+        return 0
+    ports = _job_store_ports() | _store_ports
+    done = 0
+    try:
+        fds = [int(f) for f in os.listdir("/proc/self/fd")]
+    except OSError:  # not Linux: Paddle's collective jobs run on Linux only
+        return 0
+    for fd in fds:
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:  # not a socket (or closed since the listing)
+            continue
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
+                if s.getpeername()[1] in ports:
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    done += 1
+                    _nodelay_fds.add(fd)
+        except OSError:  # not connected (a listener) or gone
+            pass
+        finally:
+            s.detach()  # the descriptor stays Paddle's
+    return done
+
+
+def nodelay_connections() -> int:
+    """How many store connections were given TCP_NODELAY (``paddle_unpad.info()``)."""
+    return len(_nodelay_fds)
+
+
+def _group_store(job_store, rank, size, gid):
+    """The fresh TCP store of group ``gid``: served by its rank 0, joined by the others. (The
+    plugin's own groups have ids unique in the job, agreed by their members; Paddle's and the
+    user's groups take the ids of Paddle's counter, equal on every rank by Paddle's rule.)"""
+    uses = _group_store_uses.get(gid, 0)
+    _group_store_uses[gid] = uses + 1
+    key = f"{_GROUP_STORE_KEY}/{gid}/{uses}"
+    timeout = 900  # seconds, Paddle's default for its own store
+    if rank == 0:
+        # the address the other members reach this process at: the launcher's endpoint
+        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "").rpartition(":")[0] or "127.0.0.1"
+        error = None
+        for _ in range(5):  # the port is picked free, but another process could take it first
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+            try:
+                own = _compat.tcp_store(host, port, True, timeout)  # 0 workers: returns at once
+                break
+            except Exception as e:  # noqa: BLE001 - retried on another port, then reported
+                error = e
+        else:
+            job_store.set(key, f"error: {error}".encode())
+            raise RuntimeError(f"paddle_unpad.distributed: could not start the rendezvous store of gloo group {gid}: {error}")
+        job_store.set(key, f"{host}:{port}".encode())
+    else:
+        value = job_store.get(key).decode()  # waits for the key (2.6 and 3.x)
+        if value.startswith("error: "):
+            raise RuntimeError(f"paddle_unpad.distributed: the first member of gloo group {gid} could not start its rendezvous store ({value[7:]})")
+        host, _, port = value.rpartition(":")
+        own = _compat.tcp_store(host, port, False, timeout)
+    _group_stores.append(own)
+    _store_ports.add(int(port))
+    quick_store_requests()
+    return own
+
+
+# ----------------------------------------------------------------------------- threads and exit
+
+_threads_lock = threading.Lock()
+_threads: Dict[threading.Thread, Callable] = {}  # live background threads -> how to ask them to stop
+_exit = {"installed": False, "order_group": None}
+
+
+def register_thread(thread: threading.Thread, stop: Callable[[], None]):
+    """A background thread of the plugin: ``stop()`` asks it to leave (without blocking); it is
+    stopped and joined at interpreter exit unless it ended before."""
+    _ensure_exit_handler()
+    with _threads_lock:
+        _threads[thread] = stop
+
+
+def unregister_thread(thread: threading.Thread):
+    with _threads_lock:
+        _threads.pop(thread, None)
+
+
+def stop_and_join(items, timeout: float) -> List[threading.Thread]:
+    """Ask every ``(thread, stop)`` to stop, then join them all within ``timeout`` seconds in
+    total (asking all first: no thread's close handshake waits for another's). Returns the
+    threads still alive."""
+    for _, stop in items:
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - one thread's failure must not keep the others running
+            log.debug("paddle_unpad: stopping a thread failed", exc_info=True)
+    deadline = time.monotonic() + timeout
+    alive = []
+    for th, _ in items:
+        if th is threading.current_thread():
+            continue
+        th.join(max(0.0, deadline - time.monotonic()))
+        if th.is_alive():
+            alive.append(th)
+    return alive
+
+
+def exit_order_group():
+    """The host group over every rank that rank 0 waits on at exit (None: no ordering)."""
+    return _exit["order_group"]
+
+
+def set_exit_order_group(group):
+    """Wait on ``group`` at exit (a host group over every rank: see
+    :func:`paddle_unpad.distributed.groups.use_for_exit_order`), or on none."""
+    _exit["order_group"] = group
+
+
+def exit_handler_installed() -> bool:
+    return _exit["installed"]
+
+
+def ensure_exit_handler():
+    """Install the exit handler (idempotent): before the plugin's first group or thread."""
+    _ensure_exit_handler()
+
+
+def _ensure_exit_handler():
+    if not _exit["installed"]:
+        _exit["installed"] = True
+        atexit.register(_at_exit)  # runs before atexit handlers registered earlier (Paddle's)
+
+
+_EXIT_KEY = "paddle_unpad/ranks_leaving"
+_EXIT_COUNT_WAIT_S = 5.0  # how long rank 0 waits for its peers to count themselves out
+
+
+def _at_exit():
+    with _threads_lock:
+        items = list(_threads.items())
+    alive = stop_and_join(items, _EXIT_JOIN_S)
+    if alive:
+        log.warning("paddle_unpad: %d background thread(s) still inside a collective at exit after %.0f s",
+                    len(alive), _EXIT_JOIN_S)
+        return  # their group is in use: no exit ordering on it
+    if _compat.PADDLE_VERSION >= (3, 0):
+        _leave_in_order()
+
+
+def _leave_in_order():
+    """Rank 0 leaves a clean multi-rank job after its peers (Paddle 3.x).
+
+    Rank 0 hosts the job's TCP store (and the plugin's groups' stores); in Paddle 3.x a libuv
+    thread serves them, and when a peer's connection closes while rank 0 is already in its C++
+    teardown (the static destructors after ``exit()``), that thread aborts rank 0 -- SIGABRT, no
+    message, the job's work done, the launcher reporting a failed job (seen in about one of 15
+    two-rank Trainer runs on a loaded 2-core host; the core dump shows
+    ``LibUVClient::readCallback`` under ``LibUVMasterDaemon::run``). So at exit each peer counts
+    itself out in the store, and rank 0, once all have, waits on a host group until every
+    peer's process is gone (a receive from a peer fails when its sockets close) before its own
+    teardown. Skipped in a process that dies of an exception, and when a peer has not counted
+    itself out within a few seconds (a failed job: rank 0 must not hold up its peers' errors)."""
+    group = _exit["order_group"]
+    if group is None or getattr(sys, "last_value", None) is not None:  # no group, or dying of an exception
+        return
+    try:
+        store = job_store()
+        if group.rank != 0:
+            store.add(_EXIT_KEY, 1)
+            return
+        deadline = time.monotonic() + _EXIT_COUNT_WAIT_S
+        while store.add(_EXIT_KEY, 0) < group.nranks - 1:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        buf = paddle.to_tensor([0], dtype="int64", place=paddle.CPUPlace())
+        for peer in range(1, group.nranks):
+            try:  # nobody sends: this returns when the peer's connection closes
+                dist.irecv(buf, peer, group=group.pg).wait()
+            except Exception:  # noqa: BLE001 - the expected end of the wait
+                pass
+        time.sleep(0.1)  # the store's thread takes the peers' hang-ups while rank 0 is whole
+    except Exception:  # noqa: BLE001 - ordering is best effort; never fail an exit
+        return
