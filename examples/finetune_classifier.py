@@ -338,7 +338,7 @@ def train_step(job, batch):
     loss = loss_sum * (job.world / max(1, n_global))
     loss.backward()
     if job.grad_sync is not None:
-        job.grad_sync.wait()
+        job.grad_sync.wait(step=batch.get("step"))  # a rank that skipped a batch fails by name
     job.opt.step()
     # None rather than zeros: the next backward then writes each gradient instead of adding it
     # to a zeroed copy (with an embedding table, ~50 MB of memset and add per step saved)

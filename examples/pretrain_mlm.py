@@ -341,7 +341,7 @@ class Run:
             loss = (mlm_sum / n_masked + nsp_sum / n_samples) * job.world
             loss.backward()
             if self.grad_sync is not None:
-                self.grad_sync.wait()
+                self.grad_sync.wait(step=b.get("step"))  # a rank that skipped a batch fails by name
             lr = self.opt.get_lr()
             self.opt.step()
             self.opt.clear_grad(set_to_zero=False)

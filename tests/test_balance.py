@@ -243,6 +243,18 @@ def test_plan_is_deterministic_and_hash_stable():
     assert p1 == p2
     assert balance.plan_hash(p1) == balance.plan_hash(p2)
     assert balance.plan_hash(p1) != balance.plan_hash(balance.no_balance(rows))
+    # one hash of one plan, whichever form it is given in (what a balanced batch carries)
+    dest, _ = balance.plan_dest(rows)
+    assert balance.plan_hash(p1) == balance.plan_hash(dest) < 2 ** 63
+    assert balance.plan_hash(balance.no_balance(rows)) == balance.plan_hash(
+        np.repeat(np.arange(len(rows)), [len(r) for r in rows]))
+    swapped = [list(x) for x in p1]
+    swapped[0][0], swapped[1][0] = swapped[1][0], swapped[0][0]
+    assert balance.plan_hash(swapped) != balance.plan_hash(p1)
+    for bad, why in (([[(0, 0), (0, 0)], []], "twice"), ([[(0, 1)], []], "leaves out a sample of rank 0"),
+                     ([[(2, 0)], []], "outside 2 ranks"), (np.zeros((2, 2), np.int32), "1-D integer dest")):
+        with pytest.raises(ValueError, match=why):
+            balance.plan_hash(bad)
     # ties are broken by (rank, index): equal costs never depend on anything else
     rows = [[512, 300, 300, 512], [300, 300, 512, 512], [300, 300, 300, 300]]
     assert balance.plan(rows, backend="python") == balance.plan(rows, backend="python")

@@ -39,7 +39,7 @@ TRAIN_CHECKS = {
     "fleet hook enabled the exchange",
     "each step's global batch is the same set as without exchange",
     "nothing lost or duplicated over the epoch",
-    "same plan hash on every rank at every step",
+    "every rank's batch carries balance.plan_hash of its step's plan",
     "samples were actually exchanged",
     "same parameters as one-process training (allclose 1e-5)",
     "thread stopped at end of epoch 0",

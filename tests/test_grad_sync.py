@@ -9,6 +9,7 @@ layer only one rank uses (the other rank has no gradient for it).
 """
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -68,6 +69,10 @@ def test_single_process_is_a_no_op_and_arguments_are_checked():
     before = lin.weight.grad.numpy().copy()
     assert sync.wait() == 0.0
     np.testing.assert_array_equal(lin.weight.grad.numpy(), before)
+    assert sync.wait(step=np.int64(3)) == 0.0
+    for bad in (-1, True, 1.0, "1"):
+        with pytest.raises(TypeError, match=r"wait: step must be a non-negative int.*got " + re.escape(repr(bad))):
+            sync.wait(step=bad)
     for kw, word, error in ((dict(bucket_mb=0), "bucket_mb", ValueError), (dict(timeout=float("nan")), "timeout",
                             ValueError), (dict(dense_fraction=1.5), "dense_fraction", ValueError),
                             (dict(bucket_mb=True), "bucket_mb", TypeError)):

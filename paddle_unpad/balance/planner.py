@@ -404,12 +404,33 @@ def moved_samples(plan_: Plan) -> int:
     return sum(1 for d, lst in enumerate(plan_) for r, _ in lst if r != d)
 
 
-def plan_hash(plan_: Plan) -> int:
-    """A 63-bit hash of a plan (compare across ranks to prove they agree)."""
-    h = hashlib.blake2b(digest_size=8)
-    for d, lst in enumerate(plan_):
-        arr = np.array(lst, dtype=np.int64).reshape(-1)
-        h.update(np.int64(d).tobytes())
-        h.update(np.int64(len(lst)).tobytes())
-        h.update(arr.tobytes())
-    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
+def plan_hash(plan_) -> int:
+    """A 63-bit hash of where each sample goes, to compare across ranks: ``plan_`` is a
+    :func:`plan` (``plan_[dst] == [(src_rank, src_index), ...]``) or the ``dest`` array of
+    :func:`plan_dest`; the two forms of one plan hash alike, and a balanced loader's
+    ``batch["plan_hash"]`` is this hash of its step's plan."""
+    dest = plan_ if isinstance(plan_, np.ndarray) else _plan_to_dest(plan_)
+    if dest.ndim != 1 or not np.issubdtype(dest.dtype, np.integer):
+        raise ValueError(f"paddle_unpad.balance.plan_hash: plan_ as an array must be plan_dest's 1-D integer dest, got shape {list(dest.shape)} dtype {dest.dtype}")
+    h = hashlib.blake2b(np.ascontiguousarray(dest, dtype=np.int32).tobytes(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def _plan_to_dest(plan_: Plan) -> np.ndarray:
+    """Each sample's destination in (source rank, source index) order."""
+    pairs = [(int(r), int(k), d) for d, lst in enumerate(plan_) for r, k in lst]
+    cnt = np.zeros(len(plan_), dtype=np.int64)
+    for r, k, _ in pairs:
+        if not 0 <= r < len(plan_) or k < 0:
+            raise ValueError(f"paddle_unpad.balance.plan_hash: plan_ names sample ({r}, {k}), outside {len(plan_)} ranks")
+        cnt[r] = max(cnt[r], k + 1)
+    starts = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    dest = np.full(int(cnt.sum()), -1, dtype=np.int32)
+    for r, k, d in pairs:
+        if dest[starts[r] + k] != -1:
+            raise ValueError(f"paddle_unpad.balance.plan_hash: plan_ sends sample ({r}, {k}) twice")
+        dest[starts[r] + k] = d
+    if np.any(dest < 0):
+        r = int(np.searchsorted(starts, int(np.argmax(dest < 0)), side="right") - 1)
+        raise ValueError(f"paddle_unpad.balance.plan_hash: plan_ leaves out a sample of rank {r} (a plan sends every sample once)")
+    return dest

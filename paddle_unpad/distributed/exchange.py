@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from ..balance.planner import plan_dest
+from ..balance.planner import plan_dest, plan_hash
 from ..data.collate import SampleError, check_lengths, normalize_batch, pack_samples, to_paddle
 from . import groups, wire, workarounds
 from .errors import ExchangeError
@@ -250,7 +250,7 @@ class Epoch:
         self._at(step, "planning")
         dest, _ = plan_dest(lens, o["cost"], o["counts"], o["tol"])
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        phash = wire.plan_hash(dest)
+        phash = plan_hash(dest)
         if o["check_plan"]:
             self._at(step, "comparing plan hashes (all-gather)")
             hs = self._all_gather(np.array([phash], dtype=np.int64)).reshape(-1)

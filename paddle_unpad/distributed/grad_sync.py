@@ -6,7 +6,7 @@
     for batch in loader:
         loss = ...
         loss.backward()
-        sync.wait()              # gradients are now averaged over the ranks
+        sync.wait(step=batch["step"])  # gradients are now averaged over the ranks
         opt.step(); opt.clear_grad()
 
 What it does, compared with reducing one flat copy of every gradient after the backward:
@@ -47,9 +47,9 @@ dtypes, bucket plan, options) through the job's store, within ``timeout``: model
 are a :class:`GradientSyncError` on every rank, never a collective of mismatched sizes (which
 aborts inside gloo); a process launched as one of several ranks that builds it before
 ``fleet.init`` is a :class:`GradientSyncError` too (it would see one rank). Each step's
-reduction ends with a small trailer that every rank all-gathers: the step -- the global step
-of the batch the training loop last took from a balanced loader, else the count of
-reductions -- and what went wrong on that rank in the pass (a second backward, a parameter
+reduction ends with a small trailer that every rank all-gathers: the step -- ``wait(step=)``,
+the global step of the batch (``batch["step"]`` from a balanced loader), else the count of
+reductions, which cannot tell a rank that skipped a batch -- and what went wrong on that rank in the pass (a second backward, a parameter
 frozen or unfrozen since construction, a sparse gradient, the rank leaving). Any of these on
 any rank is the same named error on every rank at that ``wait()``: a rank that skipped a step,
 or accumulated, never steps with gradients paired with another step's or another rank's
@@ -67,6 +67,7 @@ use ``overlap=False`` and call ``wait`` after the last backward only.
 from __future__ import annotations
 
 import json
+import numbers
 import queue
 import threading
 import time
@@ -345,10 +346,6 @@ class GradientAllReduce:
 
         return hook
 
-    def _step_now(self):
-        step = groups.batch_step()
-        return self._passes if step is None else step
-
     def _mark_ready(self, key, from_hook=False):
         with self._lock:
             if self._timed_out is not None:
@@ -365,9 +362,9 @@ class GradientAllReduce:
                 self._step_bytes = 0
                 self._done.clear()
                 self._sealed.clear()
-                self._pass_step = self._step_now()
+                self._pass_step = self._passes  # until wait(step=) names the batch's step
                 if not self.gpu:
-                    self._work.put(self._pass_step)
+                    self._work.put(True)
             self._fired.add(key)
             b = self._bucket_of[key]
             b.pending -= 1
@@ -376,7 +373,7 @@ class GradientAllReduce:
         if self.gpu:
             self._issue_ready()
 
-    def _seal(self, closing=False):
+    def _seal(self, closing=False, step=None):
         """End the open pass: parameters without a gradient are marked complete (reduced as
         zeros). ``closing``: this rank leaves; it still issues the pass's collectives, so that
         the peers' ones return, and its trailer tells them the step was not reduced."""
@@ -386,6 +383,8 @@ class GradientAllReduce:
             self._closing = True
         for p in self._params:  # without overlap: all of them; with it: those without a gradient
             self._mark_ready(id(p))
+        if step is not None:  # the pass is open now; its trailer is read after _sealed
+            self._pass_step = step
         self._sealed.set()
 
     def _check_trainable(self):
@@ -403,13 +402,12 @@ class GradientAllReduce:
 
     def _serve(self):
         while True:
-            step = self._work.get()
-            if step is None:
+            if self._work.get() is None:
                 break
             try:
                 self._reduce_all()
-                self._sealed.wait()
-                self._check_trailer(step)
+                self._sealed.wait()  # wait() has set the pass's step by then
+                self._check_trailer(self._pass_step)
             except BaseException as e:  # noqa: BLE001 -- raised in the training thread by wait()
                 self._error = e
             finally:
@@ -560,10 +558,17 @@ class GradientAllReduce:
 
     # ------------------------------------------------------------------ the training thread
 
-    def wait(self):
+    def wait(self, step: Optional[int] = None):
         """Finish this step's all-reduce: call after the backward, before the optimizer step.
-        Returns the seconds spent here (the communication the step waits for)."""
+        ``step``: the global step of the batch (``batch["step"]`` from a balanced loader),
+        compared across the ranks so that a rank that skipped a batch is an error on every rank;
+        without it the ranks compare how many reductions they ran. Returns the seconds spent
+        here (the communication the step waits for)."""
         t0 = time.perf_counter()
+        if step is not None:
+            if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+                raise TypeError(f"paddle_unpad.distributed.GradientAllReduce.wait: step must be a non-negative int (the batch's global step, batch['step']), got {step!r}")
+            step = int(step)
         if self._closed:  # one process too: the same program fails the same way on more ranks
             raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: wait() after close() ({self!r})")
         if self._timed_out is not None:
@@ -571,7 +576,7 @@ class GradientAllReduce:
         if self.world == 1:
             return 0.0
         self._check_trainable()
-        self._seal()
+        self._seal(step=step)
         if not self.gpu and not self._done.wait(self.timeout):
             # The thread keeps this complete pass: with every peer alive it finishes it (the ranks
             # issue the same collectives and none waits for gloo's own timeout at exit); with a

@@ -367,21 +367,6 @@ def agree(kind: str, value: str, timeout: float, ranks: Optional[List[int]] = No
     return values, missing
 
 
-# ----------------------------------------------------------------------------- the training step
-
-_batch_step = {"step": None}
-
-
-def note_batch_step(step: int):
-    """The balanced loaders call this with each batch's global step as the training loop takes
-    it; the gradient all-reduce compares it across ranks (a rank that skipped a step)."""
-    _batch_step["step"] = int(step)
-
-
-def batch_step():
-    return _batch_step["step"]
-
-
 SETTINGS_AGREE_S = 900.0  # as long as Paddle's own store waits for a rank (FLAGS_stop_check_timeout)
 _settings = {"checked": False}
 

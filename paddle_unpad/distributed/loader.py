@@ -210,7 +210,6 @@ class BalancedLoader:
                 check_lengths(lengths, ids, self.rank, self.max_seqlen)
                 packed = pack_samples(samples, lengths, ids, self.token_fields)
                 packed["step"] = step
-                groups.note_batch_step(step)
                 yield to_paddle(packed, self.place)
         finally:
             src.close()
@@ -332,7 +331,6 @@ class EpochIterator:
             self.close()
             raise item
         self.steps_done += 1
-        groups.note_batch_step(item["step"])
         self._feed()
         return item
 

@@ -203,8 +203,3 @@ def describe_cost(cost):
     if cost is None or isinstance(cost, str) or isinstance(cost, CostModel):
         return repr(cost)
     return getattr(cost, "__qualname__", type(cost).__name__)
-
-
-def plan_hash(dest: np.ndarray) -> int:
-    h = hashlib.blake2b(np.ascontiguousarray(dest, dtype=np.int32).tobytes(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & ((1 << 62) - 1)
