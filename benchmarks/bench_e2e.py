@@ -246,19 +246,6 @@ def _matmul_gflops(paddle, sync, h, ffn, repeats=8):
     return 2.0 * 2048 * h * ffn / best / 1e9
 
 
-class _Window:
-    """The rank's batches (lists of samples) as a loader."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def __iter__(self):
-        return iter(self.batches)
-
-    def __len__(self):
-        return len(self.batches)
-
-
 class _Rank:
     """One rank of the job: data, the ways' models and loaders, a training step, the profile."""
 
@@ -381,10 +368,10 @@ class _Rank:
         self.loaders = {}
         for w in self.args.ways:
             if w == "unpadded":
-                self.loaders[w] = self.pu.fleet.distributed_loader(_Window(self.batches), balance=False,
+                self.loaders[w] = self.pu.fleet.distributed_loader(self.batches, balance=False,
                                                                    max_seqlen=self.args.max_len)
             elif w.startswith("unpadded_balanced"):
-                self.loaders[w] = self.pu.fleet.distributed_loader(_Window(self.batches), strategy=self.strategy)
+                self.loaders[w] = self.pu.fleet.distributed_loader(self.batches, strategy=self.strategy)
             else:  # padded beforehand; the lengths ride along for the bookkeeping
                 self.loaders[w] = [(self.pad[w](b), [len(s["input_ids"]) for s in b]) for b in self.batches]
         self.iters = {w: iter(ld) for w, ld in self.loaders.items()}

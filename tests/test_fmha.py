@@ -21,7 +21,7 @@ from paddle_unpad.varlen import cu_seqlens_host
 
 import philox_ref
 import testutil
-from testutil import empty_refused_here
+from testutil import cpu_flags, empty_refused_here
 
 pytestmark = pytest.mark.paddle_gpu_stage
 
@@ -157,14 +157,6 @@ _VARIANT_TESTS = ("test_native_op_is_used or (test_grid and public) or test_drop
                   "or test_sequences_are_isolated or test_nan or test_repeat or test_partial_gradients")
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        return set()
-
-
 @pytest.mark.parametrize(
     "env",
     [{"PADDLE_UNPAD_CPU_ISA": "avx2"}, {"PADDLE_UNPAD_CPU_ISA": "sse2"},
@@ -172,7 +164,7 @@ def _cpu_flags():
     ids=["avx2", "sse2", "threads1", "threads3"],
 )
 def test_native_variants(env, native_ops):
-    if env.get("PADDLE_UNPAD_CPU_ISA") == "avx2" and not {"avx2", "fma"} <= _cpu_flags():
+    if env.get("PADDLE_UNPAD_CPU_ISA") == "avx2" and not {"avx2", "fma"} <= cpu_flags():
         pytest.skip("this CPU has no AVX2+FMA")
     if os.environ.get("PU_TEST_VARIANT_CHILD"):
         pytest.skip("already inside a variant run")

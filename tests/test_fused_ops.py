@@ -23,7 +23,7 @@ from paddle_unpad import ops
 
 import philox_ref
 import testutil
-from testutil import empty_refused_here
+from testutil import cpu_flags, empty_refused_here
 
 pytestmark = pytest.mark.paddle_gpu_stage
 
@@ -468,14 +468,6 @@ def test_thread_count_independent(fused_native):
         assert _child_digest({"PADDLE_UNPAD_NUM_THREADS": n}) == here, f"PADDLE_UNPAD_NUM_THREADS={n}"
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        return set()
-
-
 def fused_isa():
     """The ISA the fused kernels dispatched to in this process."""
     import ctypes
@@ -493,7 +485,7 @@ def test_fused_isa_in_use(fused_native):
     assert got in ("avx512", "avx2", "sse2")
     if want:
         assert got == want
-    elif {"avx512f", "avx512vl", "avx512dq", "avx512bw"} <= _cpu_flags():
+    elif {"avx512f", "avx512vl", "avx512dq", "avx512bw"} <= cpu_flags():
         assert got == "avx512"
 
 
@@ -504,7 +496,7 @@ _VARIANT_TESTS = ("fused_isa_in_use or (grid and native and not 4096) or odd_sha
 @pytest.mark.parametrize("isa", ["avx2", "sse2"])
 def test_isa_variants(isa, fused_native):
     """The narrower kernels (forced with PADDLE_UNPAD_CPU_ISA) pass the same checks."""
-    if isa == "avx2" and not {"avx2", "fma"} <= _cpu_flags():
+    if isa == "avx2" and not {"avx2", "fma"} <= cpu_flags():
         pytest.skip("this CPU has no AVX2+FMA")
     if os.environ.get("PU_TEST_VARIANT_CHILD"):
         pytest.skip("already inside a variant run")

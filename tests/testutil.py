@@ -57,3 +57,12 @@ def require_native(ops_available, names, what):
             pytest.fail("CI=true: " + msg)
         pytest.skip(msg)
     return ops_available
+
+
+def cpu_flags():
+    """This CPU's feature flags from /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return set()
