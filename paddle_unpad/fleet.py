@@ -76,7 +76,7 @@ class DistributedStrategy(_fleet.DistributedStrategy):
     @property
     def unpad_configs(self) -> Dict[str, Any]:
         """A copy of the load-balance settings (assign a dict to change some of them)."""
-        return dict(self._state()["configs"])
+        return copy.deepcopy(self._state()["configs"])  # resolved once: a change to the copy is not seen
 
     @unpad_configs.setter
     def unpad_configs(self, configs: Dict[str, Any]):
@@ -122,4 +122,4 @@ def distributed_loader(loader, strategy=None, **overrides) -> BalancedLoader:
         configs = dict(DEFAULT_UNPAD_CONFIGS, balance=False)
     extra = {k: overrides.pop(k) for k in ("token_fields", "place") if k in overrides}
     configs = _options.resolve(overrides, "fleet.distributed_loader", base=configs)
-    return BalancedLoader(loader, **extra, _where="fleet.distributed_loader", **configs)
+    return BalancedLoader(loader, **extra, _where="fleet.distributed_loader", _resolved=configs)

@@ -164,7 +164,7 @@ def _make_class():
                 loader = super().get_train_dataloader()
             finally:
                 self.data_collator = eval_collator
-            balanced = BalancedLoader(loader, **self._unpad_configs)
+            balanced = BalancedLoader(loader, _resolved=self._unpad_configs)
             return _BalancedTrainLoader(balanced, loader)
 
     return UnpadTrainer

@@ -178,6 +178,14 @@ def test_edge_cases():
     assert [len(x) for x in p] == [1, 3]
     with pytest.raises(ValueError, match="explicit counts"):
         balance.plan([[5, 6, 7], [8]], counts=[1, 1])
+    assert [len(x) for x in balance.plan([[5, 6, 7], [8]], counts=np.array([1, 3]))] == [1, 3]
+    # the same counts rule as unpad_configs['counts']: a float count is refused, never rounded
+    with pytest.raises(TypeError, match=r"balance\.plan: counts must be .*got \[1\.5, 2\.5\]"):
+        balance.plan([[5, 6, 7], [8]], counts=[1.5, 2.5])
+    with pytest.raises(ValueError, match=r"balance\.plan: counts must be .*got 'most'"):
+        balance.plan([[5, 6, 7], [8]], counts="most")
+    with pytest.raises(ValueError, match=r"balance\.plan: counts must be .*got \[-1, 5\]"):
+        balance.plan([[5, 6, 7], [8]], counts=[-1, 5])
     with pytest.raises(ValueError, match="negative"):
         balance.plan([[5], [-1]])
     with pytest.raises(ValueError):

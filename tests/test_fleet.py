@@ -113,6 +113,26 @@ def test_cost_names_are_the_same_everywhere(alias):
             where()
 
 
+def test_options_are_checked_once_where_the_user_gives_them(monkeypatch):
+    from paddle_unpad.distributed import BalancedLoader, options
+
+    seen, real = [], options._check
+    monkeypatch.setattr(options, "_check", lambda k, v, where, arg: (seen.append((k, where)), real(k, v, where, arg))[1])
+    s = pf.DistributedStrategy()
+    s.unpad_configs = {"tol": 0.25, "counts": (0, 0)}
+    assert seen == [("tol", "fleet.DistributedStrategy"), ("counts", "fleet.DistributedStrategy")]
+    seen.clear()
+    bl = pf.distributed_loader([], strategy=s, prefetch=3)
+    assert seen == [("prefetch", "fleet.distributed_loader")]  # the strategy's values are not checked again
+    assert (bl.tol, bl.prefetch, bl.counts) == (0.25, 3, [0, 0])  # counts: normalised where checked
+    cfg = s.unpad_configs
+    cfg["counts"].append(-1)  # a copy: the strategy's resolved values cannot be changed unchecked
+    assert s.unpad_configs["counts"] == [0, 0]
+    with pytest.raises(TypeError, match=r"^paddle_unpad\.distributed\.BalancedLoader: pass the options resolved or "
+                                        r"as keywords, not both \(got \['tol'\]\)"):
+        BalancedLoader([], _resolved=bl.options, tol=0.1)
+
+
 def test_one_switch_name_for_the_exchange():
     s = pf.DistributedStrategy()
     assert pf.distributed_loader([], strategy=s, balance=False).options["balance"] is False

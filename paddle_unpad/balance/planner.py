@@ -145,24 +145,45 @@ def quantize_costs(lengths, cost=None) -> np.ndarray:
     return np.rint((c / mx) * (_QSCALE / float(n))).astype(np.int64)
 
 
+COUNTS_RULE = "'equal', 'source' or a list of ints >= 0"
+
+
+def check_counts(mode, name: str = "counts", where: str = "balance.plan"):
+    """The ``counts`` rule, for every entry that takes it: ``'equal'``, ``'source'``, or a
+    sequence of ints >= 0 (returned as a list of Python ints). A value of the wrong type raises
+    TypeError (a float count is never rounded), a bad value ValueError, naming ``where`` (the
+    public name, after ``paddle_unpad.``), ``name`` and the value. Whether a list fits a step
+    (one count per rank, summing to the step's samples) is checked when the step is planned."""
+    if isinstance(mode, str):
+        if mode not in ("equal", "source"):
+            raise ValueError(f"paddle_unpad.{where}: {name} must be {COUNTS_RULE}, got {mode!r}")
+        return mode
+    items = mode.tolist() if isinstance(mode, np.ndarray) and mode.ndim == 1 else mode
+    if (not isinstance(items, (list, tuple))
+            or not all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in items)):
+        raise TypeError(f"paddle_unpad.{where}: {name} must be {COUNTS_RULE}, got {mode!r}")
+    if any(c < 0 for c in items):
+        raise ValueError(f"paddle_unpad.{where}: {name} must be {COUNTS_RULE}, got {mode!r}")
+    return [int(c) for c in items]
+
+
 def target_counts(counts: Sequence[int], mode: Union[str, Sequence[int], None] = "equal") -> np.ndarray:
     """Number of samples each destination rank trains on (module docstring, step 2)."""
     counts = np.asarray(counts, dtype=np.int64)
     R, N = len(counts), int(counts.sum())
-    if mode is None or (isinstance(mode, str) and mode == "equal"):
+    mode = "equal" if mode is None else check_counts(mode)
+    if mode == "equal":
         base, extra = divmod(N, R)
         t = np.full(R, base, dtype=np.int64)
         if extra:
             order = sorted(range(R), key=lambda r: (-int(counts[r]), r))
             t[order[:extra]] += 1
         return t
-    if isinstance(mode, str):
-        if mode == "source":
-            return counts.copy()
-        raise ValueError(f"paddle_unpad.balance.plan: counts must be 'equal', 'source' or a list of ints, got {mode!r}")
-    t = np.asarray(mode, dtype=np.int64).reshape(-1)
-    if len(t) != R or np.any(t < 0) or int(t.sum()) != N:
-        raise ValueError(f"paddle_unpad.balance.plan: explicit counts {list(t)} must be {R} non-negative ints summing to {N}")
+    if mode == "source":
+        return counts.copy()
+    t = np.asarray(mode, dtype=np.int64)
+    if len(t) != R or int(t.sum()) != N:
+        raise ValueError(f"paddle_unpad.balance.plan: explicit counts {mode} must be {R} non-negative ints summing to {N}")
     return t
 
 

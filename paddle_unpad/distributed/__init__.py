@@ -1,9 +1,11 @@
 """Everything that talks between ranks, in one layer.
 
-* :mod:`.groups` -- the one place that makes process groups and stores, sets the exit rules
-  and issues collectives: host groups (gloo, CPU tensors: the sample exchange, in every job)
-  and device groups (the gradient all-reduce: NCCL in GPU jobs, issued from the training
-  thread only; gloo in CPU jobs);
+* :mod:`.groups` -- the one place that makes process groups and issues collectives: host
+  groups (gloo, CPU tensors: the sample exchange, in every job) and device groups (the
+  gradient all-reduce: NCCL in GPU jobs, issued from the training thread only; gloo in CPU
+  jobs), and the agreement of settings through the store;
+* :mod:`.workarounds` -- the plugin's changes to Paddle's distributed runtime (per-group
+  stores, socket options, threads and exit order), applied on first use;
 * the sample exchange, as it reads: :mod:`.wire` (what travels) -> :mod:`.source` (the rank's
   own loader) -> :mod:`.exchange` (one epoch's background thread) -> :mod:`.loader`
   (:class:`BalancedLoader`);

@@ -24,6 +24,7 @@ collectives always match up:
 """
 from __future__ import annotations
 
+import logging
 import queue
 import re
 import threading
@@ -34,9 +35,10 @@ import numpy as np
 from ..balance.planner import plan_dest, plan_hash
 from ..data.collate import SampleError, check_lengths, normalize_batch, pack_samples, to_paddle
 from . import groups, wire, workarounds
-from .errors import ExchangeError
+from .errors import ExchangeError, ExchangeTimeout
 from .wire import ABORT, END, ERROR, HDR, MSG_WORDS, OK, STATUS_TEXT
 
+log = logging.getLogger("paddle_unpad.distributed")
 END_ITEM = object()
 POLL_S = 0.05  # how often blocked waits look at the stop flag / feed the exchange thread
 
@@ -61,10 +63,15 @@ class Settings:
 
 
 class Epoch:
-    """The exchange thread of one pass over the loader, its queues and its stop flag."""
+    """One pass over the loader: its exchange thread, the two queues between that thread and
+    the training loop, and the :class:`~paddle_unpad.distributed.source.Source` it reads.
+
+    The training loop's side is three calls: :meth:`feed` (hand the source's next batches to
+    the thread), :meth:`next` (the next packed batch, with a timeout) and :meth:`close`
+    (stop the thread, close the source). ``stats`` counts what the thread did."""
 
     def __init__(self, settings: Settings, source):
-        self.s, self.src = settings, source
+        self.s, self.src = settings, source  # the Epoch owns the source from here on: close() closes it
         prefetch = settings.o["prefetch"]
         self.q: "queue.Queue" = queue.Queue(maxsize=prefetch)  # packed batches, to the loop
         self.inq: "queue.Queue" = queue.Queue(maxsize=prefetch)  # the loader's batches, to the thread
@@ -288,13 +295,55 @@ class Epoch:
         self.stats["moved_in"] += moved_in
         return to_paddle(packed, s.place)
 
-    # ---------------------------------------------------------------- closing
+    # ---------------------------------------------------------------- the training loop's side
+    def feed(self):
+        """Hand the source's next batches to the exchange thread, up to ``prefetch`` ahead.
+
+        Runs on the training thread: a user's loader (and its workers) is read where the user
+        iterates it, so a Ctrl-C or an error inside it reaches the training loop."""
+        src = self.src
+        while src is not None and not src.done and not self.inq.full() and not self.stop.is_set():
+            self.inq.put_nowait(src.take())
+
+    def next(self, timeout: float, steps_done: int):
+        """The next packed batch (a dict of tensors), or None at the end of the epoch.
+
+        Raises what the exchange thread raised, or :class:`ExchangeTimeout` when no batch came
+        within ``timeout`` seconds (the thread is then told to stop; ``steps_done`` -- batches
+        the loop has taken -- is named in the message)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.feed()
+            left = deadline - time.monotonic()
+            try:
+                item = self.q.get(timeout=max(0.0, min(POLL_S, left)))
+                break
+            except queue.Empty:
+                if left <= 0:
+                    phase = self.phase
+                    self.stop.set()  # the thread leaves when its collective returns (at the latest gloo's timeout)
+                    raise ExchangeTimeout(
+                        f"paddle_unpad.distributed: exchange on rank {self.s.rank}: no balanced batch within {timeout:g} s after step {steps_done}; the exchange thread is {phase} (a rank stalled, died, or its loader is slower than the timeout; set unpad_configs['timeout'])") from None
+        if item is END_ITEM:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        self.feed()
+        return item
+
     def close(self, timeout: float) -> bool:
-        """Stop the thread (idempotent) and wait up to ``timeout`` s; True once it has ended."""
+        """Stop the thread (idempotent), wait up to ``timeout`` s and close the source; True
+        once the thread has ended (one still inside a collective is joined at exit)."""
         self.stop.set()
         if threading.current_thread() is not self.thread:
             self.thread.join(timeout)
-        return not self.thread.is_alive()
+        stopped = not self.thread.is_alive()
+        if not stopped:
+            log.warning("paddle_unpad: exchange thread of rank %d did not stop within %.1f s (blocked in a collective with a peer that is gone?); it is joined at exit", self.s.rank, timeout)
+        src, self.src = self.src, None
+        if src is not None:
+            src.close()
+        return stopped
 
 
 def transfer(all_gather, samples, lengths, my_dest, W, me, schema):

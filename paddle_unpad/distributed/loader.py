@@ -19,28 +19,24 @@ Failures (see docs/distributed.md, *Failure behaviour*, for what a user sees on 
   or the loader is deleted -- and its thread stops there; a thread stopped mid-epoch sends a
   last "closing" header, so that peers still waiting fail at once with a clear message, and
   a later epoch starts in step. At interpreter exit every thread is stopped and joined
-  (:mod:`.groups`).
+  (:mod:`.workarounds`).
 """
 from __future__ import annotations
 
 import itertools
 import json
-import logging
-import queue
-import time
 import weakref
 from typing import Sequence
 
 from ..data.collate import DEFAULT_TOKEN_FIELDS, check_lengths, normalize_batch, pack_samples, to_paddle
 from . import groups, wire
 from .errors import ExchangeError, ExchangeTimeout
-from .exchange import END_ITEM, POLL_S, Epoch, Settings
+from .exchange import Epoch, Settings
 from .options import resolve as resolve_options
 from .source import Source
 
 __all__ = ["BalancedLoader", "check_token_fields"]
 
-log = logging.getLogger("paddle_unpad.distributed")
 
 # the settings every rank's loader must share: the collectives each step issues depend on them
 _AGREED = ("balance", "counts", "tol", "timeout", "close_timeout", "max_seqlen", "check_plan")
@@ -100,8 +96,12 @@ class BalancedLoader:
     """
 
     def __init__(self, loader, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS, place=None, group=None,
-                 _where: str = "distributed.BalancedLoader", **options):
-        o = resolve_options(options, _where)
+                 _where: str = "distributed.BalancedLoader", _resolved=None, **options):
+        # ``_resolved``: options a public entry (fleet.distributed_loader, UnpadTrainer) has
+        # already resolved from the user's values; they are not checked twice
+        if _resolved is not None and options:
+            raise TypeError(f"paddle_unpad.{_where}: pass the options resolved or as keywords, not both (got {sorted(options)})")
+        o = resolve_options(options, _where) if _resolved is None else dict(_resolved)
         self.loader, self.options, self.place, self.where = loader, o, place, _where
         self.token_fields = check_token_fields(token_fields, _where)
         self.cost, self.counts, self.tol, self.max_seqlen = o["cost"], o["counts"], o["tol"], o["max_seqlen"]
@@ -256,7 +256,7 @@ class _Live:
 
     def close(self) -> bool:
         epoch, self.epoch = self.epoch, None
-        return True if epoch is None else _close_epoch(epoch, self.close_timeout)
+        return True if epoch is None else epoch.close(self.close_timeout)
 
     def shutdown(self):
         """The loader's end (close() or its finalizer): its epoch stops, then its own group is
@@ -264,16 +264,6 @@ class _Live:
         if self.close():
             group, self.own_group = self.own_group, None
             groups.release(group)
-
-
-def _close_epoch(epoch, close_timeout) -> bool:
-    stopped = epoch.close(close_timeout)
-    if not stopped:
-        log.warning("paddle_unpad: exchange thread of rank %d did not stop within %.1f s (blocked in a collective with a peer that is gone?); it is joined at exit", epoch.s.rank, close_timeout)
-    src, epoch.src = epoch.src, None
-    if src is not None:
-        src.close()
-    return stopped
 
 
 class EpochIterator:
@@ -286,7 +276,7 @@ class EpochIterator:
         self._epoch, self.timeout, self.close_timeout = epoch, timeout, close_timeout
         self.finished = False
         self.steps_done = 0
-        self._finalizer = weakref.finalize(self, _close_epoch, epoch, close_timeout)
+        self._finalizer = weakref.finalize(self, epoch.close, close_timeout)
 
     @property
     def stats(self):
@@ -295,43 +285,21 @@ class EpochIterator:
     def __iter__(self):
         return self
 
-    def _feed(self):
-        """Hand the loader's next batches to the exchange thread, up to ``prefetch`` ahead."""
-        e = self._epoch
-        src = e.src
-        try:
-            while src is not None and not src.done and not e.inq.full() and not e.stop.is_set():
-                e.inq.put_nowait(src.take())
-        except BaseException:  # Ctrl-C / SystemExit inside the loader: this rank leaves
-            self.close()
-            raise
-
     def __next__(self):
         if self.finished:
             raise StopIteration
-        e = self._epoch
-        deadline = time.monotonic() + self.timeout
-        while True:
-            self._feed()
-            left = deadline - time.monotonic()
-            try:
-                item = e.q.get(timeout=max(0.0, min(POLL_S, left)))
-                break
-            except queue.Empty:
-                if left <= 0:
-                    phase = e.phase
-                    self.finished = True
-                    e.stop.set()  # the thread leaves when its collective returns (at the latest gloo's timeout)
-                    raise ExchangeTimeout(
-                        f"paddle_unpad.distributed: exchange on rank {e.s.rank}: no balanced batch within {self.timeout:g} s after step {self.steps_done}; the exchange thread is {phase} (a rank stalled, died, or its loader is slower than the timeout; set unpad_configs['timeout'])") from None
-        if item is END_ITEM:
+        try:
+            item = self._epoch.next(self.timeout, self.steps_done)
+        except ExchangeTimeout:
+            self.finished = True  # the thread was told to stop; the finalizer joins it
+            raise
+        except BaseException:  # the thread's error, or Ctrl-C / SystemExit inside the user's loader
+            self.close()
+            raise
+        if item is None:
             self.close()
             raise StopIteration
-        if isinstance(item, BaseException):
-            self.close()
-            raise item
         self.steps_done += 1
-        self._feed()
         return item
 
     def close(self):

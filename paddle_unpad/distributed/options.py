@@ -16,7 +16,7 @@ import threading
 from typing import Any, Dict, NamedTuple, Tuple
 
 from ..balance.cost import check_cost
-from ..balance.planner import DEFAULT_TOL
+from ..balance.planner import DEFAULT_TOL, check_counts
 from ..data.collate import check_max_seqlen
 
 EXCHANGE, ALLREDUCE = "exchange", "allreduce"
@@ -33,7 +33,7 @@ OPTIONS: Dict[str, Option] = {
     "balance": Option(True, "exchange samples so that ranks get equal cost (False: each rank packs its own batches)",
                       (EXCHANGE,)),
     "cost": Option("quadratic", "cost of a sample: 'quadratic' (= 'flops', BERT-large FLOPs), 'tokens' (= 'token'), a CostModel or a callable length -> cost", (EXCHANGE,)),
-    "counts": Option("equal", "samples per rank: 'equal', 'source' (keep each rank's count) or a list of counts",
+    "counts": Option("equal", "samples per rank: 'equal', 'source' (keep each rank's count) or a list of ints >= 0, one per rank (a float count is a TypeError)",
                      (EXCHANGE,)),
     "tol": Option(DEFAULT_TOL, "planner stopping tolerance (max/mean - 1)", (EXCHANGE,)),
     "prefetch": Option(2, "batches prepared ahead of the training loop", (EXCHANGE,)),
@@ -72,17 +72,6 @@ def _check_seconds(where, name, v, strictly_positive):
         _refuse(where, name, v, f"a finite number of seconds {'> 0' if strictly_positive else '>= 0'} and at most threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:.4g})", not _is_number(v))
 
 
-def _check_counts(where, name, v):
-    rule = "'equal', 'source' or a list of ints >= 0"
-    if isinstance(v, str):
-        if v not in ("equal", "source"):
-            _refuse(where, name, v, rule, False)
-    elif not isinstance(v, (list, tuple)) or not all(isinstance(c, int) and not isinstance(c, bool) for c in v):
-        _refuse(where, name, v, rule, True)
-    elif any(c < 0 for c in v):
-        _refuse(where, name, v, rule, False)
-
-
 # key -> (rule in words, the value's type is right, the value is right)
 _NUMBER_RULES = {
     "tol": ("a finite number >= 0", _is_number, lambda v: _finite_number(v, False)),
@@ -111,14 +100,18 @@ def _check(key, v, where, arg):
     elif key == "cost":
         check_cost(v, name, where)
     elif key == "counts":
-        _check_counts(where, name, v)
+        return check_counts(v, name, where)
     return v
 
 
 def resolve(options: Dict[str, Any], where: str, arg: str = "", base: Dict[str, Any] = None,
             scope: str = EXCHANGE) -> Dict[str, Any]:
-    """``base`` (default: the defaults of ``scope``) updated with ``options``, every key checked.
+    """``base`` (default: the defaults of ``scope``) updated with ``options``, every key of
+    ``options`` checked.
 
+    Options are resolved once, where a user gives them (``fleet.DistributedStrategy``,
+    ``fleet.distributed_loader``, ``BalancedLoader``, ``UnpadTrainer``, ``GradientAllReduce``);
+    ``base`` must be a dict this function returned, so its values are not checked again.
     ``where`` is the public name the options were given to, after ``paddle_unpad.``
     (``"fleet.DistributedStrategy"``), ``arg`` the argument that holds them (``"unpad_configs"``;
     ``""`` for keyword arguments). A value of the wrong type raises TypeError, a bad value or
@@ -130,8 +123,8 @@ def resolve(options: Dict[str, Any], where: str, arg: str = "", base: Dict[str, 
     if unknown:
         raise ValueError(f"paddle_unpad.{where}: {arg + ': ' if arg else ''}unknown keys {unknown}; known: {known}")
     merged = dict((DEFAULTS if scope == EXCHANGE else ALLREDUCE_DEFAULTS) if base is None else base)
-    merged.update(options)
-    return {k: _check(k, v, where, arg) for k, v in merged.items()}
+    merged.update({k: _check(k, v, where, arg) for k, v in options.items()})
+    return merged
 
 
 def markdown_table() -> str:
