@@ -505,7 +505,7 @@ class _Rank:
 
         from paddle_unpad import ops as pu_ops
 
-        real_call = pu_ops._call_native
+        real_call = pu_ops._call.call_native
 
         def traced_call(name, *a):  # custom-op forwards are not operator events: name them
             with profiler.RecordEvent(name):
@@ -513,7 +513,7 @@ class _Rank:
 
         self.log(f"profile: {self.args.profile_steps} more step(s) of unpadded_balanced under paddle.profiler "
                  f"(gradient all-reduce: {grad_sync})")
-        pu_ops._call_native = traced_call
+        pu_ops._call.call_native = traced_call
         p = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU] +
                               ([profiler.ProfilerTarget.GPU] if self.on_gpu else []), on_trace_ready=lambda _: None)
         timers = []
@@ -524,7 +524,7 @@ class _Rank:
                 p.step()
             p.stop()
         finally:
-            pu_ops._call_native = real_call
+            pu_ops._call.call_native = real_call
         with tempfile.TemporaryDirectory() as td:
             path = os.path.join(self.args.trace_dir or td, f"trace_{grad_sync}_rank{self.rank}.json")
             if self.args.trace_dir:

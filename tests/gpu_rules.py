@@ -3,7 +3,7 @@
 
 Inside ``gpu_rules()``:
 
-* ``paddle_unpad.ops`` sees every tensor as off the CPU (``ops._on_cpu`` -> False) and a
+* ``paddle_unpad.ops`` sees every tensor as off the CPU (``ops._call.on_cpu`` -> False) and a
   build with CUDA kernels (``_native.has_cuda_kernels`` -> True): the argument checks, dtype
   rules, casts and the choice between kernel and plain-Paddle fallback are the package's
   own code, unchanged.
@@ -223,9 +223,9 @@ def gpu_rules(pytest):
 
         return call
 
-    saved = [(ops, "_on_cpu", ops._on_cpu), (native, "has_cuda_kernels", native.has_cuda_kernels),
+    saved = [(ops._call, "on_cpu", ops._call.on_cpu), (native, "has_cuda_kernels", native.has_cuda_kernels),
              (compat, "custom_op_function", compat.custom_op_function)]
-    ops._on_cpu = lambda t: False
+    ops._call.on_cpu = lambda t: False
     native.has_cuda_kernels = lambda: True
     compat.custom_op_function = op_function
     try:

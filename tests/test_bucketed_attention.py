@@ -90,9 +90,9 @@ def test_fmha_takes_this_path_off_the_cpu_without_a_kernel(monkeypatch):
     """pu.fmha on a (mocked) GPU in float32: no kernel call, this path, one warning naming AMP."""
     q, k, v, dout, cu = make_inputs([7, 0, 40], 2, 32, seed=2)
     ref = reference(q, k, v, cu, 1.0 / math.sqrt(32), 0.0, None, dout)
-    monkeypatch.setattr(ops, "_on_cpu", lambda t: False)
+    monkeypatch.setattr(ops._call, "on_cpu", lambda t: False)
     monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: True)
-    monkeypatch.setattr(ops, "_call_native", lambda *a: pytest.fail(f"a kernel was called: {a[0]}"))
+    monkeypatch.setattr(ops._call, "call_native", lambda *a: pytest.fail(f"a kernel was called: {a[0]}"))
     monkeypatch.setattr(_warn, "_shown", set())
     tq, tk, tv = (paddle.to_tensor(a, stop_gradient=False) for a in (q, k, v))
     with pytest.warns(RuntimeWarning, match=r"fmha: the CUDA kernel takes float16 and bfloat16, not float32 "

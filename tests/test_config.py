@@ -37,11 +37,11 @@ def test_unset_or_empty_is_the_default_and_bad_values_name_variable_and_value():
 
 def test_an_explicit_argument_wins_over_the_environment(monkeypatch):
     monkeypatch.setenv("PADDLE_UNPAD_FMHA_GROUPING", "0")
-    assert ops._grouping(None) is False and ops._grouping(True) is True
+    assert ops.attention._grouping(None) is False and ops.attention._grouping(True) is True
     monkeypatch.setenv("PADDLE_UNPAD_FMHA_GROUPING", "1")
-    assert ops._grouping(None) is True and ops._grouping(False) is False
+    assert ops.attention._grouping(None) is True and ops.attention._grouping(False) is False
     with pytest.raises(TypeError, match="grouping must be a bool"):
-        ops._grouping("yes")
+        ops.attention._grouping("yes")
 
 
 def test_the_docs_table_is_the_declared_table():
@@ -135,7 +135,7 @@ def _mkl_dispatch():
 READERS = {
     **{name: _native_load for name in ("DISABLE_NATIVE", "FORCE_JIT", "JIT", "NUM_THREADS", "CPU_ISA",
                                        "FMHA_STREAMS")},
-    "FMHA_GROUPING": lambda: ops._grouping(None),
+    "FMHA_GROUPING": lambda: ops.attention._grouping(None),
     "MKL_DISPATCH": _mkl_dispatch,
     "HOST_MALLOC": _host_malloc,
     "GLOO_GROUP_STORES": _install_group_stores,

@@ -296,13 +296,13 @@ def test_python_routes_by_the_cuda_layers_own_limits(lib, monkeypatch):
     Python routes to the bucketed attention (naming why) the kernel refuses."""
     import paddle
 
-    monkeypatch.setattr(ops, "_on_cpu", lambda t: False)  # as if q lived on a GPU of a CUDA build
+    monkeypatch.setattr(ops._call, "on_cpu", lambda t: False)  # as if q lived on a GPU of a CUDA build
     monkeypatch.setattr(ops._native, "has_op", lambda name: True)
     monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: True)
     cu = cu_of((4,))
     for code, dt, d in ((0, "float16", 48), (2, "float32", 64), (0, "float16", 64), (1, "bfloat16", 128)):
         q = paddle.ones([4, 1, d], dtype=dt)
-        refusal = ops._fmha_gpu_kernel_refusal(q)
+        refusal = ops.attention._fmha_gpu_kernel_refusal(q)
         x = Buffer((4, 1, d), "float16", PAD)
         lse = Buffer((4, 1), "float32", PAD)
         head = (cu.ctypes.data_as(ctypes.c_void_p), 1, 4, 1, d, code, 0.1, 0.0, 0, 0, 1, 4)

@@ -16,7 +16,7 @@ import paddle
 import pytest
 
 import paddle_unpad as pu
-from paddle_unpad import balance, config, ops
+from paddle_unpad import _paddle_compat, balance, config, ops
 from paddle_unpad.data import PackingCollator, SampleError
 from paddle_unpad.distributed import BalancedLoader, GradientAllReduce
 from paddle_unpad.trainer import PadCollator
@@ -251,3 +251,92 @@ def test_the_one_literal_rule_sees_a_split_message(tmp_path):
                  'def g(x):\n    raise ValueError("paddle_unpad.x: two " + str(x))\n')
     assert _implicit_concatenations(str(f)) == [3]
     assert list(_added_messages(str(f))) == [5]
+
+
+def _cpp_calls(text, names):
+    """(name, [argument texts]) of every call to one of `names` in C++ source text."""
+    for m in re.finditer(r"\b(" + "|".join(names) + r")\s*\(", text):
+        args, depth, cur, i, quote = [], 0, "", m.end(), None
+        while i < len(text):
+            c = text[i]
+            if quote:
+                cur += c
+                if c == "\\":
+                    cur, i = cur + text[i + 1], i + 1
+                elif c == quote:
+                    quote = None
+            elif c in "\"'":
+                quote, cur = c, cur + c
+            elif c in "([{":
+                depth, cur = depth + 1, cur + c
+            elif c in ")]}" and depth:
+                depth, cur = depth - 1, cur + c
+            elif c == ")":
+                args.append(cur.strip())
+                break
+            elif c == "," and not depth:
+                args.append(cur.strip())
+                cur = ""
+            else:
+                cur += c
+            i += 1
+        yield m.group(1), args
+
+
+def _operator_name_problems(text):
+    """Where a C++ check of custom_ops/paddle would start its message without the public
+    name (``paddle_unpad.fmha: ``, ``paddle_unpad.ops.bias_gelu: ``...)."""
+    public = re.compile(r'^"paddle_unpad(\.\w+)+: ')
+    op_name = re.compile(r'^"paddle_unpad(\.\w+)+"$')
+    takes_op = re.findall(r"\b(\w+)\(const char\* op\b", text)
+    bad = []
+    for name, value in re.findall(r"constexpr const char\* (k\w+) = (\"[^\"]*\")", text):
+        if not op_name.match(value):
+            bad.append(f"{name} = {value}")
+    for name, args in _cpp_calls(text, ["PD_CHECK", "PD_THROW"]):
+        first = args[1 if name == "PD_CHECK" else 0] if len(args) > (name == "PD_CHECK") else ""
+        if first.startswith('"') and not public.match(first):
+            bad.append(f"{name}({first[:60]}")
+    for helper in set(takes_op):
+        for _, args in _cpp_calls(text, [helper]):
+            if args and args[0].startswith('"') and not op_name.match(args[0]):
+                bad.append(f"{helper}({args[0]}")
+    return bad
+
+
+def test_the_operators_write_the_public_prefix_themselves():
+    """Every check of the Paddle operators starts its message with the public op name, so that
+    the Python side raises the operator's line as written (no rewrite of a prefix)."""
+    sources = sorted(glob.glob(os.path.join(ROOT, "custom_ops", "paddle", "*.c[cu]"))
+                     + glob.glob(os.path.join(ROOT, "custom_ops", "paddle", "*.h")))
+    texts = {os.path.relpath(p, ROOT): open(p, encoding="utf-8").read() for p in sources}
+    checks = sum(len(list(_cpp_calls(t, ["PD_CHECK", "PD_THROW"]))) for t in texts.values())
+    assert checks > 60, checks  # the walk reads the operators' checks
+    bad = [f"{path}: {b}" for path, t in texts.items() for b in _operator_name_problems(t)]
+    assert not bad, "operator messages without the public op name:\n" + "\n".join(bad)
+
+
+def test_the_operator_prefix_rule_sees_each_way_of_naming_an_op():
+    text = ('constexpr const char* kA = "bias_gelu";\n'
+            'void check_x(const char* op, const Tensor& x) { PD_CHECK(x.ok(), op, ": x"); }\n'
+            'void f() { PD_CHECK(a == b, "fmha: k shape ", g(a, b)); PD_THROW("fmha_qkvpacked: no");\n'
+            '  check_x("bias_gelu", x); PD_CHECK(c, "paddle_unpad.fmha: fine, (really)", x); }\n')
+    assert _operator_name_problems(text) == ['kA = "bias_gelu"', 'PD_CHECK("fmha: k shape "',
+                                             'PD_THROW("fmha_qkvpacked: no"', 'check_x("bias_gelu"']
+
+
+def test_an_operator_refusal_reaches_the_user_as_written(native_ops):
+    """A check only the operator makes (cu_seqlens' values: the Python side does not read them)
+    reaches the caller as the operator's own line, with the public name, as a ValueError."""
+    q = paddle.zeros([6, 2, 32])
+    cu = paddle.to_tensor([0, 5, 3, 6], dtype="int32")  # decreasing
+    with pytest.raises(ValueError) as public:
+        pu.fmha(q, q, q, cu, 5)
+    message = str(public.value)
+    assert message.startswith("paddle_unpad.fmha: ") and "cu_seqlens" in message, message
+    with pytest.raises(OSError) as raw:  # the operator itself, without the package's call path
+        _paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu, None, 5, 1.0, 0.0, False)
+    assert message in str(raw.value)
+    x = paddle.zeros([4, 8])
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.ops\.bias_gelu: bias must be 1-D \[8\]"):
+        ops._call.call_native("pu_bias_gelu", x, paddle.zeros([5]))

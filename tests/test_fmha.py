@@ -584,22 +584,22 @@ def test_checks_read_the_support_table(monkeypatch):
     cu = paddle.to_tensor(np.array([0, 2, 6], np.int32))
     f32, f16_48, f16 = paddle.ones([6, 2, 64]), paddle.ones([6, 2, 48], dtype="float16"), \
         paddle.ones([6, 2, 64], dtype="float16")
-    monkeypatch.setattr(ops, "_on_cpu", lambda t: False)  # as if q lived on a GPU
+    monkeypatch.setattr(ops._call, "on_cpu", lambda t: False)  # as if q lived on a GPU
     monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: False)
     for q in (f32, f16_48, f16):
-        ops._check_fmha_args(q, q, q, cu, 4, 0.0, None)  # nothing refused: a path exists for each
-    assert ops._fmha_gpu_kernel_refusal(f16) == "this build of paddle_unpad has no CUDA kernels"
+        ops.attention._check_fmha_args(q, q, q, cu, 4, 0.0, None)  # nothing refused: a path exists for each
+    assert ops.attention._fmha_gpu_kernel_refusal(f16) == "this build of paddle_unpad has no CUDA kernels"
     monkeypatch.setattr(ops._native, "has_op", lambda name: True)
     monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: True)
-    assert ops._fmha_gpu_kernel_refusal(f16) is None
-    assert ops._fmha_gpu_kernel_refusal(f32) == ("the CUDA kernel takes float16 and bfloat16, not float32 "
+    assert ops.attention._fmha_gpu_kernel_refusal(f16) is None
+    assert ops.attention._fmha_gpu_kernel_refusal(f32) == ("the CUDA kernel takes float16 and bfloat16, not float32 "
                                                  "(AMP, e.g. paddle.amp.auto_cast(), is the fast path)")
-    assert ops._fmha_gpu_kernel_refusal(f16_48) == "the CUDA kernel takes head sizes 32, 64, 128, not 48"
+    assert ops.attention._fmha_gpu_kernel_refusal(f16_48) == "the CUDA kernel takes head sizes 32, 64, 128, not 48"
     monkeypatch.setitem(ops.FMHA_SUPPORT["gpu"], "head_dim", (48,))
-    assert ops._fmha_gpu_kernel_refusal(f16_48) is None
+    assert ops.attention._fmha_gpu_kernel_refusal(f16_48) is None
     with pytest.raises(TypeError, match=r"^paddle_unpad\.fmha: q/k/v dtype int32 is not a floating-point dtype$"):
         qi = paddle.ones([6, 2, 64], dtype="int32")
-        ops._check_fmha_args(qi, qi, qi, cu, 4, 0.0, None)
+        ops.attention._check_fmha_args(qi, qi, qi, cu, 4, 0.0, None)
 
 
 def test_to_static_dropout_draws_a_fresh_state_per_run(native_ops, tmp_path):

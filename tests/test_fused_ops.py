@@ -731,7 +731,7 @@ NATIVE_ERRORS = {
 def test_native_input_errors(case, fused_native):
     op, args, needles = NATIVE_ERRORS[case]
     with pytest.raises(ValueError) as ei:
-        ops._call_native(op, *args())
+        ops._call.call_native(op, *args())
     msg = str(ei.value)
     for needle in needles:
         assert re.search(needle, msg), f"native error for {case} does not mention {needle!r}: {msg!r}"

@@ -44,18 +44,18 @@ cuda::FmhaCudaProblem to_cuda_problem(const FmhaProblem& p, const Tensor& q) {
   } else if (q.dtype() == DataType::BFLOAT16) {
     c.dtype = cuda::DType::kBFloat16;
   } else {
-    PD_THROW("fmha: q/k/v dtype ", q.dtype(),
+    PD_THROW("paddle_unpad.fmha: q/k/v dtype ", q.dtype(),
              " is not supported on GPU (supported: float16, bfloat16)");
   }
   const std::string why = cuda::fmha_cuda_unsupported(c);
-  PD_CHECK(why.empty(), "fmha: ", why);
+  PD_CHECK(why.empty(), "paddle_unpad.fmha: ", why);
   return c;
 }
 
 void check_aligned(const std::vector<const void*>& ptrs, const std::vector<const char*>& names) {
   const std::string why =
       cuda::fmha_cuda_misaligned(ptrs.data(), names.data(), static_cast<int>(ptrs.size()));
-  PD_CHECK(why.empty(), "fmha: ", why);
+  PD_CHECK(why.empty(), "paddle_unpad.fmha: ", why);
 }
 
 }  // namespace
@@ -70,7 +70,7 @@ void FmhaForwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const 
   const cudaError_t e =
       cuda::fmha_cuda_fwd(c, launch_options(grouping), qc.data(), kc.data(),
                           vc.data(), out->data(), lse->data<float>(), q.stream());
-  PD_CHECK(e == cudaSuccess, "fmha: CUDA forward launch failed: ", cudaGetErrorName(e), ": ",
+  PD_CHECK(e == cudaSuccess, "paddle_unpad.fmha: CUDA forward launch failed: ", cudaGetErrorName(e), ": ",
            cudaGetErrorString(e));
 }
 
@@ -79,7 +79,7 @@ void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const
                      Tensor* dq, Tensor* dk, Tensor* dv) {
   const cuda::FmhaCudaProblem c = to_cuda_problem(p, q);
   if (p.total == 0) return;
-  PD_CHECK(dout.dtype() == q.dtype(), "fmha: grad of out has dtype ", dout.dtype(),
+  PD_CHECK(dout.dtype() == q.dtype(), "paddle_unpad.fmha: grad of out has dtype ", dout.dtype(),
            ", expected ", q.dtype());
   const Tensor qc = dense(q), kc = dense(k), vc = dense(v), oc = dense(out), lc = dense(lse),
                g = dense(dout);
@@ -92,7 +92,7 @@ void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const
   const cudaError_t e = cuda::fmha_cuda_bwd(
       c, launch_options(grouping), qc.data(), kc.data(), vc.data(), oc.data(),
       lc.data<float>(), g.data(), dq->data(), dk->data(), dv->data(), ws.data(), q.stream());
-  PD_CHECK(e == cudaSuccess, "fmha: CUDA backward launch failed: ", cudaGetErrorName(e), ": ",
+  PD_CHECK(e == cudaSuccess, "paddle_unpad.fmha: CUDA backward launch failed: ", cudaGetErrorName(e), ": ",
            cudaGetErrorString(e));
 }
 

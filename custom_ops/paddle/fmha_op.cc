@@ -28,32 +28,32 @@ using paddle_unpad::glue::shape_str;
 paddle_unpad::FmhaProblem check_and_describe(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& cu, int64_t max_seqlen, float scale,
                                              float dropout) {
-  PD_CHECK(q.shape().size() == 3, "fmha: q must be 3-D [total_tokens, heads, head_dim], got shape ",
+  PD_CHECK(q.shape().size() == 3, "paddle_unpad.fmha: q must be 3-D [total_tokens, heads, head_dim], got shape ",
            shape_str(q.shape()));
-  PD_CHECK(k.shape() == q.shape(), "fmha: k shape ", shape_str(k.shape()), " differs from q shape ",
+  PD_CHECK(k.shape() == q.shape(), "paddle_unpad.fmha: k shape ", shape_str(k.shape()), " differs from q shape ",
            shape_str(q.shape()));
-  PD_CHECK(v.shape() == q.shape(), "fmha: v shape ", shape_str(v.shape()), " differs from q shape ",
+  PD_CHECK(v.shape() == q.shape(), "paddle_unpad.fmha: v shape ", shape_str(v.shape()), " differs from q shape ",
            shape_str(q.shape()));
-  PD_CHECK(k.dtype() == q.dtype(), "fmha: k dtype ", k.dtype(), " differs from q dtype ", q.dtype());
-  PD_CHECK(v.dtype() == q.dtype(), "fmha: v dtype ", v.dtype(), " differs from q dtype ", q.dtype());
-  PD_CHECK(k.place() == q.place(), "fmha: k is on ", place_name(k), " but q is on ", place_name(q));
-  PD_CHECK(v.place() == q.place(), "fmha: v is on ", place_name(v), " but q is on ", place_name(q));
-  return paddle_unpad::glue::fmha_problem("fmha", cu, q.shape()[0], q.shape()[1], q.shape()[2], max_seqlen,
+  PD_CHECK(k.dtype() == q.dtype(), "paddle_unpad.fmha: k dtype ", k.dtype(), " differs from q dtype ", q.dtype());
+  PD_CHECK(v.dtype() == q.dtype(), "paddle_unpad.fmha: v dtype ", v.dtype(), " differs from q dtype ", q.dtype());
+  PD_CHECK(k.place() == q.place(), "paddle_unpad.fmha: k is on ", place_name(k), " but q is on ", place_name(q));
+  PD_CHECK(v.place() == q.place(), "paddle_unpad.fmha: v is on ", place_name(v), " but q is on ", place_name(q));
+  return paddle_unpad::glue::fmha_problem("paddle_unpad.fmha", cu, q.shape()[0], q.shape()[1], q.shape()[2], max_seqlen,
                                            scale, dropout);
 }
 
 void check_cpu_dtype_and_support(const Tensor& q, const paddle_unpad::FmhaProblem& p) {
-  PD_CHECK(q.dtype() == DataType::FLOAT32, "fmha: q/k/v dtype ", q.dtype(),
+  PD_CHECK(q.dtype() == DataType::FLOAT32, "paddle_unpad.fmha: q/k/v dtype ", q.dtype(),
            " is not supported on CPU (supported: float32)");
   const std::string why = paddle_unpad::fmha_cpu_unsupported(p);
-  PD_CHECK(why.empty(), "fmha: ", why);
+  PD_CHECK(why.empty(), "paddle_unpad.fmha: ", why);
 }
 
 std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
                                 const paddle::optional<Tensor>& rng, int64_t max_seqlen, float scale,
                                 float dropout, bool grouping) {
   auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
-  read_rng_state("fmha", rng, &p);
+  read_rng_state("paddle_unpad.fmha", rng, &p);
   Tensor out = paddle::empty(q.shape(), q.dtype(), q.place());
   Tensor lse = paddle::empty({p.total, p.heads}, DataType::FLOAT32, q.place());
   if (q.is_cpu()) {
@@ -67,7 +67,7 @@ std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& 
     paddle_unpad::FmhaForwardGpu(p, grouping, q, k, v, &out, &lse);
 #endif
   } else {
-    PD_THROW("fmha: no kernel for tensors on ", place_name(q),
+    PD_THROW("paddle_unpad.fmha: no kernel for tensors on ", place_name(q),
              " in this build (paddle_unpad was built without CUDA kernels)");
   }
   return {out, lse};
@@ -78,8 +78,8 @@ std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor&
                                  const Tensor& lse, const Tensor& dout, int64_t max_seqlen,
                                  float scale, float dropout, bool grouping) {
   auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
-  read_rng_state("fmha", rng, &p);
-  PD_CHECK(dout.shape() == q.shape(), "fmha: grad of out has shape ", shape_str(dout.shape()),
+  read_rng_state("paddle_unpad.fmha", rng, &p);
+  PD_CHECK(dout.shape() == q.shape(), "paddle_unpad.fmha: grad of out has shape ", shape_str(dout.shape()),
            ", expected ", shape_str(q.shape()));
   Tensor dq = paddle::empty(q.shape(), q.dtype(), q.place());
   Tensor dk = paddle::empty(q.shape(), q.dtype(), q.place());
@@ -96,7 +96,7 @@ std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor&
     paddle_unpad::FmhaBackwardGpu(p, grouping, q, k, v, out, lse, dout, &dq, &dk, &dv);
 #endif
   } else {
-    PD_THROW("fmha: no kernel for tensors on ", place_name(q),
+    PD_THROW("paddle_unpad.fmha: no kernel for tensors on ", place_name(q),
              " in this build (paddle_unpad was built without CUDA kernels)");
   }
   return {dq, dk, dv};

@@ -29,24 +29,24 @@ paddle_unpad::FmhaProblem describe(const Tensor& qkv, const Tensor& bias, const 
                                    const paddle::optional<Tensor>& rng, int64_t max_seqlen,
                                    float scale, float dropout) {
   PD_CHECK(qkv.shape().size() == 4 && qkv.shape()[1] == 3,
-           "fmha_qkvpacked: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape ",
+           "paddle_unpad.fmha_qkvpacked: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape ",
            shape_str(qkv.shape()));
   PD_CHECK(bias.shape() == std::vector<int64_t>({3, qkv.shape()[2], qkv.shape()[3]}),
-           "fmha_qkvpacked: bias must have shape [3, heads, head_dim] = [3, ", qkv.shape()[2], ", ",
+           "paddle_unpad.fmha_qkvpacked: bias must have shape [3, heads, head_dim] = [3, ", qkv.shape()[2], ", ",
            qkv.shape()[3], "], got ", shape_str(bias.shape()));
-  PD_CHECK(qkv.is_cpu(), "fmha_qkvpacked: the native kernel runs on the CPU, qkv is on ",
+  PD_CHECK(qkv.is_cpu(), "paddle_unpad.fmha_qkvpacked: the native kernel runs on the CPU, qkv is on ",
            place_name(qkv), " (paddle_unpad.fmha_qkvpacked splits qkv for fmha there)");
-  PD_CHECK(bias.is_cpu(), "fmha_qkvpacked: bias is on ", place_name(bias), " but qkv is on the CPU");
-  PD_CHECK(qkv.dtype() == DataType::FLOAT32, "fmha_qkvpacked: qkv dtype ", qkv.dtype(),
+  PD_CHECK(bias.is_cpu(), "paddle_unpad.fmha_qkvpacked: bias is on ", place_name(bias), " but qkv is on the CPU");
+  PD_CHECK(qkv.dtype() == DataType::FLOAT32, "paddle_unpad.fmha_qkvpacked: qkv dtype ", qkv.dtype(),
            " is not supported on CPU (supported: float32)");
-  PD_CHECK(bias.dtype() == qkv.dtype(), "fmha_qkvpacked: bias dtype ", bias.dtype(),
+  PD_CHECK(bias.dtype() == qkv.dtype(), "paddle_unpad.fmha_qkvpacked: bias dtype ", bias.dtype(),
            " differs from qkv dtype ", qkv.dtype());
-  auto p = paddle_unpad::glue::fmha_problem("fmha_qkvpacked", cu, qkv.shape()[0], qkv.shape()[2], qkv.shape()[3],
+  auto p = paddle_unpad::glue::fmha_problem("paddle_unpad.fmha_qkvpacked", cu, qkv.shape()[0], qkv.shape()[2], qkv.shape()[3],
                                             max_seqlen, scale, dropout);
   p.qkv_stride = 3 * p.heads * p.head_dim;
   const std::string unsupported = paddle_unpad::fmha_cpu_unsupported(p);
-  PD_CHECK(unsupported.empty(), "fmha_qkvpacked: ", unsupported);
-  paddle_unpad::glue::read_rng_state("fmha_qkvpacked", rng, &p);
+  PD_CHECK(unsupported.empty(), "paddle_unpad.fmha_qkvpacked: ", unsupported);
+  paddle_unpad::glue::read_rng_state("paddle_unpad.fmha_qkvpacked", rng, &p);
   return p;
 }
 
@@ -78,7 +78,7 @@ std::vector<Tensor> FmhaQkvBackward(const Tensor& qkv, const Tensor& bias, const
                                     const Tensor& lse, const Tensor& dout, int64_t max_seqlen,
                                     float scale, float dropout) {
   auto p = describe(qkv, bias, cu, rng, max_seqlen, scale, dropout);
-  PD_CHECK(dout.shape() == out.shape(), "fmha_qkvpacked: grad of out has shape ", shape_str(dout.shape()),
+  PD_CHECK(dout.shape() == out.shape(), "paddle_unpad.fmha_qkvpacked: grad of out has shape ", shape_str(dout.shape()),
            ", expected ", shape_str(out.shape()));
   const Tensor x = dense(qkv), b = dense(bias), g = dense(dout);
   set_biases(&p, b.data<float>());

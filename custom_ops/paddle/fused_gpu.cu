@@ -16,8 +16,8 @@ using paddle::DataType;
 using paddle::Tensor;
 using glue::dense;
 
-constexpr const char* kGelu = "bias_gelu";
-constexpr const char* kLn = "bias_dropout_residual_layer_norm";
+constexpr const char* kGelu = "paddle_unpad.ops.bias_gelu";
+constexpr const char* kLn = "paddle_unpad.ops.bias_dropout_residual_layer_norm";
 
 cuda::DType gpu_dtype(const char* op, const Tensor& x, const char* name = "x") {
   const DataType t = x.dtype();

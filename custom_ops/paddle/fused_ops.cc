@@ -86,7 +86,7 @@ Tensor zero_grad_like(const Tensor& t) { return paddle::full(t.shape(), 0.0, t.d
 
 // ------------------------------------------------------------------------------ bias_gelu
 
-constexpr const char* kGelu = "bias_gelu";
+constexpr const char* kGelu = "paddle_unpad.ops.bias_gelu";
 
 std::vector<Tensor> BiasGeluForward(const Tensor& x, const Tensor& bias) {
   check_x(kGelu, x);
@@ -112,7 +112,7 @@ std::vector<Tensor> BiasGeluBackward(const Tensor& x, const Tensor& bias, const 
   check_vector(kGelu, "bias", bias, x);
   if (x.is_cpu()) check_cpu_float32(kGelu, x);
   if (!dy.initialized()) return {zero_grad_like(x), zero_grad_like(bias)};  // y does not reach the loss
-  PD_CHECK(dy.shape() == x.shape(), "bias_gelu: grad of y has shape ", shape_str(dy.shape()),
+  PD_CHECK(dy.shape() == x.shape(), "paddle_unpad.ops.bias_gelu: grad of y has shape ", shape_str(dy.shape()),
            ", expected ", shape_str(x.shape()));
   Tensor dx = paddle::empty(x.shape(), x.dtype(), x.place());
   Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
@@ -149,7 +149,7 @@ std::vector<DataType> BiasGeluGradInferDtype(DataType x, DataType bias, DataType
 
 // ------------------------------------------------------------ bias_dropout_residual_layer_norm
 
-constexpr const char* kLn = "bias_dropout_residual_layer_norm";
+constexpr const char* kLn = "paddle_unpad.ops.bias_dropout_residual_layer_norm";
 
 paddle_unpad::BdrlnProblem check_and_describe_ln(const Tensor& x, const Tensor& bias,
                                                  const Tensor& residual, const Tensor& ln_weight,
