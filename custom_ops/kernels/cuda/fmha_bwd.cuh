@@ -43,6 +43,44 @@ __global__ void __launch_bounds__(256)
   if (r < rows && ch == 0) delta[r] = acc;
 }
 
+// Two warp GEMMs of one shape: acc_a = A_a B_a^T and acc_b = A_b B_b^T, with A this warp's 16
+// rows of D (registers fr_* when kInRegs, else shared memory at the lane's fragment row sa_*)
+// and B kCols rows of D in shared memory (b_*, kStride apart). The dK/dV kernel takes
+// S^T = K Q^T and dP^T = V dO^T with it, the dQ kernel S = Q K^T and dP = dO V^T.
+template <typename T, int D, int kCols, int kStride, bool kInRegs, int kFr>
+__device__ __forceinline__ void warp_gemm_pair_abt(float (&acc_a)[kCols / 8][4],
+                                                   float (&acc_b)[kCols / 8][4],
+                                                   const uint32_t (&fr_a)[kFr][4],
+                                                   const uint32_t (&fr_b)[kFr][4], const T* sa_a,
+                                                   const T* sa_b, const T* b_a, const T* b_b,
+                                                   int lane) {
+#pragma unroll
+  for (int t = 0; t < kCols / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_a[t][e] = acc_b[t][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4], b[4];
+    if (kInRegs) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        a[i] = fr_a[kInRegs ? kk : 0][i];
+        b[i] = fr_b[kInRegs ? kk : 0][i];
+      }
+    } else {
+      ldmatrix_x4(a, sa_a + kk * 16);
+      ldmatrix_x4(b, sa_b + kk * 16);
+    }
+#pragma unroll
+    for (int c2 = 0; c2 < kCols / 16; ++c2) {
+      const int off = (c2 * 16 + (lane & 7) + (lane >> 4) * 8) * kStride + kk * 16 +
+                      ((lane >> 3) & 1) * 8;
+      mma_two_tiles<T, false>(acc_a[2 * c2], acc_a[2 * c2 + 1], a, b_a + off);
+      mma_two_tiles<T, false>(acc_b[2 * c2], acc_b[2 * c2 + 1], b, b_b + off);
+    }
+  }
+}
+
 // dK, dV. kQM: queries per step; kKVInRegs: keep this warp's K and V A-fragments in
 // registers across the query loop (else reload them from shared memory each step).
 template <typename T, int D, int kQM, bool kKVInRegs>
@@ -70,19 +108,12 @@ __global__ void __launch_bounds__(128)
   const int s = seq.len;
   const int j0 = static_cast<int>(blockIdx.x) * kBlockN;
   if (j0 >= s) return;
-  const int h = static_cast<int>(blockIdx.z);
-  const int64_t ld = static_cast<int64_t>(p.heads) * D;
-  const int64_t base = static_cast<int64_t>(seq.start) * ld + static_cast<int64_t>(h) * D;
-  const T* gq = static_cast<const T*>(p.q) + base;
-  const T* gk = static_cast<const T*>(p.k) + base;
-  const T* gv = static_cast<const T*>(p.v) + base;
-  const T* gdo = static_cast<const T*>(p.dout) + base;
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, c = lane % 4;
+  const VarlenTile<T, D> tile(p, seq);
+  const int h = tile.head, warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
 
   auto issue_q = [&](int qb, int st) {
-    load_rows_async<T, D, kQM, kThreads>(sQ + st * kQM * kStride, gq, qb * kQM, s, ld);
-    load_rows_async<T, D, kQM, kThreads>(sdO + st * kQM * kStride, gdo, qb * kQM, s, ld);
+    load_rows_async<T, D, kQM, kThreads>(sQ + st * kQM * kStride, tile.q, qb * kQM, s, tile.ld);
+    load_rows_async<T, D, kQM, kThreads>(sdO + st * kQM * kStride, tile.dout, qb * kQM, s, tile.ld);
     for (int i = static_cast<int>(threadIdx.x); i < kQM; i += kThreads) {
       const int r = qb * kQM + i;
       const bool ok = r < s;
@@ -93,8 +124,8 @@ __global__ void __launch_bounds__(128)
     }
   };
 
-  load_rows_async<T, D, kBlockN, kThreads>(sK, gk, j0, s, ld);
-  load_rows_async<T, D, kBlockN, kThreads>(sV, gv, j0, s, ld);
+  load_rows_async<T, D, kBlockN, kThreads>(sK, tile.k, j0, s, tile.ld);
+  load_rows_async<T, D, kBlockN, kThreads>(sV, tile.v, j0, s, tile.ld);
   issue_q(0, 0);
   cp_async_commit();
 
@@ -134,36 +165,8 @@ __global__ void __launch_bounds__(128)
 
     // S^T = K Q^T and dP^T = V dO^T: rows = this warp's 16 keys, columns = kQM queries.
     float sT[kQT][4], dpT[kQT][4];
-#pragma unroll
-    for (int qt = 0; qt < kQT; ++qt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sT[qt][e] = dpT[qt][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kKT; ++kk) {
-      uint32_t ak[4], av[4];
-      if (kKVInRegs) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          ak[i] = kf[kKVInRegs ? kk : 0][i];
-          av[i] = vf[kKVInRegs ? kk : 0][i];
-        }
-      } else {
-        ldmatrix_x4(ak, sKw + kk * 16);
-        ldmatrix_x4(av, sVw + kk * 16);
-      }
-#pragma unroll
-      for (int q2 = 0; q2 < kQM / 16; ++q2) {
-        const int off = (q2 * 16 + (lane & 7) + (lane >> 4) * 8) * kStride + kk * 16 +
-                        ((lane >> 3) & 1) * 8;
-        uint32_t b[4];
-        ldmatrix_x4(b, qs + off);
-        mma16816<T>(sT[2 * q2], ak, b[0], b[1]);
-        mma16816<T>(sT[2 * q2 + 1], ak, b[2], b[3]);
-        ldmatrix_x4(b, dos + off);
-        mma16816<T>(dpT[2 * q2], av, b[0], b[1]);
-        mma16816<T>(dpT[2 * q2 + 1], av, b[2], b[3]);
-      }
-    }
+    warp_gemm_pair_abt<T, D, kQM, kStride, kKVInRegs, kFr>(sT, dpT, kf, vf, sKw, sVw, qs, dos,
+                                                           lane);
 
     // P^T Z into sT, dS^T into dpT.
     const uint32_t t_q = static_cast<uint32_t>(seq.start + qb * kQM + 2 * c);
@@ -185,25 +188,14 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int q16 = 0; q16 < kQM / 16; ++q16) {
       uint32_t ap[4], as[4];
-      ap[0] = Tr::pack(sT[2 * q16][0], sT[2 * q16][1]);
-      ap[1] = Tr::pack(sT[2 * q16][2], sT[2 * q16][3]);
-      ap[2] = Tr::pack(sT[2 * q16 + 1][0], sT[2 * q16 + 1][1]);
-      ap[3] = Tr::pack(sT[2 * q16 + 1][2], sT[2 * q16 + 1][3]);
-      as[0] = Tr::pack(dpT[2 * q16][0], dpT[2 * q16][1]);
-      as[1] = Tr::pack(dpT[2 * q16][2], dpT[2 * q16][3]);
-      as[2] = Tr::pack(dpT[2 * q16 + 1][0], dpT[2 * q16 + 1][1]);
-      as[3] = Tr::pack(dpT[2 * q16 + 1][2], dpT[2 * q16 + 1][3]);
+      a_fragment<T>(ap, sT[2 * q16], sT[2 * q16 + 1]);
+      a_fragment<T>(as, dpT[2 * q16], dpT[2 * q16 + 1]);
 #pragma unroll
       for (int d2 = 0; d2 < D / 16; ++d2) {
         const int off = (q16 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 +
                         (lane >> 4) * 8;
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, dos + off);
-        mma16816<T>(dv[2 * d2], ap, b[0], b[1]);
-        mma16816<T>(dv[2 * d2 + 1], ap, b[2], b[3]);
-        ldmatrix_x4_trans(b, qs + off);
-        mma16816<T>(dk[2 * d2], as, b[0], b[1]);
-        mma16816<T>(dk[2 * d2 + 1], as, b[2], b[3]);
+        mma_two_tiles<T, true>(dv[2 * d2], dv[2 * d2 + 1], ap, dos + off);
+        mma_two_tiles<T, true>(dk[2 * d2], dk[2 * d2 + 1], as, qs + off);
       }
     }
     __syncthreads();  // every warp is done with stage st before it is refilled
@@ -222,8 +214,8 @@ __global__ void __launch_bounds__(128)
       *reinterpret_cast<uint32_t*>(sv_w + off) = Tr::pack(dv[dt][2 * i], dv[dt][2 * i + 1]);
     }
   __syncwarp();
-  T* gdk = static_cast<T*>(p.dk) + base;
-  T* gdv = static_cast<T*>(p.dv) + base;
+  T* gdk = tile.out(p.dk);
+  T* gdv = tile.out(p.dv);
   constexpr int kChunks = D / 8;
 #pragma unroll
   for (int it = 0; it < 16 * kChunks / 32; ++it) {
@@ -231,7 +223,7 @@ __global__ void __launch_bounds__(128)
     const int r = idx / kChunks, ch = idx % kChunks;
     const int key = j0 + kr0 + r;
     if (key < s) {
-      const int64_t go = static_cast<int64_t>(key) * ld + ch * 8;
+      const int64_t go = static_cast<int64_t>(key) * tile.ld + ch * 8;
       *reinterpret_cast<uint4*>(gdk + go) = *reinterpret_cast<const uint4*>(sk_w + r * kStride + ch * 8);
       *reinterpret_cast<uint4*>(gdv + go) = *reinterpret_cast<const uint4*>(sv_w + r * kStride + ch * 8);
     }
@@ -262,20 +254,13 @@ __global__ void __launch_bounds__(128)
   const int s = seq.len;
   const int q0 = static_cast<int>(blockIdx.x) * kBlockM;
   if (q0 >= s) return;
-  const int h = static_cast<int>(blockIdx.z);
-  const int64_t ld = static_cast<int64_t>(p.heads) * D;
-  const int64_t base = static_cast<int64_t>(seq.start) * ld + static_cast<int64_t>(h) * D;
-  const T* gq = static_cast<const T*>(p.q) + base;
-  const T* gk = static_cast<const T*>(p.k) + base;
-  const T* gv = static_cast<const T*>(p.v) + base;
-  const T* gdo = static_cast<const T*>(p.dout) + base;
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, c = lane % 4;
+  const VarlenTile<T, D> tile(p, seq);
+  const int h = tile.head, warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
 
-  load_rows_async<T, D, kBlockM, kThreads>(sQ, gq, q0, s, ld);
-  load_rows_async<T, D, kBlockM, kThreads>(sdO, gdo, q0, s, ld);
-  load_rows_async<T, D, kBlockN, kThreads>(sK, gk, 0, s, ld);
-  load_rows_async<T, D, kBlockN, kThreads>(sV, gv, 0, s, ld);
+  load_rows_async<T, D, kBlockM, kThreads>(sQ, tile.q, q0, s, tile.ld);
+  load_rows_async<T, D, kBlockM, kThreads>(sdO, tile.dout, q0, s, tile.ld);
+  load_rows_async<T, D, kBlockN, kThreads>(sK, tile.k, 0, s, tile.ld);
+  load_rows_async<T, D, kBlockN, kThreads>(sV, tile.v, 0, s, tile.ld);
   cp_async_commit();
 
   // lse (base 2) and delta of this thread's rows g, g + 8.
@@ -304,10 +289,10 @@ __global__ void __launch_bounds__(128)
     const int st = kb & 1;
     const int j0 = kb * kBlockN;
     if (kb + 1 < nkb) {
-      load_rows_async<T, D, kBlockN, kThreads>(sK + (st ^ 1) * kBlockN * kStride, gk,
-                                               j0 + kBlockN, s, ld);
-      load_rows_async<T, D, kBlockN, kThreads>(sV + (st ^ 1) * kBlockN * kStride, gv,
-                                               j0 + kBlockN, s, ld);
+      load_rows_async<T, D, kBlockN, kThreads>(sK + (st ^ 1) * kBlockN * kStride, tile.k,
+                                               j0 + kBlockN, s, tile.ld);
+      load_rows_async<T, D, kBlockN, kThreads>(sV + (st ^ 1) * kBlockN * kStride, tile.v,
+                                               j0 + kBlockN, s, tile.ld);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -325,36 +310,8 @@ __global__ void __launch_bounds__(128)
     const T* vs = sV + st * kBlockN * kStride;
 
     float sc[kNT][4], dp[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kKT; ++kk) {
-      uint32_t aq[4], ad[4];
-      if (kQInRegs) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          aq[i] = qf[kQInRegs ? kk : 0][i];
-          ad[i] = df[kQInRegs ? kk : 0][i];
-        }
-      } else {
-        ldmatrix_x4(aq, sQw + kk * 16);
-        ldmatrix_x4(ad, sdOw + kk * 16);
-      }
-#pragma unroll
-      for (int n2 = 0; n2 < kNT / 2; ++n2) {
-        const int off = (n2 * 16 + (lane & 7) + (lane >> 4) * 8) * kStride + kk * 16 +
-                        ((lane >> 3) & 1) * 8;
-        uint32_t b[4];
-        ldmatrix_x4(b, ks + off);
-        mma16816<T>(sc[2 * n2], aq, b[0], b[1]);
-        mma16816<T>(sc[2 * n2 + 1], aq, b[2], b[3]);
-        ldmatrix_x4(b, vs + off);
-        mma16816<T>(dp[2 * n2], ad, b[0], b[1]);
-        mma16816<T>(dp[2 * n2 + 1], ad, b[2], b[3]);
-      }
-    }
+    warp_gemm_pair_abt<T, D, kBlockN, kStride, kQInRegs, kFr>(sc, dp, qf, df, sQw, sdOw, ks,
+                                                              vs, lane);
 
     // dS = P (dP Z - delta) into sc; keys past the end have P = 0.
     const int valid = s - j0;
@@ -378,15 +335,13 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int kt = 0; kt < kBlockN / 16; ++kt) {
       uint32_t a[4];
-      a[0] = Tr::pack(sc[2 * kt][0], sc[2 * kt][1]);
-      a[1] = Tr::pack(sc[2 * kt][2], sc[2 * kt][3]);
-      a[2] = Tr::pack(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
-      a[3] = Tr::pack(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
+      a_fragment<T>(a, sc[2 * kt], sc[2 * kt + 1]);
 #pragma unroll
       for (int d2 = 0; d2 < D / 16; ++d2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, ks + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride +
-                                 d2 * 16 + (lane >> 4) * 8);
+        const T* src = ks + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 +
+                       (lane >> 4) * 8;
+        uint32_t b[4];  // written out: through mma_two_tiles ptxas schedules this loop otherwise
+        ldmatrix_x4_trans(b, src);
         mma16816<T>(dq[2 * d2], a, b[0], b[1]);
         mma16816<T>(dq[2 * d2 + 1], a, b[2], b[3]);
       }
@@ -403,7 +358,7 @@ __global__ void __launch_bounds__(128)
       *reinterpret_cast<uint32_t*>(sq_w + (g + 8 * i) * kStride + dt * 8 + 2 * c) =
           Tr::pack(dq[dt][2 * i] * p.scale, dq[dt][2 * i + 1] * p.scale);
   __syncwarp();
-  T* gdq = static_cast<T*>(p.dq) + base;
+  T* gdq = tile.out(p.dq);
   constexpr int kChunks = D / 8;
 #pragma unroll
   for (int it = 0; it < 16 * kChunks / 32; ++it) {
@@ -411,7 +366,7 @@ __global__ void __launch_bounds__(128)
     const int r = idx / kChunks, ch = idx % kChunks;
     const int row = q0 + warp * 16 + r;
     if (row < s)
-      *reinterpret_cast<uint4*>(gdq + static_cast<int64_t>(row) * ld + ch * 8) =
+      *reinterpret_cast<uint4*>(gdq + static_cast<int64_t>(row) * tile.ld + ch * 8) =
           *reinterpret_cast<const uint4*>(sq_w + r * kStride + ch * 8);
   }
 }

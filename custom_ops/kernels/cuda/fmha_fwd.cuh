@@ -42,6 +42,63 @@ __device__ __forceinline__ float dropout_one(const FmhaParams& p, uint32_t j, ui
   return draw < p.drop_threshold ? 0.0f : p.keep_scale;
 }
 
+// acc0 += a B0 and acc1 += a B1 for two adjacent 8-column tiles of B in shared memory, read
+// by one ldmatrix at src (kTrans: B is stored k-major, as V in P V).
+template <typename T, bool kTrans>
+__device__ __forceinline__ void mma_two_tiles(float (&acc0)[4], float (&acc1)[4],
+                                              const uint32_t (&a)[4], const T* src) {
+  uint32_t b[4];
+  if (kTrans)
+    ldmatrix_x4_trans(b, src);
+  else
+    ldmatrix_x4(b, src);
+  mma16816<T>(acc0, a, b[0], b[1]);
+  mma16816<T>(acc1, a, b[2], b[3]);
+}
+
+// The A fragment (16 x 16) held by two adjacent 8-column accumulator tiles: how the
+// probabilities go from the accumulators of one mma straight into the next.
+template <typename T>
+__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const float (&c0)[4],
+                                           const float (&c1)[4]) {
+  a[0] = ElemTraits<T>::pack(c0[0], c0[1]);
+  a[1] = ElemTraits<T>::pack(c0[2], c0[3]);
+  a[2] = ElemTraits<T>::pack(c1[0], c1[1]);
+  a[3] = ElemTraits<T>::pack(c1[2], c1[3]);
+}
+
+// Where a thread block of an FMHA kernel works, once it has rows to work on: the head
+// (blockIdx.z) and sequence seq (blockIdx.y) in the packed [T, H, D] tensors, their rows ld
+// apart, each tensor's (sequence, head) origin, and which lane of which warp this thread is.
+// Every kernel builds it the same way, after leaving a block past the end of its sequence.
+template <typename T, int D>
+struct VarlenTile {
+  int head;
+  int64_t ld;    // row stride of every [T, H, D] tensor
+  int64_t base;  // offset of (seq.start, head)
+  const T* q;
+  const T* k;
+  const T* v;
+  const T* dout;
+  int warp, lane;
+  int g, c;  // this lane's rows (g, g + 8) and column pair (2c, 2c + 1) in an mma fragment
+
+  __device__ __forceinline__ VarlenTile(const FmhaParams& p, const SeqSpan& seq)
+      : head(static_cast<int>(blockIdx.z)),
+        ld(static_cast<int64_t>(p.heads) * D),
+        base(static_cast<int64_t>(seq.start) * ld + static_cast<int64_t>(head) * D),
+        q(static_cast<const T*>(p.q) + base),
+        k(static_cast<const T*>(p.k) + base),
+        v(static_cast<const T*>(p.v) + base),
+        dout(static_cast<const T*>(p.dout) + base),
+        warp(static_cast<int>(threadIdx.x) / 32),
+        lane(static_cast<int>(threadIdx.x) % 32),
+        g(lane / 4),
+        c(lane % 4) {}
+  // The (sequence, head) origin of an output tensor of p.
+  __device__ __forceinline__ T* out(void* t) const { return static_cast<T*>(t) + base; }
+};
+
 template <typename T, int D, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     fmha_fwd_kernel(const __grid_constant__ FmhaParams p) {
@@ -63,17 +120,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int s = seq.len;
   const int q0 = static_cast<int>(blockIdx.x) * kBlockM;
   if (q0 >= s) return;
-  const int h = static_cast<int>(blockIdx.z);
-  const int64_t ld = static_cast<int64_t>(p.heads) * D;
-  const int64_t base = static_cast<int64_t>(seq.start) * ld + static_cast<int64_t>(h) * D;
-  const T* gq = static_cast<const T*>(p.q) + base;
-  const T* gk = static_cast<const T*>(p.k) + base;
-  const T* gv = static_cast<const T*>(p.v) + base;
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, c = lane % 4;
+  const VarlenTile<T, D> tile(p, seq);
+  const int h = tile.head, warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
 
-  load_rows_async<T, D, kBlockM, kThreads>(sQ, gq, q0, s, ld);
-  load_rows_async<T, D, kBlockN, kThreads>(sK, gk, 0, s, ld);
+  load_rows_async<T, D, kBlockM, kThreads>(sQ, tile.q, q0, s, tile.ld);
+  load_rows_async<T, D, kBlockN, kThreads>(sK, tile.k, 0, s, tile.ld);
   cp_async_commit();
 
   uint32_t qf[kKT][4];
@@ -97,7 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int kk = 0; kk < kKT; ++kk)
         ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8);
     }
-    load_rows_async<T, D, kBlockN, kThreads>(sV, gv, j0, s, ld);
+    load_rows_async<T, D, kBlockN, kThreads>(sV, tile.v, j0, s, tile.ld);
     cp_async_commit();
 
     // S = Q K^T for this warp's 16 rows and kBlockN keys.
@@ -110,11 +161,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int kk = 0; kk < kKT; ++kk) {
 #pragma unroll
       for (int n2 = 0; n2 < kNT / 2; ++n2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, sK + (n2 * 16 + (lane & 7) + (lane >> 4) * 8) * kStride + kk * 16 +
-                           ((lane >> 3) & 1) * 8);
-        mma16816<T>(sc[2 * n2], qf[kk], b[0], b[1]);
-        mma16816<T>(sc[2 * n2 + 1], qf[kk], b[2], b[3]);
+        const T* src = sK + (n2 * 16 + (lane & 7) + (lane >> 4) * 8) * kStride + kk * 16 +
+                       ((lane >> 3) & 1) * 8;
+        mma_two_tiles<T, false>(sc[2 * n2], sc[2 * n2 + 1], qf[kk], src);
       }
     }
 
@@ -168,7 +217,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     cp_async_wait<0>();
     __syncthreads();  // V_kb landed; every warp is done with K_kb
     if (kb + 1 < nkb) {
-      load_rows_async<T, D, kBlockN, kThreads>(sK, gk, j0 + kBlockN, s, ld);
+      load_rows_async<T, D, kBlockN, kThreads>(sK, tile.k, j0 + kBlockN, s, tile.ld);
       cp_async_commit();
     }
 
@@ -176,17 +225,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int kt = 0; kt < kBlockN / 16; ++kt) {
       uint32_t a[4];
-      a[0] = Tr::pack(sc[2 * kt][0], sc[2 * kt][1]);
-      a[1] = Tr::pack(sc[2 * kt][2], sc[2 * kt][3]);
-      a[2] = Tr::pack(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
-      a[3] = Tr::pack(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
+      a_fragment<T>(a, sc[2 * kt], sc[2 * kt + 1]);
 #pragma unroll
       for (int d2 = 0; d2 < D / 16; ++d2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, sV + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride +
-                                 d2 * 16 + (lane >> 4) * 8);
-        mma16816<T>(o[2 * d2], a, b[0], b[1]);
-        mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
+        const T* src = sV + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 +
+                       (lane >> 4) * 8;
+        mma_two_tiles<T, true>(o[2 * d2], o[2 * d2 + 1], a, src);
       }
     }
   }
@@ -208,7 +252,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       *reinterpret_cast<uint32_t*>(so + (g + 8 * i) * kStride + dt * 8 + 2 * c) =
           Tr::pack(o[dt][2 * i] * inv[i], o[dt][2 * i + 1] * inv[i]);
   __syncwarp();
-  T* gout = static_cast<T*>(p.out) + base;
+  T* gout = tile.out(p.out);
   constexpr int kChunks = D / 8;
 #pragma unroll
   for (int it = 0; it < 16 * kChunks / 32; ++it) {
@@ -216,7 +260,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int r = idx / kChunks, ch = idx % kChunks;
     const int row = q0 + warp * 16 + r;
     if (row < s)
-      *reinterpret_cast<uint4*>(gout + static_cast<int64_t>(row) * ld + ch * 8) =
+      *reinterpret_cast<uint4*>(gout + static_cast<int64_t>(row) * tile.ld + ch * 8) =
           *reinterpret_cast<const uint4*>(so + r * kStride + ch * 8);
   }
   if (c == 0) {
