@@ -76,7 +76,8 @@ class DistributedStrategy(_fleet.DistributedStrategy):
     @property
     def unpad_configs(self) -> Dict[str, Any]:
         """A copy of the load-balance settings (assign a dict to change some of them)."""
-        return copy.deepcopy(self._state()["configs"])  # resolved once: a change to the copy is not seen
+        # resolved once: a list in the copy is copied too, so changing it is not seen here
+        return {k: list(v) if isinstance(v, list) else v for k, v in self._state()["configs"].items()}
 
     @unpad_configs.setter
     def unpad_configs(self, configs: Dict[str, Any]):
