@@ -1074,7 +1074,17 @@ def main():
                     gemm):
         parts += section()
     parts += ["## GPU", "", "No GPU figures yet: the CUDA kernels compile in CI but have not run on a GPU "
-              "(see [gpu.md](gpu.md); `benchmarks/gpu_check.sh` produces them on one).", ""]
+              "(see [gpu.md](gpu.md); `benchmarks/gpu_check.sh` produces them on one).", "",
+              "### Kernel changes checked without a GPU", "",
+              "A change to the CUDA kernels that leaves their machine code byte-identical cannot change their "
+              "speed or their results. `benchmarks/same_machine_code.sh REV` builds every unit of "
+              "`custom_ops/kernels/cuda` to sm_80 and sm_90 cubins from REV and from the working tree and compares "
+              "them. The FMHA refactor that gave the three kernels one varlen block set-up (`VarlenTile`) and the "
+              "backward one S/dP GEMM pair (`warp_gemm_pair_abt`) was checked this way: "
+              "`benchmarks/same_machine_code.sh 9cebd80` on its tree (4efe00d) printed `same` for fmha_fwd_fp16, "
+              "fmha_fwd_bf16, fmha_bwd_fp16, fmha_bwd_bf16, fmha_cuda and fused_cuda at both SM versions. "
+              "bias_gelu_cuda, bdrln_fwd_cuda and bdrln_bwd_cuda are `unknown` there: an anonymous namespace gives "
+              "them a fresh mangled name per nvcc run (nvcc 13.0).", ""]
     text = "\n".join(parts)
     with open(OUT, "w") as f:
         f.write(text)
