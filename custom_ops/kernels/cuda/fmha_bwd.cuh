@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(128)
 
   auto issue_q = [&](int qb, int st) {
     load_rows_async<T, D, kQM, kThreads>(sQ + st * kQM * kStride, tile.q, qb * kQM, s, tile.ld);
-    load_rows_async<T, D, kQM, kThreads>(sdO + st * kQM * kStride, tile.dout, qb * kQM, s, tile.ld);
+    load_rows_async<T, D, kQM, kThreads>(sdO + st * kQM * kStride, tile.in(p.dout), qb * kQM, s,
+                                         tile.ld);
     for (int i = static_cast<int>(threadIdx.x); i < kQM; i += kThreads) {
       const int r = qb * kQM + i;
       const bool ok = r < s;
@@ -258,7 +259,7 @@ __global__ void __launch_bounds__(128)
   const int h = tile.head, warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
 
   load_rows_async<T, D, kBlockM, kThreads>(sQ, tile.q, q0, s, tile.ld);
-  load_rows_async<T, D, kBlockM, kThreads>(sdO, tile.dout, q0, s, tile.ld);
+  load_rows_async<T, D, kBlockM, kThreads>(sdO, tile.in(p.dout), q0, s, tile.ld);
   load_rows_async<T, D, kBlockN, kThreads>(sK, tile.k, 0, s, tile.ld);
   load_rows_async<T, D, kBlockN, kThreads>(sV, tile.v, 0, s, tile.ld);
   cp_async_commit();

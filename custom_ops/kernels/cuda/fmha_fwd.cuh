@@ -79,7 +79,6 @@ struct VarlenTile {
   const T* q;
   const T* k;
   const T* v;
-  const T* dout;
   int warp, lane;
   int g, c;  // this lane's rows (g, g + 8) and column pair (2c, 2c + 1) in an mma fragment
 
@@ -90,12 +89,15 @@ struct VarlenTile {
         q(static_cast<const T*>(p.q) + base),
         k(static_cast<const T*>(p.k) + base),
         v(static_cast<const T*>(p.v) + base),
-        dout(static_cast<const T*>(p.dout) + base),
         warp(static_cast<int>(threadIdx.x) / 32),
         lane(static_cast<int>(threadIdx.x) % 32),
         g(lane / 4),
         c(lane % 4) {}
-  // The (sequence, head) origin of an output tensor of p.
+  // The (sequence, head) origin of another tensor of p (dout, set only for the backward;
+  // an output).
+  __device__ __forceinline__ const T* in(const void* t) const {
+    return static_cast<const T*>(t) + base;
+  }
   __device__ __forceinline__ T* out(void* t) const { return static_cast<T*>(t) + base; }
 };
 
