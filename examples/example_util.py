@@ -164,6 +164,15 @@ def load_labels(folder):
         return list(json.load(f)["labels"])
 
 
+def refuse_other_checkpoint(folder, saved, this_run):
+    """Stop (``SystemExit``) when the checkpoint ``folder`` was saved with other settings than this
+    run's: ``saved`` and ``this_run`` map a setting (``ranks``, ``batch_size``, ...) to its value;
+    each difference is named as ``name=saved (this run: value)``."""
+    wrong = ", ".join(f"{k}={saved.get(k)} (this run: {v})" for k, v in this_run.items() if saved.get(k) != v)
+    if wrong:
+        raise SystemExit(f"--resume {folder!r}: saved with {wrong}")
+
+
 # glog levels: 0 INFO, 1 WARNING, 2 ERROR. Paddle's C++ start-up chatter is INFO.
 _QUIET_ENV = {"GLOG_minloglevel": "1", "GLOG_v": "0"}
 

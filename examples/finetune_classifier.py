@@ -41,7 +41,8 @@ import numpy as np
 
 from example_util import (Progress, StepHistory, add_classifier_data_args, add_model_args, add_run_args,
                           check_data_args, classifier_data, comparison_table, encode_text, load_classifier,
-                          load_tokenizer, make_parser, plot_or_skip, quiet_logs, save_labels)
+                          load_tokenizer, make_parser, plot_or_skip, quiet_logs, refuse_other_checkpoint,
+                          save_labels)
 
 HISTORY, PLOT, OPT_STATE, TRAIN_STATE = "history.json", "loss.png", "optimizer.pdopt", "train_state.json"
 _FLEET_READY = []  # fleet.init has run in this process
@@ -421,10 +422,7 @@ def load_checkpoint(folder, model, opt, rank, **expected):
 
     with open(os.path.join(folder, TRAIN_STATE)) as f:
         state = json.load(f)
-    wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
-    if wrong:
-        raise SystemExit(f"--resume {folder!r}: saved with " + ", ".join(
-            f"{k}={a} (this run: {b})" for k, (a, b) in wrong.items()))
+    refuse_other_checkpoint(folder, state, expected)
     weights = os.path.join(folder, "model_state.pdparams")  # what save_pretrained writes
     if not os.path.isfile(weights):
         raise SystemExit(f"--resume {folder!r}: no model_state.pdparams there")

@@ -17,7 +17,8 @@ the stock Trainer with PaddleNLP's padding collator. The command line is PaddleN
 ``--save-steps``), the final model and tokenizer (``save_model``: loads with unmodified
 PaddleNLP ``from_pretrained``), ``labels.json`` (class names by id), ``history.json`` (loss,
 tokens/s and learning rate per logged step) and ``loss.png``. ``--resume checkpoint-<step>`` (or ``last``) continues a run from a
-checkpoint, with the same number of ranks.
+checkpoint, with the same number of ranks (another number is refused, naming both: the data order
+cannot be replayed; ``--ignore_data_skip`` continues without replaying it).
 """
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import dataclasses
@@ -34,7 +35,8 @@ from typing import List, Optional
 import numpy as np
 
 from example_util import (BUNDLED_MODEL, Progress, StepHistory, check_data_args, classifier_data, encode_text,
-                          load_classifier, load_tokenizer, plot_or_skip, quiet_logs, save_labels)
+                          load_classifier, load_tokenizer, plot_or_skip, quiet_logs, refuse_other_checkpoint,
+                          save_labels)
 
 HISTORY, PLOT = "history.json", "loss.png"
 
@@ -154,6 +156,16 @@ def resume_path(resume, output_dir):
     if not os.path.isfile(os.path.join(resume, "trainer_state.json")):
         raise SystemExit(f"--resume {resume!r}: not a Trainer checkpoint folder (no trainer_state.json)")
     return resume
+
+
+def check_resume_ranks(resume, ignore_data_skip):
+    """The checkpoint's number of ranks must be this run's (finetune_classifier.py's rule): the Trainer
+    skips the steps it trained by counting batches of batch x ranks samples."""
+    from paddle_unpad.trainer import checkpoint_world_size
+
+    saved = checkpoint_world_size(resume)
+    if saved is not None and not ignore_data_skip:
+        refuse_other_checkpoint(resume, {"ranks": saved}, {"ranks": int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))})
 
 
 class TokenCounter:
@@ -279,6 +291,8 @@ def main(argv=None):
     # the Trainer needs a folder; without --output-dir it works in a temporary one and saves nothing
     out_dir = args.output_dir or tempfile.mkdtemp(prefix="trainer_classifier_")
     resume = resume_path(args.resume, out_dir)
+    if resume:
+        check_resume_ranks(resume, args.ignore_data_skip)
     tokenizer = load_tokenizer(args.model_name_or_path)
     train_rows, dev_rows, label_names = classifier_data(args)
     train = encode(tokenizer, train_rows, args.max_train, args.max_seq_len)

@@ -18,9 +18,16 @@ stock Trainer before its padding collator; ``label`` and ``label_ids`` are renam
 ``labels`` as PaddleNLP's collators do. Under fleetrun, resuming from a checkpoint
 (``resume_from_checkpoint``) replays the same data order as an uninterrupted run: the
 training loader is a ``paddle.io.DataLoader`` to the Trainer, so its epoch and skip logic
-apply. Checkpoints are unchanged: ``save_model`` /
+apply. A checkpoint saved by another number of ranks is refused by ``train()`` on every rank,
+naming both numbers (:func:`check_resume_world_size`): each global step takes ``batch x
+ranks`` samples, so the steps it skips would not be the steps it trained; with
+``ignore_data_skip=True`` (no replay) it resumes. Checkpoints are unchanged: ``save_model`` /
 ``save_pretrained`` output loads in unmodified PaddleNLP.
 """
+
+import json
+import os
+import re
 
 import numpy as np
 import paddle
@@ -31,11 +38,50 @@ from .distributed import options as _balance_options
 from .data import sample_list_collate
 from .data.collate import DEFAULT_TOKEN_FIELDS, LABEL_ALIASES, normalize_batch, rename_label_keys
 
-__all__ = ["UnpadTrainer", "PadCollator", "LABEL_ALIASES", "rename_label_keys"]
+__all__ = ["UnpadTrainer", "PadCollator", "LABEL_ALIASES", "rename_label_keys", "checkpoint_world_size",
+           "check_resume_world_size"]
 
 # PaddleNLP's TrainingArguments make the job's process groups before a Trainer exists: give
 # each gloo group its own rendezvous store from here on (paddle_unpad.distributed.groups).
 _groups.install_group_stores(check=False)
+
+
+# PaddleNLP (2.8 and 3.0) saves a checkpoint's random states as rng_state_<ranks>.pth (every
+# rank's, in a job of several) or rng_state.pth (one process): the one record of the ranks
+_RNG_STATE_FILE = re.compile(r"rng_state(?:_(\d+))?\.pth")
+
+
+def checkpoint_world_size(folder):
+    """The number of ranks that saved the PaddleNLP Trainer checkpoint ``folder`` (an int), read
+    from the name of its random-state file (the newest, if a later run saved the same step
+    again); None when it has none (not a Trainer checkpoint, or not readable here)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    found = [(os.path.getmtime(os.path.join(folder, n)), int(m.group(1) or 1))
+             for n, m in ((n, _RNG_STATE_FILE.fullmatch(n)) for n in names) if m]
+    return max(found)[1] if found else None
+
+
+def check_resume_world_size(folder, world, where="trainer.UnpadTrainer.train", timeout=None):
+    """Refuse, on every rank, to resume the Trainer checkpoint ``folder`` on ``world`` ranks when
+    it was saved by another number: PaddleNLP's Trainer skips the global steps the checkpoint
+    trained by counting batches of ``batch x ranks`` samples, so on another number of ranks it
+    would skip other samples than it trained (some never trained in that epoch, some twice).
+    The ranks compare what they read through the job's store (a rank that cannot read the
+    folder takes the others' reading). ``ValueError`` naming both numbers."""
+    saved = checkpoint_world_size(folder)
+    if world > 1:
+        from .distributed import groups as _dist_groups
+
+        values, missing = _dist_groups.agree("trainer-resume", json.dumps(saved), timeout or 300.0)
+        if missing:
+            raise RuntimeError(f"paddle_unpad.{where}: rank(s) {missing} did not start train(resume_from_checkpoint={folder!r}) within {max(timeout or 300.0, _dist_groups.AGREE_MIN_S):g} s: every rank must resume from the same checkpoint at the same point")
+        seen = {json.loads(v) for v in values or []} - {None}
+        saved = max(seen) if seen else saved
+    if saved is not None and saved != world:
+        raise ValueError(f"paddle_unpad.{where}: the checkpoint {folder!r} was saved by {saved} rank(s), this run has {world}: its data order cannot be replayed on another number of ranks (each global step takes per_device_train_batch_size x ranks samples, so the steps skipped would not be the steps trained): resume on {saved} rank(s), or pass ignore_data_skip=True to continue without replaying the data order")
 
 
 def train_collate(batch):
@@ -154,6 +200,19 @@ def _make_class():
                 pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
                 kwargs["data_collator"] = PadCollator(pad_token_id=pad_id)
             super().__init__(model, *args, **kwargs)
+
+        def train(self, resume_from_checkpoint=None, *args, **kwargs):
+            """``Trainer.train``; a checkpoint saved by another number of ranks is refused on every
+            rank (:func:`check_resume_world_size`) unless ``ignore_data_skip`` (no replay)."""
+            folder = resume_from_checkpoint
+            if isinstance(folder, bool):  # True: the newest checkpoint of output_dir, as the Trainer reads it
+                from paddlenlp.trainer.trainer_utils import get_last_checkpoint
+
+                out = self.args.output_dir
+                folder = get_last_checkpoint(out) if folder and os.path.isdir(out) else None
+            if folder and not self.args.ignore_data_skip:
+                check_resume_world_size(folder, int(self.args.world_size), timeout=self._unpad_configs["timeout"])
+            return super().train(resume_from_checkpoint, *args, **kwargs)
 
         def get_train_dataloader(self):
             from .distributed import BalancedLoader
