@@ -1,6 +1,7 @@
 """The examples on the user's own model and data: a 2-layer BERT with a tiny vocabulary saved by stock
 PaddleNLP, and small jsonl / csv / tsv / text files. Also ``paddle_unpad.data.files`` (reading those
 files, errors naming file, line and column) and what the examples say when an optional package is missing."""
+import codecs
 import json
 import os
 import random
@@ -119,6 +120,38 @@ def test_bad_files_are_named_with_line_and_column(tmp_path, name, content, kw, w
     with pytest.raises(files.DataFileError) as e:
         files.classification_rows(str(tmp_path / name), **kw)
     assert words in str(e.value) and str(tmp_path) in str(e.value)
+
+
+@pytest.mark.parametrize("name, data, bad, read", [
+    ("a.jsonl", b'{"text": "ok", "label": 1}\n{"text": "caf\xe9", "label": 0}\n', b"\xe9", files.classification_rows),
+    ("b.csv", b"text,label\nok,1\ncaf\xe9 au lait,0\n", b"\xe9", files.classification_rows),
+    ("c.tsv", b"\xef\xbb\xbftext\tlabel\nok\t1\n\nna\xefve\t0\n", b"\xefve", files.classification_rows),  # BOM first
+    ("d.txt", b"One doc.\n\nAnother doc, \x93quoted\x94.\n", b"\x93", files.read_documents),  # Windows-1252
+    ("e.jsonl", b'{"text": "A doc."}\n{"text": "\xc3"}\n', b"\xc3", files.read_documents),  # a character cut short
+])
+def test_a_byte_that_is_not_utf8_is_named_by_file_line_and_offset(tmp_path, name, data, bad, read):
+    """Before: a raw UnicodeDecodeError, naming neither the file nor the line."""
+    (tmp_path / name).write_bytes(data)
+    at = data.index(bad)
+    line = data[:at].count(b"\n") + 1
+    with pytest.raises(files.DataFileError) as e:
+        read(str(tmp_path / name))
+    assert str(e.value).startswith(f"paddle_unpad.data: {tmp_path / name}: line {line}: byte {data[at]:#04x} at "
+                                   f"offset {at} of the file"), str(e.value)
+    assert str(e.value).endswith("save the file as UTF-8"), str(e.value)
+
+
+def test_a_utf8_byte_order_mark_is_read_as_one(tmp_path):
+    """Excel's "CSV UTF-8" starts with a BOM: before, its first column was '\\ufefftext', and the
+    file was refused with "no column 'text'; columns: text, label" (the BOM invisible)."""
+    bom = codecs.BOM_UTF8
+    (tmp_path / "excel.csv").write_bytes(bom + "text,label\ncafé,pos\nok,neg\n".encode())
+    (tmp_path / "b.jsonl").write_bytes(bom + b'{"text": "x", "label": 1}\n')
+    (tmp_path / "docs.txt").write_bytes(bom + b"First doc.\nSecond doc.\n")
+    assert files.classification_rows(str(tmp_path / "excel.csv")) == (
+        [{"text": "café", "label": 1}, {"text": "ok", "label": 0}], ["neg", "pos"])
+    assert files.classification_rows(str(tmp_path / "b.jsonl"))[0] == [{"text": "x", "label": 1}]
+    assert files.read_documents(str(tmp_path / "docs.txt")) == ["First doc.", "Second doc."]
 
 
 def test_documents_from_text_and_jsonl(tmp_path):

@@ -2,9 +2,12 @@
 (plain text or jsonl).
 
 Every error names the file, the line and the column it is about (``DataFileError``, a
-``ValueError``). Labels may be integers (class ids as they are) or strings (names mapped to
+``ValueError``); a byte that is not UTF-8 is named by its line and its offset in the file. A
+UTF-8 byte-order mark (what Excel's "CSV UTF-8" writes first) is read as one, not as part of
+the first column's name. Labels may be integers (class ids as they are) or strings (names mapped to
 ids in sorted order; the names by id are returned, to be saved with the model).
 """
+import codecs
 import contextlib
 import csv
 import json
@@ -12,7 +15,7 @@ import os
 import re
 
 __all__ = ["DataFileError", "TABLE_FORMATS", "read_table", "classification_rows", "label_names_of",
-           "read_documents"]
+           "read_documents", "utf8_text"]
 
 TABLE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 _INT = re.compile(r"^[+-]?\d+$")
@@ -48,12 +51,37 @@ def _check_exists(path):
         raise DataFileError(f"paddle_unpad.data: {path}: no such file")
 
 
+@contextlib.contextmanager
+def utf8_text(path, newline=None):
+    """``path`` opened as UTF-8 text, a leading byte-order mark dropped; a byte that is not UTF-8,
+    met while the caller reads, is a :class:`DataFileError` naming its line and offset."""
+    try:
+        with open(path, encoding="utf-8-sig", newline=newline) as f:
+            yield f
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+
+
+def _not_utf8(path):
+    """The error for the first byte of ``path`` that is not UTF-8 (the file read again, as bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        data[skip:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = skip + e.start
+        line, col = data.count(b"\n", 0, at) + 1, at - (data.rfind(b"\n", 0, at) + 1) + 1
+        return DataFileError(f"paddle_unpad.data: {path}: line {line}: byte {data[at]:#04x} at offset {at} of the file (byte {col} of the line) is not UTF-8 ({e.reason}); save the file as UTF-8")
+    return DataFileError(f"paddle_unpad.data: {path}: not UTF-8; save the file as UTF-8")  # it changed meanwhile
+
+
 def read_table(path):
-    """``[(line number, row dict)]`` of a jsonl, csv or tsv file (csv/tsv: the first line names the
-    columns; blank lines are skipped)."""
+    """``[(line number, row dict)]`` of a jsonl, csv or tsv file in UTF-8 (csv/tsv: the first line
+    names the columns; blank lines are skipped)."""
     _check_exists(path)
     fmt = table_format(path)
-    with open(path, encoding="utf-8", newline="") as f:
+    with utf8_text(path, newline="") as f:
         return _read_jsonl(path, f) if fmt == "jsonl" else _read_delimited(path, f, "," if fmt == "csv" else "\t")
 
 
@@ -168,7 +196,7 @@ def read_documents(path, text_column="text"):
     if os.path.splitext(path)[1].lower() in (".jsonl", ".json"):
         docs = [_text(path, n, row, text_column, "text") for n, row in _read_jsonl_file(path)]
     else:
-        with open(path, encoding="utf-8") as f:
+        with utf8_text(path) as f:
             text = f.read()
         blocks = [b.strip() for b in re.split(r"\n\s*\n", text.strip())]
         docs = [b for b in blocks if b] if len(blocks) > 1 else [x.strip() for x in text.splitlines() if x.strip()]
@@ -178,5 +206,5 @@ def read_documents(path, text_column="text"):
 
 
 def _read_jsonl_file(path):
-    with open(path, encoding="utf-8") as f:
+    with utf8_text(path) as f:
         return _read_jsonl(path, f)
