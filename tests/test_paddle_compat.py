@@ -5,6 +5,7 @@ import os
 import stat
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import paddle
@@ -50,6 +51,21 @@ def test_protobuf_that_breaks_paddle_26_fleet_is_named():
 def test_untested_paddlenlp_warns():
     with pytest.warns(RuntimeWarning, match="PaddleNLP 2.7.2 has not been tested"):
         compat.check_paddlenlp_version("2.7.2")
+    for tested in ("2.8.1", "3.0.0b4"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            compat.check_paddlenlp_version(tested)
+
+
+def test_missing_paddlenlp_is_one_sentence_naming_the_versions(monkeypatch):
+    """PaddleNLP is an extra: convert, the model families and UnpadTrainer say at first use which one to install."""
+    monkeypatch.setitem(sys.modules, "paddlenlp.transformers", None)  # its import now fails
+    with pytest.raises(ImportError) as e:
+        compat.require_paddlenlp()
+    said = str(e.value)
+    assert said.startswith("paddle_unpad: convert, the model families and UnpadTrainer need PaddleNLP 2.8.1 or 3.0 "
+                           '(pip install "paddlenlp>=2.8.1,<3.1"') and "\n" not in said
+    assert "importing paddlenlp.transformers failed: " in said
 
 
 # ----------------------------------------------------------------------------- custom-op calls

@@ -1,6 +1,6 @@
 """In-place conversion of PaddleNLP BERT-like models to the unpadded encoder.
 
-``paddle_unpad.convert(model)`` makes a PaddleNLP 2.8.1 BERT, ERNIE or RoBERTa model
+``paddle_unpad.convert(model)`` makes a PaddleNLP 2.8.1 or 3.0 BERT, ERNIE or RoBERTa model
 (base model or task model) run on packed tokens, in place: the object, its class name,
 its sub-layers, its parameter objects and its ``state_dict`` keys are unchanged, so
 optimizers built before conversion, checkpoints and ``save_pretrained`` keep working
@@ -21,10 +21,12 @@ import warnings
 import paddle
 
 from .. import _paddle_compat as _compat
-from .. import layers as _layers
-from . import common as _common
-from .export import PackedInputs
-from .hf_weights import bert_config_from_hf, hf_bert_to_paddle_state_dict, load_hf_bert, package_data_dir
+
+_compat.require_paddlenlp()  # first use: one sentence naming the PaddleNLP needed, when it is missing
+from .. import layers as _layers  # noqa: E402
+from . import common as _common  # noqa: E402
+from .export import PackedInputs  # noqa: E402
+from .hf_weights import bert_config_from_hf, hf_bert_to_paddle_state_dict, load_hf_bert, package_data_dir  # noqa: E402
 
 __all__ = ["convert", "revert", "is_converted", "load_hf_bert", "hf_bert_to_paddle_state_dict",
            "bert_config_from_hf", "package_data_dir", "UnsupportedInput", "PackedInputs"]
@@ -34,10 +36,8 @@ _ON_UNSUPPORTED = ("raise", "fallback")
 
 
 def _families():
-    from .. import _paddle_compat
     from . import bert, ernie, roberta
 
-    _paddle_compat.check_paddlenlp_version()
     return (bert, ernie, roberta)
 
 
@@ -89,7 +89,7 @@ def convert(model, *, on_unsupported="raise", token_loss="mean"):
     """Convert a PaddleNLP BERT / ERNIE / RoBERTa model to the unpadded encoder, in place.
 
     Args:
-        model: a PaddleNLP 2.8.1 ``BertModel``, ``ErnieModel``, ``RobertaModel`` or a task
+        model: a PaddleNLP 2.8.1 or 3.0 ``BertModel``, ``ErnieModel``, ``RobertaModel`` or a task
             model built on one (``BertForSequenceClassification``, ...); a
             ``paddle.DataParallel`` wrapping one is accepted.
         on_unsupported: what a forward does with an input the unpadded model cannot honour
