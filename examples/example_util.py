@@ -35,13 +35,15 @@ LABELS_FILE = "labels.json"
 
 
 def add_model_args(parser, default_help=BUNDLED_MODEL):
-    """``--model-name-or-path``: a PaddleNLP model name or a ``save_pretrained`` folder; its tokenizer
-    comes from the same place."""
-    parser.add_argument("--model-name-or-path", default="",
-                        help="PaddleNLP model name (downloaded by PaddleNLP if not cached) or a local folder "
-                             f"written by save_pretrained (BERT, ERNIE, RoBERTa), tokenizer from the same place; "
-                             f"empty: {default_help}")
+    """``--model-name-or-path``: a PaddleNLP model name, a ``save_pretrained`` folder or a Hugging Face
+    BERT folder; its tokenizer comes from the same place."""
+    parser.add_argument("--model-name-or-path", default="", help=f"{MODEL_HELP}; empty: {default_help}")
     return parser
+
+
+MODEL_HELP = ("PaddleNLP model name (built in, or in PaddleNLP's cache), a local folder written by save_pretrained "
+              "(BERT, ERNIE, RoBERTa) or a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt); "
+              "tokenizer from the same place")
 
 
 def add_classifier_data_args(parser):
@@ -80,46 +82,173 @@ def bundled(load, *a, **kw):
                          "or give your own with --model-name-or-path and the data file options") from None
 
 
-def load_tokenizer(name_or_path, flag="--model-name-or-path"):
-    """A PaddleNLP tokenizer: the bundled MiniLM vocabulary (empty), a ``vocab.txt`` file (BERT
-    WordPiece), or ``AutoTokenizer.from_pretrained`` of a name or folder."""
-    from paddlenlp.transformers import AutoTokenizer, BertTokenizer
+class ModelSource:
+    """Where a model and its tokenizer come from, decided before anything is loaded.
+
+    ``kind`` is ``"hf"`` (a Hugging Face BERT folder: ``config.json``, ``model.safetensors``, ``vocab.txt``,
+    read by ``paddle_unpad.models.load_hf_bert``; the bundled MiniLM is one), ``"paddlenlp"`` (a
+    ``save_pretrained`` folder or a PaddleNLP model name, read by PaddleNLP's ``from_pretrained``);
+    ``where`` the folder or name; ``config`` the folder's ``config.json`` (None for a name); ``flag`` the
+    option that named it (for messages)."""
+
+    def __init__(self, kind, where, flag, config=None):
+        self.kind, self.where, self.flag, self.config = kind, where, flag, config
+
+    @property
+    def name(self):
+        """What the model is called in titles: the folder's or the model's name."""
+        return os.path.basename(os.path.normpath(self.where)) if self.where else "MiniLM-L6"
+
+
+def model_source(name_or_path, flag="--model-name-or-path"):
+    """The ``ModelSource`` that ``name_or_path`` names (empty: the bundled MiniLM). A path that does not
+    exist, a folder that holds no model, or a name PaddleNLP does not know ends the run with one sentence."""
+    from paddle_unpad.data import corpora
 
     if not name_or_path:
-        from paddle_unpad.data import corpora
+        folder = bundled(corpora.minilm_dir)
+        return ModelSource("hf", folder, flag, _read_json(os.path.join(folder, "config.json")))
+    if os.path.isdir(name_or_path):
+        return _folder_source(name_or_path, flag)
+    if os.path.exists(name_or_path):
+        raise SystemExit(f"{flag} {name_or_path!r}: a file; give the model's folder (or a PaddleNLP model name)")
+    if _paddlenlp_knows(name_or_path):
+        return ModelSource("paddlenlp", name_or_path, flag)
+    parent = os.path.dirname(name_or_path)
+    if os.path.isabs(name_or_path) or name_or_path.startswith((".", "~")) or (parent and os.path.isdir(parent)):
+        raise SystemExit(f"{flag} {name_or_path!r}: no such folder")
+    from paddlenlp.utils.env import MODEL_HOME
 
-        return BertTokenizer(os.path.join(bundled(corpora.minilm_dir), "vocab.txt"))
-    if os.path.isfile(name_or_path):
-        return BertTokenizer(name_or_path)
+    raise SystemExit(f"{flag} {name_or_path!r}: no such folder, and not a PaddleNLP model name (neither one of its "
+                     f"built-in names nor downloaded into {MODEL_HOME})")
+
+
+def _read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _folder_source(folder, flag):
+    """A model folder: Hugging Face's (its config names the transformers version, and it has no PaddleNLP
+    weights) or PaddleNLP's ``save_pretrained``."""
+    config = os.path.join(folder, "config.json")
+    if not os.path.isfile(config):
+        if os.path.isfile(os.path.join(folder, "model_config.json")):  # PaddleNLP's older layout
+            return ModelSource("paddlenlp", folder, flag, _read_json(os.path.join(folder, "model_config.json")))
+        raise SystemExit(f"{flag} {folder!r}: not a model folder (no config.json in it)")
+    cfg = _read_json(config)
+    if "transformers_version" not in cfg or os.path.isfile(os.path.join(folder, "model_state.pdparams")):
+        return ModelSource("paddlenlp", folder, flag, cfg)
+    if cfg.get("model_type", "bert") != "bert":
+        raise SystemExit(f"{flag} {folder!r}: a Hugging Face {cfg.get('model_type')} folder; of Hugging Face's "
+                         "format only BERT folders load here (other models: save them with PaddleNLP's "
+                         "save_pretrained first)")
+    if not os.path.isfile(os.path.join(folder, "model.safetensors")):
+        raise SystemExit(f"{flag} {folder!r}: a Hugging Face BERT folder without model.safetensors (its weights are "
+                         "read without PyTorch, from safetensors only)")
+    return ModelSource("hf", folder, flag, cfg)
+
+
+def _paddlenlp_knows(name):
+    """Whether PaddleNLP has ``name`` built in or in its download cache."""
+    from paddlenlp.transformers import AutoTokenizer
+    from paddlenlp.utils.env import MODEL_HOME
+
+    if os.path.isdir(os.path.join(MODEL_HOME, name)):
+        return True
+    return any(name in names for names in getattr(AutoTokenizer, "_tokenizer_mapping", {}))
+
+
+def load_tokenizer(source, flag="--model-name-or-path"):
+    """A PaddleNLP tokenizer of a ``ModelSource`` (or of what ``model_source`` makes of a name or path),
+    or of a ``vocab.txt`` file (BERT WordPiece)."""
+    from paddlenlp.transformers import AutoTokenizer, BertTokenizer
+
+    if isinstance(source, str) and os.path.isfile(source):
+        return BertTokenizer(source)
+    if isinstance(source, str):
+        source = model_source(source, flag)
+    if source.kind == "hf":
+        vocab = os.path.join(source.where, "vocab.txt")
+        if not os.path.isfile(vocab):
+            raise SystemExit(f"{source.flag} {source.where!r}: no vocab.txt (the tokenizer of a Hugging Face BERT "
+                             "folder)")
+        settings = os.path.join(source.where, "tokenizer_config.json")
+        lower = _read_json(settings).get("do_lower_case", True) if os.path.isfile(settings) else True
+        return BertTokenizer(vocab, do_lower_case=lower)
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"{flag} {name_or_path!r}: no tokenizer loads from it ({str(e).splitlines()[0]})") from None
-
-
-def load_pretrained(auto_class, name_or_path, flag="--model-name-or-path", **kwargs):
-    """``auto_class.from_pretrained(name_or_path, **kwargs)``; a failure is one line naming the flag."""
-    try:
-        return auto_class.from_pretrained(name_or_path, **kwargs)
+        return AutoTokenizer.from_pretrained(source.where)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise SystemExit(f"{flag} {name_or_path!r}: no {auto_class.__name__[4:]} loads from it "
-                         f"({str(e).splitlines()[0]})") from None
+        raise SystemExit(f"{source.flag} {source.where!r}: no tokenizer loads from it ({str(e).splitlines()[0]})") \
+            from None
 
 
-def load_classifier(name_or_path, num_classes, dropout):
-    """A sequence classifier with ``num_classes`` outputs: the bundled MiniLM (empty) or
-    ``AutoModelForSequenceClassification`` (a head of another size is initialised afresh)."""
+def load_pretrained(auto_class, source, what, **kwargs):
+    """``auto_class.from_pretrained`` of a PaddleNLP ``ModelSource``; a failure is one line naming the option
+    and ``what`` was asked for (e.g. "a sequence classifier")."""
+    try:
+        return auto_class.from_pretrained(source.where, **kwargs)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise SystemExit(f"{source.flag} {source.where!r}: no {what} loads from it "
+                         f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+
+
+def load_classifier(source, num_classes, dropout):
+    """A sequence classifier with ``num_classes`` outputs: a Hugging Face BERT folder through
+    ``load_hf_bert`` (the bundled MiniLM too), else ``AutoModelForSequenceClassification`` (a head of
+    another size is initialised afresh)."""
     from paddlenlp.transformers import AutoModelForSequenceClassification, BertForSequenceClassification
 
     drop = dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-    if not name_or_path:
+    if source.kind == "hf":
         import paddle_unpad as pu
-        from paddle_unpad.data import corpora
 
-        return pu.models.load_hf_bert(bundled(corpora.minilm_dir), model_class=BertForSequenceClassification,
+        return pu.models.load_hf_bert(source.where, model_class=BertForSequenceClassification,
                                       num_classes=num_classes, **drop)
-    return load_pretrained(AutoModelForSequenceClassification, name_or_path, num_classes=num_classes,
+    return load_pretrained(AutoModelForSequenceClassification, source, "sequence classifier", num_classes=num_classes,
                            ignore_mismatched_sizes=True, **drop)
+
+
+def model_config(source):
+    """The model's configuration as a dict: the folder's ``config.json``, or PaddleNLP's ``AutoConfig`` of a
+    name."""
+    if source.config is not None:
+        return source.config
+    from paddlenlp.transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source.where).to_dict()
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise SystemExit(f"{source.flag} {source.where!r}: no configuration loads from it "
+                         f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+
+
+def position_limit(config):
+    """The longest input, in tokens, the model's position table holds (``config``: a dict): its
+    ``max_position_embeddings``, less the padding id and one for RoBERTa (whose positions start after
+    the padding id); None when the configuration does not say."""
+    rows = config.get("max_position_embeddings")
+    if rows is None:
+        return None
+    if config.get("model_type") == "roberta" or any("Roberta" in a for a in config.get("architectures") or []):
+        return int(rows) - int(config.get("pad_token_id", 1)) - 1
+    return int(rows)
+
+
+def check_max_seq_len(value, tokenizer, limit, pair=False, least=(0, ""), flag="--max-seq-len",
+                      whose="the model's"):
+    """Refuse, with one sentence naming the value and the limit, a ``--max-seq-len`` below what one input
+    needs (the tokenizer's special tokens and one token of each text, or ``least``: (tokens, what needs
+    them)) or above ``limit`` (the model's position table, see ``position_limit``; None: no limit)."""
+    need = tokenizer.num_special_tokens_to_add(pair=pair) + (2 if pair else 1)
+    what = "the special tokens and one token of each text" if pair else "the special tokens and one token of text"
+    if least[0] > need:
+        need, what = least
+    if value < need:
+        raise SystemExit(f"{flag} {value} is below the {need} tokens an input needs ({what}): give at least {need}")
+    if limit is not None and value > limit:
+        raise SystemExit(f"{flag} {value} is above {whose} {limit} positions (max_position_embeddings): give at "
+                         f"most {limit}")
 
 
 def classifier_data(args):
@@ -142,10 +271,40 @@ def classifier_data(args):
 
 
 def encode_text(tokenizer, row, max_seq_len):
-    """``(input_ids, token_type_ids)`` of a row's text (and text pair), truncated to ``max_seq_len``."""
-    enc = tokenizer(row["text"], text_pair=row.get("text_pair"), max_length=max_seq_len, truncation=True)
-    ids = list(enc["input_ids"])
-    return ids, list(enc.get("token_type_ids") or [0] * len(ids))
+    """``(input_ids, token_type_ids)`` of a row's text (and ``text_pair``) with the tokenizer's special tokens,
+    at most ``max_seq_len`` of them: the longer text loses its last token first (PaddleNLP's
+    ``longest_first``). The truncation is done here, never by PaddleNLP's tokenizer call (which, when the
+    special tokens leave no room, logs an error per text and keeps the text whole); ``check_max_seq_len``
+    refuses a length that leaves no room at start-up."""
+    a = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(row["text"]))
+    b = row.get("text_pair")
+    b = None if b is None else tokenizer.convert_tokens_to_ids(tokenizer.tokenize(b))
+    room = max_seq_len - tokenizer.num_special_tokens_to_add(pair=b is not None)
+    if room < (1 if b is None else 2):
+        raise ValueError(f"encode_text: max_seq_len {max_seq_len} leaves no room for text after the special tokens")
+    if b is None:
+        a = a[:room]
+    else:
+        la, lb = len(a), len(b)
+        while la + lb > room:
+            if la > lb:
+                la -= 1
+            else:
+                lb -= 1
+        a, b = a[:la], b[:lb]
+    ids = tokenizer.build_inputs_with_special_tokens(a, b)
+    return list(ids), list(tokenizer.create_token_type_ids_from_sequences(a, b))
+
+
+def closing_line(metric, speed, run, saved_to):
+    """The one line an example ends with: what it reached, how fast, what ran, where it saved."""
+    saved = f"saved to {saved_to}" if saved_to else "nothing saved (no --output-dir)"
+    return f"done: {metric}; {speed} ({run}); {saved}"
+
+
+def steps(n):
+    """``1 step``, ``2 steps``."""
+    return f"{n} step" + ("" if n == 1 else "s")
 
 
 def save_labels(folder, names):
@@ -177,14 +336,15 @@ def refuse_other_checkpoint(folder, saved, this_run):
 _QUIET_ENV = {"GLOG_minloglevel": "1", "GLOG_v": "0"}
 
 
-def quiet_logs(verbose=False):
-    """Keep Paddle's C++ (glog) info lines, Paddle's and PaddleNLP's logging below WARNING, and
-    import-time warnings out of the way, unless ``verbose``. Call before importing paddle: glog reads
-    its environment once, when the C++ core loads; glog variables the user set are left alone. The
-    launcher's own ``LAUNCH INFO`` lines belong to the launcher (its ``--log_level``)."""
+def quiet_logs(verbose=False, glog_warnings=True):
+    """Keep Paddle's C++ (glog) info lines (and its warnings too, without ``glog_warnings``), Paddle's and
+    PaddleNLP's logging below WARNING, and import-time warnings out of the way, unless ``verbose``. Call
+    before importing paddle: glog reads its environment once, when the C++ core loads; glog variables
+    the user set are left alone. The launcher's own ``LAUNCH INFO`` lines belong to the launcher (its
+    ``--log_level``)."""
     if verbose:
         return
-    for k, v in _QUIET_ENV.items():
+    for k, v in dict(_QUIET_ENV, **({} if glog_warnings else {"GLOG_minloglevel": "2"})).items():
         os.environ.setdefault(k, v)
     for mod in ("paddle", "paddlenlp", "_distutils_hack", "setuptools", "pkg_resources"):
         warnings.filterwarnings("ignore", module=mod + r"(\.|$)")

@@ -40,9 +40,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from example_util import (Progress, StepHistory, add_classifier_data_args, add_model_args, add_run_args,
-                          check_data_args, classifier_data, comparison_table, encode_text, load_classifier,
-                          load_tokenizer, make_parser, plot_or_skip, quiet_logs, refuse_other_checkpoint,
-                          save_labels)
+                          check_data_args, check_max_seq_len, classifier_data, closing_line, comparison_table,
+                          encode_text, load_classifier, load_tokenizer, make_parser, model_config, model_source,
+                          plot_or_skip, position_limit, quiet_logs, refuse_other_checkpoint, save_labels, steps)
 
 HISTORY, PLOT, OPT_STATE, TRAIN_STATE = "history.json", "loss.png", "optimizer.pdopt", "train_state.json"
 _FLEET_READY = []  # fleet.init has run in this process
@@ -66,7 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (linear warm-up and decay)")
     p.add_argument("--warmup", type=float, default=0.1, help="warm-up share of the steps")
-    p.add_argument("--max-seq-len", type=int, default=128, help="longer snippets are truncated")
+    p.add_argument("--max-seq-len", type=int, default=128,
+                   help="longer texts are truncated (at most the model's max_position_embeddings)")
     p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout")
     p.add_argument("--seed", type=int, default=42, help="parameter initialisation, shuffling and dropout")
     p.add_argument("--json-out", default="", help="write a JSON summary here (rank 0)")
@@ -81,7 +82,7 @@ def parse_args(argv=None):
     check_data_args(p, args)
     if args.resume and args.compare:
         p.error("--resume continues one run: give --no-unpad or neither, not --compare")
-    for name, low in (("max_steps", 0), ("save_steps", 0), ("batch_size", 1), ("max_seq_len", 1)):
+    for name, low in (("max_steps", 0), ("save_steps", 0), ("batch_size", 1)):
         if getattr(args, name) < low:
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if args.epochs <= 0:
@@ -140,14 +141,27 @@ class ListDataset:
         return self.items[i]
 
 
+def prepare(args):
+    """What every run of this process shares, read and checked before any work: the model's source, its
+    tokenizer, ``--max-seq-len`` against both, and the data's rows and class names."""
+    source = model_source(args.model_name_or_path)
+    tokenizer = load_tokenizer(source)
+    check_max_seq_len(args.max_seq_len, tokenizer, position_limit(model_config(source)),
+                      pair=bool(args.text_pair_column))
+    train_rows, dev_rows, label_names = classifier_data(args)
+    return SimpleNamespace(source=source, tokenizer=tokenizer, train_rows=train_rows, dev_rows=dev_rows,
+                           label_names=label_names)
+
+
 def main(argv=None):
     args = parse_args(argv)
     quiet_logs(args.verbose)
+    inputs = prepare(args)
     if not args.compare:
-        return train_and_report(args, not args.no_unpad, args.output_dir)
+        return train_and_report(args, inputs, not args.no_unpad, args.output_dir)
     out = args.output_dir
-    stock = train_and_report(args, False, os.path.join(out, "stock") if out else "", plot=False)
-    unpadded = train_and_report(args, True, out, plot=False)
+    stock = train_and_report(args, inputs, False, os.path.join(out, "stock") if out else "", plot=False)
+    unpadded = train_and_report(args, inputs, True, out, plot=False)
     summary = {"stock": stock, "unpadded": unpadded}
     if unpadded["rank"] == 0:
         print_comparison(stock, unpadded, args)
@@ -177,12 +191,12 @@ def print_comparison(stock, unpadded, args):
           f"paddle_unpad path: {unpadded['path']}", flush=True)
 
 
-def train_and_report(args, unpad, out_dir, plot=True):
-    """One training run (``unpad``: the converted model); rank 0 prints and saves its outputs into
-    ``out_dir``. Returns the summary, with the history and the plot title."""
+def train_and_report(args, inputs, unpad, out_dir, plot=True):
+    """One training run (``unpad``: the converted model) on ``prepare``'s inputs; rank 0 saves its outputs
+    into ``out_dir`` and ends with one line. Returns the summary, with the history and the plot title."""
     import paddle
 
-    job = setup(args, unpad)
+    job = setup(args, inputs, unpad)
     if args.resume:
         job.start, job.history = load_checkpoint(args.resume, job.model, job.base_opt, job.rank, ranks=job.world,
                                                  batch_size=args.batch_size, schedule_steps=job.total_steps)
@@ -202,13 +216,12 @@ def train_and_report(args, unpad, out_dir, plot=True):
     acc, n_dev = evaluate(job.model, job.dev, args, job.unpad, job.world, job.rank)
     summary = summarize(job, args, counts, acc, n_dev, paddle.__version__)
     if job.rank == 0:
-        print(json.dumps(summary, indent=1))
         if out_dir:
             save_checkpoint(out_dir, job, args, counts["step"])
             if plot:
                 plot_or_skip(os.path.join(out_dir, PLOT), {job.label: job.history},
                              f"{job.title}, {job.world} rank(s), batch {args.batch_size}/rank")
-            print(f"saved to {out_dir}")
+        print(finetune_line(summary, out_dir), flush=True)
         if args.json_out and not args.compare:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f, indent=1)
@@ -217,7 +230,15 @@ def train_and_report(args, unpad, out_dir, plot=True):
                 last_loss=float(np.mean(losses[-max(1, len(losses) // 5):])) if losses else None)
 
 
-def setup(args, unpad):
+def finetune_line(s, out_dir):
+    """The line a run ends with: dev accuracy, speed, where it saved."""
+    metric = ("no evaluation (no --eval-file)" if s["dev_accuracy"] is None else
+              f"dev accuracy {s['dev_accuracy']:.4f} on {s['dev_samples']} texts")
+    return closing_line(metric, f"{s['samples_per_s']:.1f} samples/s, {s['tokens_per_s']:.0f} tokens/s",
+                        f"{s['path']}, {steps(s['steps'])} on {s['ranks']} rank(s)", out_dir)
+
+
+def setup(args, inputs, unpad):
     """The job's process group, data, model, loader and optimizer, as a namespace."""
     import paddle
     import paddle.distributed as dist
@@ -238,13 +259,11 @@ def setup(args, unpad):
     paddle.seed(args.seed)
     np.random.seed(args.seed)
 
-    job.tokenizer = load_tokenizer(args.model_name_or_path)
-    train_rows, dev_rows, job.label_names = classifier_data(args)
-    job.train = ListDataset(tokenize(job.tokenizer, train_rows[: args.max_train or None], args.max_seq_len))
-    job.dev = ListDataset(tokenize(job.tokenizer, dev_rows[: args.max_dev or None], args.max_seq_len))
-    job.title = (f"{os.path.basename(os.path.normpath(args.model_name_or_path)) or 'MiniLM-L6'} on "
-                 f"{os.path.basename(args.train_file) or 'Rotten Tomatoes'}")
-    job.model = load_classifier(args.model_name_or_path, len(job.label_names), args.dropout)
+    job.tokenizer, job.label_names = inputs.tokenizer, inputs.label_names
+    job.train = ListDataset(tokenize(job.tokenizer, inputs.train_rows[: args.max_train or None], args.max_seq_len))
+    job.dev = ListDataset(tokenize(job.tokenizer, inputs.dev_rows[: args.max_dev or None], args.max_seq_len))
+    job.title = f"{inputs.source.name} on {os.path.basename(args.train_file) or 'Rotten Tomatoes'}"
+    job.model = load_classifier(inputs.source, len(job.label_names), args.dropout)
     if job.unpad:
         pu.convert(job.model)
 
@@ -293,7 +312,7 @@ def train(job, args):
     """Steps ``job.start`` .. ``job.run_steps`` (or until the time budget); returns what was trained."""
     progress = Progress(job.run_steps, enabled=job.rank == 0 and not args.no_progress, start=job.start,
                         budget_s=args.time_budget)
-    c = {"step": job.start, "tokens": 0, "samples": 0, "seconds": 0.0, "out_of_time": False}
+    c = {"step": job.start, "tokens": 0, "samples": 0, "seconds": 0.0, "out_of_time": False, "step_seconds": []}
     skip = job.start % job.steps_per_epoch  # batches of the resumed epoch trained before: read, not trained
     job.train_model.train()
     while c["step"] < job.run_steps and not c["out_of_time"]:
@@ -307,6 +326,7 @@ def train(job, args):
             loss_sum, n_global, lr = train_step(job, batch)
             dt = time.perf_counter() - t0
             c["seconds"] += dt
+            c["step_seconds"].append(dt)
             c["step"] += 1
             step = c["step"]
             n_tok = int(batch["cu_seqlens_host"][-1]) if job.unpad else batch["tokens"]
@@ -369,6 +389,8 @@ def summarize(job, args, c, acc, n_dev, paddle_version):
         "path": "unpadded+balanced" if unpad and not args.no_balance else ("unpadded" if unpad else "padded (stock)"),
         "ranks": job.world, "steps": c["step"], "schedule_steps": job.total_steps,
         "stopped_by_time_budget": c["out_of_time"], "train_samples": n_samples, "train_tokens": n_tokens,
+        # rank 0's; the first step (one-time set-up inside Paddle) left out when there are others
+        "median_step_seconds": round(float(np.median(c["step_seconds"][1:] or c["step_seconds"] or [0.0])), 4),
         "train_seconds": round(wall, 2), "samples_per_s": round(n_samples / wall, 2),
         "tokens_per_s": round(n_tokens / wall, 1), "dev_accuracy": None if acc is None else round(acc, 4),
         "dev_samples": n_dev, "labels": job.label_names,

@@ -45,8 +45,9 @@ import time
 
 import numpy as np
 
-from example_util import (Progress, StepHistory, add_model_args, add_run_args, bundled, comparison_table,
-                          load_pretrained, load_tokenizer, make_parser, plot_or_skip, quiet_logs)
+from example_util import (Progress, StepHistory, add_model_args, add_run_args, bundled, check_max_seq_len,
+                          closing_line, comparison_table, load_pretrained, load_tokenizer, make_parser, model_config,
+                          model_source, plot_or_skip, position_limit, quiet_logs, steps)
 
 FUSED_LAMB_GONE = ("--fused-lamb is not available: Paddle's DistributedFusedLamb (2.6 and 3.x) runs only in "
                    "static-graph mode and this example trains in dygraph; the optimizer is paddle.optimizer.Lamb")
@@ -55,13 +56,16 @@ TRAINING_ARGS = ("steps", "batch_size", "max_seq_len", "short_seq_prob", "hidden
                  "lr", "warmup", "weight_decay", "no_balance", "max_docs", "eval_samples", "seed",
                  "model_name_or_path", "train_file", "eval_file", "text_column")
 PNG_NAME, HISTORY_NAME, SUMMARY_NAME = "loss.png", "history.json", "summary.json"
+# the shortest sample this example builds: [CLS] A [SEP] B [SEP] with a few tokens each side
+MIN_SEQ_LEN = (8, "a pre-training sample of two segments")
 
 
 def parse_args(argv=None):
     p = make_parser(__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=30, help="training steps (the schedule's length)")
     p.add_argument("--batch-size", type=int, default=8, help="samples per rank per step")
-    p.add_argument("--max-seq-len", type=int, default=512, help="longest sample, in tokens")
+    p.add_argument("--max-seq-len", type=int, default=512,
+                   help="longest sample, in tokens (with --model-name-or-path: at most its max_position_embeddings)")
     p.add_argument("--short-seq-prob", type=float, default=0.1, help="share of samples cut to a random length")
     p.add_argument("--hidden", type=int, default=128, help="hidden size")
     p.add_argument("--layers", type=int, default=2, help="encoder layers")
@@ -98,7 +102,7 @@ def parse_args(argv=None):
     if "--fused-lamb" in argv:
         p.error(FUSED_LAMB_GONE)
     args = p.parse_args(argv)
-    for name, low in (("steps", 1), ("batch_size", 1), ("max_seq_len", 8), ("hidden", 1), ("layers", 1),
+    for name, low in (("steps", 1), ("batch_size", 1), ("hidden", 1), ("layers", 1),
                       ("heads", 1), ("warmup", 0), ("max_docs", 0), ("eval_samples", 0), ("eval_every", 0),
                       ("save_every", 0)):
         if getattr(args, name) < low:
@@ -208,6 +212,11 @@ class Job:
         import paddle_unpad as pu
 
         self.args, self.paddle, self.dist, self.pu = args, paddle, dist, pu
+        # the model's source, its tokenizer and --max-seq-len against both, before any work
+        self.source = model_source(args.model_name_or_path)
+        self.tokenizer = load_tokenizer(self.source)
+        limit = position_limit(model_config(self.source)) if args.model_name_or_path else None
+        check_max_seq_len(args.max_seq_len, self.tokenizer, limit, pair=True, least=MIN_SEQ_LEN)
         self.world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
         self.strategy = pu.fleet.DistributedStrategy()
         self.strategy.unpad = not args.no_balance
@@ -215,7 +224,6 @@ class Job:
         if self.world > 1:
             fleet.init(is_collective=True, strategy=self.strategy)
         self.rank = dist.get_rank() if self.world > 1 else 0
-        self.tokenizer = load_tokenizer(args.model_name_or_path)
         self.pad_id = self.tokenizer.pad_token_id or 0
         train, held = pretraining_samples(self.tokenizer, args)
         self.data, self.eval_data = train[self.rank::self.world], held[self.rank::self.world]
@@ -223,8 +231,7 @@ class Job:
                                  num_hidden_layers=args.layers, num_attention_heads=args.heads,
                                  intermediate_size=4 * args.hidden, max_position_embeddings=max(512, args.max_seq_len),
                                  hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
-        self.title = (f"{os.path.basename(os.path.normpath(args.model_name_or_path))}" if args.model_name_or_path
-                      else f"BERT {args.layers}x{args.hidden}")
+        self.title = self.source.name if args.model_name_or_path else f"BERT {args.layers}x{args.hidden}"
         # every rank iterates the same number of batches over its own share
         n = self.all_sum([len(self.data) // args.batch_size], op="min")[0]
         if n < 1:
@@ -248,14 +255,19 @@ class Job:
                 yield [self.data[i] for i in order[b * bs:(b + 1) * bs]]
 
 
-def pretraining_model(args, config):
-    """``BertForPretraining`` from scratch, or ``AutoModelForPretraining`` of ``--model-name-or-path``."""
+def pretraining_model(args, config, source):
+    """``BertForPretraining`` from scratch, or of ``--model-name-or-path`` (``source``): a Hugging Face BERT
+    folder's encoder (``load_hf_bert``; the pre-training heads start afresh), else ``AutoModelForPretraining``."""
     from paddlenlp.transformers import AutoModelForPretraining, BertForPretraining
 
     if not args.model_name_or_path:
         return BertForPretraining(config)
-    return load_pretrained(AutoModelForPretraining, args.model_name_or_path, hidden_dropout_prob=args.dropout,
-                           attention_probs_dropout_prob=args.dropout)
+    drop = dict(hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
+    if source.kind == "hf":
+        import paddle_unpad as pu
+
+        return pu.models.load_hf_bert(source.where, model_class=BertForPretraining, **drop)
+    return load_pretrained(AutoModelForPretraining, source, "pre-training model (MLM + NSP heads)", **drop)
 
 
 class Run:
@@ -266,7 +278,7 @@ class Run:
 
         self.job, self.mode, self.out_dir, self.args = job, mode, out_dir, args
         paddle.seed(args.seed)  # the same initial weights in both modes
-        self.model = pretraining_model(args, job.config)
+        self.model = pretraining_model(args, job.config, job.source)
         if mode == "unpadded":
             job.pu.convert(self.model)
         self.schedule = paddle.optimizer.lr.LambdaDecay(args.lr, lambda s: lr_factor(s, args.warmup, args.steps))
@@ -495,18 +507,26 @@ def main(argv=None):
         summary = run.train()
         curves = {"stock (padded)" if args.stock else "paddle_unpad": run}
     if job.rank == 0:
-        if not args.compare:
-            print(json.dumps({k: v for k, v in summary.items() if k not in ("losses", "evals")}))
         if out:
             plot_or_skip(os.path.join(out, PNG_NAME), {k: _rows(v) for k, v in curves.items()},
                          f"{job.title} pre-training loss, {job.world} rank(s)")
             with open(os.path.join(out, SUMMARY_NAME), "w") as f:
                 json.dump(summary, f, indent=1)
-            print(f"outputs in {out}: checkpoints, model/, {HISTORY_NAME}, {PNG_NAME}, {SUMMARY_NAME}", flush=True)
+        print(pretrain_line(summary["unpadded"] if args.compare else summary, args, out), flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f, indent=1)
     return summary
+
+
+def pretrain_line(s, args, out):
+    """The line a run ends with: MLM accuracy, loss, speed, where it saved."""
+    metric = (f"MLM accuracy {s['mlm_accuracy']:.4f} on {args.eval_samples} held-back samples, "
+              if "mlm_accuracy" in s else "")
+    metric += f"loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}"
+    saved = f"{out} (checkpoints, model/, {HISTORY_NAME}, {PNG_NAME}, {SUMMARY_NAME})" if out else ""
+    return closing_line(metric, f"{s['tokens_per_s']:.0f} tokens/s",
+                        f"{s['path']}, {steps(s['steps'])} on {s['ranks']} rank(s)", saved)
 
 
 def _rows(x):

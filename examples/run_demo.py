@@ -6,19 +6,22 @@ maximum), then paddle_unpad (converted model, packing collator, load balancing) 
 prints one comparison table. ``--full`` trains a whole epoch.
 
 The slice is sized by measured time, so that ``make demo`` takes two to three minutes on a
-fast or a slow 2-core host (Paddle's CPU matmul speed differs several times between them):
-the stock job trains until ``--time-budget`` seconds of training are spent (at most the
-``--max-train`` slice), then the paddle_unpad job trains exactly the same steps -- the same
-samples in the same order, the same learning-rate schedule. ``--time-budget 0`` trains the
-whole slice.
+fast or a slow 2-core host (Paddle's CPU matmul speed differs several times between them).
+Before either job runs, a short probe (one process, a few steps of the stock model) times a
+stock step; the number of steps the stock job can train in ``--time-budget`` seconds (at most
+the ``--max-train`` slice's) is then the number both jobs train, over a slice of exactly that
+many batches -- the same samples in the same order, the same learning-rate schedule, run to
+its end -- so that their accuracies are compared at equal work. ``--time-budget 0`` trains
+the whole slice.
 
-The terminal gets one line per job (rank 0's progress, its time left within the stock job's
-budget, then what the job did) and the table, last. Everything else -- the launcher's output,
-each worker's log, each job's JSON summary -- goes to files in ``--log-dir`` (default: a new
-folder in the system's temporary folder, named on the first line).
+The terminal gets one line for the probe, one per job (rank 0's progress, then what the job
+did) and the table, last. Everything else -- the launcher's output, each worker's log, each
+job's JSON summary -- goes to files in ``--log-dir`` (default: a new folder in the system's
+temporary folder, named on the first line).
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,21 +46,46 @@ def job_command(mode, args, workdir, max_steps=0, extra=()):
         cmd += ["--max-dev", str(args.max_dev)]
     if mode == "padded":
         cmd.append("--no-unpad")
-        if job_budget(mode, args):
-            cmd += ["--time-budget", str(args.time_budget)]
     if max_steps:
         cmd += ["--max-steps", str(max_steps)]
     return cmd + list(extra)
 
 
-def job_budget(mode, args):
-    """Seconds of training the job may spend (0: no budget): the stock job's, when the slice is timed."""
-    return args.time_budget if mode == "padded" and not args.full else 0.0
+PROBE_STEPS = 4  # the first is left out of the timing (one-time set-up inside Paddle)
+
+
+def probe_step_seconds(args, workdir):
+    """Seconds of one stock training step (rank 0's batch size), timed in one process with the jobs'
+    threads per rank before either job runs: the median of a few steps of the stock model."""
+    out = os.path.join(workdir, "probe.json")
+    cmd = [sys.executable, os.path.join(HERE, "finetune_classifier.py"), "--no-unpad", "--no-progress",
+           "--max-train", str(PROBE_STEPS * args.batch_size), "--max-dev", "1", "--batch-size", str(args.batch_size),
+           "--seed", str(args.seed), "--json-out", out]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_rank))
+    with open(os.path.join(workdir, "probe.out"), "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        returncode = subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if returncode != 0 or not os.path.exists(out):
+        fail("probe", args, workdir, returncode)
+    return json.load(open(out))["median_step_seconds"]
+
+
+def plan_steps(args, workdir):
+    """``(steps, seconds of a stock step or None, slice size)``: the number of steps both jobs train and
+    the training snippets that make exactly that many batches, decided before either job runs."""
+    per_step = args.batch_size * args.nproc
+    slice_steps = math.ceil(args.max_train / per_step)
+    if args.full or not args.time_budget:
+        return None, None, args.max_train
+    step_s = probe_step_seconds(args, workdir)
+    steps = max(1, min(slice_steps, int(args.time_budget / max(step_s, 1e-6))))
+    return steps, step_s, min(args.max_train, steps * per_step)
 
 
 class JobLine:
-    """One line per job on the terminal: rank 0's progress (the time left capped by the job's
-    budget), rewritten in place on a terminal; elsewhere only the job's closing line."""
+    """One line per job on the terminal: rank 0's progress, rewritten in place on a terminal;
+    elsewhere only the job's closing line."""
 
     def __init__(self, label, budget_s, stream=None):
         self.label, self.budget_s = label, budget_s
@@ -85,7 +113,7 @@ def run(mode, args, workdir, max_steps=0, extra=()):
     """One fleetrun job (``extra``: more options of finetune_classifier.py); its output goes to
     ``workdir/<mode>.out``, its progress to one line."""
     cmd = job_command(mode, args, workdir, max_steps, extra)
-    shown = JobLine(LABELS[mode], job_budget(mode, args))
+    shown = JobLine(LABELS[mode], 0.0)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_rank))
     out = os.path.join(workdir, f"{mode}.json")
     if os.path.exists(out):  # a summary of an earlier run in the same --log-dir
@@ -104,16 +132,13 @@ def run(mode, args, workdir, max_steps=0, extra=()):
         fail(mode, args, workdir, returncode)
     res = json.load(open(out))
     res["job_seconds"] = round(time.time() - t, 1)
-    shown.close(job_summary(res, job_budget(mode, args)))
+    shown.close(job_summary(res))
     return res
 
 
-def job_summary(res, budget_s):
-    stop = (f", stopped by the {budget_s:g} s budget at step {res['steps']} of {res['schedule_steps']}"
-            if res.get("stopped_by_time_budget") else "")
+def job_summary(res):
     steps = f"{res['steps']} step" + ("" if res["steps"] == 1 else "s")
-    return (f"{steps}, {res['train_seconds']:.0f} s of training{stop}; "
-            f"{res['job_seconds']:.0f} s with start-up and evaluation")
+    return f"{steps}, {res['train_seconds']:.0f} s of training; {res['job_seconds']:.0f} s with start-up and evaluation"
 
 
 def fail(mode, args, workdir, returncode):
@@ -132,8 +157,8 @@ def parse_args(argv=None):
                    help="a whole epoch (about 11k snippets) and the whole dev set, no time budget")
     p.add_argument("--max-train", type=int, default=3200, help="training snippets of the slice (at most)")
     p.add_argument("--time-budget", type=float, default=60.0,
-                   help="seconds of training for the stock job; paddle_unpad then trains the same steps "
-                        "(0: the whole slice)")
+                   help="seconds of training the stock job may take, judged by a probe before either job runs: "
+                        "it sets the number of steps both jobs train (0: the whole slice)")
     p.add_argument("--max-dev", type=int, default=640, help="evaluate on the first N dev snippets (0: all)")
     p.add_argument("--nproc", type=int, default=2)
     env_threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -150,14 +175,14 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def report(args, pad, unp, seconds):
+def report(args, pad, unp, seconds, step_s=None):
     """The closing lines; the comparison table last."""
-    sized = (f", stopped at {pad['steps']} of {pad['schedule_steps']} steps by the {args.time_budget:g} s budget"
-             if pad.get("stopped_by_time_budget") else "")
+    sized = f"{pad['steps']} step{'' if pad['steps'] == 1 else 's'} each"
+    if step_s is not None:
+        sized += f" (what the {args.time_budget:g} s budget holds at {step_s:.2f} s a stock step, timed before the jobs)"
     print(f"\nMiniLM-L6 fine-tuning on Rotten Tomatoes, {args.nproc} ranks x {args.threads_per_rank} thread(s), "
           f"batch {args.batch_size}/rank, {pad['train_samples']} training snippets "
-          f"({'full epoch' if args.full else f'slice of {args.max_train}'}{sized}); "
-          f"{pad['dev_samples']} dev snippets")
+          f"({'full epoch' if args.full else f'at most {args.max_train}'}), {sized}; {pad['dev_samples']} dev snippets")
     m = unp["machine"]
     print(f"host: {m['cpu_model']} ({m['cpu_vendor']}), {m['cores']} cores, MKL {m['mkl_kernels']} GEMM kernels, "
           f"load average {os.getloadavg()[0]:.2f}")
@@ -170,10 +195,11 @@ def report(args, pad, unp, seconds):
     print("\n".join(comparison_table(fields, pad, unp)), flush=True)
 
 
-def write_json(path, pad, unp):
+def write_json(path, pad, unp, plan=None):
+    machine = dict(unp["machine"], date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                   loadavg=[round(x, 2) for x in os.getloadavg()])
     with open(path, "w") as f:
-        json.dump({"padded": pad, "unpadded": unp, "machine": dict(unp["machine"], date=time.strftime(
-            "%Y-%m-%d %H:%M UTC", time.gmtime()), loadavg=[round(x, 2) for x in os.getloadavg()])}, f, indent=1)
+        json.dump({"padded": pad, "unpadded": unp, "plan": plan or {}, "machine": machine}, f, indent=1)
 
 
 def main(argv=None):
@@ -183,14 +209,22 @@ def main(argv=None):
     print(f"Fine-tuning MiniLM-L6 twice on {args.nproc} CPU ranks, stock PaddleNLP then paddle_unpad "
           f"(logs and summaries in {wd})", flush=True)
     t_start = time.time()
-    pad = run("padded", args, wd)
-    # exactly the stock job's steps: same samples, same order, same schedule
-    unp = run("unpadded", args, wd, max_steps=pad["steps"])
-    if unp["steps"] != pad["steps"] or unp["train_samples"] != pad["train_samples"]:
-        raise SystemExit(f"the two jobs trained different slices: {pad['steps']} vs {unp['steps']} steps")
+    steps, step_s, slice_size = plan_steps(args, wd)
+    if steps is not None:
+        print(f"probe: {step_s:.2f} s a stock step, so {steps} step(s) of {args.nproc} x {args.batch_size} snippets "
+              f"for each job in the {args.time_budget:g} s budget", flush=True)
+    # both jobs: the same slice of exactly `steps` batches, the same samples, order and schedule
+    jobs = argparse.Namespace(**dict(vars(args), max_train=slice_size))
+    pad = run("padded", jobs, wd)
+    unp = run("unpadded", jobs, wd)
+    if unp["steps"] != pad["steps"] or unp["train_samples"] != pad["train_samples"] or (
+            steps is not None and pad["steps"] != steps):
+        raise SystemExit(f"the two jobs trained different slices: {pad['steps']} vs {unp['steps']} steps "
+                         f"(planned: {steps})")
     if args.json_out:
-        write_json(args.json_out, pad, unp)
-    report(args, pad, unp, time.time() - t_start)
+        write_json(args.json_out, pad, unp, {"steps": steps, "probe_step_seconds": step_s, "slice": slice_size,
+                                             "time_budget": args.time_budget})
+    report(args, pad, unp, time.time() - t_start, step_s)
 
 
 if __name__ == "__main__":

@@ -8,17 +8,21 @@ they are tokenised with the served model's tokenizer: the one saved next to the 
 
     python examples/serve.py --model-dir ft_out --export-to served "a gripping film"   # export, then answer
     python examples/serve.py --export served "a gripping film" "two hours I want back"
-    python examples/serve.py < reviews.txt      # no --export: converts and exports the demo model first
+    python examples/serve.py < reviews.txt      # no --export, no --model-dir: the demo model
 
 ``--export`` takes the export's folder, one of its files (``packed.json``, ``.pdmodel``,
-``.pdiparams``) or its path prefix (``served/packed``). Without it the demo's model
-(all-MiniLM-L6-v2 with a fresh 2-class head, or a fine-tuned ``save_pretrained`` folder given
-by ``--model-dir``, e.g. the one ``examples/finetune_classifier.py --output-dir`` writes) is
-converted and exported, with its tokenizer and class names (``labels.json``), into
-``--export-to`` or a temporary folder. A fresh head is untrained: its labels mean nothing
-until fine-tuned.
+``.pdiparams``) or its path prefix (``served/packed``). Without it, ``--model-dir``'s sequence
+classifier (a ``save_pretrained`` folder such as ``examples/finetune_classifier.py --output-dir``
+writes, a PaddleNLP model name or a Hugging Face BERT folder) is converted and exported, with its
+tokenizer, configuration and class names, into ``--export-to`` or a temporary folder; without
+``--model-dir`` the demo model is: all-MiniLM-L6-v2 with a fresh, untrained head for the demo's
+two classes (rotten, fresh), whose answers mean nothing until fine-tuned.
+
+Answers name the classes as the model does: ``labels.json`` next to the export (the fine-tuning
+examples write it), else the ``id2label`` of the model's configuration, else the class ids.
 """
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -26,9 +30,11 @@ import time
 
 import numpy as np
 
-from example_util import bundled, load_labels, load_pretrained, load_tokenizer, save_labels
+from example_util import (check_max_seq_len, encode_text, load_classifier, load_labels, load_pretrained, load_tokenizer,
+                          model_config, model_source, position_limit, quiet_logs, save_labels)
 
-LABELS = ("rotten", "fresh")  # the demo's Rotten Tomatoes classes, label ids 0 and 1
+DEMO_LABELS = ("rotten", "fresh")  # the demo model's classes (Rotten Tomatoes), label ids 0 and 1
+FRESH_HEAD_CLASSES = 2  # a Hugging Face BERT folder whose configuration names no classes gets a fresh 2-class head
 PACKED_INPUTS = ("input_ids", "cu_seqlens", "token_type_ids")
 EXPORT_NAME = "packed"  # <folder>/packed.json (or .pdmodel) and packed.pdiparams
 MODEL_EXTS = (".json", ".pdmodel", ".pdiparams")
@@ -42,9 +48,9 @@ def parse_args(argv=None):
                    help="an unpadded export: its folder, one of its files (<prefix>.json or .pdmodel, "
                         "<prefix>.pdiparams) or its path prefix; empty: convert and export the demo model first")
     p.add_argument("--model-dir", default="",
-                   help="without --export: a PaddleNLP save_pretrained folder (or model name) of a sequence "
-                        "classifier (BERT, ERNIE, RoBERTa) to export; empty: all-MiniLM-L6-v2 with a fresh, "
-                        "untrained 2-class head")
+                   help="without --export: the sequence classifier to export: a save_pretrained folder (BERT, "
+                        "ERNIE, RoBERTa), a PaddleNLP model name or a Hugging Face BERT folder; empty: the demo "
+                        "model, all-MiniLM-L6-v2 with a fresh, untrained 2-class head")
     p.add_argument("--export-to", default="",
                    help="without --export: write the export, its tokenizer and labels.json into this folder "
                         "(serve it later with --export FOLDER); empty: a temporary folder")
@@ -56,9 +62,8 @@ def parse_args(argv=None):
                         "follow) when it is unset")
     p.add_argument("--onednn", action="store_true", help="switch on Paddle Inference's oneDNN kernels")
     p.add_argument("--no-ir-optim", action="store_true", help="switch off Paddle Inference's graph optimisation passes")
+    p.add_argument("--verbose", action="store_true", help="show Paddle's and PaddleNLP's log lines")
     args = p.parse_args(argv)
-    if args.max_seq_len < 2:
-        p.error(f"--max-seq-len must be at least 2, got {args.max_seq_len}")
     if args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
     if args.export and (args.model_dir or args.export_to):
@@ -67,35 +72,66 @@ def parse_args(argv=None):
 
 
 def minilm_tokenizer():
-    from paddlenlp.transformers import BertTokenizer
-
-    from paddle_unpad.data import corpora
-
-    return BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
+    """The demo model's tokenizer (MiniLM's vocabulary)."""
+    return load_tokenizer(model_source(""))
 
 
 def demo_model(model_dir=""):
-    """The demo's classifier in eval mode: a fine-tuned folder, else MiniLM-L6 with a fresh 2-class head."""
-    from paddlenlp.transformers import AutoModelForSequenceClassification, BertForSequenceClassification
+    """A sequence classifier in eval mode: ``model_dir``'s (see ``--model-dir``), else the demo model,
+    MiniLM-L6 with a fresh 2-class head."""
+    from paddlenlp.transformers import AutoModelForSequenceClassification
 
-    import paddle_unpad as pu
-    from paddle_unpad.data import corpora
+    source = model_source(model_dir, flag="--model-dir")
+    if not model_dir:
+        model = load_classifier(source, len(DEMO_LABELS), dropout=0.0)
+    elif source.kind == "hf":  # a Hugging Face BERT folder: the classes its configuration names
+        model = load_classifier(source, len(source.config.get("id2label") or ()) or FRESH_HEAD_CLASSES, dropout=0.0)
+    else:  # PaddleNLP's: as it was saved, its own head
+        model = load_pretrained(AutoModelForSequenceClassification, source, "sequence classifier")
+    model.eval()
+    return model
 
-    if model_dir:
-        model = load_pretrained(AutoModelForSequenceClassification, model_dir, flag="--model-dir")
-        model.eval()
-        return model
-    return pu.models.load_hf_bert(bundled(corpora.minilm_dir), model_class=BertForSequenceClassification,
-                                  num_classes=2)
+
+def class_names(folder, config=None):
+    """The class names of a served model: ``labels.json`` in ``folder``, else the ``id2label`` of its
+    configuration (a dict; PaddleNLP's and Hugging Face's placeholder names ``LABEL_<i>`` do not count),
+    else None (the answers then give class ids)."""
+    names = load_labels(folder) if folder and os.path.isdir(folder) else None
+    if names:
+        return names
+    config = config or _export_config(folder)
+    id2label = (config or {}).get("id2label") or {}
+    names = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(len(id2label))]
+    return None if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) else names
 
 
-def export_demo(model_dir, folder):
-    """The demo model (or ``model_dir``'s) exported into ``folder`` with its tokenizer and class names;
-    returns the export's path prefix."""
-    tokenizer = load_tokenizer(model_dir, flag="--model-dir")
-    prefix = export_unpadded(demo_model(model_dir), os.path.join(folder, EXPORT_NAME))
+def _export_config(folder):
+    path = os.path.join(folder or ".", "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def export_model(model_dir, folder, max_seq_len):
+    """``model_dir``'s classifier (empty: the demo model) exported into ``folder`` with its tokenizer,
+    configuration (``config.json``) and class names (``labels.json``): the demo model's are the demo's
+    classes, a given model's its own (``class_names``) or none. ``max_seq_len`` is checked against the
+    tokenizer and the model's positions before any export. Returns the export's path prefix."""
+    source = model_source(model_dir, flag="--model-dir")
+    tokenizer = load_tokenizer(source)
+    check_max_seq_len(max_seq_len, tokenizer, position_limit(model_config(source)))
+    what = (repr(model_dir) if model_dir else
+            "the demo model (MiniLM-L6 with a fresh, untrained head: its answers mean nothing until fine-tuned)")
+    print(f"converting and exporting {what} into {folder}", flush=True)
+    model = demo_model(model_dir)
+    if not model_dir:
+        labels = list(DEMO_LABELS)
+    else:
+        labels = class_names(model_dir if os.path.isdir(model_dir) else "", model_config(source))
+    prefix = export_unpadded(model, os.path.join(folder, EXPORT_NAME))
     tokenizer.save_pretrained(folder)
-    labels = load_labels(model_dir) if model_dir and os.path.isdir(model_dir) else None
+    model.config.save_pretrained(folder)
     if labels:
         save_labels(folder, labels)
     return prefix
@@ -205,10 +241,8 @@ def read_texts(args):
 
 
 def encode(tokenizer, text, max_seq_len):
-    """(input ids, token types) of one text."""
-    enc = tokenizer(text, max_length=max_seq_len, truncation=True)
-    ids = list(enc["input_ids"])
-    return ids, list(enc.get("token_type_ids") or [0] * len(ids))
+    """(input ids, token types) of one text, at most ``max_seq_len`` tokens (the examples' encoder)."""
+    return encode_text(tokenizer, {"text": text}, max_seq_len)
 
 
 def answer(pred, tokenizer, texts, max_seq_len):
@@ -221,12 +255,11 @@ def answer(pred, tokenizer, texts, max_seq_len):
 
 
 def print_answers(texts, logits, tokens, tok_s, run_s, labels=None):
+    """One line per text: its class, every class's probability; then the batch's timing. ``labels``: the
+    class names (``class_names``), or None: the class ids."""
     scores = np.exp(logits - logits.max(axis=1, keepdims=True))
     scores /= scores.sum(axis=1, keepdims=True)
-    if labels and len(labels) == logits.shape[1]:
-        names = labels
-    else:
-        names = LABELS if logits.shape[1] == len(LABELS) else [str(i) for i in range(logits.shape[1])]
+    names = labels if labels and len(labels) == logits.shape[1] else [str(i) for i in range(logits.shape[1])]
     for text, s in zip(texts, scores):
         label = int(s.argmax())
         short = text if len(text) <= 60 else text[:57] + "..."
@@ -237,16 +270,17 @@ def print_answers(texts, logits, tokens, tok_s, run_s, labels=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    # exporting traces the model into a static program, whose glog warnings (PIR) are no news to a user
+    quiet_logs(args.verbose, glog_warnings=False)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # read when paddle_unpad loads its kernels
     texts = read_texts(args)
     with tempfile.TemporaryDirectory(prefix="pu_serve_") as tmp:
         prefix = export_prefix(args.export) if args.export else ""
         if not prefix:
-            folder = args.export_to or tmp
-            print(f"no --export given: converting and exporting the demo model into {folder} "
-                  f"({args.model_dir or 'MiniLM-L6, fresh untrained head: labels mean nothing'})", flush=True)
-            prefix = export_demo(args.model_dir, folder)
+            prefix = export_model(args.model_dir, args.export_to or tmp, args.max_seq_len)
         tokenizer = served_tokenizer(args, prefix)
+        check_max_seq_len(args.max_seq_len, tokenizer, position_limit(_export_config(os.path.dirname(prefix)) or {}),
+                          whose="the served model's")
         pred = predictor(prefix, args.threads, ir_optim=not args.no_ir_optim, onednn=args.onednn)
         missing = sorted(set(pred.get_input_names()) - set(PACKED_INPUTS))
         if missing:
@@ -254,7 +288,7 @@ def main(argv=None):
                              "(export with paddle_unpad.models.PackedInputs)")
         answer(pred, tokenizer, texts[:1], args.max_seq_len)  # the first run prepares the program
         logits, tokens, tok_s, run_s = answer(pred, tokenizer, texts, args.max_seq_len)
-        print_answers(texts, logits, tokens, tok_s, run_s, load_labels(os.path.dirname(prefix) or "."))
+        print_answers(texts, logits, tokens, tok_s, run_s, class_names(os.path.dirname(prefix) or "."))
 
 
 if __name__ == "__main__":

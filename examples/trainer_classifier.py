@@ -34,9 +34,10 @@ from typing import List, Optional
 
 import numpy as np
 
-from example_util import (BUNDLED_MODEL, Progress, StepHistory, check_data_args, classifier_data, encode_text,
-                          load_classifier, load_tokenizer, plot_or_skip, quiet_logs, refuse_other_checkpoint,
-                          save_labels)
+from example_util import (BUNDLED_MODEL, MODEL_HELP, Progress, StepHistory, check_data_args, check_max_seq_len,
+                          classifier_data, closing_line, encode_text, load_classifier, load_tokenizer, model_config,
+                          model_source, plot_or_skip, position_limit, quiet_logs, refuse_other_checkpoint,
+                          save_labels, steps)
 
 HISTORY, PLOT = "history.json", "loss.png"
 
@@ -47,12 +48,10 @@ def _arg(default, help):
 
 @dataclass
 class ModelArguments:
-    model_name_or_path: str = _arg("", "PaddleNLP model name (downloaded by PaddleNLP if not cached) or a local folder "
-                                       "written by save_pretrained (BERT, ERNIE, RoBERTa), tokenizer from the same "
-                                       f"place; empty: {BUNDLED_MODEL}")
+    model_name_or_path: str = _arg("", f"{MODEL_HELP}; empty: {BUNDLED_MODEL}")
     no_unpad: bool = _arg(False, "the stock Trainer with PaddleNLP's padding collator")
     dropout: float = _arg(0.1, "hidden and attention dropout")
-    max_seq_len: int = _arg(128, "longer texts are truncated")
+    max_seq_len: int = _arg(128, "longer texts are truncated (at most the model's max_position_embeddings)")
 
 
 @dataclass
@@ -279,6 +278,15 @@ def accuracy(pred):
     return {"accuracy": float((np.argmax(pred.predictions, -1) == pred.label_ids).mean())}
 
 
+def trainer_line(s, train_metrics, out_dir):
+    """The line a run ends with: evaluation, speed, where it saved."""
+    metric = ("no evaluation (no --eval-file)" if s["eval_accuracy"] is None else
+              f"eval accuracy {s['eval_accuracy']:.4f}, eval loss {s['eval_loss']:.4f}")
+    rate = train_metrics.get("train_samples_per_second", float("nan"))
+    run = f"{'paddle_unpad' if s['unpad'] else 'stock'} Trainer, {steps(s['steps'])} on {s['world_size']} rank(s)"
+    return closing_line(metric, f"{rate:.1f} samples/s, train loss {s['train_loss']:.4f}", run, out_dir)
+
+
 def main(argv=None):
     args = parse_args(argv)
     quiet_logs(args.verbose)
@@ -288,20 +296,23 @@ def main(argv=None):
 
     from paddle_unpad.trainer import UnpadTrainer  # paddle_unpad line 1
 
+    # the model, its tokenizer, --max-seq-len and the data, checked before any work
+    source = model_source(args.model_name_or_path)
+    tokenizer = load_tokenizer(source)
+    check_max_seq_len(args.max_seq_len, tokenizer, position_limit(model_config(source)),
+                      pair=bool(args.text_pair_column))
+    train_rows, dev_rows, label_names = classifier_data(args)
     # the Trainer needs a folder; without --output-dir it works in a temporary one and saves nothing
     out_dir = args.output_dir or tempfile.mkdtemp(prefix="trainer_classifier_")
     resume = resume_path(args.resume, out_dir)
     if resume:
         check_resume_ranks(resume, args.ignore_data_skip)
-    tokenizer = load_tokenizer(args.model_name_or_path)
-    train_rows, dev_rows, label_names = classifier_data(args)
     train = encode(tokenizer, train_rows, args.max_train, args.max_seq_len)
     dev = encode(tokenizer, dev_rows, args.max_dev, args.max_seq_len)
     paddle.seed(args.seed)  # the classifier head's initialisation
-    model = load_classifier(args.model_name_or_path, len(label_names), args.dropout)
+    model = load_classifier(source, len(label_names), args.dropout)
     label = "stock" if args.no_unpad else "paddle_unpad"
-    title = (f"{os.path.basename(os.path.normpath(args.model_name_or_path)) or 'MiniLM-L6'} on "
-             f"{os.path.basename(args.train_file) or 'Rotten Tomatoes'}")
+    title = f"{source.name} on {os.path.basename(args.train_file) or 'Rotten Tomatoes'}"
     counter = TokenCounter()
     callback = history_callback(label, args.output_dir, counter, resume, not args.no_progress, title)
     common = dict(model=model, args=training_arguments(args, out_dir), train_dataset=train,
@@ -322,7 +333,7 @@ def main(argv=None):
                "steps": int(result.global_step), "world_size": int(paddle.distributed.get_world_size()),
                "labels": label_names}
     if trainer.is_world_process_zero():
-        print(json.dumps(summary))
+        print(trainer_line(summary, result.metrics, args.output_dir), flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f)

@@ -211,10 +211,9 @@ def test_pretrain_mlm_compare_stock_and_unpadded(tmp_path):
 
 @pytest.mark.slow
 def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
-    """A time budget smaller than one step: the stock job stops after its first step (of 4), and
-    the paddle_unpad job trains exactly that step, on the same samples. The terminal gets a few
-    lines, the table last; the launcher's and workers' output goes to the log folder, none to the
-    working directory."""
+    """A time budget smaller than one step: the probe before the jobs makes it one step for both
+    (of the slice's 4), on the same samples. The terminal gets a few lines, the table last; the
+    launcher's and workers' output goes to the log folder, none to the working directory."""
     out, logs = tmp_path / "demo.json", tmp_path / "logs"
     proc = subprocess.run([sys.executable, os.path.join(EX, "run_demo.py"), "--max-train", "128", "--batch-size",
                            "16", "--time-budget", "0.001", "--max-dev", "32", "--json-out", str(out),
@@ -226,14 +225,18 @@ def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
     assert len(lines) <= 40 and not proc.stderr, lines
     assert lines[-6].split() == ["stock", "(padded)", "paddle_unpad", "ratio"], lines  # the table is last
     assert [line.split()[0] for line in lines[-5:]] == ["samples/s", "tokens/s", "dev", "peak", "train"], lines
-    assert "stopped at 1 of 4 steps by the 0.001 s budget" in proc.stdout, proc.stdout[-2000:]
+    d = json.load(open(out))
+    pad, unp, plan = d["padded"], d["unpadded"], d["plan"]
+    assert plan["steps"] == 1 and plan["slice"] == 32 and plan["probe_step_seconds"] > 0, plan
+    assert f"1 step each (what the 0.001 s budget holds at {plan['probe_step_seconds']:.2f} s a stock step" in \
+        proc.stdout, proc.stdout[-2000:]
+    assert lines[1].startswith("probe: ") and lines[2].startswith("stock (padded): 1 step, "), lines
     assert "host: " in proc.stdout and "LAUNCH" not in proc.stdout and "{" not in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.json", "logs"]  # no log/ left behind
-    assert {"padded.json", "padded.out", "unpadded.out"} <= {p.name for p in logs.iterdir()}
-    assert "step 1/4" in (logs / "padded.out").read_text()
-    d = json.load(open(out))
-    pad, unp = d["padded"], d["unpadded"]
-    assert pad["stopped_by_time_budget"] is True and pad["steps"] == unp["steps"] == 1
+    assert {"probe.json", "padded.json", "padded.out", "unpadded.out"} <= {p.name for p in logs.iterdir()}
+    assert "step 1/1" in (logs / "padded.out").read_text()
+    # both jobs: the planned step over a slice of exactly one batch per rank, the whole schedule
+    assert not pad["stopped_by_time_budget"] and pad["steps"] == unp["steps"] == pad["schedule_steps"] == 1
     assert pad["train_samples"] == unp["train_samples"] == 32
     assert pad["train_tokens"] == unp["train_tokens"]  # the same samples both ways
 

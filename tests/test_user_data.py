@@ -106,7 +106,12 @@ def test_classification_rows_map_string_labels_and_keep_int_ids(tmp_path):
 @pytest.mark.parametrize("name, content, kw, words", [
     ("a.csv", "text,label\nok,pos\nno label here\n", {}, "a.csv: line 3: 1 fields, the header names 2"),
     ("b.csv", "review,label\nok,pos\n", {}, "b.csv: line 2: no column 'text' (text); columns: review, label"),
-    ("c.jsonl", '{"text": "ok", "label": 1}\n{"text": "x", "label": 1\n', {}, "c.jsonl: line 2: not JSON"),
+    # the error is where line 2 ends, after its 24 characters (column 25), not on a line 3; then at the
+    # quote that opens "label" (column 24)
+    ("c.jsonl", '{"text": "ok", "label": 1}\n{"text": "x", "label": 1\n', {},
+     "c.jsonl: line 2: not JSON (Expecting ',' delimiter at column 25)"),
+    ("i.jsonl", '{"text": "a fine film" "label": 1}\n', {},
+     "i.jsonl: line 1: not JSON (Expecting ',' delimiter at column 24)"),
     ("d.jsonl", '{"text": "ok", "label": 1}\n{"text": "", "label": 0}\n', {},
      "d.jsonl: line 2: column 'text' (text) is empty"),
     ("e.jsonl", '{"text": "ok", "label": 0.5}\n', {}, "e.jsonl: line 1: column 'label' (label) must be an integer"),
@@ -233,6 +238,125 @@ def test_serve_finds_the_export_from_its_folder_or_files(tmp_path):
         serve.export_prefix(str(tmp_path))
 
 
+# -- the model: a PaddleNLP name, a save_pretrained folder, a Hugging Face BERT folder -------------------------
+
+HF_LAYER = {"attention.self.query": "hh", "attention.self.key": "hh", "attention.self.value": "hh",
+            "attention.output.dense": "hh", "attention.output.LayerNorm": "h", "intermediate.dense": "ih",
+            "output.dense": "hi", "output.LayerNorm": "h"}
+
+
+def _hf_bert_folder(folder, vocab, hidden=32, inter=64, layers=2, positions=128, model_type="bert"):
+    """A Hugging Face BERT folder as transformers writes it (random weights, Linear weights [out, in]):
+    config.json, model.safetensors, vocab.txt, tokenizer_config.json. Returns the tensors."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    dims = {"h": hidden, "i": inter}
+    shapes = {"embeddings.word_embeddings.weight": (len(vocab), hidden),
+              "embeddings.position_embeddings.weight": (positions, hidden),
+              "embeddings.token_type_embeddings.weight": (2, hidden), "embeddings.LayerNorm.weight": (hidden,),
+              "embeddings.LayerNorm.bias": (hidden,), "pooler.dense.weight": (hidden, hidden),
+              "pooler.dense.bias": (hidden,)}
+    for i in range(layers):
+        for part, dim in HF_LAYER.items():
+            out = dims[dim[0]]
+            shapes[f"encoder.layer.{i}.{part}.weight"] = (out, dims[dim[1]]) if len(dim) == 2 else (out,)
+            shapes[f"encoder.layer.{i}.{part}.bias"] = (out,)
+    tensors = {k: (0.02 * rng.standard_normal(v)).astype(np.float32) for k, v in shapes.items()}
+    folder.mkdir()
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["BertModel"], "model_type": model_type, "hidden_size": hidden, "intermediate_size": inter,
+        "num_hidden_layers": layers, "num_attention_heads": 2, "max_position_embeddings": positions,
+        "type_vocab_size": 2, "vocab_size": len(vocab), "pad_token_id": 0, "hidden_act": "gelu",
+        "transformers_version": "4.40.0"}))
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "tokenizer_class": "BertTokenizer"}))
+    return tensors
+
+
+def test_model_source_says_what_is_not_there(tmp_path, monkeypatch):
+    """A path that does not exist, a name PaddleNLP does not know, a folder without a model: one sentence."""
+    eu = _example("example_util")
+    monkeypatch.chdir(tmp_path)
+    missing = str(tmp_path / "nowhere" / "bert")
+    (tmp_path / "empty").mkdir()
+    for given, said in ((missing, f"--model-name-or-path {missing!r}: no such folder"),
+                        ("./my_bert", "--model-name-or-path './my_bert': no such folder"),
+                        ("empty/bert", "--model-name-or-path 'empty/bert': no such folder"),
+                        ("empty", "--model-name-or-path 'empty': not a model folder (no config.json in it)")):
+        with pytest.raises(SystemExit) as e:
+            eu.model_source(given)
+        assert e.value.code == said
+    with pytest.raises(SystemExit) as e:
+        eu.model_source("bert-tiny-doesnotexist", flag="--model-dir")
+    assert str(e.value.code).startswith("--model-dir 'bert-tiny-doesnotexist': no such folder, and not a PaddleNLP "
+                                        "model name (neither one of its built-in names nor downloaded into ")
+    assert "\n" not in e.value.code
+    assert eu.model_source("bert-base-uncased").kind == "paddlenlp"  # built in (PaddleNLP fetches it when loaded)
+
+
+def test_model_source_reads_a_save_pretrained_and_a_hugging_face_folder(user, tmp_path):
+    """A stock save_pretrained folder goes to PaddleNLP's from_pretrained, a Hugging Face BERT folder through
+    load_hf_bert (weights transposed into PaddleNLP's layout, its own vocabulary); the model's positions
+    bound --max-seq-len. Hugging Face folders of other models, or without safetensors, are one sentence."""
+    eu = _example("example_util")
+    saved = eu.model_source(str(user / "model"))
+    assert saved.kind == "paddlenlp" and eu.position_limit(eu.model_config(saved)) == 128
+    vocab = (user / "vocab.txt").read_text().split()
+    tensors = _hf_bert_folder(tmp_path / "hf", vocab)
+    hf = eu.model_source(str(tmp_path / "hf"))
+    assert hf.kind == "hf" and hf.name == "hf" and eu.position_limit(hf.config) == 128
+    model = eu.load_classifier(hf, 3, dropout=0.0)
+    assert type(model).__name__ == "BertForSequenceClassification" and model.classifier.weight.shape == [32, 3]
+    np.testing.assert_array_equal(model.bert.encoder.layers[1].linear1.weight.numpy(),
+                                  tensors["encoder.layer.1.intermediate.dense.weight"].T)
+    np.testing.assert_array_equal(model.bert.embeddings.word_embeddings.weight.numpy(),
+                                  tensors["embeddings.word_embeddings.weight"])
+    tokenizer = eu.load_tokenizer(hf)
+    assert tokenizer("Good film")["input_ids"] == [2, vocab.index("good"), vocab.index("film"), 3]
+    with pytest.raises(SystemExit) as e:
+        eu.check_max_seq_len(129, tokenizer, eu.position_limit(hf.config))
+    assert e.value.code == "--max-seq-len 129 is above the model's 128 positions (max_position_embeddings): give at most 128"
+    _hf_bert_folder(tmp_path / "roberta", vocab, model_type="roberta")
+    with pytest.raises(SystemExit) as e:
+        eu.model_source(str(tmp_path / "roberta"))
+    assert e.value.code.startswith(f"--model-name-or-path {str(tmp_path / 'roberta')!r}: a Hugging Face roberta folder;")
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    with pytest.raises(SystemExit, match="a Hugging Face BERT folder without model.safetensors"):
+        eu.model_source(str(tmp_path / "hf"))
+
+
+def test_roberta_positions_start_after_the_padding_id():
+    eu = _example("example_util")
+    assert eu.position_limit({"model_type": "roberta", "max_position_embeddings": 514, "pad_token_id": 1}) == 512
+    assert eu.position_limit({"model_type": "bert", "max_position_embeddings": 512}) == 512
+    assert eu.position_limit({}) is None
+
+
+def test_encode_text_truncates_itself_like_paddlenlp(user):
+    """The examples' encoder keeps the longer text's first tokens (PaddleNLP's longest_first), adds the
+    special tokens, and never calls PaddleNLP's truncation."""
+    from paddlenlp.transformers import BertTokenizer
+
+    eu = _example("example_util")
+    tok = BertTokenizer(str(user / "vocab.txt"))
+    calls = []
+    tok_call = type(tok).__call__
+    type(tok).__call__ = lambda self, *a, **kw: calls.append(kw) or tok_call(self, *a, **kw)
+    try:
+        ids, types = eu.encode_text(tok, {"text": "good film " * 10, "text_pair": "bad plot"}, 9)
+    finally:
+        type(tok).__call__ = tok_call
+    good, film, bad, plot = (tok.vocab[w] for w in ("good", "film", "bad", "plot"))
+    assert ids == [2, good, film, good, film, 3, bad, plot, 3] and types == [0] * 6 + [1] * 3 and not calls
+    assert eu.encode_text(tok, {"text": "good film good"}, 3) == ([2, good, 3], [0, 0, 0])
+    ref = tok("good film " * 10, text_pair="bad plot", max_length=9, truncation=True)
+    assert (ids, types) == (ref["input_ids"], ref["token_type_ids"])
+    with pytest.raises(ValueError, match="max_seq_len 2 leaves no room"):
+        eu.encode_text(tok, {"text": "good"}, 2)
+
+
 def test_trainer_help_lists_training_arguments_with_defaults():
     proc = _run([os.path.join(EX, "trainer_classifier.py"), "--help"], ROOT, timeout=120)
     blocks = {}
@@ -313,6 +437,71 @@ def test_serve_tokenises_with_the_served_models_tokenizer(finetuned, tmp_path):
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
         f"--export {str(tmp_path / 'nowhere')!r}: no export there (expected a folder, or "
         f"{tmp_path / 'nowhere'}.json or .pdmodel with {tmp_path / 'nowhere'}.pdiparams)"]
+
+
+@pytest.mark.slow
+def test_serve_a_stock_save_without_labels_answers_with_class_ids(user, tmp_path):
+    """A model saved by stock PaddleNLP, no labels.json: the answers name class ids, never the demo's classes,
+    and the output does not call it the demo model."""
+    proc = _run([os.path.join(EX, "serve.py"), "--model-dir", str(user / "model"), "a good film", "bad dull plot"],
+                tmp_path)
+    out = proc.stdout + proc.stderr
+    answers = [line.split() for line in proc.stdout.splitlines()[1:-1]]
+    assert len(answers) == 2 and all(a[0] in ("0", "1") and [x.split("=")[0] for x in a[1:3]] == ["0", "1"]
+                                     for a in answers), out
+    assert "rotten" not in out and "fresh" not in out and "demo" not in out, out
+    assert proc.stdout.splitlines()[0] == f"converting and exporting {str(user / 'model')!r} into " + \
+        proc.stdout.splitlines()[0].split(" into ")[1]
+    assert not proc.stderr.strip(), proc.stderr  # no PaddleNLP or PIR log lines
+
+
+# each example, its own model options and data, writing into OUT (replaced by the test's folder)
+REFUSING = {
+    "finetune_classifier.py": ["--model-name-or-path", "{user}/model", "--train-file", "{user}/train.csv",
+                               *CLS_DATA, "--output-dir", "OUT"],
+    "trainer_classifier.py": ["--model-name-or-path", "{user}/model", "--train-file", "{user}/train.csv",
+                              *CLS_DATA, "--output-dir", "OUT"],
+    "pretrain_mlm.py": ["--model-name-or-path", "{user}/model", "--train-file", "{user}/corpus.txt", "--steps", "1",
+                        "--output-dir", "OUT"],
+    "serve.py": ["--model-dir", "{user}/model", "--export-to", "OUT", "a good film"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value, said", [
+    # BERT's tokenizer adds [CLS] and [SEP]; pre-training samples need two segments (the example's floor)
+    ("2", "--max-seq-len 2 is below the 3 tokens an input needs (the special tokens and one token of text): give "
+          "at least 3"),
+    ("1000", "--max-seq-len 1000 is above the model's 128 positions (max_position_embeddings): give at most 128"),
+])
+@pytest.mark.parametrize("script", sorted(REFUSING))
+def test_max_seq_len_out_of_range_is_one_line_and_no_work(user, tmp_path, script, value, said):
+    argv = [a.format(user=user).replace("OUT", str(tmp_path / "out")) for a in REFUSING[script]]
+    proc = subprocess.run([sys.executable, os.path.join(EX, script), *argv, "--max-seq-len", value], cwd=str(tmp_path),
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    if script == "pretrain_mlm.py" and value == "2":
+        said = ("--max-seq-len 2 is below the 8 tokens an input needs (a pre-training sample of two segments): "
+                "give at least 8")
+    assert proc.returncode == 1 and lines == [said], lines
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_finetune_on_a_hugging_face_bert_folder(user, tmp_path):
+    """--model-name-or-path of a Hugging Face BERT folder trains (one step) and saves a PaddleNLP model with
+    the folder's vocabulary; the run ends with one line naming accuracy, speed and the folder."""
+    _hf_bert_folder(tmp_path / "hf", (user / "vocab.txt").read_text().split())
+    proc = _run([os.path.join(EX, "finetune_classifier.py"), "--model-name-or-path", str(tmp_path / "hf"),
+                 "--train-file", str(user / "train.csv"), "--eval-file", str(user / "dev.jsonl"), *CLS_DATA,
+                 "--batch-size", "8", "--max-steps", "1", "--max-train", "8", "--max-dev", "8", "--max-seq-len", "32",
+                 "--output-dir", str(tmp_path / "out"), "--no-progress"], tmp_path)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("done: dev accuracy ") and " on 8 texts; " in last and "samples/s" in last, proc.stdout
+    assert last.endswith(f"(unpadded+balanced, 1 step on 1 rank(s)); saved to {tmp_path / 'out'}"), last
+    assert "{" not in proc.stdout, proc.stdout  # the summary goes to --json-out only
+    assert (tmp_path / "out" / "vocab.txt").read_text().split() == (user / "vocab.txt").read_text().split()
+    assert json.loads((tmp_path / "out" / "labels.json").read_text())["labels"] == ["neg", "neu", "pos"]
 
 
 HIDE_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.path.insert(0, {ex!r}); "

@@ -91,7 +91,7 @@ def _read_jsonl(path, f):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line.rstrip("\r\n"))  # without the line end, an error at the end is on this line
         except json.JSONDecodeError as e:
             raise DataFileError(f"paddle_unpad.data: {path}: line {n}: not JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(row, dict):
