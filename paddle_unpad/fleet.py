@@ -81,8 +81,11 @@ class DistributedStrategy(_fleet.DistributedStrategy):
 
     @unpad_configs.setter
     def unpad_configs(self, configs: Dict[str, Any]):
-        self._state()["configs"] = _options.resolve(configs, "fleet.DistributedStrategy", "unpad_configs",
-                                                   base=self._state()["configs"])
+        resolved = _options.resolve(configs, "fleet.DistributedStrategy", "unpad_configs",
+                                    base=self._state()["configs"])
+        # launched as one of N ranks: the number is known before fleet.init
+        _options.check_counts_per_rank(resolved, "fleet.DistributedStrategy", _groups.launched_world(), "unpad_configs")
+        self._state()["configs"] = resolved
 
     def __deepcopy__(self, memo):
         # fleet.init deep-copies the strategy; keep the class and our fields

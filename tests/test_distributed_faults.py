@@ -16,6 +16,7 @@ from rank_runner import assert_no_abort, one_failure, run_ranks
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "dist", "ranks_worker.py")
 WORLD = 3
+F = "paddle_unpad.distributed.GradientAllReduce"
 
 pytestmark = pytest.mark.dist
 
@@ -150,6 +151,62 @@ def test_an_exception_between_backward_and_wait_fails_the_peers_at_once():
     assert ranks[2].rc == 0 and ranks[2].results[-1]["closed_in"] < 5.0, ranks[2]
     for rk in ranks:
         assert rk.exit_s < GLOO_OWN_TIMEOUT_S, rk  # before: rank 1 stayed about 40 s, the others failed at 30 s
+
+
+def test_a_model_changed_after_its_all_reduce_is_named_on_every_rank_and_so_is_rank_0_leaving():
+    """2 ranks. Before, a head replaced after GradientAllReduce(model) was never reduced (the ranks'
+    heads drifted apart, exit 0); an all-reduce over a group of rank 0 only, built on rank 1, was
+    a silent no-op there; and after rank 0 had left, a new all-reduce or loader failed with
+    Paddle's TCP error. Each is now a named error, at once, on every rank concerned."""
+    ranks = run_ranks(WORKER, ["allreduce_model_changes"], 2, bound=60)
+    assert_no_abort(ranks)
+    names = {"head replaced": "'head.weight'", "head replaced on rank 0 only": "'head.weight'",
+             "sublayer added": "'extra.weight'", "weight re-assigned": "'body.weight'",
+             "embedding resized": "'emb.weight'"}
+    for rk in ranks:
+        assert rk.rc == 0, rk
+        got = {r["case"]: r for r in rk.results if "case" in r}
+        for case, name in names.items():
+            err = got[case]["error"]
+            head = f"GradientSyncError: {F}: a trainable parameter of the model on rank 0, {name}"
+            assert err is not None and err.startswith(head), (case, rk)
+            assert "close() the all-reduce and build a new GradientAllReduce" in err, (case, rk)
+            assert got[case]["after"] < 5, (case, rk)
+        assert "shape [48, 6]" in got["embedding resized"]["error"], rk
+        assert got["rebuilt after the change"]["error"] < 1e-5, rk
+        outside = [r for r in rk.results if r.get("what") == "all-reduce over a group without this rank"]
+        assert outside and outside[0]["refused"] is (rk.rank == 1), rk
+    assert "all-reduce (group=) over ranks [0] was built on rank 1, which is not one of them" in [
+        r for r in ranks[1].results if r.get("what") == "all-reduce over a group without this rank"][0]["msg"]
+    assert ranks[0].results[-1].get("leaving") is True, ranks[0]
+    after = {r["what"]: r for r in ranks[1].results if "what" in r}
+    for what, exc, prefix in (("all-reduce after rank 0 left", "GradientSyncError", "distributed.GradientAllReduce"),
+                              ("loader after rank 0 left", "ExchangeError", "distributed: exchange")):
+        r = after[what]
+        assert r["refused"] and r["exc"] == exc and r["after"] < 5, (what, ranks[1])
+        assert r["msg"].startswith(f"paddle_unpad.{prefix}: rank 0 has left the job"), (what, ranks[1])
+
+
+def test_len_of_a_late_sized_sampler_counts_wrong_length_and_a_peer_that_left():
+    """2 ranks. A batch sampler that sizes itself as its iteration starts: len() after iter() is
+    the epoch's (before, the previous epoch's: 2 / 2 / 4 for epochs of 2 / 4 / 6). counts=[4] is
+    refused where it is given (before: at the first step). A peer that left cleanly is named in
+    the survivor's error (before: gloo's "TIMEOUT ... pair_rank = 1")."""
+    ranks = run_ranks(WORKER, ["late_sized_loader"], 2, bound=60)
+    assert_no_abort(ranks)
+    for rk in ranks:
+        got = {r["what"]: r for r in rk.results if "what" in r}
+        for epoch, n in enumerate((2, 4, 6)):
+            assert (got[f"epoch {epoch}"]["len"], got[f"epoch {epoch}"]["received"]) == (n, n), (epoch, rk)
+        r = got["counts of one rank"]
+        assert r["refused"] and r["exc"] == "ValueError" and r["after"] < 1.0, rk
+        assert "counts must hold one count per rank (2 ranks in this job), got 1: [4]" in r["msg"], rk
+    assert ranks[1].rc == 0 and ranks[1].results[-1]["leaving"], ranks[1]
+    failed = ranks[0].results[-1]
+    assert ranks[0].rc == 1 and failed["exc"] == "GradientSyncError", ranks[0]
+    assert "rank(s) [1] left the job (their process ended)" in failed["msg"], ranks[0]
+    assert "not reduced" in failed["msg"], ranks[0]
+    assert failed["after"] < 10.0, ranks[0]
 
 
 # ------------------------------------------------------------------ the exchange's ends and settings

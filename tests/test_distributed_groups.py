@@ -155,3 +155,45 @@ def test_a_collective_that_fails_marks_its_group_not_reusable():
             assert g.conn["busy"] == 1
             raise ValueError("gloo failed")
     assert g.conn == {"ops": 1, "busy": 0, "failed": True}
+
+
+class _GoneStore:
+    def add(self, key, n):
+        raise ValueError("(InvalidArgument) TCP receive error. Details: Connection reset by peer.")
+
+    set = get = add
+
+
+def test_a_store_that_cannot_be_reached_means_rank_0_has_left(monkeypatch):
+    """The job's store is served by rank 0's process: a request that fails is "rank 0 has left the
+    job", for the owners to raise as their own error; and a group's non-member is refused before
+    it waits for anyone."""
+    from paddle_unpad.distributed.errors import StoreHostLeft
+
+    monkeypatch.setattr(workarounds, "job_store", lambda: _GoneStore())
+    monkeypatch.setattr(groups, "job", lambda: (1, 2))
+    with pytest.raises(StoreHostLeft, match=r"^paddle_unpad\.distributed: rank 0 has left the job: the job's store, "
+                                            r"which rank 0's process serves, cannot be reached any more \(ValueError: "
+                                            r"\(InvalidArgument\) TCP receive error"):
+        groups.agree("x", "1", 1.0)
+    assert groups.who_left([0, 1]).startswith("rank 0 has left the job")
+    groups.mark_left()  # at exit with rank 0 gone: nothing to tell, no error
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.distributed: the agreement on x over ranks \[0\] was built "
+                                         r"on rank 1, which is not one of them"):
+        groups.agree("x", "1", 1.0, ranks=[0])
+
+
+def test_a_rank_that_left_is_named_by_its_peers(monkeypatch):
+    """At exit each rank counts itself out in the job's store; a peer whose collective then fails
+    names it."""
+    from paddle.base import core
+
+    server = core.TCPStore("127.0.0.1", free_port(), True, 1, 30)
+    monkeypatch.setattr(workarounds, "job_store", lambda: server)
+    monkeypatch.setattr(groups, "job", lambda: (0, 3))
+    assert groups.who_left([0, 1, 2]) == ""
+    monkeypatch.setattr(groups, "job", lambda: (2, 3))
+    groups.mark_left()  # rank 2 leaves
+    monkeypatch.setattr(groups, "job", lambda: (0, 3))
+    assert groups.who_left([0, 1, 2]) == "rank(s) [2] left the job (their process ended)"
+    assert groups.who_left([0, 1]) == ""  # a group without it

@@ -71,13 +71,18 @@ def test_closed_loaders_and_all_reduces_give_their_groups_back():
 
 
 def test_a_group_over_some_ranks_does_not_shift_the_next_group_over_all():
-    """An all-reduce over Paddle's group of ranks 0 and 1, built on those two only, then a
-    balanced loader and an all-reduce over all three ranks. Before, the members' private groups
-    moved Paddle's group-id counter on the members only: the third rank failed in gloo, the
-    members hung in the loader's group."""
+    """An all-reduce over Paddle's group of ranks 0 and 1, built on those two only (rank 2, trying
+    too, is refused by name), then a balanced loader and an all-reduce over all three ranks.
+    Before, the members' private groups moved Paddle's group-id counter on the members only: the
+    third rank failed in gloo, the members hung in the loader's group."""
     ranks = run_ranks(RANKS_WORKER, ["subgroup_then_all"], NPROC, bound=60)
     assert_no_abort(ranks)
+    (outside,) = [r for r in ranks[2].results if r.get("what") == "all-reduce over a group without this rank"]
+    # before: "ValueError: 2 is not in list" from inside the layouts' comparison
+    assert outside["refused"] and outside["exc"] == "ValueError" and outside["after"] < 1.0, ranks[2]
+    assert outside["msg"].startswith("paddle_unpad.distributed.GradientAllReduce: the all-reduce (group=) over ranks "
+                                     "[0, 1] was built on rank 2, which is not one of them"), ranks[2]
     for rk in ranks:
-        assert rk.rc == 0 and not [r for r in rk.results if "exc" in r], rk
+        assert rk.rc == 0 and not [r for r in rk.results if "exc" in r and "what" not in r], rk
         assert rk.results[-1]["complete"], rk
         assert rk.exit_s < 40, rk

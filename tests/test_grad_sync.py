@@ -149,3 +149,26 @@ def test_rows_proof_sees_any_row_outside_the_looked_up_ones():
     odd[4, 2] = 1.0
     assert not _only_rows(paddle.to_tensor(odd), np.array([0, 1]))
     assert _only_rows(paddle.to_tensor(odd), np.array([4]))
+
+
+def test_a_parameter_new_to_the_model_or_resized_is_noted_for_the_trailer():
+    """What wait() notes for the step's trailer (which makes it the same error on every rank; on 2
+    ranks: tests/test_distributed_faults.py): a trainable parameter of the model that it was not
+    built with, or one whose shape changed -- by identity and shape, named by its attribute path."""
+    model = paddle.nn.Sequential(paddle.nn.Linear(4, 3), paddle.nn.Linear(3, 2))
+    sync = pu.fleet.GradientAllReduce(model)
+    sync._check_trainable()
+    assert sync._replaced == (0, "")
+    model[1].weight.get_tensor().set(np.zeros((5, 2), np.float32), paddle.CPUPlace())  # resized in place
+    sync._check_trainable()
+    assert sync._replaced == (2, f"'1.weight' ({model[1].weight.name}: shape [3, 2] then, [5, 2] now)")
+    sync._replaced = (0, "")
+    model[1] = paddle.nn.Linear(3, 2)  # a new head
+    sync._check_trainable()
+    assert sync._replaced == (1, f"'1.weight' ({model[1].weight.name}, shape [3, 2])")
+    for p in model[1].parameters():  # frozen, the new layer is not reduced and not wanted
+        p.stop_gradient = True
+    sync._replaced = (0, "")
+    sync._check_trainable()
+    assert sync._replaced == (0, "")
+    sync.close()

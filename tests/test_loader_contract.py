@@ -133,3 +133,27 @@ def test_a_closed_loader_refuses_another_epoch():
     dl.close()  # idempotent
     with pytest.raises(ValueError, match=r"^paddle_unpad\.fleet\.distributed_loader: iterating a closed loader"):
         iter(dl)
+
+
+def test_counts_of_the_wrong_length_are_refused_where_they_are_given(monkeypatch):
+    """A list of counts needs one count per rank: refused where the number of ranks is known
+    (before: at the first step's plan). In one process the counts are not used."""
+    from paddle_unpad.balance.planner import check_counts
+    from paddle_unpad.distributed import options
+
+    assert check_counts([3, 5], ranks=2) == [3, 5] and check_counts("equal", ranks=2) == "equal"
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.balance\.plan: counts must hold one count per rank \(2 ranks "
+                                         r"in this job\), got 1: \[4\]$"):
+        check_counts([4], ranks=2)
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.fleet\.distributed_loader: counts must hold one count per "
+                                         r"rank \(3 ranks in this job\), got 2"):
+        options.check_counts_per_rank({"counts": [1, 2]}, "fleet.distributed_loader", 3)
+    options.check_counts_per_rank({"counts": [1, 2]}, "fleet.distributed_loader", 1)  # one process: unused
+    assert len(pf.distributed_loader(ReusingLoader(2), counts=[4])) == 2
+    strategy = pf.DistributedStrategy()
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")  # launched as one of 2 ranks, before fleet.init
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.fleet\.DistributedStrategy: unpad_configs\['counts'\] must "
+                                         r"hold one count per rank \(2 ranks in this job\), got 1: \[4\]$"):
+        strategy.unpad_configs = {"counts": [4]}
+    strategy.unpad_configs = {"counts": [4, 4]}
+    assert strategy.unpad_configs["counts"] == [4, 4]

@@ -2,6 +2,7 @@
 tests/dist/trainer_resume_worker.py)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -122,6 +123,53 @@ def test_resume_on_two_ranks_matches_uninterrupted_run(tmp_path):
         assert [s for s, _ in resumed[rank]] == list(range(7, 11)), resumed[rank]
         for (step, a), (_, b) in zip(full[rank][6:], resumed[rank]):
             assert abs(a - b) <= 1e-6 * abs(a), f"rank {rank} step {step}: uninterrupted {a} vs resumed {b}"
+    # on another number of ranks the skipped steps would not be the trained ones: refused on every
+    # rank, naming both numbers (before: it trained on, rc 0); the 3-rank checkpoint is this one as
+    # 3 ranks name their random states
+    three = tmp_path / "checkpoint-of-3"
+    shutil.copytree(ckpt, three)
+    (three / "rng_state_2.pth").rename(three / "rng_state_3.pth")
+    rc, out, logs = launch_job([WORKER, str(tmp_path / "out_3"), str(tmp_path / "of3"), "--resume", str(three)], 2,
+                               tmp_path / "log_of3", 300, cwd=str(tmp_path))
+    assert rc not in (0, "timeout"), out[-3000:]
+    for r in (0, 1):
+        assert "was saved by 3 rank(s), this run has 2" in logs[f"workerlog.{r}"], logs[f"workerlog.{r}"][-3000:]
+    rc, out = run_bounded([sys.executable, WORKER, str(tmp_path / "out_1"), str(tmp_path / "one"), "--resume",
+                           str(ckpt)], 300, cwd=str(tmp_path), env=job_env())
+    assert rc == 1 and "ValueError: paddle_unpad.trainer.UnpadTrainer.train: the checkpoint" in out, out[-3000:]
+    assert "was saved by 2 rank(s), this run has 1" in out and "ignore_data_skip=True" in out, out[-3000:]
+
+
+def test_a_checkpoints_number_of_ranks_is_read_and_checked(tmp_path, monkeypatch):
+    """What a resume checks, in one process: the number of ranks a Trainer checkpoint was saved by
+    (from its random-state file, the newest when a later run saved the same step again), and the
+    example's own refusal (finetune_classifier.py's wording)."""
+    from paddle_unpad.trainer import check_resume_world_size, checkpoint_world_size
+
+    ckpt = tmp_path / "checkpoint-6"
+    ckpt.mkdir()
+    assert checkpoint_world_size(str(ckpt)) is None and checkpoint_world_size(str(tmp_path / "absent")) is None
+    (ckpt / "trainer_state.json").write_text("{}")
+    (ckpt / "rng_state.pth").write_bytes(b"")  # one process
+    assert checkpoint_world_size(str(ckpt)) == 1
+    check_resume_world_size(str(ckpt), 1)
+    os.utime(ckpt / "rng_state.pth", (1, 1))
+    (ckpt / "rng_state_4.pth").write_bytes(b"")  # saved again, later, by 4 ranks
+    assert checkpoint_world_size(str(ckpt)) == 4
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.trainer\.UnpadTrainer\.train: the checkpoint '.*checkpoint-6' "
+                                         r"was saved by 4 rank\(s\), this run has 1: .*resume on 4 rank\(s\)"):
+        check_resume_world_size(str(ckpt), 1)
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        import trainer_classifier
+    finally:
+        sys.path.remove(os.path.join(ROOT, "examples"))
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "3")
+    with pytest.raises(SystemExit, match=r"^--resume '.*checkpoint-6': saved with ranks=4 \(this run: 3\)$"):
+        trainer_classifier.check_resume_ranks(str(ckpt), ignore_data_skip=False)
+    trainer_classifier.check_resume_ranks(str(ckpt), ignore_data_skip=True)  # no replay: nothing to refuse
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
+    trainer_classifier.check_resume_ranks(str(ckpt), ignore_data_skip=False)
 
 
 @pytest.mark.slow
@@ -156,7 +204,7 @@ def test_rename_label_keys():
     assert isinstance(listed[0]["labels"], np.ndarray)
 
 
-def test_bad_balancer_options_fail_when_the_trainer_is_built(tmp_path):
+def test_bad_balancer_options_fail_when_the_trainer_is_built(tmp_path, monkeypatch):
     pytest.importorskip("paddlenlp")
     from paddlenlp.trainer import TrainingArguments
     from paddlenlp.transformers import BertConfig, BertForSequenceClassification
@@ -170,3 +218,7 @@ def test_bad_balancer_options_fail_when_the_trainer_is_built(tmp_path):
                        ({"cost": "flop"}, r"unknown cost 'flop'"), ({"enabled": False}, r"unknown keys \['enabled'\]")):
         with pytest.raises(ValueError, match=words):
             UnpadTrainer(model, args=args, unpad_configs=bad)
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")  # launched as one of 2 ranks: a list needs 2 counts
+    with pytest.raises(ValueError, match=r"UnpadTrainer: unpad_configs\['counts'\] must hold one count per rank "
+                                         r"\(2 ranks in this job\), got 1: \[4\]"):
+        UnpadTrainer(model, args=args, unpad_configs={"counts": [4]})

@@ -148,12 +148,13 @@ def quantize_costs(lengths, cost=None) -> np.ndarray:
 COUNTS_RULE = "'equal', 'source' or a list of ints >= 0"
 
 
-def check_counts(mode, name: str = "counts", where: str = "balance.plan"):
+def check_counts(mode, name: str = "counts", where: str = "balance.plan", ranks: Optional[int] = None):
     """The ``counts`` rule, for every entry that takes it: ``'equal'``, ``'source'``, or a
     sequence of ints >= 0 (returned as a list of Python ints). A value of the wrong type raises
     TypeError (a float count is never rounded), a bad value ValueError, naming ``where`` (the
-    public name, after ``paddle_unpad.``), ``name`` and the value. Whether a list fits a step
-    (one count per rank, summing to the step's samples) is checked when the step is planned."""
+    public name, after ``paddle_unpad.``), ``name`` and the value. ``ranks``: the number of ranks
+    the counts are for, where it is known (a list needs one count per rank); whether a list sums
+    to a step's samples is checked when the step is planned."""
     if isinstance(mode, str):
         if mode not in ("equal", "source"):
             raise ValueError(f"paddle_unpad.{where}: {name} must be {COUNTS_RULE}, got {mode!r}")
@@ -164,6 +165,8 @@ def check_counts(mode, name: str = "counts", where: str = "balance.plan"):
         raise TypeError(f"paddle_unpad.{where}: {name} must be {COUNTS_RULE}, got {mode!r}")
     if any(c < 0 for c in items):
         raise ValueError(f"paddle_unpad.{where}: {name} must be {COUNTS_RULE}, got {mode!r}")
+    if ranks is not None and len(items) != ranks:
+        raise ValueError(f"paddle_unpad.{where}: {name} must hold one count per rank ({ranks} ranks in this job), got {len(items)}: {mode!r}")
     return [int(c) for c in items]
 
 

@@ -32,7 +32,11 @@ is built, so that ``fleet.init``'s own groups get the first one too).
 
 **Agreement.** :func:`agree` compares a value across ranks through the job's TCP store with
 a bounded wait, before any group or collective that the value decides on: settings that
-differ, or a rank that never arrives, are a named error on every rank, never a hang.
+differ, or a rank that never arrives, are a named error on every rank, never a hang. The store
+is served by rank 0's process: a request that fails says that rank 0 has left the job
+(:class:`~paddle_unpad.distributed.errors.StoreHostLeft`). At exit each rank records there that
+it has left (:func:`mark_left`), so that a peer whose collective then fails names it
+(:func:`who_left`).
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ import paddle.distributed as dist
 from .. import _paddle_compat as _compat
 from .. import config
 from . import workarounds
+from .errors import StoreHostLeft
 from .workarounds import GLOO_OWN_TIMEOUT_S  # noqa: F401 - the fault tests' bound
 
 log = logging.getLogger("paddle_unpad.distributed")
@@ -103,6 +108,15 @@ def checked_job(where: str, error=RuntimeError) -> tuple:
 # ----------------------------------------------------------------------------- groups
 
 
+def check_member(ranks: List[int], where: str, what: str, rank: Optional[int] = None):
+    """Refuse (``ValueError``) ``what`` over ``ranks`` on a rank that is not one of them: only the
+    members of a group build what runs over it (the others would wait for it, or agree with ranks
+    that never come). ``where``: the public name after ``paddle_unpad.``."""
+    rank = job()[0] if rank is None else rank
+    if rank not in ranks:
+        raise ValueError(f"paddle_unpad.{where}: {what} over ranks {list(ranks)} was built on rank {rank}, which is not one of them: build it on the members of its group only")
+
+
 class Group:
     """A process group of the plugin: ``role`` host or device, its backend, what it is for.
 
@@ -149,12 +163,11 @@ def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None)
     members agree on (taken from a counter in the job's store), so that groups made by some
     ranks only never shift the ids -- and store keys -- of later groups."""
     install_group_stores()
-    workarounds.ensure_exit_handler()
+    workarounds.ensure_exit_handler(mark_left)
     rank, world = job()
     backend = "gloo" if role == HOST else device_backend()
     ranks = list(range(world)) if ranks is None else sorted(set(int(r) for r in ranks))
-    if rank not in ranks:
-        raise ValueError(f"paddle_unpad.distributed: the {purpose} group over ranks {ranks} was asked for on rank {rank}, which is not one of them: only the members of a group create it")
+    check_member(ranks, "distributed", f"the {purpose} group", rank)
     pool_key = (backend, tuple(ranks))
     n = next(_meetings.setdefault(pool_key, itertools.count()))
     with _lock:
@@ -245,7 +258,7 @@ def wrap_host_group(pg, purpose: str) -> Group:
     backend = "gloo" if "gloo" in type(pg.process_group).__name__.lower() else type(pg.process_group).__name__
     if backend != "gloo":
         raise ValueError(f"paddle_unpad.{purpose}: group must be a gloo group (the exchange sends CPU buffers: paddle.distributed.new_group(ranks, backend='gloo')), got a {backend} group")
-    workarounds.ensure_exit_handler()
+    workarounds.ensure_exit_handler(mark_left)
     return Group(pg, HOST, "gloo", purpose, owned=False)
 
 
@@ -311,8 +324,75 @@ def all_reduce(group: Group, tensor, sync_op: bool = True):
 _agree_seq: Dict[tuple, "itertools.count"] = {}
 
 
-def _job_store():
-    return workarounds.job_store()
+class _Store:
+    """The job's TCP store, whose requests fail only when its server is gone: rank 0's process
+    serves it (Paddle 2.6 and 3.x), so a failed request means rank 0 has left the job, and says so
+    (:class:`~paddle_unpad.distributed.errors.StoreHostLeft`) instead of the TCP error."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def _call(self, op, *args):
+        try:
+            return getattr(self.store, op)(*args)
+        except Exception as e:  # noqa: BLE001 - Paddle raises ValueError/RuntimeError/OSError for these
+            text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            raise StoreHostLeft(f"paddle_unpad.distributed: rank 0 has left the job: the job's store, which rank 0's process serves, cannot be reached any more ({type(e).__name__}: {text}); this rank cannot meet the others: end it, then restart the job") from e
+
+    def set(self, key, value):
+        return self._call("set", key, value)
+
+    def get(self, key):
+        return self._call("get", key)
+
+    def add(self, key, n):
+        return self._call("add", key, n)
+
+
+_wrapped: List[_Store] = []  # the job's store, wrapped once
+
+
+def _job_store() -> _Store:
+    store = workarounds.job_store()
+    if not _wrapped or _wrapped[0].store is not store:
+        _wrapped[:] = [_Store(store)]
+    return _wrapped[0]
+
+
+def reason(exc) -> str:
+    """A message of the package without its ``paddle_unpad.<name>: `` prefix (to be raised again
+    under another name)."""
+    text = str(exc)
+    return text.partition(": ")[2] if text.startswith("paddle_unpad") else text
+
+
+_LEFT_KEY = "paddle_unpad/left"
+
+
+def mark_left():
+    """At interpreter exit, once the plugin's threads are joined (:mod:`.workarounds` calls it):
+    this rank tells the job's store that it has left, so that a peer whose collective fails then
+    names it ("rank 1 left the job") instead of gloo's words for a closed connection."""
+    rank, world = job()
+    if world <= 1:
+        return
+    try:
+        _job_store().add(f"{_LEFT_KEY}/{rank}", 1)
+    except StoreHostLeft:  # rank 0 has gone before: nobody to tell
+        pass
+
+
+def who_left(ranks: List[int]) -> str:
+    """Why a collective over ``ranks`` failed, when a member has left the job: ``"rank(s) [1] left
+    the job (their process ended)"``, the store's :class:`StoreHostLeft` text when rank 0 has left,
+    or ``""`` when no member has left (a peer died or stopped without a word)."""
+    me = job()[0]
+    try:
+        store = _job_store()
+        gone = [r for r in ranks if r != me and store.add(f"{_LEFT_KEY}/{r}", 0) > 0]  # add 0: never blocks
+    except StoreHostLeft as e:
+        return reason(e)
+    return f"rank(s) {gone} left the job (their process ended)" if gone else ""
 
 
 AGREE_MIN_S = 10.0  # ranks reach the same construction seconds apart: never wait less than this for them
@@ -333,6 +413,7 @@ def agree(kind: str, value: str, timeout: float, ranks: Optional[List[int]] = No
     rank unless something differs."""
     rank, world = job() if _job is None else _job
     ranks = list(range(world)) if ranks is None else list(ranks)
+    check_member(ranks, "distributed", f"the agreement on {kind}", rank)
     me, n_ranks = ranks.index(rank), len(ranks)
     n = next(_agree_seq.setdefault((kind, tuple(ranks)), itertools.count()))
     prefix = f"paddle_unpad/agree/{kind}/{'-'.join(map(str, ranks)) if n_ranks < world else 'all'}/{n}"

@@ -23,6 +23,7 @@ Failures (see docs/distributed.md, *Failure behaviour*, for what a user sees on 
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import weakref
@@ -30,8 +31,9 @@ from typing import Sequence
 
 from ..data.collate import DEFAULT_TOKEN_FIELDS, check_lengths, normalize_batch, pack_samples, to_paddle
 from . import groups, wire
-from .errors import ExchangeError, ExchangeTimeout
+from .errors import ExchangeError, ExchangeTimeout, StoreHostLeft
 from .exchange import Epoch, Settings
+from .options import check_counts_per_rank
 from .options import resolve as resolve_options
 from .source import Source
 
@@ -84,7 +86,10 @@ class BalancedLoader:
 
     ``len(loader)`` is the number of global steps: the largest ``len()`` of the ranks' own
     loaders, agreed through the job's store when the loader is built and again when each epoch
-    starts. Every rank receives one batch per global step, also a rank whose own loader is
+    starts (``iter()``), after each rank has drawn the epoch's first batch from its loader: a
+    batch sampler that sizes itself when its own iteration starts (not in ``set_epoch``) has
+    done so by then; before the first ``iter()`` it is what the loaders said when it was built.
+    Every rank receives one batch per global step, also a rank whose own loader is
     done; a step at which no rank has a sample (every rank's batch empty) is skipped, so only
     such steps make an epoch shorter. With ``balance=False`` or in one process it is
     ``len()`` of the rank's own loader. A rank's loader without ``len()`` makes ``len()`` a
@@ -111,19 +116,22 @@ class BalancedLoader:
         # launched as one of N ranks but built before fleet.init: refused, not packed alone
         self.rank, self.world = groups.checked_job(_where, ExchangeError)
         self.distributed = o["balance"] and self.world > 1
+        if self.distributed:  # a list of counts needs one per rank: refused here, not at the first step
+            check_counts_per_rank(o, _where, self.world)
         if self.distributed and group is not None:
             _check_group_spans_job(group, self.world, _where)  # before any rank waits for another
         self._lens = [_own_len(loader)] * self.world  # every rank's (len, why unknown); agreed below
-        if self.world > 1:
-            self._agree_settings(group)
         self.group = None
         own_group = None
-        if self.distributed:
-            if group is None:
-                self.group = own_group = groups.new_group("sample exchange", groups.HOST)
-            else:
-                self.group = group if isinstance(group, groups.Group) else groups.wrap_host_group(group, _where)
-            groups.use_for_exit_order(self.group)
+        with _store_host_named(self.rank):
+            if self.world > 1:
+                self._agree_settings(group)
+            if self.distributed:
+                if group is None:
+                    self.group = own_group = groups.new_group("sample exchange", groups.HOST)
+                else:
+                    self.group = group if isinstance(group, groups.Group) else groups.wrap_host_group(group, _where)
+                groups.use_for_exit_order(self.group)
         self._settings = Settings(self.group, self.rank, self.world, o, self.token_fields, place, self.plan_key,
                                   self.plan_desc)
         self._live = _Live(self.close_timeout, own_group)
@@ -187,9 +195,16 @@ class BalancedLoader:
             raise ExchangeError(f"paddle_unpad.distributed: exchange on rank {self.rank}: the previous epoch's exchange thread did not stop within {self.close_timeout:g} s (it is inside a collective with a peer that is gone?); its group cannot carry another epoch")
         if not self.distributed:
             return self._local_iter()
-        self._agree_epoch_lengths()
+        src = Source(self.loader, self.where)
+        try:
+            src.prime()  # the first batch drawn first: a sampler sizing itself as its iteration starts has done so
+            with _store_host_named(self.rank):
+                self._agree_epoch_lengths()
+        except BaseException:
+            src.close()
+            raise
         self._epochs += 1
-        epoch = Epoch(self._settings, Source(self.loader, self.where))
+        epoch = Epoch(self._settings, src)
         self.stats = epoch.stats
         it = EpochIterator(self, epoch, self.timeout, self.close_timeout)
         self._live.set(epoch)
@@ -220,6 +235,15 @@ class BalancedLoader:
         iterated again."""
         self.closed = True
         self._live.shutdown()
+
+
+@contextlib.contextmanager
+def _store_host_named(rank):
+    """The job's store gone (rank 0 has left the job) as the loader's error."""
+    try:
+        yield
+    except StoreHostLeft as e:
+        raise ExchangeError(f"paddle_unpad.distributed: exchange: {groups.reason(e)} (this is rank {rank})") from e
 
 
 def _own_len(loader):

@@ -127,6 +127,14 @@ def resolve(options: Dict[str, Any], where: str, arg: str = "", base: Dict[str, 
     return merged
 
 
+def check_counts_per_rank(configs: Dict[str, Any], where: str, world: int, arg: str = ""):
+    """A list of ``counts`` in resolved ``configs`` holds one count per rank: checked where the
+    options are given, once the number of ranks is known there (``world`` > 1; in one process
+    the counts are not used)."""
+    if world > 1 and isinstance(configs.get("counts"), list):
+        check_counts(configs["counts"], f"{arg}[{'counts'!r}]" if arg else "counts", where, ranks=world)
+
+
 def markdown_table() -> str:
     """The options table of docs/api.md (a test keeps the two equal)."""
     rows = ["| option | default | taken by | meaning |", "|---|---|---|---|"]

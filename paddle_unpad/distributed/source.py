@@ -113,7 +113,8 @@ class Source:
     _WAIT_THREAD_EXC_S = 1.0  # how long a woken reader waits for the dying thread's exception
 
     def __init__(self, loader, where="distributed.BalancedLoader", copy=True):
-        self.it, self.error, self.done = None, None, False
+        self.it, self.error, self._done = None, None, False
+        self._first = None  # the first item, taken early by prime()
         self.where, self.default_collate = where, uses_default_collate(loader)
         self.copy = copy  # False: the caller packs each batch before it takes the next one
         self.thread_failed = threading.Event()
@@ -160,34 +161,51 @@ class Source:
             return ("error", default_collate_error(exc, self.where))
         return ("error", exc)
 
+    @property
+    def done(self) -> bool:
+        """Whether :meth:`take` has nothing more to give (an item taken early by :meth:`prime` is
+        still to give)."""
+        return self._done and self._first is None
+
+    def prime(self):
+        """Take the first item now and hold it for the first :meth:`take`: a batch sampler that sizes
+        itself when its own iteration starts (its ``__iter__`` runs at the first ``next()``) has then
+        done so, and ``len(loader)`` is the epoch's."""
+        if self._first is None:
+            self._first = self._take()
+
     def take(self):
-        if self.done:
+        first, self._first = self._first, None
+        return first if first is not None else self._take()
+
+    def _take(self):
+        if self._done:
             return ("end", None)
         if self.error is not None:
-            self.done = True
+            self._done = True
             return ("error", self.error)
         try:
             batch = next(self.it)
         except StopIteration:
-            self.done = True
+            self._done = True
             return self._failure(None)  # a loader thread that died ends the iteration early
         except (KeyboardInterrupt, SystemExit):
             # the user's own stop: raised at once; the iterator, closed on the way out,
             # tells the peers that this rank left
-            self.done = True
+            self._done = True
             raise
         except Exception as e:  # noqa: BLE001 - reported to every rank
-            self.done = True
+            self._done = True
             return self._failure(e)
         try:
             return ("batch", own_batch(batch) if self.copy else batch)
         except Exception as e:  # noqa: BLE001 - a value numpy cannot read: reported to every rank
-            self.done = True
+            self._done = True
             return ("error", e)
 
     def close(self):
         with _WATCH_LOCK:
             if self._thread is not None and _WATCHED.get(self._thread) is self:
                 del _WATCHED[self._thread]
-        self.done = True
+        self._done, self._first = True, None
         self.it = None  # Paddle's iterator shuts its workers down when released

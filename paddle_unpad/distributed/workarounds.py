@@ -12,8 +12,9 @@ and is applied on first use, never at import:
   joined -- a thread blocked in a gloo collective with a stopped peer leaves it when gloo's
   own timeout (``GLOO_OWN_TIMEOUT_S``) fails the call -- so that no thread of the plugin is
   inside native code when the interpreter finalizes (a thread left there aborts the process:
-  "terminate called without an active exception"); then rank 0 leaves a clean job last
-  (Paddle 3.x, whose TCP store runs on libuv): :func:`_leave_in_order`.
+  "terminate called without an active exception"); then the rank records that it has left
+  (:func:`paddle_unpad.distributed.groups.mark_left`, so that its peers name it), and rank 0
+  leaves a clean job last (Paddle 3.x, whose TCP store runs on libuv): :func:`_leave_in_order`.
 
 Groups, collectives and agreement live in :mod:`paddle_unpad.distributed.groups`, which
 applies these when it makes the plugin's first group. Besides
@@ -210,6 +211,7 @@ def _group_store(job_store, rank, size, gid):
 _threads_lock = threading.Lock()
 _threads: Dict[threading.Thread, Callable] = {}  # live background threads -> how to ask them to stop
 _exit = {"installed": False, "order_group": None}
+_on_leave: List[Callable[[], None]] = []  # called at exit once the threads are joined
 
 
 def register_thread(thread: threading.Thread, stop: Callable[[], None]):
@@ -260,9 +262,13 @@ def exit_handler_installed() -> bool:
     return _exit["installed"]
 
 
-def ensure_exit_handler():
-    """Install the exit handler (idempotent): before the plugin's first group or thread."""
+def ensure_exit_handler(on_leave: Optional[Callable[[], None]] = None):
+    """Install the exit handler (idempotent): before the plugin's first group or thread.
+    ``on_leave``: called once at exit, after the plugin's threads are joined (no collective of
+    the plugin runs any more), before the exit ordering (each function once, however often given)."""
     _ensure_exit_handler()
+    if on_leave is not None and on_leave not in _on_leave:
+        _on_leave.append(on_leave)
 
 
 def _ensure_exit_handler():
@@ -279,6 +285,11 @@ def _at_exit():
     with _threads_lock:
         items = list(_threads.items())
     alive = stop_and_join(items, _EXIT_JOIN_S)
+    for fn in list(_on_leave):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - never fail an exit
+            log.debug("paddle_unpad: an exit step failed", exc_info=True)
     if alive:
         log.warning("paddle_unpad: %d background thread(s) still inside a collective at exit after %.0f s",
                     len(alive), _EXIT_JOIN_S)

@@ -1,4 +1,4 @@
-"""One rank of a fault scenario of the distributed layer on 3+ CPU ranks
+"""One rank of a fault scenario of the distributed layer on 2 or more CPU ranks
 (tests/test_distributed_faults.py starts every rank directly: each one's own exit code is seen).
 
 ``ranks_worker.py SCENARIO`` prints ``RESULT {json}`` lines. A scenario that expects an error
@@ -333,6 +333,145 @@ def scenario_allreduce_exception_before_wait():
     reported(fail if rank == 1 else sync.wait)
 
 
+class Headed(paddle.nn.Layer):
+    """An embedding, a body and a head; a sub-layer ``extra`` is used once one is added."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = paddle.nn.Embedding(40, 6)
+        self.body = paddle.nn.Linear(6, 4)
+        self.head = paddle.nn.Linear(4, 2)
+
+    def forward(self, ids):
+        h = self.head(paddle.tanh(self.body(self.emb(ids))))
+        extra = self._sub_layers.get("extra")
+        return (extra(h) if extra is not None else h).square().mean()
+
+
+def headed():
+    paddle.seed(5)
+    return Headed()
+
+
+def ids_of(rank, s):
+    return paddle.to_tensor(np.random.default_rng(10 * rank + s).integers(0, 40, 8))
+
+
+MODEL_CHANGES = {  # what users do to a model after building its all-reduce
+    "head replaced": lambda m: setattr(m, "head", paddle.nn.Linear(4, 2)),
+    "head replaced on rank 0 only": lambda m: setattr(m, "head", paddle.nn.Linear(4, 2)),
+    "sublayer added": lambda m: m.add_sublayer("extra", paddle.nn.Linear(2, 2)),
+    "weight re-assigned": lambda m: setattr(m.body, "weight", m.body.create_parameter([6, 4])),
+    "embedding resized": lambda m: setattr(m, "emb", paddle.nn.Embedding(48, 6)),
+}
+
+
+def scenario_allreduce_model_changes():
+    """2 ranks. A parameter new to the model after its all-reduce was built (a replaced head, an
+    added sub-layer, a re-assigned weight, a resized embedding; once on rank 0 only) is a named
+    error on every rank at the next wait(); built again after the change, the all-reduce gives
+    the global batch's gradients. An all-reduce over a group of rank 0 only, built on rank 1 too,
+    is refused there by name. Then rank 0 leaves the job (its process ends, and the job's store
+    with it); rank 1, building another all-reduce and a loader, is told that rank 0 has left."""
+    rank, world = init()
+    for case, change in MODEL_CHANGES.items():
+        model = headed()
+        sync = pf.GradientAllReduce(model, timeout=20.0)
+        model(ids_of(rank, 0)).backward()
+        sync.wait()
+        model.clear_gradients()
+        if rank == 0 or "rank 0 only" not in case:
+            change(model)
+        t = time.monotonic()
+        error = caught(lambda: (model(ids_of(rank, 1)).backward(), sync.wait()))
+        result(case=case, error=error, after=round(time.monotonic() - t, 3))
+        sync.close()
+
+    def changed():
+        m = headed()
+        paddle.seed(9)
+        m.head = paddle.nn.Linear(4, 2)
+        return m
+
+    model = changed()
+    sync = pf.GradientAllReduce(model)
+    model(ids_of(rank, 2)).backward()
+    sync.wait()
+    result(case="rebuilt after the change", error=worst_error(model, global_reference(
+        changed, lambda m, r: m(ids_of(r, 2)), world)))
+    sync.close()
+    solo = dist.new_group([0], backend="gloo")  # every rank makes it (Paddle's rule); rank 1 is not in it
+    attempt("all-reduce over a group without this rank", lambda: pf.GradientAllReduce(model, group=solo).close())
+    if rank == 0:
+        result(leaving=True)
+        return  # the job's store, which this process serves, goes with it
+    store = pu._paddle_compat.job_store()
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:  # rank 0 waits a few seconds for its peers to count out, then ends
+        try:
+            store.add("probe", 0)
+            time.sleep(0.1)
+        except Exception:  # noqa: BLE001 - the store is gone: rank 0 has left
+            break
+    attempt("all-reduce after rank 0 left", lambda: pf.GradientAllReduce(headed()))
+    attempt("loader after rank 0 left", lambda: pf.distributed_loader([[smp(rank, 4)]]))
+
+
+class LateSizedSampler(paddle.io.BatchSampler):
+    """Sizes itself when its own iteration starts (no set_epoch): epoch e has ``base + 2e``
+    batches of 2 sample indices."""
+
+    def __init__(self, base):  # nothing of BatchSampler's own state is used
+        self.base, self.epochs, self.n = base, 0, base
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        self.n = self.base + 2 * self.epochs
+        self.epochs += 1
+        for b in range(self.n):
+            yield [2 * b, 2 * b + 1]
+
+
+class Numbered(paddle.io.Dataset):
+    def __init__(self, rank):
+        self.rank = rank
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        return {"input_ids": np.full(3 + i % 5, i % 40 + 1, np.int64), "sample_id": np.int64(1000 * self.rank + i)}
+
+
+def scenario_late_sized_loader():
+    """2 ranks. A DataLoader whose batch sampler sizes itself as its iteration starts (rank 0: 2,
+    4, 6 batches per epoch, rank 1: 1, 3, 5): len() of the balanced loader, read after iter(),
+    is the epoch's global step count, and every rank receives that many batches. counts of the
+    wrong length are refused where given. Then rank 1 leaves the job (its process ends) and
+    rank 0's next wait() names it."""
+    rank, world = init()
+    dl = paddle.io.DataLoader(Numbered(rank), batch_sampler=LateSizedSampler(2 - rank),
+                              collate_fn=pu.data.sample_list_collate)
+    bl = pf.distributed_loader(dl)
+    for epoch in range(3):
+        it = iter(bl)
+        told = len(bl)
+        received = sum(1 for _ in it)
+        result(what=f"epoch {epoch}", len=told, received=received)
+    bl.close()
+    attempt("counts of one rank", lambda: pf.distributed_loader([[smp(rank, 4)]], counts=[4]))
+    model = model_of()
+    sync = pf.GradientAllReduce(model, timeout=20.0)
+    step(model, sync, rank)
+    model.clear_gradients()
+    if rank == 1:
+        result(leaving=True)
+        return
+    reported(lambda: step(model, sync, rank))
+
+
 # ------------------------------------------------------------------ the exchange's ends and settings
 
 
@@ -533,6 +672,8 @@ def scenario_subgroup_then_all():
     rank, world = init()
     pair = dist.new_group([0, 1], backend="gloo")
     model = model_of()
+    if rank == 2:  # outside the pair: refused here by name, without waiting for anyone
+        attempt("all-reduce over a group without this rank", lambda: pf.GradientAllReduce(model, group=pair))
     if rank in (0, 1):
         sync = pf.GradientAllReduce(model, group=pair, timeout=20.0)
         step(model, sync, rank)
@@ -578,6 +719,8 @@ SCENARIOS = {
     "groups_released": lambda: scenario_groups_released(int(os.environ.get("N_OBJECTS", "100"))),
     "subgroup_then_all": scenario_subgroup_then_all,
     "settings_differ": scenario_settings_differ,
+    "allreduce_model_changes": scenario_allreduce_model_changes,
+    "late_sized_loader": scenario_late_sized_loader,
 }
 
 if __name__ == "__main__":
