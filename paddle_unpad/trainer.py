@@ -196,6 +196,8 @@ def _make_class():
                 max_seqlen = getattr(config, "max_position_embeddings", 512)
             cfg.setdefault("max_seqlen", max_seqlen)
             self._unpad_configs = _balance_options.resolve(cfg, "trainer.UnpadTrainer", "unpad_configs")  # fails here
+            _balance_options.check_counts_per_rank(self._unpad_configs, "trainer.UnpadTrainer",
+                                                   _groups.launched_world(), "unpad_configs")
             if kwargs.get("data_collator") is None:  # eval / predict batches (see module doc)
                 pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
                 kwargs["data_collator"] = PadCollator(pad_token_id=pad_id)
