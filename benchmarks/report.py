@@ -370,8 +370,8 @@ def exchange_scale():
                     d, when, f"{d['steps']} steps of {d['samples_per_rank']} samples per rank (BERT pre-training "
                     f"lengths up to {d['max_len']}), one fleetrun job per row.")
     lines += ["`allgather` is the exchange as it ships (one gloo group per loader; the samples that move travel in "
-              "one all-gather of each rank's outgoing bytes); `pairs` the previous design (a 2-rank group per pair "
-              "of ranks, `isend`/`irecv`); `roundrobin` point-to-point on one group in N-1 rounds; "
+              "one all-gather of each rank's outgoing bytes); `pairs` an alternative with a 2-rank group per pair "
+              "of ranks (`isend`/`irecv`); `roundrobin` point-to-point on one group in N-1 rounds; "
               "`allgather:nagle` the shipped design with Paddle's store connections as Paddle opens them "
               f"(`{bench_util.config.variable('STORE_NODELAY').env}=0`; every other row has them set `TCP_NODELAY`). *1st batch*: "
               "from `fleet.init` returning to the first balanced batch, slowest rank (*after all*: from the last "
