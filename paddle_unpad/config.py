@@ -65,6 +65,8 @@ VARIABLES = tuple(Variable(*v) for v in (
      ("auto", "avx512", "avx2", "sse2")),
     ("FMHA_GROUPING", "flag", True, "default of fmha(grouping=None) on GPU: the grouped multi-stream launch"),
     ("FMHA_STREAMS", "int", 4, "size of the CUDA stream pool of the grouped FMHA launch", (), "run", (1, 16)),
+    ("FMHA_DETERMINISTIC", "flag", False,
+     "default of fmha(deterministic=None) on GPU: the two-kernel backward without atomics, bitwise identical reruns (off: the one-pass backward, dQ added with float32 atomics)"),
     ("MKL_DISPATCH", "choice", "auto",
      "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels (MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
     ("HOST_MALLOC", "choice", "retain",

@@ -1,18 +1,21 @@
-"""Philox4x32-10 in numpy, and the attention-dropout mask it defines.
+"""Philox4x32 in numpy, and the dropout masks it defines.
 
-The same generator and counter layout as ``custom_ops/kernels/common/philox.h``; the
+The same generator and counter layouts as ``custom_ops/kernels/common/philox.h``; the
 reference implementation of ``fmha`` uses it so that it drops exactly the elements the
-native kernels drop:
+native kernels drop. Attention dropout, Philox4x32-7 (``ATTENTION_ROUNDS``):
 
     key     = (seed & 0xffffffff, seed >> 32)
-    counter = (j // 8, t, h, offset & 0xffffffff)   # j: key index in its sequence,
-                                                    # t: query row in the packed tensor
-    word    = philox(counter, key)[(j % 8) // 2]
+    counter = (4 * (j // 16) + (j // 2) % 4,        # j, i: key and query index in their
+               t0 + (i & ~8), h, offset & 0xffffffff)  # sequence, t0 its first packed row
+    word    = philox(counter, key)[2 * ((i // 8) % 2) + (j // 8) % 2]
     draw    = word & 0xffff if j is even else word >> 16   # 16 bits per element
     dropped iff draw < floor(p * 2**16)             # kept values are scaled by 1/(1-p)
 
+(one call: queries {i, i ^ 8} x keys {j, j ^ 1, j ^ 8, j ^ 9}, the eight elements one GPU
+lane holds of two adjacent mma accumulator tiles);
+
 The fused ``bias_dropout_residual_layer_norm`` drops element (r, j) of its [N, F] input
-(r: row, all leading dimensions flattened; j: column) with the row-wise layout
+(r: row, all leading dimensions flattened; j: column) with the row-wise layout, Philox4x32-10
 
     counter = (j // 4, r, 0xffffffff, offset & 0xffffffff)  # same key
     word    = philox(counter, key)[j % 4]           # 32 bits per element
@@ -29,15 +32,18 @@ _LO = np.uint64(0xFFFFFFFF)
 _32 = np.uint64(32)
 
 
-def philox4x32_10(c0, c1, c2, c3, k0, k1):
-    """Vectorised Philox4x32-10: counters are broadcastable uint32 arrays, key two ints.
+ATTENTION_ROUNDS = 7  # the attention layout's Philox4x32-7 (philox.h says why); row-wise: 10
+
+
+def philox4x32(c0, c1, c2, c3, k0, k1, rounds=10):
+    """Vectorised Philox4x32-``rounds``: counters are broadcastable uint32 arrays, key two ints.
 
     Returns four uint32 arrays (the output words).
     """
     c = [np.asarray(x, dtype=np.uint64) & _LO for x in (c0, c1, c2, c3)]
     c0, c1, c2, c3 = np.broadcast_arrays(*c)
     k0, k1 = int(k0) & 0xFFFFFFFF, int(k1) & 0xFFFFFFFF
-    for _ in range(10):
+    for _ in range(rounds):
         p0 = _M0 * c0
         p1 = _M1 * c2
         c0, c1, c2, c3 = (
@@ -49,6 +55,11 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
         k0 = (k0 + _W0) & 0xFFFFFFFF
         k1 = (k1 + _W1) & 0xFFFFFFFF
     return tuple(x.astype(np.uint32) for x in (c0, c1, c2, c3))
+
+
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 (the row-wise layout's generator)."""
+    return philox4x32(c0, c1, c2, c3, k0, k1, rounds=10)
 
 
 ATTENTION_DRAW_BITS = 16  # bits of one attention-dropout draw; the row-wise layout draws 32
@@ -85,11 +96,13 @@ def attention_keep_mask(seed, offset, p, t0, seqlen, num_heads):
     if seqlen == 0:
         return np.zeros((num_heads, 0, 0), dtype=bool)
     h = np.arange(num_heads, dtype=np.uint64)[:, None, None]
-    t = (t0 + np.arange(seqlen, dtype=np.uint64))[None, :, None]
+    i = np.arange(seqlen, dtype=np.uint64)[None, :, None]
     j = np.arange(seqlen, dtype=np.uint64)[None, None, :]
-    words = philox4x32_10(j >> np.uint64(3), t, h, int(offset) & 0xFFFFFFFF, seed & 0xFFFFFFFF, seed >> 32)
-    lane = ((j >> np.uint64(1)) & np.uint64(3)).astype(np.int64)
-    w = np.choose(np.broadcast_to(lane, words[0].shape), words)
+    c0 = ((j >> np.uint64(4)) << np.uint64(2)) | ((j >> np.uint64(1)) & np.uint64(3))
+    c1 = np.uint64(t0) + (i & ~np.uint64(8))
+    words = philox4x32(c0, c1, h, int(offset) & 0xFFFFFFFF, seed & 0xFFFFFFFF, seed >> 32, rounds=ATTENTION_ROUNDS)
+    which = (((i >> np.uint64(2)) & np.uint64(2)) | ((j >> np.uint64(3)) & np.uint64(1))).astype(np.int64)
+    w = np.choose(np.broadcast_to(which, words[0].shape), words)
     draw = (w >> ((j & np.uint64(1)) * np.uint64(16)).astype(np.uint32)) & np.uint32(0xFFFF)
     return draw >= np.uint32(attention_dropout_threshold(p))
 

@@ -43,14 +43,16 @@ _i64, _i32, _f32, _u64, _vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctyp
 def _typed(lib):
     problem = [_vp, _i64, _i64, _i64, _i64, _i32, _f32, _f32, _u64, _u64, _i32, _i32]
     gelu, ln = [_i64, _i64, _i32, _i32], [_i64, _i64, _i32, _i32, _i32, _f32, _f32, _u64, _u64, _i32]
-    for name, args in (("pu_fmha_fwd", problem + [_vp] * 6), ("pu_fmha_bwd", problem + [_vp] * 11),
+    for name, args in (("pu_fmha_fwd", problem + [_vp] * 6), ("pu_fmha_bwd", problem + [_i32] + [_vp] * 11),
                        ("pu_bias_gelu_fwd", gelu + [_vp] * 4), ("pu_bias_gelu_bwd", gelu + [_vp] * 7),
                        ("pu_bdrln_fwd", ln + [_vp] * 9), ("pu_bdrln_bwd", ln + [_vp] * 14)):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = _i32
-    for name in ("pu_fmha_bwd_workspace_bytes", "pu_bias_gelu_bwd_workspace_bytes", "pu_bdrln_bwd_workspace_bytes"):
+    for name in ("pu_bias_gelu_bwd_workspace_bytes", "pu_bdrln_bwd_workspace_bytes"):
         getattr(lib, name).argtypes = [_i64, _i64]
         getattr(lib, name).restype = _i64
+    lib.pu_fmha_bwd_workspace_bytes.argtypes = [_i64, _i64, _i64, _i32]
+    lib.pu_fmha_bwd_workspace_bytes.restype = _i64
     lib.pu_harness_last_error.restype = ctypes.c_char_p
     return lib
 
@@ -99,7 +101,7 @@ def _rows_cols(x):
 def _fmha_standin(k):
     class Fmha(PyLayer):
         @staticmethod
-        def forward(ctx, q, kk, v, cu, rng, max_seqlen, scale, p, grouping):
+        def forward(ctx, q, kk, v, cu, rng, max_seqlen, scale, p, grouping, deterministic):
             cu_host = np.ascontiguousarray(cu.numpy().astype(np.int32))
             T, H, D = q.shape
             seed, offset = _rng(rng)
@@ -109,7 +111,7 @@ def _fmha_standin(k):
             out, lse = Buffer((T, H, D), _dt(q), PAD), Buffer((T, H), "float32", PAD)
             k.check(k.lib.pu_fmha_fwd(*head, bq.ptr, bk.ptr, bv.ptr, out.ptr, lse.ptr, None), "fmha forward")
             o, l = _out(out, "out"), _out(lse, "lse")
-            ctx.head, ctx.keep = head, cu_host
+            ctx.head, ctx.keep, ctx.deterministic = head, cu_host, int(deterministic)
             ctx.no_grads = 1 + (rng is not None)  # cu_seqlens (and rng_state): no gradient
             ctx.save_for_backward(q, kk, v, o, l)
             ctx.mark_non_differentiable(l)
@@ -121,14 +123,14 @@ def _fmha_standin(k):
             T, H, D = q.shape
             bufs = [_in(t) for t in (q, kk, v, o, l, dout)]
             grads = [Buffer((T, H, D), _dt(q), PAD) for _ in range(3)]
-            ws = _workspace(k.lib.pu_fmha_bwd_workspace_bytes(T, H))
-            k.check(k.lib.pu_fmha_bwd(*ctx.head, *(b.ptr for b in bufs), *(g.ptr for g in grads), ws.ptr, None),
-                    "fmha backward")
+            ws = _workspace(k.lib.pu_fmha_bwd_workspace_bytes(T, H, D, ctx.deterministic))
+            k.check(k.lib.pu_fmha_bwd(*ctx.head, ctx.deterministic, *(b.ptr for b in bufs), *(g.ptr for g in grads),
+                                      ws.ptr, None), "fmha backward")
             return tuple(_out(g, n) for g, n in zip(grads, ("dq", "dk", "dv"))) + (None,) * ctx.no_grads
 
-    def call(q, kk, v, cu, rng, max_seqlen, scale, p, grouping):
+    def call(q, kk, v, cu, rng, max_seqlen, scale, p, grouping, deterministic):
         k.calls.append(("pu_fmha", (_dt(q), _dt(kk), _dt(v))))
-        return list(Fmha.apply(q, kk, v, cu, rng, max_seqlen, scale, p, grouping))
+        return list(Fmha.apply(q, kk, v, cu, rng, max_seqlen, scale, p, grouping, deterministic))
 
     return call
 

@@ -13,14 +13,16 @@ with ``M0 = 0xD2511F53``, ``M1 = 0xCD9E8D57``; ten rounds, the key bumped by
 unbumped key). All arithmetic is on uint64 arrays holding 32-bit values, so the
 32x32 -> 64-bit products are exact.
 
-Dropout layout used by the FMHA kernels (and checked by ``dropout_keep_mask``):
+Dropout layout used by the FMHA kernels (and checked by ``dropout_keep_mask``), Philox4x32-7:
 
 * key ``(k0, k1) = (seed & 0xffffffff, (seed >> 32) & 0xffffffff)``, seed as uint64;
-* counter ``(j // 8, t, h, offset & 0xffffffff)``: ``t`` the query's global row in the
-  packed ``[T, H, D]`` tensor, ``j`` the key's index inside its sequence, ``h`` the head;
-* 16-bit draw ``r``: word ``out[(j % 8) // 2]``, its low half for even ``j``, its high half
-  for odd ``j``; threshold ``min(floor(p * 2**16), 2**16 - 1)`` (float64); the element is
-  dropped iff ``r < threshold``; kept elements are scaled by ``1 / (1 - p)``.
+* counter ``(4 * (j // 16) + (j // 2) % 4, t0 + 16 * (i // 16) + i % 8, h, offset & 0xffffffff)``:
+  ``i`` and ``j`` the query's and the key's index inside their sequence, ``t0`` the
+  sequence's first row in the packed ``[T, H, D]`` tensor, ``h`` the head;
+* 16-bit draw ``r``: word ``out[2 * ((i // 8) % 2) + (j // 8) % 2]``, its low half for even
+  ``j``, its high half for odd ``j``; threshold ``min(floor(p * 2**16), 2**16 - 1)``
+  (float64); the element is dropped iff ``r < threshold``; kept elements are scaled by
+  ``1 / (1 - p)``.
 
 The fused ops' row-wise layout (``rowwise_keep``) keeps a whole 32-bit word per element.
 """
@@ -35,7 +37,8 @@ M1 = 0xCD9E8D57
 W0 = 0x9E3779B9
 W1 = 0xBB67AE85
 MASK32 = 0xFFFFFFFF
-ROUNDS = 10
+ROUNDS = 10  # the row-wise layout's Philox4x32-10
+ATTENTION_ROUNDS = 7  # the attention layout's Philox4x32-7
 
 _U64 = np.uint64
 
@@ -91,24 +94,23 @@ def seed_key(seed):
     return s & MASK32, (s >> 32) & MASK32
 
 
-def random_draws(seed, offset, t, h, s):
-    """The 16-bit draws r[h, i, j] for query rows ``t`` (array [n]) and heads ``h`` (array [H]).
+def random_draws(seed, offset, t0, s, h):
+    """The 16-bit draws r[h, i, j] of a sequence of length ``s`` whose first packed row is
+    ``t0``, for heads ``h`` (array [H]).
 
-    Returns uint32 ``[len(h), len(t), s]`` holding values < 2**16: the draw for key ``j < s``.
+    Returns uint32 ``[len(h), s, s]`` holding values < 2**16.
     """
     k0, k1 = seed_key(seed)
-    t = np.asarray(t, dtype=np.uint64)
-    h = np.asarray(h, dtype=np.uint64)
-    nblk = (s + 7) // 8
-    c0 = np.arange(nblk, dtype=np.uint64)[None, None, :]
-    c1 = t[None, :, None]
-    c2 = h[:, None, None]
-    c3 = _U64(int(offset) & MASK32)
-    out = philox4x32((c0, c1, c2, c3), (k0, k1))  # each [H, n, nblk]
-    words = np.stack(out, axis=-1)  # [H, n, nblk, 4]
-    halves = np.stack([words & np.uint32(0xFFFF), words >> np.uint32(16)], axis=-1)  # [H, n, nblk, 4, 2]
-    # key 8c + 2w + e: half e of word w of counter c
-    return halves.reshape(words.shape[0], words.shape[1], nblk * 8)[:, :, :s]
+    h = np.asarray(h, dtype=np.uint64)[:, None]
+    j = np.arange(s)
+    c0 = (4 * (j // 16) + (j // 2) % 4)[None, :]
+    draws = np.zeros((h.shape[0], s, s), dtype=np.uint32)
+    for i in range(s):  # one query row at a time, all keys and heads at once
+        row_pair = int(t0) + 16 * (i // 16) + i % 8
+        out = np.stack(philox4x32((c0, row_pair, h, int(offset) & MASK32), (k0, k1), ATTENTION_ROUNDS))  # [4, H, s]
+        word = out[2 * ((i // 8) % 2) + (j // 8) % 2, :, j].T  # [H, s]
+        draws[:, i, :] = np.where(j % 2 == 0, word & np.uint32(0xFFFF), word >> np.uint32(16))
+    return draws
 
 
 def dropout_keep_mask(seed, offset, p, cu_seqlens, num_heads):
@@ -134,8 +136,7 @@ def dropout_keep_mask(seed, offset, p, cu_seqlens, num_heads):
         if s == 0 or thr is None:
             masks.append(np.ones((num_heads, s, s), dtype=bool))
             continue
-        draws = random_draws(seed, offset, np.arange(start, end), heads, s)
-        masks.append(draws >= thr)
+        masks.append(random_draws(seed, offset, start, s, heads) >= thr)
     return masks
 
 

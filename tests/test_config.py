@@ -136,6 +136,7 @@ READERS = {
     **{name: _native_load for name in ("DISABLE_NATIVE", "FORCE_JIT", "JIT", "NUM_THREADS", "CPU_ISA",
                                        "FMHA_STREAMS")},
     "FMHA_GROUPING": lambda: ops.attention._grouping(None),
+    "FMHA_DETERMINISTIC": lambda: ops.attention._deterministic(None),
     "MKL_DISPATCH": _mkl_dispatch,
     "HOST_MALLOC": _host_malloc,
     "GLOO_GROUP_STORES": _install_group_stores,

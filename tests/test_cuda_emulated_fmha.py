@@ -1,20 +1,26 @@
 """The CUDA FMHA kernels (custom_ops/kernels/cuda/fmha_*: flash-attention-2 forward, the
-dK/dV and dQ backward kernels, Philox dropout, the grouped multi-stream launch) run on the
-CPU under the emulation of tests/cuda_emu (fibers for threads, emulated mma.sync /
-ldmatrix / cp.async / ex2.approx, themselves checked by test_cuda_emulated_isa.py), through
-the C-ABI harness, against the float64 reference of the CPU tests (tests/test_fmha.py).
+one-pass backward and the deterministic two-kernel backward, Philox dropout, the grouped
+multi-stream launch) run on the CPU under the emulation of tests/cuda_emu (fibers for
+threads, emulated mma.sync / ldmatrix / movmatrix / cp.async / ex2.approx, themselves
+checked by test_cuda_emulated_isa.py), through the C-ABI harness, against the float64
+reference of the CPU tests (tests/test_fmha.py).
 The emulation also fails a launch on an asynchronous-copy race between warps (a missing
 wait_group or __syncthreads), an out-of-bounds or misaligned shared-memory operand, or a
 barrier that not every thread reaches; shared memory starts as NaN in every block.
 
 Every run: NaN guard rows around every buffer (inputs, outputs, lse, the backward
 workspace), which must stay NaN and never reach a result. Checked here: forward output and
-lse, dq / dk / dv for fp16 and bf16, head sizes 32 / 64 / 128, a ragged batch with
-lengths 0, 1, odd, tile +- 1 and a sequence longer than two tiles (forward tiles of 64 and
-128 query rows, backward blocks of 64 / 32), dropout off and on; the dropout mask equal to
-the CPU kernel's (and to tests/philox_ref.py) for the same (seed, offset), forward and
-backward; grouped and single launches bit for bit equal; reruns bitwise identical; a NaN
-sequence leaves its neighbours' bits unchanged; more sequences than one launch carries.
+lse, dq / dk / dv for fp16 and bf16, head sizes 32 / 64 / 128, both backward modes, a
+ragged batch with lengths 0, 1, odd, tile +- 1 and a sequence longer than two tiles
+(forward tiles of 64 and 128 query rows, backward key blocks of 128 / 64), dropout 0, 0.1
+and 0.5; the dropout mask equal to the CPU kernel's (and to tests/philox_ref.py) for the
+same (seed, offset) in the forward, in P Z of dV and in dS of dQ and dK, in both modes; the
+two modes' dK and dV bit for bit equal and their dQ within tolerance; grouped and single
+launches bit for bit equal (dQ of the one-pass mode: within tolerance, its additions are
+unordered on a GPU); deterministic reruns bitwise identical; a NaN sequence leaves its
+neighbours' bits unchanged (dQ included); more sequences than one launch carries; what the
+kernels execute, counted as they run: one Philox call per eight attention elements in every
+kernel that makes the mask, and the tensor-core work per element of each backward.
 Tolerances: paddle_unpad.ops.FMHA_GPU_TOLERANCE.
 
 Not a GPU run: hardware precision (ex2.approx, the tensor cores' internal sums), races
@@ -63,11 +69,22 @@ def lib():
     i64, i32, f32, u64, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_uint64, ctypes.c_void_p
     problem = [vp, i64, i64, i64, i64, i32, f32, f32, u64, u64, i32, i32]
     lib.pu_fmha_fwd.argtypes = problem + [vp] * 6
-    lib.pu_fmha_bwd.argtypes = problem + [vp] * 11
+    lib.pu_fmha_bwd.argtypes = problem + [i32] + [vp] * 11
     lib.pu_fmha_fwd.restype = lib.pu_fmha_bwd.restype = i32
-    lib.pu_fmha_bwd_workspace_bytes.argtypes = [i64, i64]
+    lib.pu_fmha_bwd_workspace_bytes.argtypes = [i64, i64, i64, i32]
     lib.pu_fmha_bwd_workspace_bytes.restype = i64
+    lib.emu_take_counters.argtypes = [vp]
     return lib
+
+
+MODES = {"one_pass": 0, "deterministic": 1}
+
+
+def take_counters(lib):
+    """{mma, philox, atomics} the kernels executed since the last call."""
+    out = np.zeros(3, np.uint64)
+    lib.emu_take_counters(out.ctypes.data_as(ctypes.c_void_p))
+    return dict(zip(("mma", "philox", "atomics"), (int(x) for x in out)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,7 +97,7 @@ def problem_values(lengths, heads, d, dt, seed=0):
 
 
 def run(lib, lengths, d, dt, p, grouping=True, streams=4, seed=SEED, offset=OFFSET, values=None, scale=None,
-        heads=HEADS):
+        heads=HEADS, mode="one_pass"):
     """Forward + backward through the harness; returns dict of float64 out, lse, dq, dk, dv
     (and the raw storage under "bits"), after checking every guard row."""
     cu = cu_of(lengths)
@@ -90,14 +107,14 @@ def run(lib, lengths, d, dt, p, grouping=True, streams=4, seed=SEED, offset=OFFS
     q, k, v, dout = (Buffer(s.shape, dt, PAD, s) for s, _ in vals)
     out, dq, dk, dv = (Buffer((T, heads, d), dt, PAD) for _ in range(4))
     lse = Buffer((T, heads), "float32", PAD)
-    ws = Buffer((max(lib.pu_fmha_bwd_workspace_bytes(T, heads) // 4, 1),), "float32", PAD)
+    ws = Buffer((max(lib.pu_fmha_bwd_workspace_bytes(T, heads, d, MODES[mode]) // 4, 1),), "float32", PAD)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     head = (cu.ctypes.data_as(ctypes.c_void_p), len(lengths), T, heads, d, CODE[dt], scale, p,
             seed & (2**64 - 1), offset, int(grouping), streams)
     rc = lib.pu_fmha_fwd(*head, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, None)
     assert rc == 0, "forward: " + lib.pu_harness_last_error().decode()
-    rc = lib.pu_fmha_bwd(*head, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr, dv.ptr,
-                         ws.ptr, None)
+    rc = lib.pu_fmha_bwd(*head, MODES[mode], q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr,
+                         dv.ptr, ws.ptr, None)
     assert rc == 0, "backward: " + lib.pu_harness_last_error().decode()
     bufs = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
     for name, b in bufs.items():
@@ -123,8 +140,8 @@ def lse_reference(q, k, cu, scale):
 
 
 @functools.lru_cache(maxsize=None)
-def emulated(lib, lengths, d, dt, p, grouping=True):
-    return run(lib, lengths, d, dt, p, grouping=grouping)
+def emulated(lib, lengths, d, dt, p, grouping=True, mode="one_pass"):
+    return run(lib, lengths, d, dt, p, grouping=grouping, mode=mode)
 
 
 def check_against_reference(res, lengths, d, dt, p, seed=SEED, offset=OFFSET, heads=HEADS):
@@ -142,60 +159,97 @@ def check_against_reference(res, lengths, d, dt, p, seed=SEED, offset=OFFSET, he
 # ------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("p", [0.0, 0.17])
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5])
 @pytest.mark.parametrize("d", [32, 64, 128])
 @pytest.mark.parametrize("dt", list(CODE))
-def test_matches_float64_reference(lib, dt, d, p):
-    check_against_reference(emulated(lib, LENGTHS, d, dt, p), LENGTHS, d, dt, p)
+def test_matches_float64_reference(lib, dt, d, p, mode):
+    check_against_reference(emulated(lib, LENGTHS, d, dt, p, mode=mode), LENGTHS, d, dt, p)
 
 
-@pytest.mark.parametrize("p", [0.0, 0.17])
+@pytest.mark.parametrize("p", [0.0, 0.1])
 @pytest.mark.parametrize("d", [32, 64, 128])
 @pytest.mark.parametrize("dt", list(CODE))
-def test_single_launch_gives_the_grouped_bits(lib, dt, d, p):
+def test_the_two_backward_modes_agree(lib, dt, d, p):
+    """The key-block kernel is the same code in both modes up to dQ: dK and dV bit for bit;
+    dQ (fp32 atomics and one conversion against an in-register sum) within tolerance."""
+    one = emulated(lib, LENGTHS, d, dt, p)
+    det = emulated(lib, LENGTHS, d, dt, p, mode="deterministic")
+    for name in ("out", "lse", "dk", "dv"):
+        np.testing.assert_array_equal(one["bits"][name], det["bits"][name], err_msg=f"{name}: the modes differ")
+    testutil.assert_close(f"{dt}/D={d}/p={p}/dq one-pass vs deterministic", one["dq"], det["dq"], TOL[dt]["grad"])
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("p", [0.0, 0.1])
+@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("dt", list(CODE))
+def test_single_launch_gives_the_grouped_bits(lib, dt, d, p, mode):
     """Grouping picks 64-row forward tiles for some buckets, the single launch 128 for all:
-    per row, both run the same instructions on the same key blocks."""
-    grouped = emulated(lib, LENGTHS, d, dt, p)
-    single = emulated(lib, LENGTHS, d, dt, p, grouping=False)
+    per row, both run the same instructions on the same key blocks. The one-pass dQ adds its
+    key blocks' parts in launch order, which grouping changes: within tolerance there."""
+    grouped = emulated(lib, LENGTHS, d, dt, p, mode=mode)
+    single = emulated(lib, LENGTHS, d, dt, p, grouping=False, mode=mode)
     for name in ("out", "lse", "dq", "dk", "dv"):
+        if name == "dq" and mode == "one_pass":
+            testutil.assert_close(f"{dt}/D={d}/p={p}/dq grouped vs single", grouped["dq"], single["dq"],
+                                  TOL[dt]["grad"])
+            continue
         np.testing.assert_array_equal(grouped["bits"][name], single["bits"][name],
                                       err_msg=f"{name}: grouped and single launches differ")
 
 
-def test_reruns_and_stream_counts_are_bitwise_identical(lib):
-    first = emulated(lib, LENGTHS, 64, "bfloat16", 0.17)
-    again = run(lib, LENGTHS, 64, "bfloat16", 0.17)
-    one_stream = run(lib, LENGTHS, 64, "bfloat16", 0.17, streams=1)
+def test_deterministic_reruns_and_stream_counts_are_bitwise_identical(lib):
+    first = emulated(lib, LENGTHS, 64, "bfloat16", 0.1, mode="deterministic")
+    again = run(lib, LENGTHS, 64, "bfloat16", 0.1, mode="deterministic")
+    one_stream = run(lib, LENGTHS, 64, "bfloat16", 0.1, streams=1, mode="deterministic")
     for name in ("out", "lse", "dq", "dk", "dv"):
         np.testing.assert_array_equal(first["bits"][name], again["bits"][name], err_msg=f"{name}: rerun differs")
         np.testing.assert_array_equal(first["bits"][name], one_stream["bits"][name],
                                       err_msg=f"{name}: 4 streams and 1 stream differ")
 
 
+def _probe_values(lengths, heads, d, dt, dout_ones):
+    """q = onehot(query index), k = 0 or onehot(key index), v = onehot(key index) [T, H, D]:
+    see test_dropout_mask_is_the_cpu_kernels."""
+    cu = cu_of(lengths)
+    T = int(cu[-1])
+    onehot = np.zeros((T, heads, d))
+    for b, s in enumerate(lengths):
+        onehot[cu[b] + np.arange(s), :, np.arange(s)] = 1.0
+    zeros = np.zeros((T, heads, d))
+    if dout_ones:  # scores q k^T = 1 on the diagonal, 0 elsewhere; dO = 1 everywhere
+        return tuple(to_storage(x, dt) for x in (onehot, onehot, onehot, np.ones((T, heads, d))))
+    return tuple(to_storage(x, dt) for x in (zeros, zeros, onehot, onehot))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("dt,seed,offset", [("float16", SEED, OFFSET), ("bfloat16", 2**63 + 5, 2**32 + 9)])
-def test_dropout_mask_is_the_cpu_kernels(lib, native_ops, dt, seed, offset):
-    """q = k = 0 makes every probability 1/s; v = one-hot of the key index turns out into the
-    keep mask (times 1 / (s (1 - p))), and dout = one-hot of the query index turns dv into
-    its transpose. The CPU kernel (float32) runs the same problem with the same seed."""
+def test_dropout_mask_is_the_cpu_kernels(lib, native_ops, dt, seed, offset, mode):
+    """Every place a kernel applies the mask, read back through one-hot inputs:
+    - q = k = 0 makes every probability 1/s; v = one-hot of the key index turns out into the
+      keep mask (times 1 / (s (1 - p))), and dout = one-hot of the query index turns dv into
+      its transpose (P Z of the dV product). The CPU kernel (float32) runs the same problem.
+    - q = k = v = one-hot and dout = 1: dP = 1, so dS = P (Z - delta) with delta = sum_j P Z:
+      > 0 where kept, < 0 where dropped (in a row with keys of both kinds); dq[i, j] = dS[i, j]
+      (the dQ product of either mode) and dk[j, i] = dS[i, j] (the dK product)."""
     import paddle
 
     import paddle_unpad
 
     lengths, H, D, p = (5, 0, 70, 128, 1), 2, 128, 0.3
     cu = cu_of(lengths)
-    T = int(cu[-1])
-    zeros = np.zeros((T, H, D))
-    onehot_key = np.zeros((T, H, D))
-    for b, s in enumerate(lengths):
-        onehot_key[cu[b] + np.arange(s), :, np.arange(s)] = 1.0
-    vals = tuple(to_storage(x, dt) for x in (zeros, zeros, onehot_key, onehot_key))
-    res = run(lib, lengths, D, dt, p, seed=seed, offset=offset, values=vals, scale=1.0)
     masks = philox_ref.dropout_keep_mask(seed, offset, p, cu, H)
+    res = run(lib, lengths, D, dt, p, seed=seed, offset=offset, values=_probe_values(lengths, H, D, dt, False),
+              scale=1.0, mode=mode)
+    ones = run(lib, lengths, D, dt, p, seed=seed, offset=offset, values=_probe_values(lengths, H, D, dt, True),
+               scale=1.0, mode=mode)
 
-    f32 = [paddle.to_tensor(x.astype(np.float32), stop_gradient=False) for x in (zeros, zeros, onehot_key)]
+    zeros, onehot = (x for _, x in _probe_values(lengths, H, D, dt, False)[1:3])
+    f32 = [paddle.to_tensor(x.astype(np.float32), stop_gradient=False) for x in (zeros, zeros, onehot)]
     cpu_out = paddle_unpad.fmha(*f32, paddle.to_tensor(cu), max(lengths), dropout=p, scale=1.0,
                                 rng_state=(seed, offset))
-    cpu_out.backward(paddle.to_tensor(onehot_key.astype(np.float32)))
+    cpu_out.backward(paddle.to_tensor(onehot.astype(np.float32)))
     cpu_out, cpu_dv = cpu_out.numpy(), f32[2].grad.numpy()
     for b, s in enumerate(lengths):
         if s == 0:
@@ -207,12 +261,50 @@ def test_dropout_mask_is_the_cpu_kernels(lib, native_ops, dt, seed, offset):
         cpu_bwd = cpu_dv[rows, :, :s].transpose(1, 2, 0) > 0
         np.testing.assert_array_equal(cpu, masks[b], err_msg=f"CPU kernel vs philox_ref, sequence {b}")
         np.testing.assert_array_equal(fwd, cpu, err_msg=f"forward mask vs the CPU kernel's, sequence {b}")
-        np.testing.assert_array_equal(bwd, cpu_bwd, err_msg=f"backward mask vs the CPU kernel's, sequence {b}")
+        np.testing.assert_array_equal(bwd, cpu_bwd, err_msg=f"P Z mask vs the CPU kernel's, sequence {b}")
         kept = res["out"][rows, :, :s].transpose(1, 0, 2)[masks[b]]
         np.testing.assert_allclose(kept, 1.0 / (s * (1 - p)), rtol=TOL[dt]["out"])
+        mixed = masks[b].any(axis=2, keepdims=True) & ~masks[b].all(axis=2, keepdims=True)  # the sign tells
+        ds_q = ones["dq"][rows, :, :s].transpose(1, 0, 2)  # [h, i, j] = dS[i, j]
+        ds_k = ones["dk"][rows, :, :s].transpose(1, 2, 0)  # dk[j, h, i] -> [h, i, j]
+        for name, ds in (("dQ", ds_q), ("dK", ds_k)):
+            np.testing.assert_array_equal((ds > 0) & mixed, masks[b] & mixed,
+                                          err_msg=f"dS mask of the {name} product vs philox_ref, sequence {b}")
 
 
-def _run_raw(lib, lengths, d, dt, values, grouping):
+@pytest.mark.parametrize("mode,bwd_flop,bwd_calls", [("one_pass", 10, 1), ("deterministic", 14, 2)])
+def test_the_kernels_execute_one_philox_call_per_eight_elements(lib, mode, bwd_flop, bwd_calls):
+    """Counted as the emulated kernels run (so independent of unrolling): equal lengths of
+    whole tiles, dropout 0.1. Forward: one Philox call per 8 attention elements, 2 matmuls of
+    2 d FLOP each per element; backward: the mask made once per kernel that applies it (one
+    kernel in one pass, two in the deterministic mode), 5 matmuls in one pass and 7 in the
+    deterministic mode; the one-pass dQ: one atomic addition per dQ element and key block."""
+    lengths, H, d = (128, 256), 2, 64
+    elements = H * sum(s * s for s in lengths)
+    take_counters(lib)
+    cu = cu_of(lengths)
+    T = int(cu[-1])
+    vals = problem_values(tuple(lengths), H, d, "bfloat16")
+    q, k, v, dout = (Buffer(x.shape, "bfloat16", PAD, x) for x, _ in vals)
+    out, dq, dk, dv = (Buffer((T, H, d), "bfloat16", PAD) for _ in range(4))
+    lse = Buffer((T, H), "float32", PAD)
+    ws = Buffer((lib.pu_fmha_bwd_workspace_bytes(T, H, d, MODES[mode]) // 4,), "float32", PAD)
+    head = (cu.ctypes.data_as(ctypes.c_void_p), len(lengths), T, H, d, CODE["bfloat16"], 0.125, 0.1, SEED, OFFSET,
+            1, 4)
+    assert lib.pu_fmha_fwd(*head, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, None) == 0
+    fwd = take_counters(lib)
+    assert lib.pu_fmha_bwd(*head, MODES[mode], q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr,
+                           dv.ptr, ws.ptr, None) == 0, lib.pu_harness_last_error().decode()
+    bwd = take_counters(lib)
+    assert fwd["philox"] * 8 == elements, (fwd, elements)
+    assert fwd["mma"] * 4096 == elements * 4 * d, (fwd, elements)
+    assert bwd["philox"] * 8 == bwd_calls * elements, (bwd, elements)
+    assert bwd["mma"] * 4096 == elements * bwd_flop * d, (bwd, elements)
+    key_blocks = sum(-(-s // 128) * s for s in lengths) * H  # dQ rows x the key blocks that add into them
+    assert bwd["atomics"] == (key_blocks * d if mode == "one_pass" else 0), bwd
+
+
+def _run_raw(lib, lengths, d, dt, values, grouping, mode):
     """Like run(), without the finiteness check (a NaN sequence is expected here)."""
     cu = cu_of(lengths)
     T, H = int(cu[-1]), values[0][0].shape[1]
@@ -221,15 +313,16 @@ def _run_raw(lib, lengths, d, dt, values, grouping):
         dst[...] = src
     out, dq, dk, dv = (aligned_empty((T, H, d), q.dtype) for _ in range(4))
     lse = aligned_empty((T, H), np.float32)
-    ws = aligned_empty((max(lib.pu_fmha_bwd_workspace_bytes(T, H) // 4, 1),), np.float32)
+    ws = aligned_empty((max(lib.pu_fmha_bwd_workspace_bytes(T, H, d, MODES[mode]) // 4, 1),), np.float32)
     p_ = [ctypes.c_void_p(a.ctypes.data) for a in (q, k, v, out, lse, dout, dq, dk, dv, ws)]
     head = (cu.ctypes.data_as(ctypes.c_void_p), len(lengths), T, H, d, CODE[dt], 0.125, 0.0, 0, 0, int(grouping), 4)
     assert lib.pu_fmha_fwd(*head, *p_[:5], None) == 0, lib.pu_harness_last_error().decode()
-    assert lib.pu_fmha_bwd(*head, *p_, None) == 0, lib.pu_harness_last_error().decode()
+    assert lib.pu_fmha_bwd(*head, MODES[mode], *p_, None) == 0, lib.pu_harness_last_error().decode()
     return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
 
-def test_a_nan_sequence_leaves_its_neighbours_bits_unchanged(lib):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_nan_sequence_leaves_its_neighbours_bits_unchanged(lib, mode):
     lengths, d, dt = (67, 33, 20), 64, "float16"
     vals = problem_values(lengths, HEADS, d, dt, seed=5)
     poisoned = []
@@ -240,25 +333,26 @@ def test_a_nan_sequence_leaves_its_neighbours_bits_unchanged(lib):
     keep = np.r_[0:67, 100:120]
     kept_vals = tuple((s[keep], x[keep]) for s, x in vals)
     for grouping in (True, False):
-        both = _run_raw(lib, lengths, d, dt, tuple(poisoned), grouping)
-        alone = _run_raw(lib, (67, 20), d, dt, kept_vals, grouping)
+        both = _run_raw(lib, lengths, d, dt, tuple(poisoned), grouping, mode)
+        alone = _run_raw(lib, (67, 20), d, dt, kept_vals, grouping, mode)
         for name in ("out", "lse", "dq", "dk", "dv"):
             got = both[name][keep]
             assert np.isfinite(got.astype(np.float64)).all(), f"{name}: NaN leaked from the neighbour"
             np.testing.assert_array_equal(got, alone[name], err_msg=f"{name}: the neighbour changed the result")
 
 
-@pytest.mark.parametrize("grouping", [True, False])
-def test_more_sequences_than_one_launch_carries(lib, grouping):
+@pytest.mark.parametrize("grouping,mode", [(True, "one_pass"), (False, "deterministic")])
+def test_more_sequences_than_one_launch_carries(lib, grouping, mode):
     """450 sequences of 1..9 tokens, one bucket either way: two launches (440 + 10)."""
     lengths = tuple(int(x) for x in np.random.default_rng(7).integers(1, 10, size=450))
-    res = run(lib, lengths, 32, "float16", 0.1, grouping=grouping, heads=1)
+    res = run(lib, lengths, 32, "float16", 0.1, grouping=grouping, heads=1, mode=mode)
     check_against_reference(res, lengths, 32, "float16", 0.1, heads=1)
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("lengths", [(0, 0), ()], ids=["two_empty_sequences", "no_sequences"])
-def test_batches_without_tokens(lib, lengths):
-    res = run(lib, lengths, 64, "bfloat16", 0.1)
+def test_batches_without_tokens(lib, lengths, mode):
+    res = run(lib, lengths, 64, "bfloat16", 0.1, mode=mode)
     assert all(res[name].size == 0 for name in ("out", "lse", "dq", "dk", "dv"))
 
 

@@ -167,6 +167,20 @@ def test_ex2_approx_is_exp2_with_flush_to_zero(lib):
     assert not np.signbit(y[x == -np.inf]).any()
 
 
+def test_movmatrix_transposes_the_lanes_rows():
+    """PTX ISA: lane 4r + w holds row r, elements 2w (low 16 bits) and 2w + 1 of an 8x8 b16
+    matrix, as an ldmatrix register; movmatrix.trans hands back the transpose that way."""
+    lib = emu_build.load(pytest)
+    m = np.arange(64, dtype=np.uint32).reshape(8, 8) * 3 + 1000  # distinct 16-bit values
+    lanes = np.arange(32)
+    x = (m[lanes // 4, 2 * (lanes % 4)] | (m[lanes // 4, 2 * (lanes % 4) + 1] << 16)).astype(np.uint32)
+    y = np.zeros(32, np.uint32)
+    assert lib.emu_probe_movmatrix(ptr(x), ptr(y)) == 0, lib.emu_probe_last_error().decode()
+    t = m.T
+    want = (t[lanes // 4, 2 * (lanes % 4)] | (t[lanes // 4, 2 * (lanes % 4) + 1] << 16)).astype(np.uint32)
+    np.testing.assert_array_equal(y, want)
+
+
 @pytest.mark.parametrize("mask", [1, 2, 4, 8, 16])
 def test_shfl_xor(lib, mask):
     x = np.arange(32, dtype=np.float32) * 1.5 - 7

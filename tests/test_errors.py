@@ -335,7 +335,7 @@ def test_an_operator_refusal_reaches_the_user_as_written(native_ops):
     message = str(public.value)
     assert message.startswith("paddle_unpad.fmha: ") and "cu_seqlens" in message, message
     with pytest.raises(OSError) as raw:  # the operator itself, without the package's call path
-        _paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu, None, 5, 1.0, 0.0, False)
+        _paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu, None, 5, 1.0, 0.0, False, False)
     assert message in str(raw.value)
     x = paddle.zeros([4, 8])
     with pytest.raises(ValueError, match=r"^paddle_unpad\.ops\.bias_gelu: bias must be 1-D \[8\]"):

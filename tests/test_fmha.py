@@ -557,7 +557,7 @@ def test_bad_cu_seqlens_same_words_from_python_and_the_native_op(case, native_op
         paddle_unpad.fmha(q, q, q, cu_t, max_seqlen)
     assert str(public.value) == words
     with pytest.raises(Exception) as native:
-        paddle_unpad._paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu_t, None, max_seqlen, 0.25, 0.0, True)
+        paddle_unpad._paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu_t, None, max_seqlen, 0.25, 0.0, True, False)
     assert words.removeprefix("paddle_unpad.") in str(native.value), str(native.value)[-2000:]
 
 

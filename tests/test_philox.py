@@ -20,11 +20,28 @@ KAT = [
 ]
 
 
+# ... and for Philox4x32-7 (the attention layout's generator), from the same file.
+KAT7 = [
+    ((0, 0, 0, 0), (0, 0), (0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x5207DDC2, 0x45165E59, 0x4D8EE751, 0x8C52F662)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0x4DFCCABA, 0x190A87F0, 0xC47362BA, 0xB6B5242A),
+    ),
+]
+
+
 @pytest.mark.parametrize("ctr,key,expected", KAT)
 def test_known_answers(ctr, key, expected):
     out = P.philox4x32(ctr, key)
     assert tuple(int(w) for w in out) == expected
     assert all(w.dtype == np.uint32 for w in out)
+
+
+@pytest.mark.parametrize("ctr,key,expected", KAT7)
+def test_known_answers_seven_rounds(ctr, key, expected):
+    assert tuple(int(w) for w in P.philox4x32(ctr, key, rounds=7)) == expected
 
 
 def test_vectorised_matches_scalar():
@@ -59,23 +76,51 @@ def test_seed_key():
 
 
 def test_keep_mask_layout_by_hand():
-    """Element [h, i, j] of sequence b uses counter (j // 8, cu[b] + i, h, offset), word
-    (j % 8) // 2, its low 16 bits for even j and its high 16 bits for odd j."""
+    """Element [h, i, j] of sequence b uses counter (4 (j // 16) + (j // 2) % 4,
+    cu[b] + 16 (i // 16) + i % 8, h, offset), word 2 ((i // 8) % 2) + (j // 8) % 2, its low
+    16 bits for even j and its high 16 bits for odd j."""
     seed, offset, p = 0x1234_5678_9ABC_DEF0, 0x1_0000_0007, 0.3
-    cu = [0, 4, 4, 11, 30]
+    cu = [0, 4, 4, 11, 45]
     masks = P.dropout_keep_mask(seed, offset, p, cu, num_heads=2)
     thr = P.attention_threshold(p)
     key = (seed & 0xFFFFFFFF, seed >> 32)
-    assert [m.shape for m in masks] == [(2, 4, 4), (2, 0, 0), (2, 7, 7), (2, 19, 19)]
+    assert [m.shape for m in masks] == [(2, 4, 4), (2, 0, 0), (2, 7, 7), (2, 34, 34)]
     for b in range(4):
         s = cu[b + 1] - cu[b]
         for h in range(2):
             for i in range(s):
                 for j in range(s):
-                    words = P.philox4x32((j // 8, cu[b] + i, h, 7), key)  # offset & 0xffffffff == 7
-                    word = int(words[(j % 8) // 2])
+                    ctr = (4 * (j // 16) + (j // 2) % 4, cu[b] + 16 * (i // 16) + i % 8, h, 7)  # offset mod 2^32
+                    word = int(P.philox4x32(ctr, key, rounds=7)[2 * ((i // 8) % 2) + (j // 8) % 2])
                     draw = word & 0xFFFF if j % 2 == 0 else word >> 16
                     assert masks[b][h, i, j] == (draw >= thr)
+
+
+def test_each_attention_call_serves_eight_elements_once():
+    """The attention layout's (counter, word, half) of every element of a ragged batch: no two
+    elements share a draw, each call holds exactly eight elements of a 16-aligned block where
+    the block is full (queries {i, i ^ 8} x keys {j, j ^ 1, j ^ 8, j ^ 9}), and no counter of
+    one sequence or head is another's."""
+    cu, H = [0, 32, 33, 81, 121], 3
+    draws, calls = {}, {}
+    for b in range(len(cu) - 1):
+        t0, s = cu[b], cu[b + 1] - cu[b]
+        for h in range(H):
+            for i in range(s):
+                for j in range(s):
+                    ctr = (4 * (j // 16) + (j // 2) % 4, t0 + 16 * (i // 16) + i % 8, h)
+                    slot = (ctr, 2 * ((i // 8) % 2) + (j // 8) % 2, j % 2)
+                    assert slot not in draws, (b, h, i, j, draws.get(slot))
+                    draws[slot] = (b, h, i, j)
+                    calls.setdefault(ctr, set()).add((b, h, i, j))
+    for ctr, elems in calls.items():
+        assert len({(b, h) for b, h, _, _ in elems}) == 1, ctr
+        b, h, i, j = min(elems)
+        s = cu[b + 1] - cu[b]
+        full = {(b, h, ii, jj) for ii in (i, i ^ 8) for jj in (j, j ^ 1, j ^ 8, j ^ 9) if ii < s and jj < s}
+        assert elems == full, (ctr, sorted(elems))
+        if s % 16 == 0:
+            assert len(elems) == 8, (ctr, len(elems))
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -112,6 +157,9 @@ def test_package_philox_known_answers():
     mod = _package_philox()
     for ctr, key, expected in KAT:
         out = mod.philox4x32_10(*ctr, *key)
+        assert tuple(int(np.asarray(w).reshape(())) for w in out) == expected
+    for ctr, key, expected in KAT7:
+        out = mod.philox4x32(*ctr, *key, rounds=mod.ATTENTION_ROUNDS)
         assert tuple(int(np.asarray(w).reshape(())) for w in out) == expected
 
 

@@ -95,7 +95,7 @@ paddle_unpad::cuda::FmhaLaunchOptions options(int grouping, int num_streams) {
 
 extern "C" {
 
-int pu_harness_abi_version() { return 3; }  // 2: fused ops added; 3: bdrln's three dtypes
+int pu_harness_abi_version() { return 4; }  // 2: fused ops; 3: bdrln's three dtypes; 4: fmha bwd mode
 
 const char* pu_harness_last_error() { return g_last_error.c_str(); }
 
@@ -116,14 +116,16 @@ int pu_fmha_fwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, in
                    "fmha forward");
 }
 
-int64_t pu_fmha_bwd_workspace_bytes(int64_t total, int64_t heads) {
-  return static_cast<int64_t>(paddle_unpad::cuda::fmha_cuda_bwd_workspace_bytes(total, heads));
+int64_t pu_fmha_bwd_workspace_bytes(int64_t total, int64_t heads, int64_t head_dim,
+                                    int deterministic) {
+  return static_cast<int64_t>(paddle_unpad::cuda::fmha_cuda_bwd_workspace_bytes(
+      total, heads, head_dim, deterministic != 0));
 }
 
 int pu_fmha_bwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, int64_t heads,
                 int64_t head_dim, int dtype, float scale, float dropout, uint64_t seed,
-                uint64_t offset, int grouping, int num_streams, const void* q, const void* k,
-                const void* v, const void* out, const float* lse, const void* dout, void* dq,
+                uint64_t offset, int grouping, int num_streams, int deterministic, const void* q,
+                const void* k, const void* v, const void* out, const float* lse, const void* dout, void* dq,
                 void* dk, void* dv, void* workspace, void* stream) {
   const auto p = problem(cu_seqlens_host, batch, total, heads, head_dim, dtype, scale, dropout,
                          seed, offset);
@@ -133,8 +135,9 @@ int pu_fmha_bwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, in
   const char* names[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "workspace"};
   const std::string mis = paddle_unpad::cuda::fmha_cuda_misaligned(ptrs, names, 10);
   if (!mis.empty()) return fail("fmha: " + mis);
-  return from_cuda(paddle_unpad::cuda::fmha_cuda_bwd(p, options(grouping, num_streams), q, k, v,
-                                                     out, lse, dout, dq, dk, dv, workspace,
+  paddle_unpad::cuda::FmhaLaunchOptions opt = options(grouping, num_streams);
+  opt.deterministic = deterministic != 0;
+  return from_cuda(paddle_unpad::cuda::fmha_cuda_bwd(p, opt, q, k, v, out, lse, dout, dq, dk, dv, workspace,
                                                      static_cast<cudaStream_t>(stream)),
                    "fmha backward");
 }

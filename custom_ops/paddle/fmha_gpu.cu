@@ -2,8 +2,9 @@
 // stream -> kernels/cuda/fmha_cuda.cuh. Argument checks shared with the CPU path are
 // done by fmha_op.cc before these functions are called.
 //
-// Launch options: grouping comes from the op's `grouping` attribute (pu.fmha(...,
-// grouping=); its default is the FMHA_GROUPING setting), the size of the stream pool from
+// Launch options: grouping and the backward's mode come from the op's `grouping` and
+// `deterministic` attributes (pu.fmha(..., grouping=, deterministic=); their defaults are
+// the FMHA_GROUPING and FMHA_DETERMINISTIC settings), the size of the stream pool from
 // RuntimeSettings::fmha_streams (the FMHA_STREAMS setting, default 4).
 #include "fmha_gpu.h"
 
@@ -19,9 +20,10 @@ namespace {
 using paddle::DataType;
 using paddle::Tensor;
 
-cuda::FmhaLaunchOptions launch_options(bool grouping) {
+cuda::FmhaLaunchOptions launch_options(bool grouping, bool deterministic = false) {
   cuda::FmhaLaunchOptions o;
   o.grouping = grouping;
+  o.deterministic = deterministic;
   o.num_streams = runtime_settings().fmha_streams;
   return o;
 }
@@ -74,8 +76,8 @@ void FmhaForwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const 
            cudaGetErrorString(e));
 }
 
-void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const Tensor& k,
-                     const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
+void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, bool deterministic, const Tensor& q,
+                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
                      Tensor* dq, Tensor* dk, Tensor* dv) {
   const cuda::FmhaCudaProblem c = to_cuda_problem(p, q);
   if (p.total == 0) return;
@@ -84,13 +86,14 @@ void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const
   const Tensor qc = dense(q), kc = dense(k), vc = dense(v), oc = dense(out), lc = dense(lse),
                g = dense(dout);
   const int64_t ws_floats =
-      static_cast<int64_t>(cuda::fmha_cuda_bwd_workspace_bytes(p.total, p.heads) / sizeof(float));
+      static_cast<int64_t>(cuda::fmha_cuda_bwd_workspace_bytes(p.total, p.heads, p.head_dim, deterministic) /
+                           sizeof(float));
   Tensor ws = paddle::empty({ws_floats}, DataType::FLOAT32, q.place());
   check_aligned({qc.data(), kc.data(), vc.data(), oc.data(), lc.data(), g.data(), dq->data(),
                  dk->data(), dv->data(), ws.data()},
                 {"q", "k", "v", "out", "lse", "grad of out", "dq", "dk", "dv", "workspace"});
   const cudaError_t e = cuda::fmha_cuda_bwd(
-      c, launch_options(grouping), qc.data(), kc.data(), vc.data(), oc.data(),
+      c, launch_options(grouping, deterministic), qc.data(), kc.data(), vc.data(), oc.data(),
       lc.data<float>(), g.data(), dq->data(), dk->data(), dv->data(), ws.data(), q.stream());
   PD_CHECK(e == cudaSuccess, "paddle_unpad.fmha: CUDA backward launch failed: ", cudaGetErrorName(e), ": ",
            cudaGetErrorString(e));

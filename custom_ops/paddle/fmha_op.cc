@@ -4,7 +4,9 @@
 //   pu_fmha(Q [T,H,D], K [T,H,D], V [T,H,D], CuSeqlens [B+1] int32 (CPU),
 //           RngState [2] int64 (optional: seed, offset))
 //     attrs: max_seqlen (int64), scale (float), dropout (float), grouping (bool: GPU launch
-//            by length bucket on a stream pool, or one launch; CPU ignores it)
+//            by length bucket on a stream pool, or one launch; CPU ignores it),
+//            deterministic (bool: GPU backward in two kernels without atomics, bitwise on
+//            reruns, or in one pass; the CPU backward is bitwise reproducible either way)
 //     -> Out [T,H,D], Lse [T,H] float32
 #include <sstream>
 #include <vector>
@@ -51,7 +53,8 @@ void check_cpu_dtype_and_support(const Tensor& q, const paddle_unpad::FmhaProble
 
 std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
                                 const paddle::optional<Tensor>& rng, int64_t max_seqlen, float scale,
-                                float dropout, bool grouping) {
+                                float dropout, bool grouping, bool deterministic) {
+  static_cast<void>(deterministic);  // a backward setting
   auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
   read_rng_state("paddle_unpad.fmha", rng, &p);
   Tensor out = paddle::empty(q.shape(), q.dtype(), q.place());
@@ -76,7 +79,7 @@ std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& 
 std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
                                  const paddle::optional<Tensor>& rng, const Tensor& out,
                                  const Tensor& lse, const Tensor& dout, int64_t max_seqlen,
-                                 float scale, float dropout, bool grouping) {
+                                 float scale, float dropout, bool grouping, bool deterministic) {
   auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
   read_rng_state("paddle_unpad.fmha", rng, &p);
   PD_CHECK(dout.shape() == q.shape(), "paddle_unpad.fmha: grad of out has shape ", shape_str(dout.shape()),
@@ -86,6 +89,7 @@ std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor&
   Tensor dv = paddle::empty(q.shape(), q.dtype(), q.place());
   if (q.is_cpu()) {
     static_cast<void>(grouping);
+    static_cast<void>(deterministic);  // the CPU backward is always bitwise reproducible
     check_cpu_dtype_and_support(q, p);
     const Tensor qc = dense(q), kc = dense(k), vc = dense(v), g = dense(dout);
     paddle_unpad::fmha_bwd_cpu(p, qc.data<float>(), kc.data<float>(), vc.data<float>(),
@@ -93,7 +97,7 @@ std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor&
                                dq.data<float>(), dk.data<float>(), dv.data<float>());
 #if defined(PADDLE_WITH_CUDA)
   } else if (q.is_gpu()) {
-    paddle_unpad::FmhaBackwardGpu(p, grouping, q, k, v, out, lse, dout, &dq, &dk, &dv);
+    paddle_unpad::FmhaBackwardGpu(p, grouping, deterministic, q, k, v, out, lse, dout, &dq, &dk, &dv);
 #endif
   } else {
     PD_THROW("paddle_unpad.fmha: no kernel for tensors on ", place_name(q),
@@ -134,7 +138,7 @@ std::vector<DataType> FmhaGradInferDtype(DataType q, DataType k, DataType v, Dat
 PD_BUILD_OP(pu_fmha)
     .Inputs({"Q", "K", "V", "CuSeqlens", paddle::Optional("RngState")})
     .Outputs({"Out", "Lse"})
-    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool"})
+    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool", "deterministic: bool"})
     .SetKernelFn(PD_KERNEL(FmhaForward))
     .SetInferShapeFn(PD_INFER_SHAPE(FmhaInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(FmhaInferDtype));
@@ -143,7 +147,7 @@ PD_BUILD_GRAD_OP(pu_fmha)
     .Inputs({"Q", "K", "V", "CuSeqlens", paddle::Optional("RngState"), "Out", "Lse",
              paddle::Grad("Out")})
     .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
-    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool"})
+    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool", "deterministic: bool"})
     .SetKernelFn(PD_KERNEL(FmhaBackward))
     .SetInferShapeFn(PD_INFER_SHAPE(FmhaGradInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(FmhaGradInferDtype));

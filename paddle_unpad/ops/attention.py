@@ -87,17 +87,25 @@ def _fmha_gpu_kernel_refusal(q):
     return None
 
 
+def _launch_flag(value, name, setting):
+    """The explicit argument, else the setting (an argument always wins)."""
+    value = config.resolve(value, setting)
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"paddle_unpad.fmha: {name} must be a bool or None, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def _grouping(grouping):
-    """The explicit argument, else the FMHA_GROUPING setting (an argument always wins)."""
-    grouping = config.resolve(grouping, "FMHA_GROUPING")
-    if not isinstance(grouping, (bool, np.bool_)):
-        raise TypeError(f"paddle_unpad.fmha: grouping must be a bool or None, got {type(grouping).__name__} {grouping!r}")
-    return bool(grouping)
+    return _launch_flag(grouping, "grouping", "FMHA_GROUPING")
+
+
+def _deterministic(deterministic):
+    return _launch_flag(deterministic, "deterministic", "FMHA_DETERMINISTIC")
 
 
 @host_only
 def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
-         grouping=None):
+         grouping=None, deterministic=None):
     """Fused multi-head attention over packed variable-length sequences.
 
     Each of the B sequences attends only to itself (no masking inside a sequence); no
@@ -128,6 +136,12 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
             per row by design; only the speed differs. None (default): the
             ``FMHA_GROUPING`` setting (:mod:`paddle_unpad.config`; on unless set off), so
             a whole model can be switched for a comparison without editing it.
+        deterministic: which GPU backward runs (the CPU backward is bitwise reproducible
+            either way). False: one pass over each key block, dQ added in float32 with
+            atomics (five matmuls per tile; dQ's last bits can differ between reruns, as
+            with FlashAttention's default). True: dK/dV and dQ in two kernels without
+            atomics (seven matmuls per tile), bitwise identical reruns. None (default): the
+            ``FMHA_DETERMINISTIC`` setting (off unless set on).
     Returns:
         out: [T, H, D], same dtype as q. Differentiable w.r.t. q, k and v.
     Raises:
@@ -135,7 +149,7 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     """
     _host_malloc.ensure("paddle_unpad.fmha")
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)
-    grouping = _grouping(grouping)
+    grouping, deterministic = _grouping(grouping), _deterministic(deterministic)
     d = q.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
@@ -144,7 +158,7 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     if _call.native_ok("pu_fmha", q) and refusal is None:
         rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 else None
         out, _lse = _call.call_native(
-            "pu_fmha", q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p, grouping
+            "pu_fmha", q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p, grouping, deterministic
         )
         return out
     if not paddle.in_dynamic_mode():
@@ -160,15 +174,16 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
 
 
 def fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
-                   grouping=None):
+                   grouping=None, deterministic=None):
     """Plain-Paddle ``fmha``: a loop over sequences of matmul-softmax-matmul.
 
     Same arguments, result and dropout mask as :func:`fmha` (the mask comes from the
-    numpy Philox in ``paddle_unpad.philox``; ``grouping`` is accepted and has no effect).
-    Eager mode only.
+    numpy Philox in ``paddle_unpad.philox``; ``grouping`` and ``deterministic`` are accepted
+    and have no effect). Eager mode only.
     """
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)
     _grouping(grouping)
+    _deterministic(deterministic)
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
     rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 else None
@@ -220,7 +235,7 @@ def _split_qkv(qkv, bias):
 
 @host_only
 def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=None, training=True, *,
-                   rng_state=None, grouping=None):
+                   rng_state=None, grouping=None, deterministic=None):
     """:func:`fmha` on the output of one QKV GEMM: ``q, k, v = unbind(qkv + bias, axis=1)``.
 
     On the CPU with the native kernels this is one operator that reads q, k and v in place
@@ -233,8 +248,8 @@ def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=No
     Args:
         qkv: [T, 3, H, D] float32 on CPU (GPU: the dtypes of :func:`fmha`): the q, k and v
             of every token side by side, as ``x @ concat(Wq, Wk, Wv)`` reshaped.
-        cu_seqlens, max_seqlen, dropout, scale, training, rng_state, grouping: as for
-            :func:`fmha` (``grouping`` applies where the split path runs on a GPU).
+        cu_seqlens, max_seqlen, dropout, scale, training, rng_state, grouping, deterministic:
+            as for :func:`fmha` (the last two apply where the split path runs on a GPU).
         bias: [3, H, D] (bq, bk, bv), or None. A bias of another floating dtype (a float32
             parameter under AMP O1) is cast to qkv's dtype, as AMP casts a GEMM's bias.
     Returns:
@@ -247,11 +262,12 @@ def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=No
     if not (_native.has_op("pu_fmha_qkv") and _call.on_cpu(qkv) and paddle.in_dynamic_mode()):
         q, k, v = _split_qkv(qkv, bias)
         return fmha(q, k, v, cu_seqlens, max_seqlen, dropout, scale, training, rng_state=rng_state,
-                    grouping=grouping)
+                    grouping=grouping, deterministic=deterministic)
     # the checks of fmha, on a q of the same shape (no copy is made: only shapes are read)
     q = _ShapeOf(qkv)
     _check_fmha_args(q, q, q, cu_seqlens, max_seqlen, dropout, scale, op="fmha_qkvpacked")
     _grouping(grouping)
+    _deterministic(deterministic)
     d = qkv.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
@@ -262,12 +278,12 @@ def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=No
 
 
 def fmha_qkvpacked_reference(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=None, training=True, *,
-                             rng_state=None, grouping=None):
+                             rng_state=None, grouping=None, deterministic=None):
     """Plain-Paddle :func:`fmha_qkvpacked`: add, split, :func:`fmha_reference`."""
     _check_qkvpacked_args(qkv, bias)
     q, k, v = _split_qkv(qkv, bias)
     return fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout, scale, training, rng_state=rng_state,
-                          grouping=grouping)
+                          grouping=grouping, deterministic=deterministic)
 
 
 class _ShapeOf:

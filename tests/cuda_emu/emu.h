@@ -23,6 +23,7 @@
 // Fibers switch with _setjmp/_longjmp between stacks, which the fortified longjmp refuses.
 #undef _FORTIFY_SOURCE
 #define PU_CUDA_EMULATION 1  // cuda_common.cuh: emulated instructions, not PTX
+#define PU_COUNT_PHILOX_CALL() (++emu::counters.philox)  // kernels/common/philox.h
 #define __shared__ static
 #define __launch_bounds__(...)
 #include <cuda_bf16.h>
@@ -112,6 +113,15 @@ inline thread_local Block* block = nullptr;
 inline thread_local Thread* self = nullptr;
 inline thread_local dim3 bid, block_dim, grid_dim;
 inline thread_local std::string error;  // first failure of the current launch, "" if none
+
+// What the kernels executed since the last reset (emu_counters() in runtime_stubs.cpp): warp
+// tensor-core instructions (mma.sync m16n8k16, one per warp), Philox calls (one per thread
+// call) and atomic additions (one per thread call) -- counted as the code runs, so they do
+// not depend on how the compiler would unroll or schedule it.
+struct Counters {
+  uint64_t mma = 0, philox = 0, atomics = 0;
+};
+inline Counters counters;
 inline thread_local std::string reported;  // what cudaGetErrorString() hands out
 
 // A switch costs a _setjmp and a _longjmp (no signal-mask system call as in swapcontext).
@@ -400,6 +410,14 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   mine.f = v;
   const emu::Deposit* all = emu::warp_exchange(mine, "__shfl_xor_sync");
   return all[emu::lane() ^ static_cast<unsigned>(lane_mask)].f;
+}
+
+// Blocks run one at a time, so an atomic is a plain read-modify-write here.
+inline float atomicAdd(float* address, float v) {
+  ++emu::counters.atomics;
+  const float old = *address;
+  *address = old + v;
+  return old;
 }
 
 using std::max;

@@ -26,6 +26,9 @@
 //
 //   ex2.approx.ftz.f32: exp2f, results below the smallest normal flushed to +0.
 //
+//   movmatrix.sync.aligned.m8n8.trans.b16: the 8x8 matrix whose rows the lanes hold (as an
+//     ldmatrix register) comes back transposed.
+//
 // Shared-memory operands are checked: in bounds of the block's dynamic shared memory and
 // 16-byte aligned, or the launch fails; so is an ldmatrix of data another warp's cp.async
 // has not been waited for and published by a __syncthreads, or a cp.async into data another
@@ -79,6 +82,7 @@ inline float b_elem(const emu::Deposit* all, int k, int col) {
 template <typename T>
 inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   emu::require_full_warp("mma.sync.m16n8k16");
+  if (emu::lane() == 0) ++emu::counters.mma;
   emu::Deposit mine{};
   for (int i = 0; i < 4; ++i) mine.w[i] = a[i];
   mine.w[4] = b0;
@@ -125,6 +129,21 @@ inline void ldmatrix(uint32_t (&r)[4], const void* p, bool trans, const char* wh
 }
 
 }  // namespace isa_emu
+
+// movmatrix.sync.aligned.m8n8.trans.b16: lane 4r + w holds row r, elements 2w, 2w + 1 of
+// an 8x8 matrix; afterwards it holds row r of the transpose, i.e. column r, elements (rows)
+// 2w and 2w + 1, which lanes 4(2w) + r/2 and 4(2w + 1) + r/2 held (their half r % 2).
+inline uint32_t movmatrix_trans(uint32_t x) {
+  emu::require_full_warp("movmatrix.trans");
+  emu::Deposit mine{};
+  mine.w[0] = x;
+  const emu::Deposit* all = emu::warp_exchange(mine, "movmatrix.trans");
+  emu::require_all_deposits(all, "movmatrix.trans");
+  const unsigned r = emu::lane() / 4, w = emu::lane() % 4, half = (r % 2) * 16;
+  const uint32_t lo = (all[4 * (2 * w) + r / 2].w[0] >> half) & 0xffffu;
+  const uint32_t hi = (all[4 * (2 * w + 1) + r / 2].w[0] >> half) & 0xffffu;
+  return lo | (hi << 16);
+}
 
 inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   isa_emu::ldmatrix(r, p, false, "ldmatrix.x4");

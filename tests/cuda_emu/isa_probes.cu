@@ -112,6 +112,11 @@ __global__ void race_kernel(const uint16_t* src, int war, uint32_t* out) {
   for (int i = 0; i < 4; ++i) out[4 * threadIdx.x + i] = r[i];
 }
 
+__global__ void movmatrix_kernel(const uint32_t* x, uint32_t* y) {
+  const int l = static_cast<int>(threadIdx.x);
+  y[l] = paddle_unpad::cuda::movmatrix_trans(x[l]);
+}
+
 __global__ void shuffle_kernel(const float* x, float* y, int lane_mask) {
   const int l = static_cast<int>(threadIdx.x);
   y[l] = __shfl_xor_sync(0xffffffffu, x[l], lane_mask);
@@ -151,6 +156,11 @@ int emu_probe_partial_warp_mma(float* d) {
 
 int emu_probe_exp2(const float* x, float* y, int n) {
   exp2_kernel<<<1, 32, 0, nullptr>>>(x, y, n);
+  return finish();
+}
+
+int emu_probe_movmatrix(const uint32_t* x, uint32_t* y) {
+  movmatrix_kernel<<<1, 32, 0, nullptr>>>(x, y);
   return finish();
 }
 

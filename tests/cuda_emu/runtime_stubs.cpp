@@ -19,6 +19,14 @@ CUevent_st* next_event() {
 }  // namespace
 
 extern "C" cudaError_t cudaGetLastError() { return emu::take_error(); }
+
+// What the kernels executed since the last call (emu.h Counters): out = {mma, philox, atomics}.
+extern "C" void emu_take_counters(uint64_t* out) {
+  out[0] = emu::counters.mma;
+  out[1] = emu::counters.philox;
+  out[2] = emu::counters.atomics;
+  emu::counters = emu::Counters{};
+}
 extern "C" cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
   std::memset(p, v, n);
   return cudaSuccess;

@@ -21,7 +21,7 @@ _PROBLEM = [_vp, _i64, _i64, _i64, _i64, _i32, _f32, _f32, _u64, _u64, _i32, _i3
 _GELU = [_i64, _i64, _i32, _i32]  # rows, cols, dtype, path
 # rows, cols, dtypes of x / residual / LayerNorm parameters, dropout, epsilon, seed, offset, path
 _BDRLN = [_i64, _i64, _i32, _i32, _i32, _f32, _f32, _u64, _u64, _i32]
-ABI_VERSION = 3  # pu_harness_abi_version() of custom_ops/harness (3: bdrln takes three dtypes)
+ABI_VERSION = 4  # pu_harness_abi_version() of custom_ops/harness (4: fmha backward takes `deterministic`)
 
 # `path` of the fused-op entries: bit 0 = element-wise loads, bit 1 = general (wide) bdrln path.
 PATH_DEFAULT, PATH_ELEMENTWISE, PATH_WIDE = 0, 1, 2
@@ -56,9 +56,9 @@ class Harness:
         lib.pu_harness_abi_version.restype = _i32
         lib.pu_fmha_fwd.argtypes = _PROBLEM + [_vp] * 5 + [_vp]
         lib.pu_fmha_fwd.restype = _i32
-        lib.pu_fmha_bwd.argtypes = _PROBLEM + [_vp] * 10 + [_vp]
+        lib.pu_fmha_bwd.argtypes = _PROBLEM + [_i32] + [_vp] * 10 + [_vp]
         lib.pu_fmha_bwd.restype = _i32
-        lib.pu_fmha_bwd_workspace_bytes.argtypes = [_i64, _i64]
+        lib.pu_fmha_bwd_workspace_bytes.argtypes = [_i64, _i64, _i64, _i32]
         lib.pu_fmha_bwd_workspace_bytes.restype = _i64
         version = lib.pu_harness_abi_version()
         if version != ABI_VERSION:
@@ -115,19 +115,21 @@ class Harness:
         return out, lse
 
     def bwd(self, q, k, v, out, lse, dout, cu, scale, dropout=0.0, seed=0, offset=0, grouping=True,
-            streams=4, dq=None, dk=None, dv=None, workspace=None, stream=None):
+            streams=4, dq=None, dk=None, dv=None, workspace=None, stream=None, deterministic=False):
+        """dq, dk, dv [T, H, D] (q's dtype). deterministic=False: the one-pass backward (dQ
+        added with fp32 atomics); True: the two-kernel backward, bitwise on reruns."""
         import torch
 
-        T, H, _ = q.shape
+        T, H, D = q.shape
         dq = torch.empty_like(q) if dq is None else dq
         dk = torch.empty_like(q) if dk is None else dk
         dv = torch.empty_like(q) if dv is None else dv
         if workspace is None:
-            nbytes = self.lib.pu_fmha_bwd_workspace_bytes(T, H)
+            nbytes = self.lib.pu_fmha_bwd_workspace_bytes(T, H, D, int(bool(deterministic)))
             workspace = torch.empty(nbytes // 4, dtype=torch.float32, device=q.device)
         keep, args = self._problem(q, cu, scale, dropout, seed, offset, grouping, streams)
         st = (stream or torch.cuda.current_stream()).cuda_stream
-        self._check(self.lib.pu_fmha_bwd(*args, self._ptr(q), self._ptr(k), self._ptr(v),
+        self._check(self.lib.pu_fmha_bwd(*args, int(bool(deterministic)), self._ptr(q), self._ptr(k), self._ptr(v),
                                          self._ptr(out), self._ptr(lse), self._ptr(dout),
                                          self._ptr(dq), self._ptr(dk), self._ptr(dv),
                                          self._ptr(workspace), ctypes.c_void_p(st)))

@@ -98,20 +98,39 @@ static inline float row_max(const float* x, int64_t n, float init) {
   return vreduce_max(mv);
 }
 
-// Dropout draws of query rows [t, t + rows) against keys [j0, j0 + n), j0 % 8 == 0: 16 bits
-// per key (kernels/common/philox.h), so block c of counter (c, t, h, offset) covers keys
-// 8c .. 8c + 7 and, read as little-endian halves, draw j of row t + r is element
-// r * stride + j of the result, stride >= round_up(n, V) (set here). The buffer is per
-// thread. All rows in one call: an AVX-512 row of a key block is only two Philox groups.
-static inline const uint16_t* dropout_draws(const FmhaProblem& P, int64_t t, int64_t rows, int64_t h, int64_t j0,
-                                            int64_t n, int64_t* stride) {
-  thread_local std::vector<uint32_t> buf;
-  const int64_t nblocks = round_up((n + 7) / 8, L);  // 8L = 4V draws: a multiple of V
-  if (buf.size() < static_cast<size_t>(4 * nblocks * rows)) buf.resize(4 * nblocks * rows);
-  philox_words_rows(buf.data(), static_cast<uint64_t>(j0 >> 3), nblocks, static_cast<uint32_t>(t), rows,
-                    static_cast<uint32_t>(h), static_cast<uint32_t>(P.offset), P.seed);
-  *stride = 8 * nblocks;
-  return reinterpret_cast<const uint16_t*>(buf.data());
+// Dropout draws of query rows [i0, i0 + rows) of the sequence whose first packed row is t0
+// against keys [j0, j0 + n), i0 and j0 multiples of 16: draw j of row i0 + r is element
+// r * stride + (j - j0) of the result, stride >= round_up(n, V) (set here); the buffer is
+// per thread. In the attention layout (kernels/common/philox.h) the calls of rows i and
+// i + 8 (i % 16 < 8) are counters (4 kb + c', t0 + i, h, offset) over key groups kb of 16
+// and c' = 0..3; the 16 words of one key group, c' major, transposed 4 x 4, are the 8
+// draw pairs of row i followed by those of row i + 8. Rows are generated 8 at a time (a
+// run of consecutive counter words 1), all key groups of a row at once.
+static inline const uint16_t* dropout_draws(const FmhaProblem& P, int64_t t0, int64_t i0, int64_t rows, int64_t h,
+                                            int64_t j0, int64_t n, int64_t* stride) {
+  typedef uint32_t u32x16 __attribute__((vector_size(64), aligned(4)));
+  thread_local std::vector<uint32_t> words, draws;
+  const int64_t groups = round_up((n + 15) / 16, std::max<int64_t>(1, L / 4));  // 4 groups blocks: multiple of L
+  const int64_t nblocks = 4 * groups, rows16 = round_up(rows, 16);
+  if (words.size() < static_cast<size_t>(4 * nblocks * 8)) words.resize(4 * nblocks * 8);
+  if (draws.size() < static_cast<size_t>(8 * groups * rows16)) draws.resize(8 * groups * rows16);
+  *stride = 16 * groups;  // in draws: 8 words of 2 draws per key group
+  for (int64_t a = 0; a < rows; a += 16) {
+    const int64_t pairs = std::min<int64_t>(8, rows - a);
+    philox_words_rows<kAttentionPhiloxRounds>(words.data(), static_cast<uint64_t>(4 * (j0 / 16)), nblocks,
+                      static_cast<uint32_t>(t0 + i0 + a), pairs, static_cast<uint32_t>(h),
+                      static_cast<uint32_t>(P.offset), P.seed);
+    for (int64_t g = 0; g < pairs; ++g)
+      for (int64_t kb = 0; kb < groups; ++kb) {
+        const u32x16 w = *reinterpret_cast<const u32x16*>(words.data() + 4 * (g * nblocks + 4 * kb));
+        const u32x16 t = __builtin_shuffle(w, u32x16{0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15});
+        uint32_t* lo = draws.data() + (a + g) * 8 * groups + 8 * kb;
+        uint32_t* hi = lo + 8 * 8 * groups;
+        std::memcpy(lo, &t, 32);
+        std::memcpy(hi, reinterpret_cast<const uint32_t*>(&t) + 8, 32);
+      }
+  }
+  return reinterpret_cast<const uint16_t*>(draws.data());
 }
 
 // x where the draws keep their keys (draw >= threshold, threshold < 2^16), 0 where they
@@ -318,7 +337,7 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
       const int64_t bc = std::min(kBc, s - j0), bcp = round_up(bc, V);
       gemm(br, bcp, D, Qs, Dp, 1, Kt + j0, sp, S, kBc, false);
       int64_t dstride = 0;
-      const uint16_t* draws = dropout ? dropout_draws(P, t0 + i0, br, h, j0, bcp, &dstride) : nullptr;
+      const uint16_t* draws = dropout ? dropout_draws(P, t0, i0, br, h, j0, bcp, &dstride) : nullptr;
       for (int64_t i = 0; i < br; ++i) {
         float* row = S + i * kBc;
         const float mx = row_max(row, bc, m[i]);
@@ -421,7 +440,7 @@ void bwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
       for (int64_t i = 0; i < br; ++i) exp_row(Pm + i * kBc, bc, bcp, lse_s[i0 + i]);
       if (dropout) {
         int64_t dstride = 0;
-        const uint16_t* draws = dropout_draws(P, t0 + i0, br, h, j0, bc, &dstride);
+        const uint16_t* draws = dropout_draws(P, t0, i0, br, h, j0, bc, &dstride);
         for (int64_t i = 0; i < br; ++i) {
           float* z = Pd + i * kBc;
           dropout_row(z, draws + i * dstride, bc, threshold, keep_scale);

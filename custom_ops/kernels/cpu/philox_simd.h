@@ -1,4 +1,4 @@
-// Philox4x32-10 (common/philox.h) on vectors: the dropout words of the CPU kernels.
+// Philox4x32-R (common/philox.h) on vectors: the dropout words of the CPU kernels.
 //
 // Included INSIDE a kernel's per-ISA namespace after simd.h (needs V), with PU_SIMD_VLEN
 // defined to the same width; <immintrin.h> must be included before the file's
@@ -40,7 +40,7 @@ static inline vi64 interleave_mask(int first) {
 // its words written to out[g][4 * i ..] in element order. G independent dependency chains
 // per round keep the multiplier busy (one chain is latency-bound: mul -> shift -> xor ->
 // next mul).
-template <int G>
+template <int G, int kRounds>
 static inline void philox_groups(uint32_t* const* out, const uint64_t* c0, const uint32_t* c1, uint32_t c2,
                                  uint32_t c3, uint64_t seed) {
   const vu64 m0 = vu64{} + 0xD2511F53ull, m1 = vu64{} + 0xCD9E8D57ull;
@@ -58,7 +58,7 @@ static inline void philox_groups(uint32_t* const* out, const uint64_t* c0, const
   // too): the multiplies read the low 32 bits only, and the words are masked at the end.
   vu64 k0 = vu64{} + (seed & 0xffffffffull), k1 = vu64{} + (seed >> 32);
 #pragma GCC unroll 10
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < kRounds; ++round) {
     for (int g = 0; g < G; ++g) {
       const vu64 p0 = mul_lo32(x0[g], m0);
       const vu64 p1 = mul_lo32(x2[g], m1);
@@ -91,6 +91,7 @@ constexpr int kChains = PU_SIMD_VLEN == 16 ? 4 : 3;
 // block i at 4 i + e). nblocks % L == 0. The groups of L blocks of all runs are generated
 // kChains at a time, so that short runs (an attention row's key block is 2 groups with
 // AVX-512) still keep every chain busy.
+template <int kRounds>
 static inline void philox_words_rows(uint32_t* words, uint64_t c0, int64_t nblocks, uint32_t c1, int64_t rows,
                                      uint32_t c2, uint32_t c3, uint64_t seed) {
   const int64_t per_run = nblocks / L, units = per_run * rows;
@@ -106,17 +107,17 @@ static inline void philox_words_rows(uint32_t* words, uint64_t c0, int64_t nbloc
   int64_t u = 0;
   for (; u + kChains <= units; u += kChains) {
     for (int g = 0; g < kChains; ++g) unit(u + g, g);
-    philox_groups<kChains>(out, ctr0, ctr1, c2, c3, seed);
+    philox_groups<kChains, kRounds>(out, ctr0, ctr1, c2, c3, seed);
   }
   for (; u < units; ++u) {
     unit(u, 0);
-    philox_groups<1>(out, ctr0, ctr1, c2, c3, seed);
+    philox_groups<1, kRounds>(out, ctr0, ctr1, c2, c3, seed);
   }
 }
 
-// The words of blocks with counters (c0 + i, c1, c2, c3), i in [0, nblocks), in element
-// order: words[4 i + e] = word e of block i. nblocks % L == 0.
+// The Philox4x32-10 words of blocks with counters (c0 + i, c1, c2, c3), i in [0, nblocks), in
+// element order: words[4 i + e] = word e of block i. nblocks % L == 0.
 static inline void philox_words(uint32_t* words, uint64_t c0, int64_t nblocks, uint32_t c1, uint32_t c2,
                                 uint32_t c3, uint64_t seed) {
-  philox_words_rows(words, c0, nblocks, c1, 1, c2, c3, seed);
+  philox_words_rows<10>(words, c0, nblocks, c1, 1, c2, c3, seed);
 }

@@ -125,6 +125,14 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// The 8x8 b16 matrix whose rows the lanes hold (lane holds row lane/4, elements
+// 2*(lane%4), +1), transposed in registers: the same lane then holds column lane/4.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // 2^x, ~2 ulp; exp2(-inf) = +0 (masked scores), never NaN for finite or -inf input.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -175,6 +183,17 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// *addr += a, *(addr + 1) += b in global memory, without a return value (RED). addr is
+// 8-byte aligned. sm_90 adds both floats in one vector atomic.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(addr), make_float2(a, b));
+#else
+  atomicAdd(addr, a);
+  atomicAdd(addr + 1, b);
+#endif
 }
 
 constexpr float kLog2e = 1.4426950408889634f;

@@ -1,27 +1,48 @@
-// FMHA backward kernels, included by fmha_bwd_{fp16,bf16}.cu.
+// FMHA backward kernels, included by fmha_bwd_{fp16,bf16}.cu. Two passes, chosen per call
+// (FmhaLaunchOptions::deterministic):
 //
-// Deterministic by construction (no atomics): three kernels, each output element written
-// by exactly one thread with a fixed order of operations.
-//   1. delta = rowsum(dO * O)                                   [T, H] fp32 workspace
-//   2. dK/dV kernel: one block per (key block, sequence, head); each warp owns 16 keys
-//      and walks all query blocks (double-buffered Q/dO tiles):
-//        S^T = K Q^T, P^T = exp2(S^T * scale_log2 - lse_log2), dP^T = V dO^T,
-//        dS^T = P^T (dP^T Z - delta),  dV += (P^T Z) dO,  dK += scale * dS^T Q
-//   3. dQ kernel: one block per (query block, sequence, head); each warp owns 16 queries
-//      and walks all key blocks (double-buffered K/V tiles):
-//        S = Q K^T, P, dP = dO V^T, dS = P (dP Z - delta),  dQ += scale * dS K
-// The dQ kernel recomputes S and dP (7 GEMMs instead of 5) in exchange for no atomics
-// and no fp32 dQ accumulator: reruns are bitwise identical.
+// One pass (the default), after FlashAttention-2's backward:
+//   1. prep: delta = rowsum(dO * O) [T, H] and dq_accum = 0 [T, H, D] (fp32 workspace);
+//   2. key-block kernel, one block per (key block of 16 * kWarps keys, sequence, head): warp w
+//      owns 16 keys, keeps their K and V fragments, dK and dV in registers, and walks the
+//      query blocks of kBlockM queries (double-buffered Q / dO tiles):
+//        S = Q K^T, dP = dO V^T                  (rows = queries, as in the forward)
+//        P = exp2(S * scale_log2 - lse_log2), Z = the dropout mask from the lane's own Philox
+//        calls (made once per tile), dS = P (dP Z - delta)
+//        dV += (P Z)^T dO, dK += dS^T Q           (P Z and dS transposed in registers)
+//        dS -> shared memory; dQ of the query block = dS K by four warps, added to dq_accum
+//        in fp32 with atomics (RED)
+//   3. convert: dq = dq_accum * scale in q's dtype.
+//   Five matmuls per tile. The atomics add in the order the hardware takes them, so dQ's
+//   last bits may differ between runs (dK and dV never do).
+// Deterministic: prep computes delta only; the key-block kernel without dS / dQ, then a dQ
+// kernel per (query block, sequence, head) that recomputes S and dP for its 64 queries while
+// it walks the key blocks (seven matmuls per tile); every output element is written by one
+// thread in a fixed order, so reruns are bitwise identical.
+//
+// Why this shape (per 64 x 64 tile at D = 64, sm_90; benchmarks/kernel_static.py has the
+// measured numbers): with warps owning 16 keys the key-side operands (K, V as B fragments)
+// never leave registers, and S in the forward's row layout lets each lane make the dropout
+// calls of its own elements (kernels/common/philox.h). Four of the five matmuls stream one
+// 16-row operand from shared memory (8 B per attention element each); dQ needs dS of all
+// the block's keys, so it goes through shared memory once, and 32 x 32 dQ tiles on four
+// warps read 7.8 B per element where 16 x 32 tiles on eight would read 11.7. Key blocks of
+// 128 halve the dQ atomics against blocks of 64 (one fp32 RED per 4 elements at D = 64).
+// Registers (ptxas, sm_90, D = 64: about 200 of 255 at eight warps, one block per SM with
+// 92 KB of shared memory) leave no room for a second block; occupancy comes from the
+// eight warps' independent MMA chains instead.
 #pragma once
 #include "kernels/cuda/fmha_fwd.cuh"
 
 namespace paddle_unpad {
 namespace cuda {
 
+// delta[r] = sum_d dout[r, d] * out[r, d] for every row r < rows (= T * H), and, when
+// dq_accum is set, dq_accum[r, :] = 0 (the one-pass backward adds dQ into it).
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
-    fmha_bwd_delta_kernel(const T* __restrict__ out, const T* __restrict__ dout,
-                          float* __restrict__ delta, int64_t rows) {
+    fmha_bwd_prep_kernel(const T* __restrict__ out, const T* __restrict__ dout,
+                         float* __restrict__ delta, float* __restrict__ dq_accum, int64_t rows) {
   constexpr int kLanes = D / 8;  // threads per row, 8 elements (16 bytes) each
   constexpr int kRowsPerBlock = 256 / kLanes;
   using Tr = ElemTraits<T>;
@@ -37,16 +58,327 @@ __global__ void __launch_bounds__(256)
       const float2 x = Tr::unpack(av[i]), y = Tr::unpack(bv[i]);
       acc += x.x * y.x + x.y * y.y;
     }
+    if (dq_accum != nullptr) {
+      float4* z = reinterpret_cast<float4*>(dq_accum + r * D + ch * 8);
+      z[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      z[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (r < rows && ch == 0) delta[r] = acc;
 }
 
+// dq[r, :] = dq_accum[r, :] * scale in T, every row r < rows.
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+    fmha_bwd_dq_convert_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq,
+                               float scale, int64_t rows) {
+  constexpr int kLanes = D / 8;
+  constexpr int kRowsPerBlock = 256 / kLanes;
+  using Tr = ElemTraits<T>;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  const int ch = static_cast<int>(threadIdx.x) % kLanes;
+  if (r >= rows) return;
+  const float4* src = reinterpret_cast<const float4*>(dq_accum + r * D + ch * 8);
+  const float4 a = src[0], b = src[1];
+  uint4 o;
+  o.x = Tr::pack(a.x * scale, a.y * scale);
+  o.y = Tr::pack(a.z * scale, a.w * scale);
+  o.z = Tr::pack(b.x * scale, b.y * scale);
+  o.w = Tr::pack(b.z * scale, b.w * scale);
+  *reinterpret_cast<uint4*>(dq + r * D + ch * 8) = o;
+}
+
+// How the key-block kernel's dQ of one query block (kBlockM x D) is split: four warps, each a
+// kM x kN tile (32 x 32 where the block allows: the fewest shared-memory reads per element).
+template <int D, int kBlockM>
+struct BwdDqTiling {
+  static constexpr int kWarps = 4;
+  static constexpr int kM = kBlockM * D >= 4 * 32 * 32 ? 32 : 16;
+  static constexpr int kN = kBlockM * D / (kWarps * kM);
+  static constexpr int kRowTiles = kBlockM / kM;
+  static_assert(kN % 16 == 0 && kRowTiles * (D / kN) == kWarps, "dQ tiling must cover the block");
+};
+
+// dK, dV, and (kDq) dQ through dq_accum. kWarps * 16 keys per block; kBlockM queries per
+// step; kKVInRegs: keep this warp's K and V fragments in registers across the query loop
+// (else reload them from shared memory each step); kDropout: a separate instantiation, so
+// that the kernel without dropout holds no Philox code.
+template <typename T, int D, int kWarps, int kBlockM, bool kKVInRegs, bool kDropout, bool kDq>
+__global__ void __launch_bounds__(kWarps * 32)
+    fmha_bwd_kv_kernel(const __grid_constant__ FmhaParams p) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kBlockN = 16 * kWarps;
+  constexpr int kStride = D + 8;
+  constexpr int kSStride = kBlockN + 8;  // dS rows in shared memory
+  constexpr int kKT = D / 16;
+  constexpr int kMT = kBlockM / 16;  // m-tiles of 16 queries per step
+  constexpr int kDT = D / 8;
+  constexpr int kFr = kKVInRegs ? kKT : 1;
+  using Tr = ElemTraits<T>;
+  using Dq = BwdDqTiling<D, kBlockM>;
+  static_assert(Dq::kWarps <= kWarps, "dQ needs four warps");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);
+  T* sV = sK + kBlockN * kStride;
+  T* sQ = sV + kBlockN * kStride;    // [2][kBlockM][kStride]
+  T* sdO = sQ + 2 * kBlockM * kStride;  // [2][kBlockM][kStride]
+  float* sLse = reinterpret_cast<float*>(sdO + 2 * kBlockM * kStride);  // [2][kBlockM], * log2(e)
+  float* sDelta = sLse + 2 * kBlockM;                                   // [2][kBlockM]
+  T* sdS = reinterpret_cast<T*>(sDelta + 2 * kBlockM);  // [kBlockM][kSStride], kDq only
+
+  const SeqSpan seq = p.seqs[blockIdx.y];
+  const int s = seq.len;
+  const int j0 = static_cast<int>(blockIdx.x) * kBlockN;
+  if (j0 >= s) return;
+  const VarlenTile<T, D> tile(p, seq);
+  const int h = tile.head, warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
+
+  auto issue_q = [&](int qb, int st) {
+    load_rows_async<T, D, kBlockM, kThreads>(sQ + st * kBlockM * kStride, tile.q, qb * kBlockM, s,
+                                             tile.ld);
+    load_rows_async<T, D, kBlockM, kThreads>(sdO + st * kBlockM * kStride, tile.in(p.dout),
+                                             qb * kBlockM, s, tile.ld);
+    for (int i = static_cast<int>(threadIdx.x); i < kBlockM; i += kThreads) {
+      const int r = qb * kBlockM + i;
+      const bool ok = r < s;
+      const int64_t row = static_cast<int64_t>(seq.start + (ok ? r : 0)) * p.heads + h;
+      // Queries past the end get lse = +inf: P = 0, so they add nothing to dK and dV.
+      sLse[st * kBlockM + i] = ok ? p.lse[row] * kLog2e : INFINITY;
+      sDelta[st * kBlockM + i] = ok ? p.delta[row] : 0.0f;
+    }
+  };
+
+  load_rows_async<T, D, kBlockN, kThreads>(sK, tile.k, j0, s, tile.ld);
+  load_rows_async<T, D, kBlockN, kThreads>(sV, tile.v, j0, s, tile.ld);
+  issue_q(0, 0);
+  cp_async_commit();
+
+  uint32_t kf[kFr][4], vf[kFr][4];  // B fragments of this warp's 16 keys, d = 16 kk ..
+  float dk[kDT][4], dv[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  const int kr0 = warp * 16;  // this warp's keys within the block
+  const int kvalid = s - (j0 + kr0);  // how many of them exist
+  // ldmatrix rows of a 16-key B operand: lane 8i + r gives key (i / 2) * 8 + r, d (i % 2) * 8
+  const int b_row = (kr0 + (lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
+  const uint32_t key16 = static_cast<uint32_t>(j0 + kr0 + 2 * c);  // dropout: keys 2c.. of the 16
+
+  const int nqb = (s + kBlockM - 1) / kBlockM;
+  for (int qb = 0; qb < nqb; ++qb) {
+    const int st = qb & 1;
+    if (qb + 1 < nqb) {
+      issue_q(qb + 1, st ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // stage st (and K, V) landed
+    if (kKVInRegs && qb == 0) {
+#pragma unroll
+      for (int kk = 0; kk < kFr; ++kk) {
+        ldmatrix_x4(kf[kk], sK + b_row + kk * 16);
+        ldmatrix_x4(vf[kk], sV + b_row + kk * 16);
+      }
+    }
+    const T* qs = sQ + st * kBlockM * kStride;
+    const T* dos = sdO + st * kBlockM * kStride;
+    const float* lse_s = sLse + st * kBlockM;
+    const float* dl_s = sDelta + st * kBlockM;
+
+    // S = Q K^T and dP = dO V^T: kMT m-tiles of 16 queries x this warp's 16 keys.
+    float sc[kMT][2][4], dp[kMT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[mt][n][e] = dp[mt][n][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+      uint32_t kb[4], vb[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        kb[i] = kf[kKVInRegs ? kk : 0][i];
+        vb[i] = vf[kKVInRegs ? kk : 0][i];
+      }
+      if (!kKVInRegs) {
+        ldmatrix_x4(kb, sK + b_row + kk * 16);
+        ldmatrix_x4(vb, sV + b_row + kk * 16);
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        const int a_off = (mt * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8;
+        uint32_t a[4], b[4];
+        ldmatrix_x4(a, qs + a_off);
+        ldmatrix_x4(b, dos + a_off);
+        mma16816<T>(sc[mt][0], a, kb[0], kb[1]);
+        mma16816<T>(sc[mt][1], a, kb[2], kb[3]);
+        mma16816<T>(dp[mt][0], b, vb[0], vb[1]);
+        mma16816<T>(dp[mt][1], b, vb[2], vb[3]);
+      }
+    }
+
+    // P Z and dS, packed: [m-tile][n-tile][rows g / g + 8]. Keys past the end have P = 0.
+    uint32_t pz[kMT][2][2], ds[kMT][2][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      const int r0 = mt * 16 + g;
+      const float lse2[2] = {lse_s[r0], lse_s[r0 + 8]}, dl[2] = {dl_s[r0], dl_s[r0 + 8]};
+      float pr[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = n * 8 + 2 * c + (e & 1);
+          pr[n][e] = col < kvalid ? fast_exp2(sc[mt][n][e] * p.scale_log2 - lse2[e >> 1]) : 0.0f;
+          sc[mt][n][e] = pr[n][e];  // P Z below
+        }
+      if (kDropout) {  // the tile's mask, made once: it drops from P Z and from dP Z alike
+        const Philox4 r = dropout_call(
+            p, key16, attention_counter1(static_cast<uint32_t>(seq.start),
+                                         static_cast<uint32_t>(qb * kBlockM + r0)),
+            static_cast<uint32_t>(h));
+        apply_dropout(sc[mt][0], sc[mt][1], r, p.drop_threshold_hi);
+        apply_dropout(dp[mt][0], dp[mt][1], r, p.drop_threshold_hi);
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        float d[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          d[e] = pr[n][e] * ((kDropout ? dp[mt][n][e] * p.keep_scale : dp[mt][n][e]) - dl[e >> 1]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          pz[mt][n][i] = Tr::pack(sc[mt][n][2 * i], sc[mt][n][2 * i + 1]);
+          ds[mt][n][i] = Tr::pack(d[2 * i], d[2 * i + 1]);
+        }
+      }
+    }
+
+    // dV += (P Z)^T dO and dK += dS^T Q; m-tile mt is the k-step of queries 16 mt.., its
+    // transposed A fragment four movmatrix (a0: keys 0-7 x queries 0-7 = the transpose of
+    // the rows-g half of n-tile 0, a1: keys 8-15 x queries 0-7, a2: keys 0-7 x queries 8-15).
+    // The 1/(1-p) of P Z is applied to dV once, at the end.
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      const uint32_t ap[4] = {movmatrix_trans(pz[mt][0][0]), movmatrix_trans(pz[mt][1][0]),
+                              movmatrix_trans(pz[mt][0][1]), movmatrix_trans(pz[mt][1][1])};
+      const uint32_t as[4] = {movmatrix_trans(ds[mt][0][0]), movmatrix_trans(ds[mt][1][0]),
+                              movmatrix_trans(ds[mt][0][1]), movmatrix_trans(ds[mt][1][1])};
+#pragma unroll
+      for (int d2 = 0; d2 < D / 16; ++d2) {
+        const int off = (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 +
+                        (lane >> 4) * 8;
+        mma_two_tiles<T, true>(dv[2 * d2], dv[2 * d2 + 1], ap, dos + off);
+        mma_two_tiles<T, true>(dk[2 * d2], dk[2 * d2 + 1], as, qs + off);
+      }
+    }
+
+    if (kDq) {
+      // dS of the whole block goes through shared memory (rows = queries); then four warps
+      // take dQ = dS K of the query block, K transposed out of shared memory, and add their
+      // tile to dq_accum (rows that exist only: the rows past the end are another sequence's).
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            *reinterpret_cast<uint32_t*>(sdS + (mt * 16 + g + 8 * i) * kSStride + kr0 + n * 8 +
+                                         2 * c) = ds[mt][n][i];
+      __syncthreads();  // dS complete; every warp is also done with stage st
+      if (warp < Dq::kWarps) {
+        constexpr int kM16 = Dq::kM / 16, kN8 = Dq::kN / 8;
+        const int qr0 = (warp % Dq::kRowTiles) * Dq::kM;
+        const int dc0 = (warp / Dq::kRowTiles) * Dq::kN;
+        float acc[kM16][kN8][4];
+#pragma unroll
+        for (int m = 0; m < kM16; ++m)
+#pragma unroll
+          for (int n = 0; n < kN8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+#pragma unroll
+        for (int kt = 0; kt < kBlockN / 16; ++kt) {
+          uint32_t a[kM16][4];
+#pragma unroll
+          for (int m = 0; m < kM16; ++m)
+            ldmatrix_x4(a[m], sdS + (qr0 + m * 16 + (lane & 15)) * kSStride + kt * 16 + (lane >> 4) * 8);
+#pragma unroll
+          for (int n2 = 0; n2 < kN8 / 2; ++n2) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, sK + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride +
+                                     dc0 + n2 * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int m = 0; m < kM16; ++m) {
+              mma16816<T>(acc[m][2 * n2], a[m], b[0], b[1]);
+              mma16816<T>(acc[m][2 * n2 + 1], a[m], b[2], b[3]);
+            }
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < kM16; ++m)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int q = qb * kBlockM + qr0 + m * 16 + g + 8 * i;
+            if (q < s) {
+              float* dst = p.dq_accum + (static_cast<int64_t>(seq.start + q) * p.heads + h) * D +
+                           dc0 + 2 * c;
+#pragma unroll
+              for (int n = 0; n < kN8; ++n)
+                red_add_f32x2(dst + n * 8, acc[m][n][2 * i], acc[m][n][2 * i + 1]);
+            }
+          }
+      }
+      // The next step writes dS after its first barrier, which every warp reaches only
+      // after this dQ.
+    } else {
+      __syncthreads();  // every warp is done with stage st before it is refilled
+    }
+  }
+  if (kDq) __syncthreads();  // the last dQ has read K: the epilogue reuses its rows
+
+  // Epilogue: stage in this warp's own rows of sK / sV, 16-byte stores of existing keys.
+  const float dv_scale = kDropout ? p.keep_scale : 1.0f;
+  T* sk_w = sK + kr0 * kStride;
+  T* sv_w = sV + kr0 * kStride;
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int off = (g + 8 * i) * kStride + dt * 8 + 2 * c;
+      *reinterpret_cast<uint32_t*>(sk_w + off) =
+          Tr::pack(dk[dt][2 * i] * p.scale, dk[dt][2 * i + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(sv_w + off) =
+          Tr::pack(dv[dt][2 * i] * dv_scale, dv[dt][2 * i + 1] * dv_scale);
+    }
+  __syncwarp();
+  T* gdk = tile.out(p.dk);
+  T* gdv = tile.out(p.dv);
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int it = 0; it < 16 * kChunks / 32; ++it) {
+    const int idx = it * 32 + lane;
+    const int r = idx / kChunks, ch = idx % kChunks;
+    const int key = j0 + kr0 + r;
+    if (key < s) {
+      const int64_t go = static_cast<int64_t>(key) * tile.ld + ch * 8;
+      *reinterpret_cast<uint4*>(gdk + go) = *reinterpret_cast<const uint4*>(sk_w + r * kStride + ch * 8);
+      *reinterpret_cast<uint4*>(gdv + go) = *reinterpret_cast<const uint4*>(sv_w + r * kStride + ch * 8);
+    }
+  }
+}
+
 // Two warp GEMMs of one shape: acc_a = A_a B_a^T and acc_b = A_b B_b^T, with A this warp's 16
 // rows of D (registers fr_* when kInRegs, else shared memory at the lane's fragment row sa_*)
-// and B kCols rows of D in shared memory (b_*, kStride apart). The dK/dV kernel takes
-// S^T = K Q^T and dP^T = V dO^T with it, the dQ kernel S = Q K^T and dP = dO V^T.
+// and B kCols rows of D in shared memory (b_*, kStride apart): S = Q K^T and dP = dO V^T of
+// the deterministic dQ kernel.
 template <typename T, int D, int kCols, int kStride, bool kInRegs, int kFr>
 __device__ __forceinline__ void warp_gemm_pair_abt(float (&acc_a)[kCols / 8][4],
                                                    float (&acc_b)[kCols / 8][4],
@@ -81,158 +413,9 @@ __device__ __forceinline__ void warp_gemm_pair_abt(float (&acc_a)[kCols / 8][4],
   }
 }
 
-// dK, dV. kQM: queries per step; kKVInRegs: keep this warp's K and V A-fragments in
-// registers across the query loop (else reload them from shared memory each step).
-template <typename T, int D, int kQM, bool kKVInRegs>
-__global__ void __launch_bounds__(128)
-    fmha_bwd_dkdv_kernel(const __grid_constant__ FmhaParams p) {
-  constexpr int kThreads = 128;
-  constexpr int kBlockN = kBwdKeysPerBlock;  // 4 warps x 16 keys
-  static_assert(kBlockN == 64, "4 warps own 16 keys each");
-  constexpr int kStride = D + 8;
-  constexpr int kKT = D / 16;
-  constexpr int kQT = kQM / 8;
-  constexpr int kDT = D / 8;
-  constexpr int kFr = kKVInRegs ? kKT : 1;
-  using Tr = ElemTraits<T>;
-
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sK = reinterpret_cast<T*>(smem_raw);
-  T* sV = sK + kBlockN * kStride;
-  T* sQ = sV + kBlockN * kStride;   // [2][kQM][kStride]
-  T* sdO = sQ + 2 * kQM * kStride;  // [2][kQM][kStride]
-  float* sLse = reinterpret_cast<float*>(sdO + 2 * kQM * kStride);  // [2][kQM], * log2(e)
-  float* sDelta = sLse + 2 * kQM;                                   // [2][kQM]
-
-  const SeqSpan seq = p.seqs[blockIdx.y];
-  const int s = seq.len;
-  const int j0 = static_cast<int>(blockIdx.x) * kBlockN;
-  if (j0 >= s) return;
-  const VarlenTile<T, D> tile(p, seq);
-  const int h = tile.head, warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
-
-  auto issue_q = [&](int qb, int st) {
-    load_rows_async<T, D, kQM, kThreads>(sQ + st * kQM * kStride, tile.q, qb * kQM, s, tile.ld);
-    load_rows_async<T, D, kQM, kThreads>(sdO + st * kQM * kStride, tile.in(p.dout), qb * kQM, s,
-                                         tile.ld);
-    for (int i = static_cast<int>(threadIdx.x); i < kQM; i += kThreads) {
-      const int r = qb * kQM + i;
-      const bool ok = r < s;
-      const int64_t row = static_cast<int64_t>(seq.start + (ok ? r : 0)) * p.heads + h;
-      // Queries past the end get lse = +inf: P = 0, so they add nothing to dK and dV.
-      sLse[st * kQM + i] = ok ? p.lse[row] * kLog2e : INFINITY;
-      sDelta[st * kQM + i] = ok ? p.delta[row] : 0.0f;
-    }
-  };
-
-  load_rows_async<T, D, kBlockN, kThreads>(sK, tile.k, j0, s, tile.ld);
-  load_rows_async<T, D, kBlockN, kThreads>(sV, tile.v, j0, s, tile.ld);
-  issue_q(0, 0);
-  cp_async_commit();
-
-  uint32_t kf[kFr][4], vf[kFr][4];
-  float dk[kDT][4], dv[kDT][4];
-#pragma unroll
-  for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
-  const int kr0 = warp * 16;  // this warp's keys within the block
-  const uint32_t key_g = static_cast<uint32_t>(j0 + kr0 + g);  // key of rows g (g + 8: +8)
-  const T* sKw = sK + (kr0 + (lane & 15)) * kStride + (lane >> 4) * 8;  // A-fragment rows
-  const T* sVw = sV + (kr0 + (lane & 15)) * kStride + (lane >> 4) * 8;
-
-  const int nqb = (s + kQM - 1) / kQM;
-  for (int qb = 0; qb < nqb; ++qb) {
-    const int st = qb & 1;
-    if (qb + 1 < nqb) {
-      issue_q(qb + 1, st ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // stage st (and K, V) landed
-    if (kKVInRegs && qb == 0) {
-#pragma unroll
-      for (int kk = 0; kk < kFr; ++kk) {
-        ldmatrix_x4(kf[kk], sKw + kk * 16);
-        ldmatrix_x4(vf[kk], sVw + kk * 16);
-      }
-    }
-    const T* qs = sQ + st * kQM * kStride;
-    const T* dos = sdO + st * kQM * kStride;
-    const float* lse_s = sLse + st * kQM;
-    const float* dl_s = sDelta + st * kQM;
-
-    // S^T = K Q^T and dP^T = V dO^T: rows = this warp's 16 keys, columns = kQM queries.
-    float sT[kQT][4], dpT[kQT][4];
-    warp_gemm_pair_abt<T, D, kQM, kStride, kKVInRegs, kFr>(sT, dpT, kf, vf, sKw, sVw, qs, dos,
-                                                           lane);
-
-    // P^T Z into sT, dS^T into dpT.
-    const uint32_t t_q = static_cast<uint32_t>(seq.start + qb * kQM + 2 * c);
-#pragma unroll
-    for (int qt = 0; qt < kQT; ++qt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qc = qt * 8 + 2 * c + (e & 1);
-        const float pr = fast_exp2(sT[qt][e] * p.scale_log2 - lse_s[qc]);
-        float z = 1.0f;
-        if (p.dropout)
-          z = dropout_one(p, key_g + 8u * (e >> 1), t_q + static_cast<uint32_t>(qt * 8 + (e & 1)),
-                          static_cast<uint32_t>(h));
-        sT[qt][e] = pr * z;
-        dpT[qt][e] = pr * (dpT[qt][e] * z - dl_s[qc]);
-      }
-
-    // dV += (P^T Z) dO, dK += dS^T Q: B operands are dO and Q transposed out of shared.
-#pragma unroll
-    for (int q16 = 0; q16 < kQM / 16; ++q16) {
-      uint32_t ap[4], as[4];
-      a_fragment<T>(ap, sT[2 * q16], sT[2 * q16 + 1]);
-      a_fragment<T>(as, dpT[2 * q16], dpT[2 * q16 + 1]);
-#pragma unroll
-      for (int d2 = 0; d2 < D / 16; ++d2) {
-        const int off = (q16 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 +
-                        (lane >> 4) * 8;
-        mma_two_tiles<T, true>(dv[2 * d2], dv[2 * d2 + 1], ap, dos + off);
-        mma_two_tiles<T, true>(dk[2 * d2], dk[2 * d2 + 1], as, qs + off);
-      }
-    }
-    __syncthreads();  // every warp is done with stage st before it is refilled
-  }
-
-  // Epilogue: stage in this warp's own rows of sK / sV, 16-byte stores of existing keys.
-  T* sk_w = sK + kr0 * kStride;
-  T* sv_w = sV + kr0 * kStride;
-#pragma unroll
-  for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int off = (g + 8 * i) * kStride + dt * 8 + 2 * c;
-      *reinterpret_cast<uint32_t*>(sk_w + off) =
-          Tr::pack(dk[dt][2 * i] * p.scale, dk[dt][2 * i + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(sv_w + off) = Tr::pack(dv[dt][2 * i], dv[dt][2 * i + 1]);
-    }
-  __syncwarp();
-  T* gdk = tile.out(p.dk);
-  T* gdv = tile.out(p.dv);
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int it = 0; it < 16 * kChunks / 32; ++it) {
-    const int idx = it * 32 + lane;
-    const int r = idx / kChunks, ch = idx % kChunks;
-    const int key = j0 + kr0 + r;
-    if (key < s) {
-      const int64_t go = static_cast<int64_t>(key) * tile.ld + ch * 8;
-      *reinterpret_cast<uint4*>(gdk + go) = *reinterpret_cast<const uint4*>(sk_w + r * kStride + ch * 8);
-      *reinterpret_cast<uint4*>(gdv + go) = *reinterpret_cast<const uint4*>(sv_w + r * kStride + ch * 8);
-    }
-  }
-}
-
-// dQ. kBlockN: keys per step; kQInRegs: keep this warp's Q and dO A-fragments in registers.
-template <typename T, int D, int kBlockN, bool kQInRegs>
+// Deterministic dQ. kBlockN: keys per step; kQInRegs: keep this warp's Q and dO A-fragments
+// in registers.
+template <typename T, int D, int kBlockN, bool kQInRegs, bool kDropout>
 __global__ void __launch_bounds__(128)
     fmha_bwd_dq_kernel(const __grid_constant__ FmhaParams p) {
   constexpr int kThreads = 128;
@@ -274,7 +457,8 @@ __global__ void __launch_bounds__(128)
     lse2[i] = ok ? p.lse[row] * kLog2e : INFINITY;
     dl[i] = ok ? p.delta[row] : 0.0f;
   }
-  const uint32_t t_row = static_cast<uint32_t>(seq.start + q0 + warp * 16 + g);
+  const uint32_t t_pair = attention_counter1(static_cast<uint32_t>(seq.start),
+                                             static_cast<uint32_t>(q0 + warp * 16 + g));
 
   uint32_t qf[kFr][4], df[kFr][4];
   float dq[kDT][4];
@@ -313,6 +497,14 @@ __global__ void __launch_bounds__(128)
     float sc[kNT][4], dp[kNT][4];
     warp_gemm_pair_abt<T, D, kBlockN, kStride, kQInRegs, kFr>(sc, dp, qf, df, sQw, sdOw, ks,
                                                               vs, lane);
+    if (kDropout) {  // Z of 16 keys per call; the 1/(1-p) below
+#pragma unroll
+      for (int n2 = 0; n2 < kNT / 2; ++n2) {
+        const Philox4 r = dropout_call(p, static_cast<uint32_t>(j0 + n2 * 16 + 2 * c), t_pair,
+                                       static_cast<uint32_t>(h));
+        apply_dropout(dp[2 * n2], dp[2 * n2 + 1], r, p.drop_threshold_hi);
+      }
+    }
 
     // dS = P (dP Z - delta) into sc; keys past the end have P = 0.
     const int valid = s - j0;
@@ -320,16 +512,13 @@ __global__ void __launch_bounds__(128)
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float z0 = 1.0f, z1 = 1.0f;
-        if (p.dropout)
-          dropout_pair(p, static_cast<uint32_t>(j0 + nt * 8 + 2 * c), t_row + 8u * i,
-                       static_cast<uint32_t>(h), &z0, &z1);
         const int col = nt * 8 + 2 * c;
         const float p0 = col < valid ? fast_exp2(sc[nt][2 * i] * p.scale_log2 - lse2[i]) : 0.0f;
         const float p1 =
             col + 1 < valid ? fast_exp2(sc[nt][2 * i + 1] * p.scale_log2 - lse2[i]) : 0.0f;
-        sc[nt][2 * i] = p0 * (dp[nt][2 * i] * z0 - dl[i]);
-        sc[nt][2 * i + 1] = p1 * (dp[nt][2 * i + 1] * z1 - dl[i]);
+        const float z = kDropout ? p.keep_scale : 1.0f;
+        sc[nt][2 * i] = p0 * (dp[nt][2 * i] * z - dl[i]);
+        sc[nt][2 * i + 1] = p1 * (dp[nt][2 * i + 1] * z - dl[i]);
       }
 
     // dQ += dS K: K transposed out of shared memory is the B operand.
@@ -373,27 +562,42 @@ __global__ void __launch_bounds__(128)
 }
 
 template <typename T, int D>
-cudaError_t launch_bwd_delta_dim(const FmhaParams& p, int64_t rows, cudaStream_t stream) {
+cudaError_t launch_bwd_rows_dim(const FmhaParams& p, int64_t rows, bool convert,
+                                cudaStream_t stream) {
   constexpr int kRowsPerBlock = 256 / (D / 8);
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   if (blocks == 0) return cudaSuccess;
-  fmha_bwd_delta_kernel<T, D><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-      static_cast<const T*>(p.out), static_cast<const T*>(p.dout), p.delta, rows);
+  if (convert)
+    fmha_bwd_dq_convert_kernel<T, D><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+        p.dq_accum, static_cast<T*>(p.dq), p.scale, rows);
+  else
+    fmha_bwd_prep_kernel<T, D><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+        static_cast<const T*>(p.out), static_cast<const T*>(p.dout), p.delta, p.dq_accum, rows);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t launch_fmha_bwd_delta(const FmhaParams& p, int64_t rows, cudaStream_t stream) {
+cudaError_t launch_bwd_rows(const FmhaParams& p, int64_t rows, bool convert, cudaStream_t stream) {
   switch (p.head_dim) {
     case 32:
-      return launch_bwd_delta_dim<T, 32>(p, rows, stream);
+      return launch_bwd_rows_dim<T, 32>(p, rows, convert, stream);
     case 64:
-      return launch_bwd_delta_dim<T, 64>(p, rows, stream);
+      return launch_bwd_rows_dim<T, 64>(p, rows, convert, stream);
     case 128:
-      return launch_bwd_delta_dim<T, 128>(p, rows, stream);
+      return launch_bwd_rows_dim<T, 128>(p, rows, convert, stream);
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+template <typename T>
+cudaError_t launch_fmha_bwd_prep(const FmhaParams& p, int64_t rows, cudaStream_t stream) {
+  return launch_bwd_rows<T>(p, rows, false, stream);
+}
+
+template <typename T>
+cudaError_t launch_fmha_bwd_dq_convert(const FmhaParams& p, int64_t rows, cudaStream_t stream) {
+  return launch_bwd_rows<T>(p, rows, true, stream);
 }
 
 template <typename Kernel>
@@ -403,40 +607,65 @@ cudaError_t allow_smem(Kernel kernel, size_t bytes) {
                               static_cast<int>(bytes));
 }
 
-template <typename T, int D, int kQM, bool kKVInRegs, int kDqBlockN, bool kQInRegs>
-cudaError_t launch_bwd_config(const FmhaParams& p, cudaStream_t stream) {
-  constexpr size_t kStrideBytes = (D + 8) * sizeof(T);
-  constexpr size_t kSmemDkdv =
-      (2 * kBwdKeysPerBlock + 4 * kQM) * kStrideBytes + 4 * kQM * sizeof(float);
-  constexpr size_t kSmemDq = (2 * kBwdQueriesPerBlock + 4 * kDqBlockN) * kStrideBytes;
-  auto dkdv = fmha_bwd_dkdv_kernel<T, D, kQM, kKVInRegs>;
-  auto dq = fmha_bwd_dq_kernel<T, D, kDqBlockN, kQInRegs>;
-  cudaError_t e = allow_smem(dkdv, kSmemDkdv);
+// Shared memory of the key-block kernel (K, V, two Q / dO stages, lse / delta stages, dS).
+template <typename T, int D, int kWarps, int kBlockM, bool kDq>
+constexpr size_t bwd_kv_smem_bytes() {
+  return (2 * 16 * kWarps + 4 * kBlockM) * static_cast<size_t>(D + 8) * sizeof(T) +
+         4 * kBlockM * sizeof(float) +
+         (kDq ? static_cast<size_t>(kBlockM) * (16 * kWarps + 8) * sizeof(T) : 0);
+}
+
+template <typename T, int D, int kWarps, int kBlockM, bool kKVInRegs, bool kDropout, bool kDq>
+cudaError_t launch_bwd_kv(const FmhaParams& p, cudaStream_t stream) {
+  constexpr size_t kSmem = bwd_kv_smem_bytes<T, D, kWarps, kBlockM, kDq>();
+  auto kernel = fmha_bwd_kv_kernel<T, D, kWarps, kBlockM, kKVInRegs, kDropout, kDq>;
+  const cudaError_t e = allow_smem(kernel, kSmem);
   if (e != cudaSuccess) return e;
-  e = allow_smem(dq, kSmemDq);
-  if (e != cudaSuccess) return e;
-  const dim3 grid_kv((p.max_len + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock, p.num_seqs, p.heads);
-  dkdv<<<grid_kv, 128, kSmemDkdv, stream>>>(p);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  const dim3 grid_q((p.max_len + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock, p.num_seqs,
-                    p.heads);
-  dq<<<grid_q, 128, kSmemDq, stream>>>(p);
+  const dim3 grid((p.max_len + 16 * kWarps - 1) / (16 * kWarps), p.num_seqs, p.heads);
+  kernel<<<grid, kWarps * 32, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_fmha_bwd(const FmhaParams& p, cudaStream_t stream) {
+template <typename T, int D, int kDqBlockN, bool kQInRegs, bool kDropout>
+cudaError_t launch_bwd_dq(const FmhaParams& p, cudaStream_t stream) {
+  constexpr size_t kSmem = (2 * kBwdQueriesPerBlock + 4 * kDqBlockN) * static_cast<size_t>(D + 8) * sizeof(T);
+  auto kernel = fmha_bwd_dq_kernel<T, D, kDqBlockN, kQInRegs, kDropout>;
+  const cudaError_t e = allow_smem(kernel, kSmem);
+  if (e != cudaSuccess) return e;
+  const dim3 grid((p.max_len + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock, p.num_seqs, p.heads);
+  kernel<<<grid, 128, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// One head size's configuration: the key-block kernel's warps (16 keys each), queries per
+// step and where K / V live; the deterministic dQ kernel's keys per step and where Q / dO live.
+template <typename T, int D, int kWarps, int kBlockM, bool kKVInRegs, int kDqBlockN, bool kQInRegs,
+          bool kDropout>
+cudaError_t launch_bwd_config(const FmhaParams& p, bool deterministic, cudaStream_t stream) {
+  if (!deterministic) return launch_bwd_kv<T, D, kWarps, kBlockM, kKVInRegs, kDropout, true>(p, stream);
+  const cudaError_t e = launch_bwd_kv<T, D, kWarps, kBlockM, kKVInRegs, kDropout, false>(p, stream);
+  if (e != cudaSuccess) return e;
+  return launch_bwd_dq<T, D, kDqBlockN, kQInRegs, kDropout>(p, stream);
+}
+
+template <typename T, bool kDropout>
+cudaError_t launch_bwd_dropout(const FmhaParams& p, bool deterministic, cudaStream_t stream) {
   switch (p.head_dim) {
     case 32:
-      return launch_bwd_config<T, 32, 64, true, 64, true>(p, stream);
+      return launch_bwd_config<T, 32, 8, 64, true, 64, true, kDropout>(p, deterministic, stream);
     case 64:
-      return launch_bwd_config<T, 64, 64, true, 64, true>(p, stream);
-    case 128:  // register budget: fragments from shared memory, half-size steps
-      return launch_bwd_config<T, 128, 32, false, 32, false>(p, stream);
+      return launch_bwd_config<T, 64, 8, 64, true, 64, true, kDropout>(p, deterministic, stream);
+    case 128:  // register budget: K / V and Q / dO fragments from shared memory, 32-row steps
+      return launch_bwd_config<T, 128, 4, 32, false, 32, false, kDropout>(p, deterministic, stream);
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+template <typename T>
+cudaError_t launch_fmha_bwd(const FmhaParams& p, bool deterministic, cudaStream_t stream) {
+  return p.dropout ? launch_bwd_dropout<T, true>(p, deterministic, stream)
+                   : launch_bwd_dropout<T, false>(p, deterministic, stream);
 }
 
 }  // namespace cuda

@@ -139,7 +139,8 @@ FmhaParams base_params(const FmhaCudaProblem& p) {
   fp.scale = p.scale;
   fp.scale_log2 = p.scale * 1.4426950408889634f;
   fp.dropout = p.dropout > 0.0f ? 1 : 0;
-  fp.drop_threshold = dropout_threshold(static_cast<double>(p.dropout), kAttentionDrawBits);
+  fp.drop_threshold_hi = dropout_threshold(static_cast<double>(p.dropout), kAttentionDrawBits)
+                         << 16;
   fp.keep_scale = p.dropout > 0.0f ? 1.0f / (1.0f - p.dropout) : 1.0f;
   fp.seed_lo = static_cast<uint32_t>(p.seed);
   fp.seed_hi = static_cast<uint32_t>(p.seed >> 32);
@@ -257,8 +258,15 @@ cudaError_t fmha_cuda_fwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt
   return run_groups(groups, base, streams, stream, launch_fmha_fwd<__nv_bfloat16>);
 }
 
-size_t fmha_cuda_bwd_workspace_bytes(int64_t total, int64_t heads) {
-  return static_cast<size_t>(std::max<int64_t>(total * heads, 1)) * sizeof(float);
+namespace {
+// Floats of delta in the workspace, rounded so that dq_accum after it is 16-byte aligned.
+int64_t delta_floats(int64_t total, int64_t heads) { return round_up(std::max<int64_t>(total * heads, 1), 4); }
+}  // namespace
+
+size_t fmha_cuda_bwd_workspace_bytes(int64_t total, int64_t heads, int64_t head_dim,
+                                     bool deterministic) {
+  const int64_t accum = deterministic ? 0 : total * heads * head_dim;
+  return static_cast<size_t>(delta_floats(total, heads) + accum) * sizeof(float);
 }
 
 cudaError_t fmha_cuda_bwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt, const void* q,
@@ -277,19 +285,25 @@ cudaError_t fmha_cuda_bwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt
   base.dk = dk;
   base.dv = dv;
   base.delta = static_cast<float*>(workspace);
+  base.dq_accum = opt.deterministic ? nullptr : base.delta + delta_floats(p.total, p.heads);
   const int64_t rows = p.total * p.heads;
   const bool f16 = p.dtype == DType::kFloat16;
-  cudaError_t e = f16 ? launch_fmha_bwd_delta<__half>(base, rows, stream)
-                      : launch_fmha_bwd_delta<__nv_bfloat16>(base, rows, stream);
+  cudaError_t e = f16 ? launch_fmha_bwd_prep<__half>(base, rows, stream)
+                      : launch_fmha_bwd_prep<__nv_bfloat16>(base, rows, stream);
   if (e != cudaSuccess) return e;
   const std::vector<Group> groups = plan_groups(p, opt.grouping);
   const int streams = opt.grouping ? opt.num_streams : 1;
-  auto bwd16 = [](const FmhaParams& fp, int, cudaStream_t st) { return launch_fmha_bwd<__half>(fp, st); };
-  auto bwdbf = [](const FmhaParams& fp, int, cudaStream_t st) {
-    return launch_fmha_bwd<__nv_bfloat16>(fp, st);
+  const bool det = opt.deterministic;
+  auto bwd16 = [det](const FmhaParams& fp, int, cudaStream_t st) { return launch_fmha_bwd<__half>(fp, det, st); };
+  auto bwdbf = [det](const FmhaParams& fp, int, cudaStream_t st) {
+    return launch_fmha_bwd<__nv_bfloat16>(fp, det, st);
   };
-  return f16 ? run_groups(groups, base, streams, stream, bwd16)
-             : run_groups(groups, base, streams, stream, bwdbf);
+  e = f16 ? run_groups(groups, base, streams, stream, bwd16)
+          : run_groups(groups, base, streams, stream, bwdbf);
+  if (e != cudaSuccess || det) return e;
+  // run_groups joined its side streams into `stream`: every sequence's dQ is in dq_accum.
+  return f16 ? launch_fmha_bwd_dq_convert<__half>(base, rows, stream)
+             : launch_fmha_bwd_dq_convert<__nv_bfloat16>(base, rows, stream);
 }
 
 }  // namespace cuda

@@ -43,6 +43,11 @@ struct FmhaLaunchOptions {
   // false: one launch (per 440 sequences) over the whole batch on the caller's stream.
   bool grouping = true;
   int num_streams = 4;  // size of the stream pool used by grouping (1 = caller's stream only)
+  // Backward only. false (default): one pass per key block, dQ added in fp32 with atomics
+  // (5 matmuls per tile; the order of the additions, and so dQ's last bits, may differ
+  // between runs). true: dK/dV and dQ in two kernels without atomics (7 matmuls per tile),
+  // bitwise identical reruns.
+  bool deterministic = false;
 };
 
 // Head sizes with compiled kernels.
@@ -58,11 +63,13 @@ cudaError_t fmha_cuda_fwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt
                           const void* k, const void* v, void* out, float* lse,
                           cudaStream_t stream);
 
-// Device scratch the backward pass needs (fp32 [T, H]: rowsum(dout * out)).
-size_t fmha_cuda_bwd_workspace_bytes(int64_t total, int64_t heads);
+// Device scratch the backward pass needs: fp32 [T, H] rowsum(dout * out), and without
+// `deterministic` the fp32 dQ accumulator [T, H, D] after it.
+size_t fmha_cuda_bwd_workspace_bytes(int64_t total, int64_t heads, int64_t head_dim,
+                                     bool deterministic);
 
-// The same (seed, offset) as the forward pass regenerates its dropout mask. Results
-// are deterministic: no atomics, each output element is written by one thread.
+// The same (seed, offset) as the forward pass regenerates its dropout mask.
+// opt.deterministic chooses the backward (see FmhaLaunchOptions).
 cudaError_t fmha_cuda_bwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt, const void* q,
                           const void* k, const void* v, const void* out, const float* lse,
                           const void* dout, void* dq, void* dk, void* dv, void* workspace,

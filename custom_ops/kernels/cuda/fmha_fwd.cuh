@@ -17,29 +17,29 @@
 namespace paddle_unpad {
 namespace cuda {
 
-// Philox word holding the 16-bit draws of keys j and j ^ 1 for query row t: the
-// attention layout of kernels/common/philox.h (block j / 8, word (j % 8) / 2).
-__device__ __forceinline__ uint32_t dropout_word(const FmhaParams& p, uint32_t j, uint32_t t,
-                                                 uint32_t h) {
-  const Philox4 r = philox4x32_10(j >> 3, t, h, p.offset, p.seed_lo, p.seed_hi);
-  const uint32_t q = (j >> 1) & 3u;
-  return q == 0u ? r.v[0] : (q == 1u ? r.v[1] : (q == 2u ? r.v[2] : r.v[3]));
+// Attention dropout of one lane's elements of two adjacent m16n8 accumulator tiles (16 keys
+// from j16 = a multiple of 16 plus 2c: columns 2c, 2c + 1 of each tile; rows g and g + 8, the
+// row pair whose Philox counter word 1 is t_pair): one Philox call holds exactly these eight
+// draws (the attention layout of kernels/common/philox.h), so no lane repeats another's call
+// and every bit is used. Word 0: row g of tile 0, 1: row g of tile 1, 2 and 3: row g + 8.
+__device__ __forceinline__ Philox4 dropout_call(const FmhaParams& p, uint32_t j16, uint32_t t_pair,
+                                                uint32_t h) {
+  return philox4x32<kAttentionPhiloxRounds>(attention_counter0(j16), t_pair, h, p.offset, p.seed_lo,
+                                            p.seed_hi);
 }
 
-// Dropout multipliers of two adjacent keys j, j + 1 (j even): the low and high halves of
-// one word.
-__device__ __forceinline__ void dropout_pair(const FmhaParams& p, uint32_t j, uint32_t t,
-                                             uint32_t h, float* z0, float* z1) {
-  const uint32_t w = dropout_word(p, j, t, h);
-  *z0 = (w & 0xffffu) < p.drop_threshold ? 0.0f : p.keep_scale;
-  *z1 = (w >> 16) < p.drop_threshold ? 0.0f : p.keep_scale;
-}
-
-// Dropout multiplier of one (query row t, key j).
-__device__ __forceinline__ float dropout_one(const FmhaParams& p, uint32_t j, uint32_t t,
-                                             uint32_t h) {
-  const uint32_t draw = (dropout_word(p, j, t, h) >> ((j & 1u) * 16u)) & 0xffffu;
-  return draw < p.drop_threshold ? 0.0f : p.keep_scale;
+// Zero the dropped elements of the two tiles x0, x1 that call r covers; the 1/(1-p) of the
+// kept ones is the caller's to apply once. thr_hi = threshold16 << 16: a word is below it
+// iff its high draw is below threshold16; the low draw is compared the same way, shifted up.
+__device__ __forceinline__ void apply_dropout(float (&x0)[4], float (&x1)[4], const Philox4& r,
+                                              uint32_t thr_hi) {
+  const uint32_t w[4] = {r.v[0], r.v[1], r.v[2], r.v[3]};
+  float* x[4][2] = {{&x0[0], &x0[1]}, {&x1[0], &x1[1]}, {&x0[2], &x0[3]}, {&x1[2], &x1[3]}};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if ((w[i] << 16) < thr_hi) *x[i][0] = 0.0f;
+    if (w[i] < thr_hi) *x[i][1] = 0.0f;
+  }
 }
 
 // acc0 += a B0 and acc1 += a B1 for two adjacent 8-column tiles of B in shared memory, read
@@ -101,7 +101,9 @@ struct VarlenTile {
   __device__ __forceinline__ T* out(void* t) const { return static_cast<T*>(t) + base; }
 };
 
-template <typename T, int D, int kWarps>
+// kDropout: a separate instantiation, so that the kernel without dropout holds no Philox
+// code and gets the registers it needs without it.
+template <typename T, int D, int kWarps, bool kDropout>
 __global__ void __launch_bounds__(kWarps * 32)
     fmha_fwd_kernel(const __grid_constant__ FmhaParams p) {
   constexpr int kThreads = kWarps * 32;
@@ -137,8 +139,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
-  // Philox row counter of this thread's rows g and g + 8 (packed row index t).
-  const uint32_t t_row = static_cast<uint32_t>(seq.start + q0 + warp * 16 + g);
+  // Philox counter word 1 of this lane's rows g and g + 8 (philox.h: t0 + (i & ~8)).
+  const uint32_t t_pair = attention_counter1(static_cast<uint32_t>(seq.start),
+                                             static_cast<uint32_t>(q0 + warp * 16 + g));
 
   const int nkb = (s + kBlockN - 1) / kBlockN;
   for (int kb = 0; kb < nkb; ++kb) {
@@ -203,17 +206,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[dt][e] *= alpha[e >> 1];
-    if (p.dropout) {  // after the row sum: l normalises the undropped probabilities
+    if (kDropout) {  // after the row sum: l normalises the undropped probabilities
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float z0, z1;
-          dropout_pair(p, static_cast<uint32_t>(j0 + nt * 8 + 2 * c), t_row + 8u * i,
-                       static_cast<uint32_t>(h), &z0, &z1);
-          sc[nt][2 * i] *= z0;
-          sc[nt][2 * i + 1] *= z1;
-        }
+      for (int n2 = 0; n2 < kNT / 2; ++n2)
+        apply_dropout(sc[2 * n2], sc[2 * n2 + 1],
+                      dropout_call(p, static_cast<uint32_t>(j0 + n2 * 16 + 2 * c), t_pair,
+                                   static_cast<uint32_t>(h)),
+                      p.drop_threshold_hi);
     }
 
     cp_async_wait<0>();
@@ -243,7 +242,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] = quad_sum(l[i]);
-    inv[i] = 1.0f / l[i];
+    inv[i] = (kDropout ? p.keep_scale : 1.0f) / l[i];  // the kept probabilities' 1/(1-p)
   }
   T* so = sQ + warp * 16 * kStride;
   __syncwarp();
@@ -279,7 +278,7 @@ template <typename T, int D, int kWarps>
 cudaError_t launch_fwd_config(const FmhaParams& p, cudaStream_t stream) {
   constexpr int kBlockM = 16 * kWarps;
   constexpr size_t kSmem = static_cast<size_t>(kBlockM + 2 * kFwdBlockN) * (D + 8) * sizeof(T);
-  auto kernel = fmha_fwd_kernel<T, D, kWarps>;
+  auto kernel = p.dropout ? fmha_fwd_kernel<T, D, kWarps, true> : fmha_fwd_kernel<T, D, kWarps, false>;
   if (kSmem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));

@@ -32,9 +32,10 @@ struct FmhaParams {
   int head_dim;
   float scale;       // of q k^T
   float scale_log2;  // scale * log2(e)
+  float* dq_accum;   // [T, H, D] fp32, zeroed: the one-pass backward adds dQ into it
   int dropout;       // 0 or 1
-  uint32_t drop_threshold;  // 16-bit draw < threshold => dropped
-  float keep_scale;         // 1 / (1 - p)
+  uint32_t drop_threshold_hi;  // threshold16 << 16: a 16-bit draw below threshold16 is dropped
+  float keep_scale;            // 1 / (1 - p)
   uint32_t seed_lo, seed_hi, offset;
   int num_seqs;  // entries used in seqs
   int max_len;   // longest sequence of this launch (sizes the grid)
@@ -47,21 +48,27 @@ enum FwdTile : int { kFwdTileM64 = 0, kFwdTileM128 = 1 };
 constexpr int fwd_tile_rows(int tile) { return tile == kFwdTileM64 ? 64 : 128; }
 constexpr int kFwdBlockN = 64;  // keys per step of the forward kernel (every tile)
 
-// Backward blocking, per head size: the dK/dV kernel owns kBwdKeysPerBlock keys and
-// walks query blocks; the dQ kernel owns kBwdQueriesPerBlock queries and walks keys.
-constexpr int kBwdKeysPerBlock = 64;
+// The deterministic backward's dQ kernel owns kBwdQueriesPerBlock queries and walks the
+// keys (the key-block kernel's blocking is per head size, in fmha_bwd.cuh).
 constexpr int kBwdQueriesPerBlock = 64;
 
 template <typename T>
 cudaError_t launch_fmha_fwd(const FmhaParams& p, int tile, cudaStream_t stream);
 
-// delta[r] = sum_d dout[r, d] * out[r, d] over all rows r < rows (= T * H).
+// delta[r] = sum_d dout[r, d] * out[r, d] over all rows r < rows (= T * H), and
+// dq_accum = 0 when p.dq_accum is set.
 template <typename T>
-cudaError_t launch_fmha_bwd_delta(const FmhaParams& p, int64_t rows, cudaStream_t stream);
+cudaError_t launch_fmha_bwd_prep(const FmhaParams& p, int64_t rows, cudaStream_t stream);
 
-// dK, dV and dQ of the sequences in p (delta must be ready on the stream).
+// dK, dV of the sequences in p, and dQ: into p.dq_accum with atomics (one pass), or straight
+// into p.dq by a second kernel (deterministic). delta (and the zeroed dq_accum) must be
+// ready on the stream.
 template <typename T>
-cudaError_t launch_fmha_bwd(const FmhaParams& p, cudaStream_t stream);
+cudaError_t launch_fmha_bwd(const FmhaParams& p, bool deterministic, cudaStream_t stream);
+
+// dq = dq_accum * scale, rows r < rows (after the one-pass backward of every sequence).
+template <typename T>
+cudaError_t launch_fmha_bwd_dq_convert(const FmhaParams& p, int64_t rows, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace paddle_unpad
