@@ -161,11 +161,15 @@ def _paddlenlp_knows(name):
 
 def load_tokenizer(source, flag="--model-name-or-path"):
     """A PaddleNLP tokenizer of a ``ModelSource`` (or of what ``model_source`` makes of a name or path),
-    or of a ``vocab.txt`` file (BERT WordPiece)."""
+    of a folder holding a tokenizer only (``tokenizer_config.json``, no ``config.json``: an export's,
+    or one saved alone), or of a ``vocab.txt`` file (BERT WordPiece)."""
     from paddlenlp.transformers import AutoTokenizer, BertTokenizer
 
     if isinstance(source, str) and os.path.isfile(source):
         return BertTokenizer(source)
+    if isinstance(source, str) and os.path.isfile(os.path.join(source, "tokenizer_config.json")) and \
+            not os.path.isfile(os.path.join(source, "config.json")):
+        source = ModelSource("paddlenlp", source, flag)
     if isinstance(source, str):
         source = model_source(source, flag)
     if source.kind == "hf":

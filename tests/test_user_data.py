@@ -315,6 +315,9 @@ def test_model_source_reads_a_save_pretrained_and_a_hugging_face_folder(user, tm
                                   tensors["embeddings.word_embeddings.weight"])
     tokenizer = eu.load_tokenizer(hf)
     assert tokenizer("Good film")["input_ids"] == [2, vocab.index("good"), vocab.index("film"), 3]
+    tokenizer.save_pretrained(str(tmp_path / "tokenizer_only"))  # a tokenizer without a model (an export's)
+    assert eu.load_tokenizer(str(tmp_path / "tokenizer_only"))("Good film")["input_ids"] == \
+        tokenizer("Good film")["input_ids"]
     with pytest.raises(SystemExit) as e:
         eu.check_max_seq_len(129, tokenizer, eu.position_limit(hf.config))
     assert e.value.code == "--max-seq-len 129 is above the model's 128 positions (max_position_embeddings): give at most 128"
