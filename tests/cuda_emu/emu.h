@@ -1,6 +1,7 @@
 // A small CPU emulation of the CUDA execution model, enough to run the kernels of
 // custom_ops/kernels/cuda on a machine without a GPU (tests/test_cuda_emulated*.py):
-//   - a launch runs its blocks one after another; a block's threads are fibers (own
+//   - a launch runs its blocks one after another (first to last, or last to first); a
+//     block's threads are fibers (own
 //     stacks) on the calling OS thread, switched only at barriers and warp collectives,
 //     so a block of 256 threads costs no OS threads and reruns interleave identically;
 //   - __shared__ is `static` (one block is alive at a time, so it is the block's memory);
@@ -122,6 +123,10 @@ struct Counters {
   uint64_t mma = 0, philox = 0, atomics = 0;
 };
 inline Counters counters;
+
+// Run a launch's blocks last to first (emu_set_block_order): a GPU gives no order, so a
+// result must not depend on the one the emulation happens to use.
+inline bool reverse_block_order = false;
 inline thread_local std::string reported;  // what cudaGetErrorString() hands out
 
 // A switch costs a _setjmp and a _longjmp (no signal-mask system call as in swapcontext).
@@ -362,10 +367,11 @@ void launch(Kernel kernel, dim3 grid, dim3 threads, size_t smem_bytes, cudaStrea
   Block* outer_block = block;
   Thread* outer_self = self;
   block = &b;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        bid = dim3(bx, by, bz);
+  const unsigned long long blocks = 1ull * grid.x * grid.y * grid.z;
+  for (unsigned long long n = 0; n < blocks; ++n) {
+    const unsigned long long i = reverse_block_order ? blocks - 1 - n : n;
+        bid = dim3(static_cast<unsigned>(i % grid.x), static_cast<unsigned>(i / grid.x % grid.y),
+                   static_cast<unsigned>(i / grid.x / grid.y));
         std::memset(b.smem, 0xff, smem_bytes);
         b.granules.assign(smem_bytes / 16, Granule{});
         if (!run_block(b, threads)) {
@@ -373,7 +379,7 @@ void launch(Kernel kernel, dim3 grid, dim3 threads, size_t smem_bytes, cudaStrea
           self = outer_self;
           return;
         }
-      }
+  }
   block = outer_block;
   self = outer_self;
 }
@@ -412,12 +418,30 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return all[emu::lane() ^ static_cast<unsigned>(lane_mask)].f;
 }
 
-// Blocks run one at a time, so an atomic is a plain read-modify-write here.
+// Blocks run one at a time, so an atomic is a plain read-modify-write here, and a fence
+// orders nothing that is not already in order.
 inline float atomicAdd(float* address, float v) {
   ++emu::counters.atomics;
   const float old = *address;
   *address = old + v;
   return old;
+}
+
+inline int atomicAdd(int* address, int v) {
+  const int old = *address;
+  *address = old + v;
+  return old;
+}
+
+inline void __threadfence() {}
+
+inline float2 __ldcg(const float2* p) { return *p; }
+
+inline int __shfl_sync(unsigned, int v, int src_lane) {
+  emu::Deposit mine{};
+  mine.w[0] = static_cast<uint32_t>(v);
+  const emu::Deposit* all = emu::warp_exchange(mine, "__shfl_sync");
+  return static_cast<int>(all[static_cast<unsigned>(src_lane) % emu::kWarp].w[0]);
 }
 
 using std::max;

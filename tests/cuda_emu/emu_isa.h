@@ -183,6 +183,15 @@ inline void cp_async_wait() {
   q.resize(kept);
 }
 
+// Blocks run one after another: a block can only wait for one that ran before it. A count
+// still at zero here would be a wait on a later block, which the emulation cannot run (and
+// which on a GPU would depend on the order blocks are scheduled in): it fails the launch.
+inline void wait_nonzero(const int* word) {
+  if (*word == 0) emu::fail("wait on a count no earlier block has raised");
+}
+
+inline void discard_l2_line(const void*) {}
+
 inline float fast_exp2(float x) {
   const float y = std::exp2(x);
   return y < FLT_MIN ? 0.0f : y;

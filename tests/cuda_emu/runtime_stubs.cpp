@@ -20,6 +20,9 @@ CUevent_st* next_event() {
 
 extern "C" cudaError_t cudaGetLastError() { return emu::take_error(); }
 
+// 1: later launches run their blocks last to first; 0: first to last.
+extern "C" void emu_set_block_order(int reverse) { emu::reverse_block_order = reverse != 0; }
+
 // What the kernels executed since the last call (emu.h Counters): out = {mma, philox, atomics}.
 extern "C" void emu_take_counters(uint64_t* out) {
   out[0] = emu::counters.mma;

@@ -133,6 +133,18 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
+// Spins until *word (a count another block raises) is non-zero.
+__device__ __forceinline__ void wait_nonzero(const int* word) {
+  while (*reinterpret_cast<const volatile int*>(word) == 0) {
+  }
+}
+
+// Drops the 128-byte line at p (128-byte aligned) from L2 without writing it back: its data
+// is dead (a scratch value that was read for the last time).
+__device__ __forceinline__ void discard_l2_line(const void* p) {
+  asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(p) : "memory");
+}
+
 // 2^x, ~2 ulp; exp2(-inf) = +0 (masked scores), never NaN for finite or -inf input.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;

@@ -2,7 +2,7 @@
 // (FmhaLaunchOptions::deterministic):
 //
 // One pass (the default), after FlashAttention-2's backward:
-//   1. prep: delta = rowsum(dO * O) [T, H] and dq_accum = 0 [T, H, D] (fp32 workspace);
+//   1. prep: delta = rowsum(dO * O) [T, H] (fp32 workspace), dQ tile counters = 0;
 //   2. key-block kernel, one block per (key block of 16 * kWarps keys, sequence, head): warp w
 //      owns 16 keys, keeps their K and V fragments, dK and dV in registers, and walks the
 //      query blocks of kBlockM queries (double-buffered Q / dO tiles):
@@ -10,13 +10,14 @@
 //        P = exp2(S * scale_log2 - lse_log2), Z = the dropout mask from the lane's own Philox
 //        calls (made once per tile), dS = P (dP Z - delta)
 //        dV += (P Z)^T dO, dK += dS^T Q           (P Z and dS transposed in registers)
-//        dS -> shared memory; dQ of the query block = dS K by four warps, added to dq_accum
-//        in fp32 with atomics (RED)
-//   3. convert: dq = dq_accum * scale in q's dtype.
-//   Five matmuls per tile. The atomics add in the order the hardware takes them, so dQ's
-//   last bits may differ between runs (dK and dV never do).
-// Deterministic: prep computes delta only; the key-block kernel without dS / dQ, then a dQ
-// kernel per (query block, sequence, head) that recomputes S and dP for its 64 queries while
+//        dS -> shared memory; dQ of the query block = dS K by four warps, each tile added
+//        into an fp32 accumulator (dq_tile_out: the first key block to arrive stores its
+//        part, the others add theirs with atomics, the last converts the tile into dq).
+//   Five matmuls per tile. The atomics add in the order the blocks arrive, so dQ's last bits
+//   may differ between runs (dK and dV never do). The accumulator of the tiles in flight
+//   stays in L2 (no zeroing pass, no conversion pass, its lines dropped unwritten).
+// Deterministic: prep computes delta only; the same key-block kernel without dS / dQ, then a
+// dQ kernel per (query block, sequence, head) that recomputes S and dP for its 64 queries while
 // it walks the key blocks (seven matmuls per tile); every output element is written by one
 // thread in a fixed order, so reruns are bitwise identical.
 //
@@ -27,10 +28,9 @@
 // 16-row operand from shared memory (8 B per attention element each); dQ needs dS of all
 // the block's keys, so it goes through shared memory once, and 32 x 32 dQ tiles on four
 // warps read 7.8 B per element where 16 x 32 tiles on eight would read 11.7. Key blocks of
-// 128 halve the dQ atomics against blocks of 64 (one fp32 RED per 4 elements at D = 64).
-// Registers (ptxas, sm_90, D = 64: about 200 of 255 at eight warps, one block per SM with
-// 92 KB of shared memory) leave no room for a second block; occupancy comes from the
-// eight warps' independent MMA chains instead.
+// 128 halve the dQ atomics against blocks of 64 (one float2 RED per 8 elements at D = 64).
+// Registers (about 225 of 255 at eight warps, one block per SM with 92 KB of shared memory)
+// leave no room for a second block; the eight warps' independent MMA chains hide latency.
 #pragma once
 #include "kernels/cuda/fmha_fwd.cuh"
 
@@ -38,11 +38,11 @@ namespace paddle_unpad {
 namespace cuda {
 
 // delta[r] = sum_d dout[r, d] * out[r, d] for every row r < rows (= T * H), and, when
-// dq_accum is set, dq_accum[r, :] = 0 (the one-pass backward adds dQ into it).
+// dq_tiles is set, the kBwdDqWarps counter pairs of row r = 0 (the one-pass backward's dQ tiles).
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
     fmha_bwd_prep_kernel(const T* __restrict__ out, const T* __restrict__ dout,
-                         float* __restrict__ delta, float* __restrict__ dq_accum, int64_t rows) {
+                         float* __restrict__ delta, int* __restrict__ dq_tiles, int64_t rows) {
   constexpr int kLanes = D / 8;  // threads per row, 8 elements (16 bytes) each
   constexpr int kRowsPerBlock = 256 / kLanes;
   using Tr = ElemTraits<T>;
@@ -58,43 +58,98 @@ __global__ void __launch_bounds__(256)
       const float2 x = Tr::unpack(av[i]), y = Tr::unpack(bv[i]);
       acc += x.x * y.x + x.y * y.y;
     }
-    if (dq_accum != nullptr) {
-      float4* z = reinterpret_cast<float4*>(dq_accum + r * D + ch * 8);
-      z[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      z[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    static_assert(kBwdDqWarps == 4, "two int4 of counters per row");
+    if (dq_tiles != nullptr && ch < 2)
+      reinterpret_cast<int4*>(dq_tiles + r * 2 * kBwdDqWarps)[ch] = make_int4(0, 0, 0, 0);
   }
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (r < rows && ch == 0) delta[r] = acc;
 }
 
-// dq[r, :] = dq_accum[r, :] * scale in T, every row r < rows.
-template <typename T, int D>
-__global__ void __launch_bounds__(256)
-    fmha_bwd_dq_convert_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq,
-                               float scale, int64_t rows) {
-  constexpr int kLanes = D / 8;
-  constexpr int kRowsPerBlock = 256 / kLanes;
+// A warp's part of the dQ of one query block (acc: kM16 x kN8 accumulator tiles; rows from
+// packed row t_first, `rows` of them existing; columns col0..), added into dq. Every key block
+// of the sequence adds a part to the same tile, in any order; the tile's two counters (parts
+// arrived, parts written) let the first part to arrive be stored into
+// dq_accum as it is (no zeroing pass), the others be added with atomics once that store is
+// visible, and the last part's warp convert the finished tile into dq and drop its lines from
+// L2 unwritten (no conversion pass; the accumulator of the tiles in flight never reaches
+// DRAM). Deadlock-free: only the first arrival is waited for, and it is running and waits for
+// nothing. With one key block its part is the tile: straight into dq.
+template <typename T, int D, int kM16, int kN8>
+__device__ __forceinline__ void dq_tile_out(const FmhaParams& p, const float (&acc)[kM16][kN8][4],
+                                            int* counter, int nkb, int64_t t_first, int rows,
+                                            int col0, int h, int lane) {
   using Tr = ElemTraits<T>;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
-  const int ch = static_cast<int>(threadIdx.x) % kLanes;
-  if (r >= rows) return;
-  const float4* src = reinterpret_cast<const float4*>(dq_accum + r * D + ch * 8);
-  const float4 a = src[0], b = src[1];
-  uint4 o;
-  o.x = Tr::pack(a.x * scale, a.y * scale);
-  o.y = Tr::pack(a.z * scale, a.w * scale);
-  o.z = Tr::pack(b.x * scale, b.y * scale);
-  o.w = Tr::pack(b.z * scale, b.w * scale);
-  *reinterpret_cast<uint4*>(dq + r * D + ch * 8) = o;
+  const int g = lane / 4, c = lane % 4;
+  auto offset = [&](int r) { return ((t_first + r) * p.heads + h) * D + col0 + 2 * c; };
+  auto to_dq = [&](int r, int n, float a, float b) {
+    *reinterpret_cast<uint32_t*>(static_cast<T*>(p.dq) + offset(r) + n * 8) = Tr::pack(a * p.scale, b * p.scale);
+  };
+  if (nkb == 1) {
+#pragma unroll
+    for (int m = 0; m < kM16; ++m)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (m * 16 + g + 8 * i < rows)
+#pragma unroll
+          for (int n = 0; n < kN8; ++n) to_dq(m * 16 + g + 8 * i, n, acc[m][n][2 * i], acc[m][n][2 * i + 1]);
+    return;
+  }
+  int arrival = 0;
+  if (lane == 0) arrival = atomicAdd(counter, 1);
+  arrival = __shfl_sync(0xffffffffu, arrival, 0);
+  if (arrival != 0) {
+    if (lane == 0) wait_nonzero(counter + 1);  // the first part is stored
+    __syncwarp();
+    __threadfence();
+  }
+#pragma unroll
+  for (int m = 0; m < kM16; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (m * 16 + g + 8 * i < rows) {
+        float* dst = p.dq_accum + offset(m * 16 + g + 8 * i);
+#pragma unroll
+        for (int n = 0; n < kN8; ++n) {
+          if (arrival == 0)
+            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(acc[m][n][2 * i], acc[m][n][2 * i + 1]);
+          else
+            red_add_f32x2(dst + n * 8, acc[m][n][2 * i], acc[m][n][2 * i + 1]);
+        }
+      }
+  __threadfence();  // this lane's part is visible before the count says so
+  __syncwarp();
+  int written = 0;
+  if (lane == 0) written = atomicAdd(counter + 1, 1);
+  written = __shfl_sync(0xffffffffu, written, 0);
+  if (written != nkb - 1) return;
+  __threadfence();  // every other part is visible: read them from L2, past this SM's L1
+#pragma unroll
+  for (int m = 0; m < kM16; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (m * 16 + g + 8 * i < rows) {
+        const float* src = p.dq_accum + offset(m * 16 + g + 8 * i);
+#pragma unroll
+        for (int n = 0; n < kN8; ++n) {
+          const float2 v = __ldcg(reinterpret_cast<const float2*>(src + n * 8));
+          to_dq(m * 16 + g + 8 * i, n, v.x, v.y);
+        }
+      }
+  static_assert(kN8 * 8 * sizeof(float) % 128 == 0, "a tile row is whole 128-byte lines");
+  __syncwarp();  // every lane has read the tile
+  for (int r = lane; r < kM16 * 16 && r < rows; r += 32)
+#pragma unroll
+    for (int l = 0; l < kN8 * 8 * static_cast<int>(sizeof(float)) / 128; ++l)
+      discard_l2_line(p.dq_accum + ((t_first + r) * p.heads + h) * D + col0 + l * 32);
 }
 
 // How the key-block kernel's dQ of one query block (kBlockM x D) is split: four warps, each a
 // kM x kN tile (32 x 32 where the block allows: the fewest shared-memory reads per element).
 template <int D, int kBlockM>
 struct BwdDqTiling {
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = kBwdDqWarps;
   static constexpr int kM = kBlockM * D >= 4 * 32 * 32 ? 32 : 16;
   static constexpr int kN = kBlockM * D / (kWarps * kM);
   static constexpr int kRowTiles = kBlockM / kM;
@@ -116,6 +171,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kMT = kBlockM / 16;  // m-tiles of 16 queries per step
   constexpr int kDT = D / 8;
   constexpr int kFr = kKVInRegs ? kKT : 1;
+  // Q and dO transposed in registers (movmatrix) for the dV / dK products: the A fragments of
+  // one m-tile (D / 4 registers each) must stay live until then, which the registers of D = 128
+  // (dK, dV: 128 of them) do not allow; D = 128 reads the tiles again, transposed, instead.
+  constexpr bool kMovT = D <= 64;
   using Tr = ElemTraits<T>;
   using Dq = BwdDqTiling<D, kBlockM>;
   static_assert(Dq::kWarps <= kWarps, "dQ needs four warps");
@@ -141,7 +200,9 @@ __global__ void __launch_bounds__(kWarps * 32)
                                              tile.ld);
     load_rows_async<T, D, kBlockM, kThreads>(sdO + st * kBlockM * kStride, tile.in(p.dout),
                                              qb * kBlockM, s, tile.ld);
-    for (int i = static_cast<int>(threadIdx.x); i < kBlockM; i += kThreads) {
+    static_assert(kBlockM <= kThreads, "one thread per query row of a step");
+    const int i = static_cast<int>(threadIdx.x);
+    if (i < kBlockM) {
       const int r = qb * kBlockM + i;
       const bool ok = r < s;
       const int64_t row = static_cast<int64_t>(seq.start + (ok ? r : 0)) * p.heads + h;
@@ -153,10 +214,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   load_rows_async<T, D, kBlockN, kThreads>(sK, tile.k, j0, s, tile.ld);
   load_rows_async<T, D, kBlockN, kThreads>(sV, tile.v, j0, s, tile.ld);
+  cp_async_commit();
   issue_q(0, 0);
   cp_async_commit();
 
-  uint32_t kf[kFr][4], vf[kFr][4];  // B fragments of this warp's 16 keys, d = 16 kk ..
   float dk[kDT][4], dv[kDT][4];
 #pragma unroll
   for (int dt = 0; dt < kDT; ++dt)
@@ -166,6 +227,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int kvalid = s - (j0 + kr0);  // how many of them exist
   // ldmatrix rows of a 16-key B operand: lane 8i + r gives key (i / 2) * 8 + r, d (i % 2) * 8
   const int b_row = (kr0 + (lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
+  uint32_t kf[kFr][4], vf[kFr][4];  // B fragments of this warp's 16 keys, d = 16 kk ..
+  if (kKVInRegs) {
+    cp_async_wait<1>();
+    __syncthreads();  // K and V landed
+#pragma unroll
+    for (int kk = 0; kk < kFr; ++kk) {
+      ldmatrix_x4(kf[kk], sK + b_row + kk * 16);
+      ldmatrix_x4(vf[kk], sV + b_row + kk * 16);
+    }
+  }
   const uint32_t key16 = static_cast<uint32_t>(j0 + kr0 + 2 * c);  // dropout: keys 2c.. of the 16
 
   const int nqb = (s + kBlockM - 1) / kBlockM;
@@ -179,55 +250,47 @@ __global__ void __launch_bounds__(kWarps * 32)
       cp_async_wait<0>();
     }
     __syncthreads();  // stage st (and K, V) landed
-    if (kKVInRegs && qb == 0) {
-#pragma unroll
-      for (int kk = 0; kk < kFr; ++kk) {
-        ldmatrix_x4(kf[kk], sK + b_row + kk * 16);
-        ldmatrix_x4(vf[kk], sV + b_row + kk * 16);
-      }
-    }
     const T* qs = sQ + st * kBlockM * kStride;
     const T* dos = sdO + st * kBlockM * kStride;
     const float* lse_s = sLse + st * kBlockM;
     const float* dl_s = sDelta + st * kBlockM;
 
-    // S = Q K^T and dP = dO V^T: kMT m-tiles of 16 queries x this warp's 16 keys.
-    float sc[kMT][2][4], dp[kMT][2][4];
+    // One m-tile of 16 queries at a time: S = Q K^T and dP = dO V^T (this warp's 16 keys),
+    // P Z and dS, then their products with dO and Q into dV and dK. The B operands of those
+    // products (dO and Q with the queries as rows of k) are the transposes of the 8x8 blocks
+    // of the A fragments S and dP were made from: with kMovT the warp transposes them in
+    // registers (movmatrix) instead of reading the tiles from shared memory a second time.
+    uint32_t ds[kMT][2][2];  // dS packed: [m-tile][n-tile][rows g / g + 8], for dQ
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < kMT; ++mt) {
+      uint32_t qa[kKT][4], da[kKT][4];
+      float sc[2][4], dp[2][4];
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[mt][n][e] = dp[mt][n][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < kKT; ++kk) {
-      uint32_t kb[4], vb[4];
+      for (int kk = 0; kk < kKT; ++kk) {
+        uint32_t kb[4], vb[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        kb[i] = kf[kKVInRegs ? kk : 0][i];
-        vb[i] = vf[kKVInRegs ? kk : 0][i];
-      }
-      if (!kKVInRegs) {
-        ldmatrix_x4(kb, sK + b_row + kk * 16);
-        ldmatrix_x4(vb, sV + b_row + kk * 16);
-      }
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
+        for (int i = 0; i < 4; ++i) {
+          kb[i] = kf[kKVInRegs ? kk : 0][i];
+          vb[i] = vf[kKVInRegs ? kk : 0][i];
+        }
+        if (!kKVInRegs) {
+          ldmatrix_x4(kb, sK + b_row + kk * 16);
+          ldmatrix_x4(vb, sV + b_row + kk * 16);
+        }
         const int a_off = (mt * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8;
-        uint32_t a[4], b[4];
-        ldmatrix_x4(a, qs + a_off);
-        ldmatrix_x4(b, dos + a_off);
-        mma16816<T>(sc[mt][0], a, kb[0], kb[1]);
-        mma16816<T>(sc[mt][1], a, kb[2], kb[3]);
-        mma16816<T>(dp[mt][0], b, vb[0], vb[1]);
-        mma16816<T>(dp[mt][1], b, vb[2], vb[3]);
+        ldmatrix_x4(qa[kk], qs + a_off);
+        ldmatrix_x4(da[kk], dos + a_off);
+        mma16816<T>(sc[0], qa[kk], kb[0], kb[1]);
+        mma16816<T>(sc[1], qa[kk], kb[2], kb[3]);
+        mma16816<T>(dp[0], da[kk], vb[0], vb[1]);
+        mma16816<T>(dp[1], da[kk], vb[2], vb[3]);
       }
-    }
 
-    // P Z and dS, packed: [m-tile][n-tile][rows g / g + 8]. Keys past the end have P = 0.
-    uint32_t pz[kMT][2][2], ds[kMT][2][2];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
+      // P Z into sc and dS; keys past the end have P = 0, queries past it lse = +inf.
       const int r0 = mt * 16 + g;
       const float lse2[2] = {lse_s[r0], lse_s[r0 + 8]}, dl[2] = {dl_s[r0], dl_s[r0 + 8]};
       float pr[2][4];
@@ -236,54 +299,64 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = n * 8 + 2 * c + (e & 1);
-          pr[n][e] = col < kvalid ? fast_exp2(sc[mt][n][e] * p.scale_log2 - lse2[e >> 1]) : 0.0f;
-          sc[mt][n][e] = pr[n][e];  // P Z below
+          pr[n][e] = col < kvalid ? fast_exp2(sc[n][e] * p.scale_log2 - lse2[e >> 1]) : 0.0f;
+          sc[n][e] = pr[n][e];
         }
       if (kDropout) {  // the tile's mask, made once: it drops from P Z and from dP Z alike
         const Philox4 r = dropout_call(
             p, key16, attention_counter1(static_cast<uint32_t>(seq.start),
                                          static_cast<uint32_t>(qb * kBlockM + r0)),
             static_cast<uint32_t>(h));
-        apply_dropout(sc[mt][0], sc[mt][1], r, p.drop_threshold_hi);
-        apply_dropout(dp[mt][0], dp[mt][1], r, p.drop_threshold_hi);
+        apply_dropout(sc[0], sc[1], r, p.drop_threshold_hi);
+        apply_dropout(dp[0], dp[1], r, p.drop_threshold_hi);
       }
+      uint32_t pz[2][2];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         float d[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          d[e] = pr[n][e] * ((kDropout ? dp[mt][n][e] * p.keep_scale : dp[mt][n][e]) - dl[e >> 1]);
+          d[e] = pr[n][e] * ((kDropout ? dp[n][e] * p.keep_scale : dp[n][e]) - dl[e >> 1]);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          pz[mt][n][i] = Tr::pack(sc[mt][n][2 * i], sc[mt][n][2 * i + 1]);
+          pz[n][i] = Tr::pack(sc[n][2 * i], sc[n][2 * i + 1]);
           ds[mt][n][i] = Tr::pack(d[2 * i], d[2 * i + 1]);
         }
       }
-    }
 
-    // dV += (P Z)^T dO and dK += dS^T Q; m-tile mt is the k-step of queries 16 mt.., its
-    // transposed A fragment four movmatrix (a0: keys 0-7 x queries 0-7 = the transpose of
-    // the rows-g half of n-tile 0, a1: keys 8-15 x queries 0-7, a2: keys 0-7 x queries 8-15).
-    // The 1/(1-p) of P Z is applied to dV once, at the end.
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      const uint32_t ap[4] = {movmatrix_trans(pz[mt][0][0]), movmatrix_trans(pz[mt][1][0]),
-                              movmatrix_trans(pz[mt][0][1]), movmatrix_trans(pz[mt][1][1])};
+      // dV += (P Z)^T dO, dK += dS^T Q over these 16 queries (one k-step). The transposed A
+      // fragment is four movmatrix (a0: keys 0-7 x queries 0-7 = the transpose of the rows-g
+      // half of n-tile 0, a1: keys 8-15 x queries 0-7, a2: keys 0-7 x queries 8-15). The
+      // 1/(1-p) of P Z is applied to dV once, at the end.
+      const uint32_t ap[4] = {movmatrix_trans(pz[0][0]), movmatrix_trans(pz[1][0]),
+                              movmatrix_trans(pz[0][1]), movmatrix_trans(pz[1][1])};
       const uint32_t as[4] = {movmatrix_trans(ds[mt][0][0]), movmatrix_trans(ds[mt][1][0]),
                               movmatrix_trans(ds[mt][0][1]), movmatrix_trans(ds[mt][1][1])};
 #pragma unroll
-      for (int d2 = 0; d2 < D / 16; ++d2) {
-        const int off = (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 +
-                        (lane >> 4) * 8;
-        mma_two_tiles<T, true>(dv[2 * d2], dv[2 * d2 + 1], ap, dos + off);
-        mma_two_tiles<T, true>(dk[2 * d2], dk[2 * d2 + 1], as, qs + off);
+      for (int kk = 0; kk < kKT; ++kk) {
+        if (kMovT) {
+          // d-tile 2 kk + hi: its B fragment is the transposes of A blocks (queries 0-7 and
+          // 8-15) x (d 0-7 or 8-15 of k-step kk)
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            mma16816<T>(dv[2 * kk + hi], ap, movmatrix_trans(da[kk][2 * hi]),
+                        movmatrix_trans(da[kk][2 * hi + 1]));
+            mma16816<T>(dk[2 * kk + hi], as, movmatrix_trans(qa[kk][2 * hi]),
+                        movmatrix_trans(qa[kk][2 * hi + 1]));
+          }
+        } else {
+          const int off = (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + kk * 16 +
+                          (lane >> 4) * 8;
+          mma_two_tiles<T, true>(dv[2 * kk], dv[2 * kk + 1], ap, dos + off);
+          mma_two_tiles<T, true>(dk[2 * kk], dk[2 * kk + 1], as, qs + off);
+        }
       }
     }
 
     if (kDq) {
       // dS of the whole block goes through shared memory (rows = queries); then four warps
       // take dQ = dS K of the query block, K transposed out of shared memory, and add their
-      // tile to dq_accum (rows that exist only: the rows past the end are another sequence's).
+      // tile into dq (rows that exist only: the rows past the end are another sequence's).
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -322,19 +395,11 @@ __global__ void __launch_bounds__(kWarps * 32)
             }
           }
         }
-#pragma unroll
-        for (int m = 0; m < kM16; ++m)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int q = qb * kBlockM + qr0 + m * 16 + g + 8 * i;
-            if (q < s) {
-              float* dst = p.dq_accum + (static_cast<int64_t>(seq.start + q) * p.heads + h) * D +
-                           dc0 + 2 * c;
-#pragma unroll
-              for (int n = 0; n < kN8; ++n)
-                red_add_f32x2(dst + n * 8, acc[m][n][2 * i], acc[m][n][2 * i + 1]);
-            }
-          }
+        const int q_first = qb * kBlockM + qr0;
+        dq_tile_out<T, D, kM16, kN8>(
+            p, acc,
+            p.dq_tiles + ((static_cast<int64_t>(seq.start + qb * kBlockM) * p.heads + h) * kBwdDqWarps + warp) * 2,
+            (s + kBlockN - 1) / kBlockN, seq.start + q_first, s - q_first, dc0, h, lane);
       }
       // The next step writes dS after its first barrier, which every warp reaches only
       // after this dQ.
@@ -443,6 +508,7 @@ __global__ void __launch_bounds__(128)
 
   load_rows_async<T, D, kBlockM, kThreads>(sQ, tile.q, q0, s, tile.ld);
   load_rows_async<T, D, kBlockM, kThreads>(sdO, tile.in(p.dout), q0, s, tile.ld);
+  cp_async_commit();
   load_rows_async<T, D, kBlockN, kThreads>(sK, tile.k, 0, s, tile.ld);
   load_rows_async<T, D, kBlockN, kThreads>(sV, tile.v, 0, s, tile.ld);
   cp_async_commit();
@@ -468,6 +534,15 @@ __global__ void __launch_bounds__(128)
     for (int e = 0; e < 4; ++e) dq[dt][e] = 0.0f;
   const T* sQw = sQ + (warp * 16 + (lane & 15)) * kStride + (lane >> 4) * 8;
   const T* sdOw = sdO + (warp * 16 + (lane & 15)) * kStride + (lane >> 4) * 8;
+  if (kQInRegs) {
+    cp_async_wait<1>();
+    __syncthreads();  // Q and dO landed (every thread waited for its own copies)
+#pragma unroll
+    for (int kk = 0; kk < kFr; ++kk) {
+      ldmatrix_x4(qf[kk], sQw + kk * 16);
+      ldmatrix_x4(df[kk], sdOw + kk * 16);
+    }
+  }
 
   const int nkb = (s + kBlockN - 1) / kBlockN;
   for (int kb = 0; kb < nkb; ++kb) {
@@ -484,13 +559,6 @@ __global__ void __launch_bounds__(128)
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (kQInRegs && kb == 0) {
-#pragma unroll
-      for (int kk = 0; kk < kFr; ++kk) {
-        ldmatrix_x4(qf[kk], sQw + kk * 16);
-        ldmatrix_x4(df[kk], sdOw + kk * 16);
-      }
-    }
     const T* ks = sK + st * kBlockN * kStride;
     const T* vs = sV + st * kBlockN * kStride;
 
@@ -562,42 +630,27 @@ __global__ void __launch_bounds__(128)
 }
 
 template <typename T, int D>
-cudaError_t launch_bwd_rows_dim(const FmhaParams& p, int64_t rows, bool convert,
-                                cudaStream_t stream) {
+cudaError_t launch_bwd_prep_dim(const FmhaParams& p, int64_t rows, cudaStream_t stream) {
   constexpr int kRowsPerBlock = 256 / (D / 8);
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   if (blocks == 0) return cudaSuccess;
-  if (convert)
-    fmha_bwd_dq_convert_kernel<T, D><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-        p.dq_accum, static_cast<T*>(p.dq), p.scale, rows);
-  else
-    fmha_bwd_prep_kernel<T, D><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-        static_cast<const T*>(p.out), static_cast<const T*>(p.dout), p.delta, p.dq_accum, rows);
+  fmha_bwd_prep_kernel<T, D><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      static_cast<const T*>(p.out), static_cast<const T*>(p.dout), p.delta, p.dq_tiles, rows);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t launch_bwd_rows(const FmhaParams& p, int64_t rows, bool convert, cudaStream_t stream) {
+cudaError_t launch_fmha_bwd_prep(const FmhaParams& p, int64_t rows, cudaStream_t stream) {
   switch (p.head_dim) {
     case 32:
-      return launch_bwd_rows_dim<T, 32>(p, rows, convert, stream);
+      return launch_bwd_prep_dim<T, 32>(p, rows, stream);
     case 64:
-      return launch_bwd_rows_dim<T, 64>(p, rows, convert, stream);
+      return launch_bwd_prep_dim<T, 64>(p, rows, stream);
     case 128:
-      return launch_bwd_rows_dim<T, 128>(p, rows, convert, stream);
+      return launch_bwd_prep_dim<T, 128>(p, rows, stream);
     default:
       return cudaErrorInvalidValue;
   }
-}
-
-template <typename T>
-cudaError_t launch_fmha_bwd_prep(const FmhaParams& p, int64_t rows, cudaStream_t stream) {
-  return launch_bwd_rows<T>(p, rows, false, stream);
-}
-
-template <typename T>
-cudaError_t launch_fmha_bwd_dq_convert(const FmhaParams& p, int64_t rows, cudaStream_t stream) {
-  return launch_bwd_rows<T>(p, rows, true, stream);
 }
 
 template <typename Kernel>

@@ -5,6 +5,5 @@ namespace paddle_unpad {
 namespace cuda {
 template cudaError_t launch_fmha_bwd_prep<__nv_bfloat16>(const FmhaParams&, int64_t, cudaStream_t);
 template cudaError_t launch_fmha_bwd<__nv_bfloat16>(const FmhaParams&, bool, cudaStream_t);
-template cudaError_t launch_fmha_bwd_dq_convert<__nv_bfloat16>(const FmhaParams&, int64_t, cudaStream_t);
 }  // namespace cuda
 }  // namespace paddle_unpad

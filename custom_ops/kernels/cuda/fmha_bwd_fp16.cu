@@ -5,6 +5,5 @@ namespace paddle_unpad {
 namespace cuda {
 template cudaError_t launch_fmha_bwd_prep<__half>(const FmhaParams&, int64_t, cudaStream_t);
 template cudaError_t launch_fmha_bwd<__half>(const FmhaParams&, bool, cudaStream_t);
-template cudaError_t launch_fmha_bwd_dq_convert<__half>(const FmhaParams&, int64_t, cudaStream_t);
 }  // namespace cuda
 }  // namespace paddle_unpad

@@ -259,14 +259,22 @@ cudaError_t fmha_cuda_fwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt
 }
 
 namespace {
-// Floats of delta in the workspace, rounded so that dq_accum after it is 16-byte aligned.
-int64_t delta_floats(int64_t total, int64_t heads) { return round_up(std::max<int64_t>(total * heads, 1), 4); }
+// The backward's workspace, in floats: delta [T, H]; then, for the one-pass backward, the dQ
+// tile counters [T, H, kBwdDqWarps, 2] and the dQ accumulator [T, H, D], each starting on a
+// 128-byte line (the accumulator's lines are dropped from L2 one by one).
+int64_t line_floats(int64_t n) { return round_up(std::max<int64_t>(n, 1), 32); }
+int64_t tiles_at(int64_t total, int64_t heads) { return line_floats(total * heads); }
+int64_t accum_at(int64_t total, int64_t heads) {
+  return tiles_at(total, heads) + line_floats(total * heads * kBwdDqWarps * 2);
+}
 }  // namespace
 
 size_t fmha_cuda_bwd_workspace_bytes(int64_t total, int64_t heads, int64_t head_dim,
                                      bool deterministic) {
-  const int64_t accum = deterministic ? 0 : total * heads * head_dim;
-  return static_cast<size_t>(delta_floats(total, heads) + accum) * sizeof(float);
+  // + one line: the accumulator is moved up to the next 128-byte boundary
+  const int64_t floats = deterministic ? tiles_at(total, heads)
+                                       : accum_at(total, heads) + line_floats(total * heads * head_dim) + 32;
+  return static_cast<size_t>(floats) * sizeof(float);
 }
 
 cudaError_t fmha_cuda_bwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt, const void* q,
@@ -285,7 +293,11 @@ cudaError_t fmha_cuda_bwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt
   base.dk = dk;
   base.dv = dv;
   base.delta = static_cast<float*>(workspace);
-  base.dq_accum = opt.deterministic ? nullptr : base.delta + delta_floats(p.total, p.heads);
+  if (!opt.deterministic) {
+    base.dq_tiles = reinterpret_cast<int*>(base.delta + tiles_at(p.total, p.heads));
+    const uintptr_t at = reinterpret_cast<uintptr_t>(base.delta + accum_at(p.total, p.heads));
+    base.dq_accum = reinterpret_cast<float*>((at + 127) & ~uintptr_t{127});
+  }
   const int64_t rows = p.total * p.heads;
   const bool f16 = p.dtype == DType::kFloat16;
   cudaError_t e = f16 ? launch_fmha_bwd_prep<__half>(base, rows, stream)
@@ -298,12 +310,8 @@ cudaError_t fmha_cuda_bwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt
   auto bwdbf = [det](const FmhaParams& fp, int, cudaStream_t st) {
     return launch_fmha_bwd<__nv_bfloat16>(fp, det, st);
   };
-  e = f16 ? run_groups(groups, base, streams, stream, bwd16)
-          : run_groups(groups, base, streams, stream, bwdbf);
-  if (e != cudaSuccess || det) return e;
-  // run_groups joined its side streams into `stream`: every sequence's dQ is in dq_accum.
-  return f16 ? launch_fmha_bwd_dq_convert<__half>(base, rows, stream)
-             : launch_fmha_bwd_dq_convert<__nv_bfloat16>(base, rows, stream);
+  return f16 ? run_groups(groups, base, streams, stream, bwd16)
+             : run_groups(groups, base, streams, stream, bwdbf);
 }
 
 }  // namespace cuda

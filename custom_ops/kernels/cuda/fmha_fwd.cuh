@@ -128,10 +128,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int h = tile.head, warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
 
   load_rows_async<T, D, kBlockM, kThreads>(sQ, tile.q, q0, s, tile.ld);
+  cp_async_commit();
   load_rows_async<T, D, kBlockN, kThreads>(sK, tile.k, 0, s, tile.ld);
   cp_async_commit();
 
   uint32_t qf[kKT][4];
+  cp_async_wait<1>();
+  __syncthreads();  // Q landed
+#pragma unroll
+  for (int kk = 0; kk < kKT; ++kk)
+    ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8);
   float o[kDT][4];
 #pragma unroll
   for (int dt = 0; dt < kDT; ++dt)
@@ -147,12 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int kb = 0; kb < nkb; ++kb) {
     const int j0 = kb * kBlockN;
     cp_async_wait<0>();
-    __syncthreads();  // K_kb (and Q) landed; every warp is done with V_{kb-1}
-    if (kb == 0) {
-#pragma unroll
-      for (int kk = 0; kk < kKT; ++kk)
-        ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8);
-    }
+    __syncthreads();  // K_kb landed; every warp is done with V_{kb-1}
     load_rows_async<T, D, kBlockN, kThreads>(sV, tile.v, j0, s, tile.ld);
     cp_async_commit();
 

@@ -32,7 +32,8 @@ struct FmhaParams {
   int head_dim;
   float scale;       // of q k^T
   float scale_log2;  // scale * log2(e)
-  float* dq_accum;   // [T, H, D] fp32, zeroed: the one-pass backward adds dQ into it
+  float* dq_accum;   // [T, H, D] fp32 scratch of the one-pass backward's dQ tiles
+  int* dq_tiles;     // [T, H, kBwdDqWarps, 2] zeroed counters of those tiles (at a tile's first row)
   int dropout;       // 0 or 1
   uint32_t drop_threshold_hi;  // threshold16 << 16: a 16-bit draw below threshold16 is dropped
   float keep_scale;            // 1 / (1 - p)
@@ -51,24 +52,22 @@ constexpr int kFwdBlockN = 64;  // keys per step of the forward kernel (every ti
 // The deterministic backward's dQ kernel owns kBwdQueriesPerBlock queries and walks the
 // keys (the key-block kernel's blocking is per head size, in fmha_bwd.cuh).
 constexpr int kBwdQueriesPerBlock = 64;
+// Warps of the one-pass backward's key-block kernel that take a dQ tile each.
+constexpr int kBwdDqWarps = 4;
 
 template <typename T>
 cudaError_t launch_fmha_fwd(const FmhaParams& p, int tile, cudaStream_t stream);
 
-// delta[r] = sum_d dout[r, d] * out[r, d] over all rows r < rows (= T * H), and
-// dq_accum = 0 when p.dq_accum is set.
+// delta[r] = sum_d dout[r, d] * out[r, d] over all rows r < rows (= T * H), and the dQ tile
+// counters = 0 when p.dq_tiles is set.
 template <typename T>
 cudaError_t launch_fmha_bwd_prep(const FmhaParams& p, int64_t rows, cudaStream_t stream);
 
-// dK, dV of the sequences in p, and dQ: into p.dq_accum with atomics (one pass), or straight
-// into p.dq by a second kernel (deterministic). delta (and the zeroed dq_accum) must be
+// dK, dV and dQ of the sequences in p: in one pass (dQ tiles through p.dq_accum), or in two
+// kernels without atomics (deterministic). delta (and the zeroed tile counters) must be
 // ready on the stream.
 template <typename T>
 cudaError_t launch_fmha_bwd(const FmhaParams& p, bool deterministic, cudaStream_t stream);
-
-// dq = dq_accum * scale, rows r < rows (after the one-pass backward of every sequence).
-template <typename T>
-cudaError_t launch_fmha_bwd_dq_convert(const FmhaParams& p, int64_t rows, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace paddle_unpad
