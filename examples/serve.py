@@ -99,14 +99,16 @@ def class_names(folder, config=None):
     names = load_labels(folder) if folder and os.path.isdir(folder) else None
     if names:
         return names
-    config = config or _export_config(folder)
+    if config is None and folder:
+        config = _export_config(folder)
     id2label = (config or {}).get("id2label") or {}
     names = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(len(id2label))]
     return None if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) else names
 
 
 def _export_config(folder):
-    path = os.path.join(folder or ".", "config.json")
+    """The ``config.json`` saved next to an export (a dict), or None."""
+    path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
@@ -279,7 +281,7 @@ def main(argv=None):
         if not prefix:
             prefix = export_model(args.model_dir, args.export_to or tmp, args.max_seq_len)
         tokenizer = served_tokenizer(args, prefix)
-        check_max_seq_len(args.max_seq_len, tokenizer, position_limit(_export_config(os.path.dirname(prefix)) or {}),
+        check_max_seq_len(args.max_seq_len, tokenizer, position_limit(_export_config(os.path.dirname(prefix) or ".") or {}),
                           whose="the served model's")
         pred = predictor(prefix, args.threads, ir_optim=not args.no_ir_optim, onednn=args.onednn)
         missing = sorted(set(pred.get_input_names()) - set(PACKED_INPUTS))

@@ -360,6 +360,20 @@ def test_encode_text_truncates_itself_like_paddlenlp(user):
         eu.encode_text(tok, {"text": "good"}, 2)
 
 
+def test_serve_names_classes_as_the_model_does(tmp_path):
+    """labels.json first, then the configuration's id2label unless it holds placeholders, else None (class ids)."""
+    serve = _example("serve")
+    assert serve.class_names(str(tmp_path)) is None
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": {"0": "LABEL_0", "1": "LABEL_1"}}))
+    assert serve.class_names(str(tmp_path)) is None
+    assert serve.class_names("", {"id2label": {"0": "neg", "1": "pos"}}) == ["neg", "pos"]
+    assert serve.class_names("", {}) is None and serve.class_names("") is None
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": {"1": "pos", "0": "neg"}}))
+    assert serve.class_names(str(tmp_path)) == ["neg", "pos"]
+    (tmp_path / "labels.json").write_text(json.dumps({"labels": ["bad", "good"]}))
+    assert serve.class_names(str(tmp_path)) == ["bad", "good"]
+
+
 def test_trainer_help_lists_training_arguments_with_defaults():
     proc = _run([os.path.join(EX, "trainer_classifier.py"), "--help"], ROOT, timeout=120)
     blocks = {}
