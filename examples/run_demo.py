@@ -7,9 +7,9 @@ prints one comparison table. ``--full`` trains a whole epoch.
 
 The slice is sized by measured time, so that ``make demo`` takes two to three minutes on a
 fast or a slow 2-core host (Paddle's CPU matmul speed differs several times between them).
-Before either job runs, a short probe (one process, a few steps of the stock model) times a
-stock step; the number of steps the stock job can train in ``--time-budget`` seconds (at most
-the ``--max-train`` slice's) is then the number both jobs train, over a slice of exactly that
+Before either job runs, a short probe (the stock job itself, on the same ranks, for a few
+steps) times a stock step; the number of steps the stock job can train in ``--time-budget``
+seconds (at most the ``--max-train`` slice's) is then the number both jobs train, over a slice of exactly that
 many batches -- the same samples in the same order, the same learning-rate schedule, run to
 its end -- so that their accuracies are compared at equal work. ``--time-budget 0`` trains
 the whole slice.
@@ -44,7 +44,7 @@ def job_command(mode, args, workdir, max_steps=0, extra=()):
         cmd += ["--max-train", str(args.max_train)]
     if args.max_dev and not args.full:
         cmd += ["--max-dev", str(args.max_dev)]
-    if mode == "padded":
+    if mode in ("padded", "probe"):
         cmd.append("--no-unpad")
     if max_steps:
         cmd += ["--max-steps", str(max_steps)]
@@ -55,12 +55,15 @@ PROBE_STEPS = 4  # the first is left out of the timing (one-time set-up inside P
 
 
 def probe_step_seconds(args, workdir):
-    """Seconds of one stock training step (rank 0's batch size), timed in one process with the jobs'
-    threads per rank before either job runs: the median of a few steps of the stock model."""
+    """Seconds of one stock training step, timed before either job runs: the stock job itself (the same
+    ranks, threads and batch size, so the same contention and gradient all-reduce) for a few steps,
+    the median of rank 0's steps."""
+    probe = argparse.Namespace(**dict(vars(args), full=False, max_train=PROBE_STEPS * args.batch_size * args.nproc,
+                                      max_dev=1))
     out = os.path.join(workdir, "probe.json")
-    cmd = [sys.executable, os.path.join(HERE, "finetune_classifier.py"), "--no-unpad", "--no-progress",
-           "--max-train", str(PROBE_STEPS * args.batch_size), "--max-dev", "1", "--batch-size", str(args.batch_size),
-           "--seed", str(args.seed), "--json-out", out]
+    if os.path.exists(out):  # an earlier run's, in the same --log-dir
+        os.remove(out)
+    cmd = job_command("probe", probe, workdir) + ["--no-progress"]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_rank))
     with open(os.path.join(workdir, "probe.out"), "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
