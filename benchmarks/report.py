@@ -1052,6 +1052,120 @@ def serving():
     return lines + ([d["load_note"], ""] if d.get("load_note") else [])
 
 
+_KIND_LABEL = {"fwd": "forward", "bwd_kv": "backward, one pass", "bwd_kv_det": "deterministic: dK, dV",
+               "bwd_dq_det": "deterministic: dQ"}
+
+
+def _ks_rows(r):
+    """One row per (kind, head size, tile, dropout) at sm_90; fp16 and bf16 side by side
+    where they differ."""
+    groups = {}
+    for k in r["kernels"]:
+        m = k["meta"]
+        if m["kind"] not in _KIND_LABEL:
+            continue
+        tile = m.get("rows") or m.get("keys")
+        groups.setdefault((list(_KIND_LABEL).index(m["kind"]), m["d"], tile, m["dropout"]), {})[m["dtype"]] = k
+    rows = []
+    for (kind_i, d, tile, drop), by_dt in sorted(groups.items()):
+        def cell(f):
+            vals = [f(by_dt[dt]) for dt in ("bf16", "fp16") if dt in by_dt]
+            return vals[0] if len(set(vals)) == 1 else " / ".join(vals)
+
+        k = by_dt.get("bf16") or by_dt.get("fp16")
+        pe = k["analysis"]["per_element"]
+        rows.append([
+            _KIND_LABEL[k["meta"]["kind"]], d, f"{tile} {'rows' if k['meta']['kind'] == 'fwd' else 'keys'}",
+            "on" if drop else "off", cell(lambda x: str(x["registers"])),
+            cell(lambda x: str(x["spill_stores"] + x["spill_loads"])),
+            f"{(k['smem_dynamic'] + k.get('smem_static', 0)) / 1024:.1f}", cell(lambda x: str(x["blocks_per_sm"])),
+            f"{k['occupancy']:.0%}", f"{k['analysis']['hmma_per_iteration']:.0f}",
+            cell(lambda x: f"{x['analysis']['instructions_per_hmma']:.1f}"), f"{pe['tensor_flop']:.0f}",
+            f"{pe['smem_bytes']:.1f}", f"{pe['philox_calls']:.3f}" if drop else "-",
+            cell(lambda x: f"{x['dropout_added_thread_instructions_per_element']:.2f}") if drop else "-"])
+    return rows
+
+
+def gpu_kernels():
+    d, when = _load("kernel_static.json")
+    lines = ["## GPU", ""]
+    if d is None:
+        return lines + ["No record yet: `python benchmarks/kernel_static.py` writes it.", ""]
+    a = d["roofline_assumptions"]
+    r90 = d["sms"]["90"]
+    lines += ["The CUDA kernels read without a GPU: every unit of `custom_ops/kernels/cuda` built for sm_80 and "
+              "sm_90, registers and spills from `ptxas -v`, instructions from `cuobjdump -sass` (the main loop of "
+              "each kernel: the loop with the most HMMA; a block only some warps run weighted by their share). "
+              "The numbers predict the hardware: an integer-pipe model of such counts matched the H200's measured "
+              "dropout cost of the earlier kernels within 1.3x. `benchmarks/gpu_check.sh` measures on a GPU when one "
+              "is at hand.", "",
+              f"Command: `{d['command']}`  ", f"Compiler: {d['nvcc']}, flags `{' '.join(d['flags'])}`; "
+              f"written {d['when']}; {d['seconds']:.0f} s on 2 cores.", "",
+              "### Per kernel (sm_90; sm_80 in the JSON)", "",
+              "Per main-loop iteration of one warp: HMMA (m16n8k16, 4096 FLOP each), instructions per HMMA; per "
+              "attention element (one query x one key): tensor-core FLOP, shared-memory bytes, Philox calls and the "
+              "thread-instructions dropout adds to the loop (the loop with dropout minus the loop without, outside "
+              "the block only some warps run). "
+              "Occupancy: blocks per SM on an H100 from registers and shared memory. fp16 / bf16 where they "
+              "differ.", ""]
+    lines += _table(["kernel", "d", "tile", "dropout", "registers", "spilled bytes", "shared KB", "blocks/SM",
+                     "occupancy", "HMMA/iter", "instr/HMMA", "FLOP/elem", "smem B/elem", "Philox calls/elem",
+                     "dropout instr/elem"], _ks_rows(r90))
+    c90, c80 = r90["checks"], d["sms"]["80"]["checks"]
+    lines += ["### What the kernels are held to", "",
+              f"At d = {c90['head_dim']}, {c90['dtype']} (`tests/test_kernel_static.py`, from a fresh build in CI):", ""]
+    rows = []
+    for label, f, limit in (
+            ("Philox calls per element (every kernel that drops)",
+             lambda c: max(v["philox_calls_per_element"] for v in c["kinds"].values()), "<= 0.125"),
+            ("dropout's thread-instructions per element (any main loop)",
+             lambda c: max(v["dropout_added_thread_instructions_per_element"] for v in c["kinds"].values()), "<= 8"),
+            ("Philox constants in the kernels without dropout", lambda c: c["philox_constants_without_dropout"], "0"),
+            ("spilled bytes, every kernel of every unit", lambda c: c["spill_bytes"], "0"),
+            ("registers of the deterministic dQ kernel without dropout",
+             lambda c: c["kinds"]["bwd_dq_det"]["registers_without_dropout"], "<= 168"),
+            ("tensor-core FLOP per element, one-pass backward", lambda c: c["backward_tensor_flop_per_element"],
+             "<= 640 (5 matmuls)"),
+            ("tensor-core FLOP per element, deterministic backward",
+             lambda c: c["deterministic_backward_tensor_flop_per_element"], "(7 matmuls)"),
+            ("RED/ATOM in the deterministic backward", lambda c: c["deterministic_red_atom_instructions"], "0")):
+        v90, v80 = f(c90), f(c80)
+        fmt = (lambda v: f"{v:.3f}") if isinstance(v90, float) and v90 < 1 else (
+            lambda v: f"{v:.2f}" if isinstance(v, float) and v != int(v) else str(int(v)))
+        rows.append([label, fmt(v90), fmt(v80), limit])
+    lines += _table(["", "sm_90", "sm_80", "limit"], rows)
+    est, pb, h200 = r90["estimate"], a["problem"], a["measured_h200"]
+    lines += ["### Roofline estimate at BERT-large " f"{pb['batch']} x {pb['seqlen']} "
+              f"({pb['heads']} heads, d = {pb['head_dim']}, {pb['dtype']}) on an {a['gpu']}", "",
+              "An estimate, not a measurement: per kernel, the time each pipe needs for the instructions counted "
+              "above (per SM and clock: " f"tensor {a['tensor_flop_per_clk_sm']} FLOP, FMA {a['fma_lanes_per_clk_sm']} "
+              f"lanes, ALU {a['alu_lanes_per_clk_sm']}, IMAD {a['imad_lanes_per_clk_sm']}, MUFU "
+              f"{a['mufu_lanes_per_clk_sm']}, shuffle/movmatrix {a['shfl_lanes_per_clk_sm']}, issue "
+              f"{a['issue_warp_instr_per_clk_sm']} warp instructions, shared memory {a['smem_bytes_per_clk_sm']} B; "
+              f"{a['sms']} SMs at {a['clock_ghz']} GHz; DRAM {a['dram_bytes_per_s'] / 1e12:.2f} TB/s; L2 atomics "
+              f"{a['l2_atomic_bytes_per_s'] / 1e12:.2f} TB/s), the kernel's time the largest of them. Assumptions: "
+              f"{a['tensor_note']}; {a['l2_atomic_note']}. Each kernel's DRAM bytes are what it must read and "
+              "write once; the one-pass backward's float32 dQ accumulator stays in L2.", ""]
+    rows = []
+    for case in ("dropout_0", "dropout_0.1"):
+        e = est[case]
+        k = e["kernels"]
+        rows.append([case.replace("_", " "), f"{e['forward_us']:.0f} ({k['forward']['bound']})",
+                     f"{e['backward_us']:.0f} ({k['backward_one_pass']['bound']})",
+                     f"{e['backward_over_forward']:.2f}", f"{e['backward_deterministic_us']:.0f}",
+                     f"{e['deterministic_backward_over_forward']:.2f}", f"{e['fwd_bwd_tflops']:.0f}"])
+    lines += _table(["", "forward us (bound)", "backward us, one pass (bound)", "backward / forward",
+                     "backward us, deterministic", "deterministic / forward", "fwd+bwd TFLOP/s"], rows)
+    m0, m1 = h200["bert_large_40x512_us"], h200["bert_large_40x512_dropout_0.1_us"]
+    lines += [f"Forward + backward with dropout 0.1 over without: {est['fwd_bwd_dropout_over_none']:.3f} (estimate).",
+              "", f"Measured on one H200 ({h200['when']}): forward {m0['forward']} us, backward {m0['backward_delta']} + "
+              f"{m0['backward_dkdv']} + {m0['backward_dq']} us (delta, dK/dV, dQ), fwd+bwd {h200['fwd_bwd_ms']['dropout_0']} "
+              f"ms; with dropout 0.1: forward {m1['forward']} us, dK/dV {m1['backward_dkdv']} us, dQ {m1['backward_dq']} us, "
+              f"fwd+bwd {h200['fwd_bwd_ms']['dropout_0.1']} ms. No GPU was at hand for the kernels above; "
+              "`benchmarks/gpu_check.sh` measures them.", ""]
+    return lines
+
+
 def main():
     parts = ["# Performance", "",
              "Generated by `python benchmarks/report.py` from `benchmarks/results/*.json`; do not edit by hand. "
@@ -1073,18 +1187,7 @@ def main():
     for section in (targets, demo, e2e, serving, attention, fused, fp32_attention, encoder, balance, exchange_scale,
                     gemm):
         parts += section()
-    parts += ["## GPU", "", "No GPU figures yet: the CUDA kernels compile in CI but have not run on a GPU "
-              "(see [gpu.md](gpu.md); `benchmarks/gpu_check.sh` produces them on one).", "",
-              "### Kernel changes checked without a GPU", "",
-              "A change to the CUDA kernels that leaves their machine code byte-identical cannot change their "
-              "speed or their results. `benchmarks/same_machine_code.sh REV` builds every unit of "
-              "`custom_ops/kernels/cuda` to sm_80 and sm_90 cubins from REV and from the working tree and compares "
-              "them. The FMHA refactor that gave the three kernels one varlen block set-up (`VarlenTile`) and the "
-              "backward one S/dP GEMM pair (`warp_gemm_pair_abt`) was checked this way: "
-              "`benchmarks/same_machine_code.sh 9cebd80` on its tree (4efe00d) printed `same` for fmha_fwd_fp16, "
-              "fmha_fwd_bf16, fmha_bwd_fp16, fmha_bwd_bf16, fmha_cuda and fused_cuda at both SM versions. "
-              "bias_gelu_cuda, bdrln_fwd_cuda and bdrln_bwd_cuda are `unknown` there: an anonymous namespace gives "
-              "them a fresh mangled name per nvcc run (nvcc 13.0).", ""]
+    parts += gpu_kernels()
     text = "\n".join(parts)
     with open(OUT, "w") as f:
         f.write(text)

@@ -74,7 +74,7 @@ def test_missing_paddlenlp_is_one_sentence_naming_the_versions(monkeypatch):
 def test_generated_op_function_returns_every_output(native_ops):
     q = paddle.to_tensor(np.random.default_rng(0).standard_normal((5, 2, 8)).astype("float32"))
     cu = paddle.to_tensor([0, 2, 5], dtype="int32")
-    outs = compat.custom_op_function("pu_fmha")(q, q, q, cu, None, 3, 0.5, 0.0, True)
+    outs = compat.custom_op_function("pu_fmha")(q, q, q, cu, None, 3, 0.5, 0.0, True, False)
     assert isinstance(outs, list) and len(outs) == 2  # out, log-sum-exp
     assert list(outs[0].shape) == [5, 2, 8]
     single = compat.custom_op_function("pu_bias_gelu")(q.reshape([5, 16]), paddle.zeros([16]))

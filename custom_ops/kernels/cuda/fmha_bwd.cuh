@@ -145,6 +145,64 @@ __device__ __forceinline__ void dq_tile_out(const FmhaParams& p, const float (&a
       discard_l2_line(p.dq_accum + ((t_first + r) * p.heads + h) * D + col0 + l * 32);
 }
 
+// The 16 x 16 A fragment of the transpose of the 16 x 16 block whose packed rows t holds
+// ([n-tile of 8 columns][rows g / g + 8], as accumulators pack): a0 = columns 0-7 x rows 0-7
+// = the transpose of t[0][0], a1 = columns 8-15 x rows 0-7, a2 = columns 0-7 x rows 8-15.
+__device__ __forceinline__ void transposed_a(uint32_t (&a)[4], const uint32_t (&t)[2][2]) {
+  a[0] = movmatrix_trans(t[0][0]);
+  a[1] = movmatrix_trans(t[1][0]);
+  a[2] = movmatrix_trans(t[0][1]);
+  a[3] = movmatrix_trans(t[1][1]);
+}
+
+template <int N>
+__device__ __forceinline__ void zero_tiles(float (&x)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[n][e] = 0.0f;
+}
+
+// P Z and dS of one m-tile (16 queries from local row r0 - g, this warp's 16 keys) from its S
+// and dP accumulators, packed for the next products ([n-tile][rows g / g + 8]): P = exp2(S *
+// scale_log2 - lse_log2) (keys past the end: 0; queries past it have lse = +inf), Z the
+// dropout mask of the tile's lane-owned Philox call (made once: it drops from P Z and from
+// dP Z alike), dS = P (dP Z - delta). The 1/(1-p) of P Z is left to dV's epilogue.
+template <typename T, bool kDropout>
+__device__ __forceinline__ void grad_tile(const FmhaParams& p, float (&sc)[2][4], float (&dp)[2][4],
+                                          const float* lse_s, const float* dl_s, int r0, int kvalid,
+                                          int c, uint32_t key16, uint32_t t_pair, uint32_t h,
+                                          uint32_t (&pz)[2][2], uint32_t (&ds)[2][2]) {
+  using Tr = ElemTraits<T>;
+  const float lse2[2] = {lse_s[r0], lse_s[r0 + 8]}, dl[2] = {dl_s[r0], dl_s[r0 + 8]};
+  float pr[2][4];
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = n * 8 + 2 * c + (e & 1);
+      pr[n][e] = col < kvalid ? fast_exp2(sc[n][e] * p.scale_log2 - lse2[e >> 1]) : 0.0f;
+      sc[n][e] = pr[n][e];
+    }
+  if (kDropout) {
+    const Philox4 r = dropout_call(p, key16, t_pair, h);
+    apply_dropout(sc[0], sc[1], r, p.drop_threshold_hi);
+    apply_dropout(dp[0], dp[1], r, p.drop_threshold_hi);
+  }
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    float d[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      d[e] = pr[n][e] * ((kDropout ? dp[n][e] * p.keep_scale : dp[n][e]) - dl[e >> 1]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      pz[n][i] = Tr::pack(sc[n][2 * i], sc[n][2 * i + 1]);
+      ds[n][i] = Tr::pack(d[2 * i], d[2 * i + 1]);
+    }
+  }
+}
+
 // How the key-block kernel's dQ of one query block (kBlockM x D) is split: four warps, each a
 // kM x kN tile (32 x 32 where the block allows: the fewest shared-memory reads per element).
 template <int D, int kBlockM>
@@ -175,6 +233,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // one m-tile (D / 4 registers each) must stay live until then, which the registers of D = 128
   // (dK, dV: 128 of them) do not allow; D = 128 reads the tiles again, transposed, instead.
   constexpr bool kMovT = D <= 64;
+  static_assert(kMovT == kKVInRegs, "the m-tile-at-a-time step takes K and V from registers");
   using Tr = ElemTraits<T>;
   using Dq = BwdDqTiling<D, kBlockM>;
   static_assert(Dq::kWarps <= kWarps, "dQ needs four warps");
@@ -254,101 +313,88 @@ __global__ void __launch_bounds__(kWarps * 32)
     const T* dos = sdO + st * kBlockM * kStride;
     const float* lse_s = sLse + st * kBlockM;
     const float* dl_s = sDelta + st * kBlockM;
+    // Philox counter word 1 of row pair r (philox.h: t0 + (i & ~8)) is step_t0 + r, r % 16 < 8
+    const uint32_t step_t0 = attention_counter1(static_cast<uint32_t>(seq.start), static_cast<uint32_t>(qb * kBlockM));
 
-    // One m-tile of 16 queries at a time: S = Q K^T and dP = dO V^T (this warp's 16 keys),
-    // P Z and dS, then their products with dO and Q into dV and dK. The B operands of those
-    // products (dO and Q with the queries as rows of k) are the transposes of the 8x8 blocks
-    // of the A fragments S and dP were made from: with kMovT the warp transposes them in
-    // registers (movmatrix) instead of reading the tiles from shared memory a second time.
-    uint32_t ds[kMT][2][2];  // dS packed: [m-tile][n-tile][rows g / g + 8], for dQ
+    uint32_t ds[kMT][2][2];  // dS packed: [m-tile][n-tile][rows g / g + 8], for dK and dQ
+    if constexpr (kMovT) {
+      // One m-tile of 16 queries at a time: S = Q K^T and dP = dO V^T (this warp's 16 keys),
+      // P Z and dS, then their products with dO and Q into dV and dK. The B operands of those
+      // products (dO and Q with the queries as rows of k) are the transposes of the 8x8 blocks
+      // of the A fragments S and dP were made from: movmatrix instead of a second read of the
+      // tiles from shared memory.
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      uint32_t qa[kKT][4], da[kKT][4];
-      float sc[2][4], dp[2][4];
+      for (int mt = 0; mt < kMT; ++mt) {
+        uint32_t qa[kKT][4], da[kKT][4];
+        float sc[2][4], dp[2][4];
+        zero_tiles(sc);
+        zero_tiles(dp);
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+        for (int kk = 0; kk < kKT; ++kk) {
+          const int a_off = (mt * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8;
+          ldmatrix_x4(qa[kk], qs + a_off);
+          ldmatrix_x4(da[kk], dos + a_off);
+          mma16816<T>(sc[0], qa[kk], kf[kk][0], kf[kk][1]);
+          mma16816<T>(sc[1], qa[kk], kf[kk][2], kf[kk][3]);
+          mma16816<T>(dp[0], da[kk], vf[kk][0], vf[kk][1]);
+          mma16816<T>(dp[1], da[kk], vf[kk][2], vf[kk][3]);
+        }
+        uint32_t pz[2][2];
+        grad_tile<T, kDropout>(p, sc, dp, lse_s, dl_s, mt * 16 + g, kvalid, c, key16,
+                               step_t0 + static_cast<uint32_t>(mt * 16 + g), static_cast<uint32_t>(h),
+                               pz, ds[mt]);
+        uint32_t ap[4], as[4];
+        transposed_a(ap, pz);
+        transposed_a(as, ds[mt]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.0f;
+        for (int kk = 0; kk < kKT; ++kk)
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {  // d-tile 2 kk + hi: queries 0-7 and 8-15 of the A blocks
+            mma16816<T>(dv[2 * kk + hi], ap, movmatrix_trans(da[kk][2 * hi]), movmatrix_trans(da[kk][2 * hi + 1]));
+            mma16816<T>(dk[2 * kk + hi], as, movmatrix_trans(qa[kk][2 * hi]), movmatrix_trans(qa[kk][2 * hi + 1]));
+          }
+      }
+    } else {
+      // S and dP of every m-tile first, each k-step's K and V fragments read once for all of
+      // them; then P Z, dS, and the dV / dK products with dO and Q read again, transposed.
+      float sc[kMT][2][4], dp[kMT][2][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        zero_tiles(sc[mt]);
+        zero_tiles(dp[mt]);
+      }
 #pragma unroll
       for (int kk = 0; kk < kKT; ++kk) {
         uint32_t kb[4], vb[4];
+        ldmatrix_x4(kb, sK + b_row + kk * 16);
+        ldmatrix_x4(vb, sV + b_row + kk * 16);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          kb[i] = kf[kKVInRegs ? kk : 0][i];
-          vb[i] = vf[kKVInRegs ? kk : 0][i];
-        }
-        if (!kKVInRegs) {
-          ldmatrix_x4(kb, sK + b_row + kk * 16);
-          ldmatrix_x4(vb, sV + b_row + kk * 16);
-        }
-        const int a_off = (mt * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8;
-        ldmatrix_x4(qa[kk], qs + a_off);
-        ldmatrix_x4(da[kk], dos + a_off);
-        mma16816<T>(sc[0], qa[kk], kb[0], kb[1]);
-        mma16816<T>(sc[1], qa[kk], kb[2], kb[3]);
-        mma16816<T>(dp[0], da[kk], vb[0], vb[1]);
-        mma16816<T>(dp[1], da[kk], vb[2], vb[3]);
-      }
-
-      // P Z into sc and dS; keys past the end have P = 0, queries past it lse = +inf.
-      const int r0 = mt * 16 + g;
-      const float lse2[2] = {lse_s[r0], lse_s[r0 + 8]}, dl[2] = {dl_s[r0], dl_s[r0 + 8]};
-      float pr[2][4];
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n * 8 + 2 * c + (e & 1);
-          pr[n][e] = col < kvalid ? fast_exp2(sc[n][e] * p.scale_log2 - lse2[e >> 1]) : 0.0f;
-          sc[n][e] = pr[n][e];
-        }
-      if (kDropout) {  // the tile's mask, made once: it drops from P Z and from dP Z alike
-        const Philox4 r = dropout_call(
-            p, key16, attention_counter1(static_cast<uint32_t>(seq.start),
-                                         static_cast<uint32_t>(qb * kBlockM + r0)),
-            static_cast<uint32_t>(h));
-        apply_dropout(sc[0], sc[1], r, p.drop_threshold_hi);
-        apply_dropout(dp[0], dp[1], r, p.drop_threshold_hi);
-      }
-      uint32_t pz[2][2];
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        float d[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          d[e] = pr[n][e] * ((kDropout ? dp[n][e] * p.keep_scale : dp[n][e]) - dl[e >> 1]);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          pz[n][i] = Tr::pack(sc[n][2 * i], sc[n][2 * i + 1]);
-          ds[mt][n][i] = Tr::pack(d[2 * i], d[2 * i + 1]);
+        for (int mt = 0; mt < kMT; ++mt) {
+          const int a_off = (mt * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8;
+          uint32_t a[4], b[4];
+          ldmatrix_x4(a, qs + a_off);
+          ldmatrix_x4(b, dos + a_off);
+          mma16816<T>(sc[mt][0], a, kb[0], kb[1]);
+          mma16816<T>(sc[mt][1], a, kb[2], kb[3]);
+          mma16816<T>(dp[mt][0], b, vb[0], vb[1]);
+          mma16816<T>(dp[mt][1], b, vb[2], vb[3]);
         }
       }
-
-      // dV += (P Z)^T dO, dK += dS^T Q over these 16 queries (one k-step). The transposed A
-      // fragment is four movmatrix (a0: keys 0-7 x queries 0-7 = the transpose of the rows-g
-      // half of n-tile 0, a1: keys 8-15 x queries 0-7, a2: keys 0-7 x queries 8-15). The
-      // 1/(1-p) of P Z is applied to dV once, at the end.
-      const uint32_t ap[4] = {movmatrix_trans(pz[0][0]), movmatrix_trans(pz[1][0]),
-                              movmatrix_trans(pz[0][1]), movmatrix_trans(pz[1][1])};
-      const uint32_t as[4] = {movmatrix_trans(ds[mt][0][0]), movmatrix_trans(ds[mt][1][0]),
-                              movmatrix_trans(ds[mt][0][1]), movmatrix_trans(ds[mt][1][1])};
 #pragma unroll
-      for (int kk = 0; kk < kKT; ++kk) {
-        if (kMovT) {
-          // d-tile 2 kk + hi: its B fragment is the transposes of A blocks (queries 0-7 and
-          // 8-15) x (d 0-7 or 8-15 of k-step kk)
+      for (int mt = 0; mt < kMT; ++mt) {
+        uint32_t pz[2][2];
+        grad_tile<T, kDropout>(p, sc[mt], dp[mt], lse_s, dl_s, mt * 16 + g, kvalid, c, key16,
+                               step_t0 + static_cast<uint32_t>(mt * 16 + g), static_cast<uint32_t>(h),
+                               pz, ds[mt]);
+        uint32_t ap[4], as[4];
+        transposed_a(ap, pz);
+        transposed_a(as, ds[mt]);
 #pragma unroll
-          for (int hi = 0; hi < 2; ++hi) {
-            mma16816<T>(dv[2 * kk + hi], ap, movmatrix_trans(da[kk][2 * hi]),
-                        movmatrix_trans(da[kk][2 * hi + 1]));
-            mma16816<T>(dk[2 * kk + hi], as, movmatrix_trans(qa[kk][2 * hi]),
-                        movmatrix_trans(qa[kk][2 * hi + 1]));
-          }
-        } else {
-          const int off = (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + kk * 16 +
+        for (int d2 = 0; d2 < D / 16; ++d2) {
+          const int off = (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 +
                           (lane >> 4) * 8;
-          mma_two_tiles<T, true>(dv[2 * kk], dv[2 * kk + 1], ap, dos + off);
-          mma_two_tiles<T, true>(dk[2 * kk], dk[2 * kk + 1], as, qs + off);
+          mma_two_tiles<T, true>(dv[2 * d2], dv[2 * d2 + 1], ap, dos + off);
+          mma_two_tiles<T, true>(dk[2 * d2], dk[2 * d2 + 1], as, qs + off);
         }
       }
     }
