@@ -103,33 +103,20 @@ static inline float row_max(const float* x, int64_t n, float init) {
 // r * stride + (j - j0) of the result, stride >= round_up(n, V) (set here); the buffer is
 // per thread. In the attention layout (kernels/common/philox.h) the calls of rows i and
 // i + 8 (i % 16 < 8) are counters (4 kb + c', t0 + i, h, offset) over key groups kb of 16
-// and c' = 0..3; the 16 words of one key group, c' major, transposed 4 x 4, are the 8
-// draw pairs of row i followed by those of row i + 8. Rows are generated 8 at a time (a
-// run of consecutive counter words 1), all key groups of a row at once.
+// and c' = 0..3: runs of consecutive counters, 8 rows (and the 8 below them) at a time, all
+// key groups of a row at once, written straight into the rows (philox_words_rows, kRows).
 static inline const uint16_t* dropout_draws(const FmhaProblem& P, int64_t t0, int64_t i0, int64_t rows, int64_t h,
                                             int64_t j0, int64_t n, int64_t* stride) {
-  typedef uint32_t u32x16 __attribute__((vector_size(64), aligned(4)));
-  thread_local std::vector<uint32_t> words, draws;
+  thread_local std::vector<uint32_t> draws;
   const int64_t groups = round_up((n + 15) / 16, std::max<int64_t>(1, L / 4));  // 4 groups blocks: multiple of L
-  const int64_t nblocks = 4 * groups, rows16 = round_up(rows, 16);
-  if (words.size() < static_cast<size_t>(4 * nblocks * 8)) words.resize(4 * nblocks * 8);
-  if (draws.size() < static_cast<size_t>(8 * groups * rows16)) draws.resize(8 * groups * rows16);
-  *stride = 16 * groups;  // in draws: 8 words of 2 draws per key group
-  for (int64_t a = 0; a < rows; a += 16) {
-    const int64_t pairs = std::min<int64_t>(8, rows - a);
-    philox_words_rows<kAttentionPhiloxRounds>(words.data(), static_cast<uint64_t>(4 * (j0 / 16)), nblocks,
-                      static_cast<uint32_t>(t0 + i0 + a), pairs, static_cast<uint32_t>(h),
-                      static_cast<uint32_t>(P.offset), P.seed);
-    for (int64_t g = 0; g < pairs; ++g)
-      for (int64_t kb = 0; kb < groups; ++kb) {
-        const u32x16 w = *reinterpret_cast<const u32x16*>(words.data() + 4 * (g * nblocks + 4 * kb));
-        const u32x16 t = __builtin_shuffle(w, u32x16{0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15});
-        uint32_t* lo = draws.data() + (a + g) * 8 * groups + 8 * kb;
-        uint32_t* hi = lo + 8 * 8 * groups;
-        std::memcpy(lo, &t, 32);
-        std::memcpy(hi, reinterpret_cast<const uint32_t*>(&t) + 8, 32);
-      }
-  }
+  const int64_t row_words = 8 * groups, rows16 = round_up(rows, 16);
+  if (draws.size() < static_cast<size_t>(row_words * rows16)) draws.resize(row_words * rows16);
+  *stride = 2 * row_words;  // in draws
+  for (int64_t a = 0; a < rows; a += 16)
+    philox_words_rows<kAttentionPhiloxRounds, true>(
+        draws.data() + a * row_words, static_cast<uint64_t>(4 * (j0 / 16)), 4 * groups,
+        static_cast<uint32_t>(t0 + i0 + a), std::min<int64_t>(8, rows - a), static_cast<uint32_t>(h),
+        static_cast<uint32_t>(P.offset), P.seed, row_words);
   return reinterpret_cast<const uint16_t*>(draws.data());
 }
 
