@@ -1111,8 +1111,11 @@ def gpu_kernels():
     lines += _table(["kernel", "d", "tile", "dropout", "registers", "spilled bytes", "shared KB", "blocks/SM",
                      "occupancy", "HMMA/iter", "instr/HMMA", "FLOP/elem", "smem B/elem", "Philox calls/elem",
                      "dropout instr/elem"], _ks_rows(r90))
-    c90, c80 = r90["checks"], d["sms"]["80"]["checks"]
-    lines += ["### What the kernels are held to", "",
+    return lines + _gpu_checks(r90["checks"], d["sms"]["80"]["checks"]) + _gpu_roofline(r90["estimate"], a)
+
+
+def _gpu_checks(c90, c80):
+    lines = ["### What the kernels are held to", "",
               f"At d = {c90['head_dim']}, {c90['dtype']} (`tests/test_kernel_static.py`, from a fresh build in CI):", ""]
     rows = []
     for label, f, limit in (
@@ -1133,9 +1136,12 @@ def gpu_kernels():
         fmt = (lambda v: f"{v:.3f}") if isinstance(v90, float) and v90 < 1 else (
             lambda v: f"{v:.2f}" if isinstance(v, float) and v != int(v) else str(int(v)))
         rows.append([label, fmt(v90), fmt(v80), limit])
-    lines += _table(["", "sm_90", "sm_80", "limit"], rows)
-    est, pb, h200 = r90["estimate"], a["problem"], a["measured_h200"]
-    lines += ["### Roofline estimate at BERT-large " f"{pb['batch']} x {pb['seqlen']} "
+    return lines + _table(["", "sm_90", "sm_80", "limit"], rows)
+
+
+def _gpu_roofline(est, a):
+    pb, h200 = a["problem"], a["measured_h200"]
+    lines = ["### Roofline estimate at BERT-large " f"{pb['batch']} x {pb['seqlen']} "
               f"({pb['heads']} heads, d = {pb['head_dim']}, {pb['dtype']}) on an {a['gpu']}", "",
               "An estimate, not a measurement: per kernel, the time each pipe needs for the instructions counted "
               "above (per SM and clock: " f"tensor {a['tensor_flop_per_clk_sm']} FLOP, FMA {a['fma_lanes_per_clk_sm']} "
