@@ -87,7 +87,7 @@ endif
 
 # The check at the end reads what was built: the CPU kernels always, the CUDA kernels
 # when PADDLE=gpu (a GPU set-up must never pass as a CPU-only build).
-$(SETUP_STAMP): $(DEPS_STAMP) setup.py paddle_unpad/_build_config.py paddle_unpad/_paddle_compat.py paddle_unpad/config.py $(NATIVE_SOURCES)
+$(SETUP_STAMP): $(DEPS_STAMP) setup.py paddle_unpad/_runtime/build_config.py paddle_unpad/_runtime/paddle_compat.py paddle_unpad/config.py $(NATIVE_SOURCES)
 	$(BUILD_ENV) $(PIP) install -q --no-build-isolation --no-deps -e .
 	$(VPY) -c "import zlib, paddle_unpad as pu, sys; a = pu.ops_available(); print('paddle_unpad native ops:', a); \
 		need = ['cpu'] + (['gpu'] if '$(PADDLE)' == 'gpu' else []); \

@@ -4,7 +4,7 @@ Two native artefacts are built:
 
 * ``paddle_unpad/_ops_lib_<tag>*.so`` -- the Paddle custom operators (``PD_BUILD_OP``),
   tagged with the Paddle it is built against (``p33cpu``, ``p26gpu``, ...).
-  It is not a Python module: ``paddle_unpad._native`` registers it with
+  It is not a Python module: ``paddle_unpad._runtime.native`` registers it with
   ``load_op_meta_info_and_register_op``. C++ CPU kernels always; CUDA kernels too
   when Paddle is compiled with CUDA and ``nvcc`` is found.
 * ``paddle_unpad/balance/_planner*.so`` -- the load-balance planner (pybind11),
@@ -94,8 +94,8 @@ check_build_environment()
 from setuptools import Extension, find_packages, setup  # noqa: E402
 from setuptools.command.build_ext import build_ext  # noqa: E402
 
-sys.path.insert(0, os.path.join(ROOT, "paddle_unpad"))
-import _build_config as cfg  # noqa: E402  (one source of truth for flags, shared with the JIT fallback)
+sys.path.insert(0, os.path.join(ROOT, "paddle_unpad", "_runtime"))
+import build_config as cfg  # noqa: E402  (one source of truth for flags, shared with the JIT fallback)
 
 sys.path.pop(0)
 

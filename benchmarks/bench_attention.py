@@ -396,7 +396,7 @@ def _import_paddle(args):
         sys.path.insert(0, ROOT)
     import paddle_unpad
 
-    from paddle_unpad._paddle_compat import set_num_threads
+    from paddle_unpad._runtime.paddle_compat import set_num_threads
 
     set_num_threads(args.threads)
     paddle.set_device("cpu")

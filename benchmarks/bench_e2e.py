@@ -76,7 +76,7 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=int, default=4, help="samples per rank and step (default 4)")
     ap.add_argument("--steps", type=int, default=8, help="timed steps per way (default 8)")
     # the first steps of a process also grow its heap to the loop's working set (page faults; see
-    # paddle_unpad.host_malloc): 3 untimed steps per way measure the steady state a long job runs in
+    # paddle_unpad._runtime.host_malloc): 3 untimed steps per way measure the steady state a long job runs in
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per way first (default 3)")
     ap.add_argument("--profile-steps", type=int, default=2, help="profiled steps of unpadded_balanced (0: none)")
     ap.add_argument("--max-len", type=int, default=512)
@@ -258,7 +258,7 @@ class _Rank:
         from paddle.distributed import fleet
 
         import paddle_unpad as pu
-        from paddle_unpad._paddle_compat import host_memory_stats, set_num_threads
+        from paddle_unpad._runtime.paddle_compat import host_memory_stats, set_num_threads
 
         self.args, self.paddle, self.dist, self.pu = args, paddle, dist, pu
         set_num_threads(args.threads_per_rank)
@@ -591,7 +591,7 @@ def worker(args):
 
 def _thread_page_faults():
     """Minor page faults of the calling thread so far (None where the OS does not count them per thread):
-    host memory the step touches for the first time since the kernel mapped it (see paddle_unpad.host_malloc)."""
+    host memory the step touches for the first time since the kernel mapped it (see paddle_unpad._runtime.host_malloc)."""
     who = getattr(resource, "RUSAGE_THREAD", None)
     return None if who is None else resource.getrusage(who).ru_minflt
 

@@ -195,7 +195,7 @@ def _import_paddle(threads):
 
     if ROOT not in sys.path and importlib.util.find_spec("paddle_unpad") is None:
         sys.path.insert(0, ROOT)
-    from paddle_unpad._paddle_compat import set_num_threads
+    from paddle_unpad._runtime.paddle_compat import set_num_threads
 
     set_num_threads(threads)
     paddle.set_device("cpu")
@@ -341,7 +341,7 @@ def interleaved_medians(fns, warmup, repeats):
 
 def alloc_peak_of(fn):
     """Run fn(); return the peak of live Paddle host tensors during it above what was live before (bytes)."""
-    from paddle_unpad._paddle_compat import host_memory_stats
+    from paddle_unpad._runtime.paddle_compat import host_memory_stats
 
     stats = host_memory_stats()
     if stats is None:
@@ -402,8 +402,8 @@ def worker(spec_path):
     _import_paddle(spec["threads"])
     import paddle_unpad as pu
 
-    # the padded side never uses a plugin feature: give both sides the same malloc (paddle_unpad.host_malloc)
-    pu.host_malloc.ensure("bench_encoder worker")
+    # the padded side never uses a plugin feature: give both sides the same malloc (paddle_unpad._runtime.host_malloc)
+    pu._runtime.host_malloc.ensure("bench_encoder worker")
     model, _ = build_model(spec["cfg"], spec["seed"], spec["use_weights"])
     if spec["side"] == "unpadded":
         pu.convert(model)

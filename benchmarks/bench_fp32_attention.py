@@ -1,5 +1,5 @@
 """What float32 attention costs where no kernel takes it (float32 on a GPU): the plain-Paddle
-bucketed attention (``paddle_unpad.bucketed_attention``) against the stock model's attention
+bucketed attention (``paddle_unpad.ops.bucketed_attention``) against the stock model's attention
 padded to the batch maximum, and against the packed kernel, side by side in one process.
 
 Two parts:
@@ -63,7 +63,7 @@ def work(pool, batch, batches, rng):
     """Mean attention work per batch (in units of s^2) on each path, and tokens per batch."""
     import numpy as np
 
-    from paddle_unpad.bucketed_attention import bucket_plan
+    from paddle_unpad.ops.bucketed_attention import bucket_plan
 
     useful = bucketed = padded = tokens = 0.0
     for _ in range(batches):
@@ -91,7 +91,7 @@ def timing(lengths, heads, head_dim, repeats, seed):
     import paddle.nn.functional as F
 
     import paddle_unpad
-    from paddle_unpad.bucketed_attention import bucketed_attention
+    from paddle_unpad.ops.bucketed_attention import bucketed_attention
 
     rng = np.random.default_rng(seed)
     B, S, T = len(lengths), max(lengths), int(sum(lengths))
@@ -142,7 +142,7 @@ def main(argv=None):
     import numpy as np
     import paddle
 
-    from paddle_unpad._paddle_compat import set_num_threads
+    from paddle_unpad._runtime.paddle_compat import set_num_threads
 
     set_num_threads(args.threads)
     paddle.set_device("cpu")

@@ -176,7 +176,7 @@ def main(argv=None):
     import paddle
 
     import paddle_unpad
-    from paddle_unpad import _native
+    from paddle_unpad._runtime import native as _native
 
     avail = paddle_unpad.ops_available()
     native = {op: avail[op]["cpu"] for op in ("bias_gelu", "bias_dropout_residual_layer_norm")}

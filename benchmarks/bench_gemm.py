@@ -86,7 +86,7 @@ PADDLE_SIDES = ("paddle_matmul", "paddle_linear")
 # Every worker clears the MKL/KMP/oneDNN/OpenBLAS settings of the shell first (see _worker_env).
 VARIANTS = {
     "default": ({}, "Paddle as installed", SIDES + ("encoder_step",), True),
-    "paddle_unpad": ({}, "what `import paddle_unpad` sets up (paddle_unpad.cpu_gemm: MKL_DEBUG_CPU_TYPE on "
+    "paddle_unpad": ({}, "what `import paddle_unpad` sets up (paddle_unpad._runtime.cpu_gemm: MKL_DEBUG_CPU_TYPE on "
                          "non-Intel CPUs)", ("paddle_matmul", "paddle_linear", "encoder_step"), True),
     "mkl_cpu_avx2": ({"MKL_DEBUG_CPU_TYPE": "5"}, "MKL_DEBUG_CPU_TYPE=5 (MKL <= 2020.0: AVX2 kernels on any CPU)",
                      ("paddle_matmul", "paddle_linear", "encoder_step"), True),
@@ -249,7 +249,7 @@ class _Worker:
 
         if ROOT not in sys.path:
             sys.path.insert(0, ROOT)
-        from paddle_unpad._paddle_compat import set_num_threads
+        from paddle_unpad._runtime.paddle_compat import set_num_threads
 
         self.paddle = paddle
         paddle.set_device("cpu")

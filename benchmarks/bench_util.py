@@ -22,13 +22,13 @@ def _load_by_path(name):
     """A stdlib-only module of the package, without importing the package (and Paddle)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"_pu_{name}", os.path.join(ROOT, "paddle_unpad", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(f"_pu_{name}", os.path.join(ROOT, "paddle_unpad", *name.split("/")) + ".py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-_host = _load_by_path("_host")
+_host = _load_by_path("_runtime/host")
 config = _load_by_path("config")
 
 
@@ -57,17 +57,18 @@ def machine_info():
 
 
 def run_info():
-    """machine_info() plus, when Paddle is loaded, its version and what MKL runs (paddle_unpad.cpu_gemm)."""
+    """machine_info() plus, when Paddle is loaded, its version and what MKL runs (paddle_unpad._runtime.cpu_gemm)."""
     out = machine_info()
     paddle = sys.modules.get("paddle")
     if paddle is not None:
         out["paddle"] = paddle.__version__
         pu = sys.modules.get("paddle_unpad")
-        if pu is not None and hasattr(pu, "cpu_gemm"):
-            info = pu.cpu_gemm.info()
+        if pu is not None and hasattr(pu, "_runtime"):
+            from paddle_unpad._runtime import cpu_gemm, host_malloc
+
+            info = cpu_gemm.info()
             out["mkl_kernels"], out["mkl_dispatch"] = info.get("mkl_kernels"), info.get("action")
-            if hasattr(pu, "host_malloc"):
-                out["host_malloc"] = pu.host_malloc.info()["action"]
+            out["host_malloc"] = host_malloc.info()["action"]
     return out
 
 
@@ -87,7 +88,7 @@ def set_threads(threads):
     os.environ.update(thread_env(threads, {}))
     if "paddle" in sys.modules:
         sys.path.insert(0, ROOT)
-        from paddle_unpad._paddle_compat import set_num_threads
+        from paddle_unpad._runtime.paddle_compat import set_num_threads
 
         set_num_threads(threads)
 

@@ -111,7 +111,7 @@ def _machine(d):
     if m.get("paddle"):
         text += f", Paddle {m['paddle']}"
     if m.get("host_malloc"):
-        text += f", freed host memory {'kept (paddle_unpad.host_malloc)' if m['host_malloc'] == 'retain' else 'returned (glibc defaults)'}"
+        text += f", freed host memory {'kept (paddle_unpad._runtime.host_malloc)' if m['host_malloc'] == 'retain' else 'returned (glibc defaults)'}"
     if m.get("loadavg"):
         text += f", load average {'/'.join(f'{x:.1f}' for x in m['loadavg'])} at the end"
     return text
@@ -345,7 +345,7 @@ def fp32_attention():
                     "OMP_NUM_THREADS=2 python benchmarks/bench_fp32_attention.py", d, when,
                     f"Threads {d['threads']} on every side.")
     lines += ["Where no kernel takes the tensors (float32 on a GPU, see [gpu.md](gpu.md#training-modes)), `fmha` "
-              "runs `paddle_unpad.bucketed_attention`: length buckets, each padded to its own longest sequence. "
+              "runs `paddle_unpad.ops.bucketed_attention`: length buckets, each padded to its own longest sequence. "
               "Work per batch relative to the real tokens' (`sum s^2`; the stock model pads to the batch "
               "maximum), attention's share of one encoder layer's FLOPs, and float32 forward+backward on this "
               "CPU with Paddle's ops (12 heads of 32, one batch):", ""]
@@ -554,7 +554,7 @@ def gemm():
              "`MKL_ENABLE_INSTRUCTIONS` only caps the ISA on Intel CPUs; `MKL_CBWR` selects the reproducible "
              "`cnr_def` kernels; `FLAGS_use_onednn` does not move dygraph matmul to oneDNN. "
              "`import paddle_unpad` therefore sets `MKL_DEBUG_CPU_TYPE` on non-Intel x86 CPUs when it is unset "
-             "(`paddle_unpad.cpu_gemm`; the `paddle_unpad` configuration below; opt out with "
+             "(`paddle_unpad._runtime.cpu_gemm`; the `paddle_unpad` configuration below; opt out with "
              f"`{bench_util.config.variable('MKL_DISPATCH').env}=off`); every other configuration opts out, so `default` is Paddle as "
              "installed.", ""]
     for d, when in files.values():
@@ -793,7 +793,7 @@ def _e2e_ways(d, when):
               f"GFLOP/s); alloc peak = peak of live Paddle tensors during a step (the ways share a process, so "
               f"RSS per way is in the encoder section, measured in separate processes); page faults = minor page "
               f"faults of a rank's training thread per step (host memory touched for the first time since the "
-              f"kernel mapped it; see `paddle_unpad.host_malloc`).", ""]
+              f"kernel mapped it; see `paddle_unpad._runtime.host_malloc`).", ""]
     rows = []
     sp = d["speedup"].get("padded_batch_max", {})
     for w, x in ways.items():

@@ -52,7 +52,7 @@ def main():
         sys.path.insert(0, root)
     import paddle_unpad as pu
 
-    from paddle_unpad._paddle_compat import set_num_threads
+    from paddle_unpad._runtime.paddle_compat import set_num_threads
 
     set_num_threads(args.threads)
     paddle.seed(0)

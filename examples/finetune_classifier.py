@@ -395,7 +395,7 @@ def summarize(job, args, c, acc, n_dev, paddle_version):
         "tokens_per_s": round(n_tokens / wall, 1), "dev_accuracy": None if acc is None else round(acc, 4),
         "dev_samples": n_dev, "labels": job.label_names,
         "peak_rss_mb_rank0": round(peak_mb, 1),
-        "machine": dict(pu.cpu_gemm.host_info(), paddle=paddle_version),
+        "machine": dict(pu.host_info(), paddle=paddle_version),
     }
 
 

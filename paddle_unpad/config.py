@@ -50,7 +50,7 @@ class Variable(NamedTuple):
         return PREFIX + self.name
 
 
-# When the mallopt of HOST_MALLOC is made (paddle_unpad.host_malloc.ensure's callers; info() quotes it)
+# When the mallopt of HOST_MALLOC is made (paddle_unpad._runtime.host_malloc.ensure's callers; info() quotes it)
 MALLOPT_WHEN = "the first convert(), unpadded layer, op call or paddle_unpad DistributedStrategy"
 
 VARIABLES = tuple(Variable(*v) for v in (

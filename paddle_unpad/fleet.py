@@ -27,8 +27,8 @@ from typing import Any, Dict
 
 from paddle.distributed import fleet as _fleet
 
-from . import _paddle_compat as _compat
-from . import host_malloc as _host_malloc
+from ._runtime import host_malloc as _host_malloc
+from ._runtime import paddle_compat as _compat
 from .distributed import (BalancedLoader, ExchangeError, ExchangeTimeout, GradientAllReduce,  # noqa: F401
                           GradientSyncError)
 from .distributed import groups as _groups

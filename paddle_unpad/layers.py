@@ -38,8 +38,8 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
-from . import _paddle_compat as _compat
-from . import host_malloc as _host_malloc
+from ._runtime import host_malloc as _host_malloc
+from ._runtime import paddle_compat as _compat
 from . import ops as _ops
 
 __all__ = [

@@ -93,7 +93,7 @@ def train_collate(batch):
 def _trainer_base():
     from paddlenlp.trainer import Trainer
 
-    from ._paddle_compat import check_paddlenlp_version
+    from ._runtime.paddle_compat import check_paddlenlp_version
 
     check_paddlenlp_version()
 

@@ -21,7 +21,7 @@ import numbers
 import numpy as np
 import paddle
 
-from . import _paddle_compat as _compat
+from ._runtime import paddle_compat as _compat
 
 __all__ = [
     "unpad_input",

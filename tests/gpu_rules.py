@@ -208,8 +208,8 @@ def gpu_rules(pytest):
     """paddle_unpad dispatching as on a GPU, the emulated CUDA kernels serving its operators.
     Yields the list of recorded calls. Skips (locally) / fails (CI) when the emulation
     cannot be built, as the other emulated tests."""
-    import paddle_unpad._native as native
-    import paddle_unpad._paddle_compat as compat
+    import paddle_unpad._runtime.native as native
+    import paddle_unpad._runtime.paddle_compat as compat
     from paddle_unpad import ops
 
     k = _Kernels(_typed(emu_build.load(pytest)))

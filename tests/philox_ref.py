@@ -1,7 +1,7 @@
 """Independent numpy Philox4x32-10 (Random123 style) and the FMHA dropout keep-mask layout.
 
 This is the test suite's own reference, written separately from the package's
-``paddle_unpad/philox.py`` so that the two can be checked against each other.
+``paddle_unpad/ops/philox.py`` so that the two can be checked against each other.
 
 Philox4x32-10, one round on counter ``(c0, c1, c2, c3)`` and key ``(k0, k1)``::
 

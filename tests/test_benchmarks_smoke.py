@@ -93,7 +93,7 @@ def test_bench_gemm_quick(tmp_path):
     for key in ("default/paddle_matmul", "paddle_unpad/paddle_matmul", "mkl_cpu_avx2/paddle_matmul"):
         assert results[key]["correct"], (key, results[key]["errors"])
     # every configuration but "paddle_unpad" measures Paddle as installed (the plugin's MKL set-up off)
-    from paddle_unpad import cpu_gemm
+    from paddle_unpad._runtime import cpu_gemm
 
     vendor, _, flags = cpu_gemm.cpu_identity()
     value, _ = cpu_gemm.choose(vendor, flags)

@@ -1,4 +1,4 @@
-"""paddle_unpad.bucketed_attention: the plain-Paddle attention fmha runs where no kernel fits
+"""paddle_unpad.ops.bucketed_attention: the plain-Paddle attention fmha runs where no kernel fits
 (float32 on a GPU, head sizes the CUDA kernel lacks), against the float64 reference of
 tests/test_fmha.py, on the CPU (the same Paddle ops run on a GPU)."""
 import math
@@ -8,8 +8,9 @@ import paddle
 import pytest
 
 import philox_ref
-from paddle_unpad import _warn, ops
-from paddle_unpad.bucketed_attention import bucket_plan, bucketed_attention
+from paddle_unpad import ops
+from paddle_unpad._runtime import warn as _warn
+from paddle_unpad.ops.bucketed_attention import bucket_plan, bucketed_attention
 from test_fmha import GRID, OFFSET, SEED, assert_close, cu_seqlens_host, grid_case, make_inputs, reference
 
 pytestmark = pytest.mark.paddle_gpu_stage

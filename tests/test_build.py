@@ -20,7 +20,7 @@ PROBE = (
     "with warnings.catch_warnings(record=True) as w:\n"
     "    warnings.simplefilter('always')\n"
     "    avail = pu.ops_available()\n"
-    "print(json.dumps({'file': pu.__file__, 'avail': avail, 'info': pu._native.info(),\n"
+    "print(json.dumps({'file': pu.__file__, 'avail': avail, 'info': pu._runtime.native.info(),\n"
     "                  'warnings': [str(x.message) for x in w]}))\n"
 )
 

@@ -103,7 +103,7 @@ def test_the_documented_stream_range_is_the_checked_range():
 
 
 def _native_load():
-    from paddle_unpad import _native
+    from paddle_unpad._runtime import native as _native
 
     saved = dict(_native._state)
     _native._state["tried"] = False
@@ -120,13 +120,13 @@ def _install_group_stores():
 
 
 def _host_malloc():
-    from paddle_unpad import host_malloc
+    from paddle_unpad._runtime import host_malloc
 
     host_malloc.configure()
 
 
 def _mkl_dispatch():
-    from paddle_unpad import cpu_gemm
+    from paddle_unpad._runtime import cpu_gemm
 
     cpu_gemm.configure()
 
@@ -158,7 +158,7 @@ def test_a_bad_run_time_setting_raises_where_it_is_read(name, monkeypatch):
 
 
 def test_a_typo_in_the_kernel_threads_is_an_error_not_the_reference_path(monkeypatch):
-    from paddle_unpad import _native
+    from paddle_unpad._runtime import native as _native
 
     monkeypatch.setenv("PADDLE_UNPAD_NUM_THREADS", "tow")
     saved = dict(_native._state)

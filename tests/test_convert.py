@@ -12,7 +12,7 @@ import paddle
 import pytest
 
 import paddle_unpad as pu
-from paddle_unpad import _paddle_compat as _compat
+from paddle_unpad._runtime import paddle_compat as _compat
 
 pytestmark = [pytest.mark.usefixtures("native_ops"), pytest.mark.paddle_gpu_stage]
 

@@ -1,4 +1,4 @@
-"""paddle_unpad.cpu_gemm: MKL's AVX2/AVX-512 GEMM kernels on non-Intel x86 CPUs.
+"""paddle_unpad._runtime.cpu_gemm: MKL's AVX2/AVX-512 GEMM kernels on non-Intel x86 CPUs.
 
 The rule (which value for which CPU) is checked on made-up CPUs; what happens in a real
 process (the variable set before MKL's first GEMM, MKL's own answer, the products still
@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from paddle_unpad import config, cpu_gemm
+from paddle_unpad import config
+from paddle_unpad._runtime import cpu_gemm
 
 pytestmark = pytest.mark.paddle_gpu_stage
 
@@ -67,7 +68,7 @@ PRODUCT = """
     a, b = rng.standard_normal((333, 384)), rng.standard_normal((384, 1536))
     c = paddle.matmul(paddle.to_tensor(a, dtype="float32"), paddle.to_tensor(b, dtype="float32")).numpy()
     err = float(np.linalg.norm(c - a @ b) / np.linalg.norm(a @ b))
-    print(json.dumps(dict(pu.cpu_gemm.info(), err=err, env=os.environ.get("MKL_DEBUG_CPU_TYPE"))))
+    print(json.dumps(dict(pu._runtime.cpu_gemm.info(), err=err, env=os.environ.get("MKL_DEBUG_CPU_TYPE"))))
 """
 
 
@@ -106,7 +107,7 @@ def test_too_late_after_a_gemm_warns_and_sets_nothing():
         import json, os, warnings
         import paddle
         paddle.matmul(paddle.ones([8, 8]), paddle.ones([8, 8]))
-        from paddle_unpad import cpu_gemm
+        from paddle_unpad._runtime import cpu_gemm
         os.environ.pop("MKL_DEBUG_CPU_TYPE", None)
         if cpu_gemm.mkl_library() is None:
             print(json.dumps({"no_mkl": True}))

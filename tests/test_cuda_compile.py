@@ -4,7 +4,7 @@
   (``custom_ops/harness/*.cu``) are compiled with CUDA headers only: no Paddle include
   path, so a Paddle type sneaking into them fails here.
 * The Paddle glue (``custom_ops/paddle/*.cu``) is compiled with the flags of the real
-  build (``paddle_unpad._build_config.nvcc_flags()``, see docs/gpu.md).
+  build (``paddle_unpad._runtime.build_config.nvcc_flags()``, see docs/gpu.md).
 * The C++ glue (``custom_ops/paddle/*.cc``) is syntax-checked with ``PADDLE_WITH_CUDA``
   defined, so the GPU branches of the op registrations are compiled too.
 
@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = os.path.join(ROOT, "custom_ops")
 sys.path.insert(0, ROOT)
 
-from paddle_unpad import _build_config as cfg  # noqa: E402  (stdlib + lazy paddle only)
+from paddle_unpad._runtime import build_config as cfg  # noqa: E402  (stdlib + lazy paddle only)
 
 NVCC = cfg.find_nvcc()
 pytestmark = [pytest.mark.build,

@@ -16,7 +16,8 @@ import paddle
 import pytest
 
 import paddle_unpad as pu
-from paddle_unpad import _paddle_compat, balance, config, ops
+from paddle_unpad import balance, config, ops
+from paddle_unpad._runtime import paddle_compat as _paddle_compat
 from paddle_unpad.data import PackingCollator, SampleError
 from paddle_unpad.distributed import BalancedLoader, GradientAllReduce
 from paddle_unpad.trainer import PadCollator

@@ -186,7 +186,8 @@ def test_the_docs_table_is_the_declared_options_table():
 
 def test_exchange_names_reached_through_balance_are_the_distributed_ones_with_a_warning():
     import paddle_unpad.distributed as pd
-    from paddle_unpad import _warn, balance
+    from paddle_unpad import balance
+    from paddle_unpad._runtime import warn as _warn
 
     _warn.forget()
     for name in ("BalancedLoader", "ExchangeError", "ExchangeTimeout"):

@@ -145,7 +145,7 @@ def test_native_op_is_used(native_ops):
         assert enabled(), "native fmha loaded but paddle_unpad.ops.native_fmha_enabled() is False"
     want = os.environ.get("PADDLE_UNPAD_CPU_ISA")
     if want:
-        from paddle_unpad import _native
+        from paddle_unpad._runtime import native as _native
 
         assert _native.info()["isa"] == want, _native.info()
 
@@ -557,7 +557,7 @@ def test_bad_cu_seqlens_same_words_from_python_and_the_native_op(case, native_op
         paddle_unpad.fmha(q, q, q, cu_t, max_seqlen)
     assert str(public.value) == words
     with pytest.raises(Exception) as native:
-        paddle_unpad._paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu_t, None, max_seqlen, 0.25, 0.0, True, False)
+        paddle_unpad._runtime.paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu_t, None, max_seqlen, 0.25, 0.0, True, False)
     assert words.removeprefix("paddle_unpad.") in str(native.value), str(native.value)[-2000:]
 
 

@@ -9,7 +9,8 @@ import paddle
 import pytest
 
 import paddle_unpad as pu
-from paddle_unpad import _native, ops
+from paddle_unpad import ops
+from paddle_unpad._runtime import native as _native
 
 pytestmark = pytest.mark.paddle_gpu_stage
 

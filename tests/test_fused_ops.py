@@ -277,7 +277,7 @@ def test_dropout_mask_layout_exact(impl, p, request):
     want = philox_ref.rowwise_keep(SEED, OFFSET, p, rows, F)
     mism = np.argwhere(kept != want)
     assert mism.size == 0, f"{len(mism)} of {want.size} keep-mask elements differ, first [row, col] = {mism[:5].tolist()}"
-    np.testing.assert_array_equal(want, paddle_unpad.philox.rowwise_keep_mask(SEED, OFFSET, p, rows, F))
+    np.testing.assert_array_equal(want, paddle_unpad.ops.philox.rowwise_keep_mask(SEED, OFFSET, p, rows, F))
     frac = 1.0 - kept.mean()
     assert abs(frac - p) < 5 * math.sqrt(p * (1 - p) / kept.size), (frac, p)
 
@@ -472,7 +472,7 @@ def fused_isa():
     """The ISA the fused kernels dispatched to in this process."""
     import ctypes
 
-    from paddle_unpad import _native
+    from paddle_unpad._runtime import native as _native
 
     lib = ctypes.CDLL(_native.info()["path"])
     lib.paddle_unpad_fused_cpu_isa.restype = ctypes.c_char_p
@@ -611,7 +611,7 @@ def test_to_static_save_load(tmp_path, fused_native):
     np.testing.assert_allclose(loaded(x).numpy(), eager, rtol=1e-5, atol=1e-6)
     # dynamic T through the same program, including no tokens at all (Paddle 3.x: 2.6's own
     # matmul cannot take an empty batch)
-    from paddle_unpad import _paddle_compat
+    from paddle_unpad._runtime import paddle_compat as _paddle_compat
 
     for T in (1, 0, 70) if _paddle_compat.EMPTY_TENSORS_SUPPORTED else (1, 70):
         x2 = paddle.to_tensor(np.random.default_rng(T).standard_normal((T, H)).astype(np.float32))

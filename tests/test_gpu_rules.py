@@ -227,7 +227,8 @@ def test_float64_mixes_are_refused_naming_both():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_attention_without_a_kernel_size_takes_the_bucketed_path(dtype):
     """Head size 48 has no CUDA kernel: plain-Paddle attention in the AMP dtype, one warning."""
-    from paddle_unpad import _warn, ops
+    from paddle_unpad import ops
+    from paddle_unpad._runtime import warn as _warn
     from paddle_unpad.ops import FMHA_GPU_TOLERANCE
     from test_fmha import make_inputs, reference
 

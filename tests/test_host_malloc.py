@@ -1,4 +1,4 @@
-"""paddle_unpad.host_malloc: freed host memory is kept for reuse, not faulted in again."""
+"""paddle_unpad._runtime.host_malloc: freed host memory is kept for reuse, not faulted in again."""
 import json
 import os
 import platform
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from paddle_unpad import config, host_malloc
+from paddle_unpad import config
+from paddle_unpad._runtime import host_malloc
 
 pytestmark = pytest.mark.paddle_gpu_stage
 
@@ -34,7 +35,7 @@ for _ in range(2):
 f0 = faults()
 y = paddle.full([n], 2.0, dtype="float32")
 got = faults() - f0
-print(json.dumps({"faults": got, "pages": n * 4 // 4096, "info": pu.host_malloc.info(), "sum": float(y[:4].sum())}))
+print(json.dumps({"faults": got, "pages": n * 4 // 4096, "info": pu._runtime.host_malloc.info(), "sum": float(y[:4].sum())}))
 """
 
 

@@ -222,7 +222,7 @@ def test_readme_install_line_leaves_the_environment_alone(core_install, paddle_v
     code = ("import json, paddle_unpad as pu\n"
             "try:\n    pu.convert\n    said = None\nexcept ImportError as e:\n    said = str(e)\n"
             "print('PROBE', json.dumps({'file': pu.__file__, 'avail': pu.ops_available(), "
-            "'lib': pu._native.info()['path'], 'said': said}))\n")
+            "'lib': pu._runtime.native.info()['path'], 'said': said}))\n")
     out = _ok([paddle_venv["py"], "-c", code], timeout=300, cwd=str(paddle_venv["outside"]),
               env=paddle_venv["env"]).stdout
     got = json.loads(re.search(r"^PROBE (.*)$", out, re.M).group(1))

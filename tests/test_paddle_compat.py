@@ -11,8 +11,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_unpad import _build_config as cfg
-from paddle_unpad import _paddle_compat as compat
+from paddle_unpad._runtime import build_config as cfg
+from paddle_unpad._runtime import paddle_compat as compat
 from paddle_unpad import ops
 from testutil import assert_close, in_ci, require_native
 

@@ -148,9 +148,9 @@ def test_streams_differ_by_seed_and_offset():
 
 def _package_philox():
     try:
-        return importlib.import_module("paddle_unpad.philox")
+        return importlib.import_module("paddle_unpad.ops.philox")
     except ImportError as e:  # pragma: no cover - depends on the package state
-        pytest.skip(f"paddle_unpad.philox not importable: {e}")
+        pytest.skip(f"paddle_unpad.ops.philox not importable: {e}")
 
 
 def test_package_philox_known_answers():

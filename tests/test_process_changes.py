@@ -1,5 +1,6 @@
-"""import paddle_unpad changes nothing in the process but MKL's kernel choice; every other
-process-wide change waits for the feature that needs it, and paddle_unpad.info() says which."""
+"""import paddle_unpad changes nothing in the process but MKL's kernel choice, the operators'
+registration and the finder of the modules' old names; every other process-wide change waits for
+the feature that needs it, and paddle_unpad.info() says which."""
 import ctypes
 import json
 import os
@@ -37,7 +38,7 @@ def mmapped(n=64 << 20):
 def state():
     return {"mmapped": mmapped(), "factory": id(collective._new_process_group_impl),
             "atexit": atexit._ncallbacks(), "excepthook": id(threading.excepthook),
-            "csv_field_limit": csv.field_size_limit()}
+            "csv_field_limit": csv.field_size_limit(), "meta_path": [type(f).__qualname__ for f in sys.meta_path]}
 
 out = {"before": state()}
 with_paddle = set(sys.modules)
@@ -71,14 +72,17 @@ def test_import_changes_nothing_and_a_strategy_applies_the_group_and_malloc_chan
     got = json.loads(p.stdout.strip().splitlines()[-1])
     before, imported, strategy = got["before"], got["imported"], got["strategy"]
     assert before["mmapped"], "glibc's default should map a 64 MiB block: the probe cannot see a change"
-    assert imported == before
+    # the one import-time change outside os.environ and Paddle's op registry: the finder of old names
+    assert imported == dict(before, meta_path=before["meta_path"] + ["_Finder"])
     # inference pays for no distributed code: nothing of it loads beyond what `import paddle` loaded
     assert [m for m in got["modules_imported"] if m.startswith(("paddle_unpad.distributed", "paddle.distributed",
             "paddle_unpad.fleet", "paddle_unpad.trainer", "paddle_unpad.models", "paddlenlp"))] == []
     # a csv file with a long field is read, and csv's process-wide limit is the user's again after
     assert got["wide_row"] == 200000 and got["after_csv"]["csv_field_limit"] == before["csv_field_limit"]
     assert {name: c["applied"] for name, c in got["info_imported"].items()} == {
-        "MKL_DEBUG_CPU_TYPE": got["info_imported"]["MKL_DEBUG_CPU_TYPE"]["applied"], "mallopt": False,
+        "MKL_DEBUG_CPU_TYPE": got["info_imported"]["MKL_DEBUG_CPU_TYPE"]["applied"],
+        "operator library": got["info_imported"]["operator library"]["path"] is not None, "module aliases": True,
+        "mallopt": False,
         "process-group factory": False, "atexit handler": False, "threading.excepthook": False,
         "TCP_NODELAY": False}
     # the strategy starts a training job: the group fix and the malloc setting apply now

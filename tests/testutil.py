@@ -36,7 +36,7 @@ def empty_refused_here(fn, *args, **kwargs):
     """On a Paddle that cannot compute on empty tensors (2.6), ``fn(*args)`` with an empty
     batch must raise the plugin's error naming it; returns True then (the caller stops)."""
     import pytest
-    from paddle_unpad import _paddle_compat
+    from paddle_unpad._runtime import paddle_compat as _paddle_compat
 
     if _paddle_compat.EMPTY_TENSORS_SUPPORTED:
         return False

@@ -33,7 +33,7 @@ def __getattr__(name):
     if name in _IN_DISTRIBUTED:
         import importlib
 
-        from .._warn import warn_once
+        from .._runtime.warn import warn_once
 
         warn_once(("balance-moved", name), f"paddle_unpad.balance.{name} moved to paddle_unpad.distributed.{name} (also paddle_unpad.fleet.{name}): import it from there", DeprecationWarning)
         return getattr(importlib.import_module("paddle_unpad.distributed"), name)

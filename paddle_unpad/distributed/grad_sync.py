@@ -85,7 +85,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import paddle
 
-from .. import _paddle_compat as compat
+from .._runtime import paddle_compat as compat
 from . import groups, workarounds
 from .errors import GradientSyncError, StoreHostLeft
 from .options import ALLREDUCE

@@ -53,7 +53,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from .. import _paddle_compat as _compat
+from .._runtime import paddle_compat as _compat
 from .. import config
 from . import workarounds
 from .errors import StoreHostLeft

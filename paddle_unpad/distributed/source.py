@@ -15,7 +15,7 @@ from typing import Dict, Mapping
 
 import numpy as np
 
-from .. import _paddle_compat as _compat
+from .._runtime import paddle_compat as _compat
 
 log = logging.getLogger("paddle_unpad.distributed")
 

@@ -18,7 +18,7 @@ and is applied on first use, never at import:
 
 Groups, collectives and agreement live in :mod:`paddle_unpad.distributed.groups`, which
 applies these when it makes the plugin's first group. Besides
-:mod:`paddle_unpad._paddle_compat`, this is the one module that may touch Paddle's
+:mod:`paddle_unpad._runtime.paddle_compat`, this is the one module that may touch Paddle's
 internals (tests/test_paddle_compat.py walks the source to keep it so).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Optional
 import paddle
 import paddle.distributed as dist
 
-from .. import _paddle_compat as _compat
+from .._runtime import paddle_compat as _compat
 from .. import config
 
 log = logging.getLogger("paddle_unpad.distributed")

@@ -20,7 +20,7 @@ import warnings
 
 import paddle
 
-from .. import _paddle_compat as _compat
+from .._runtime import paddle_compat as _compat
 
 _compat.require_paddlenlp()  # first use: one sentence naming the PaddleNLP needed, when it is missing
 from .. import layers as _layers  # noqa: E402

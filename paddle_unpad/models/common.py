@@ -25,9 +25,9 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from .. import _paddle_compat as _compat
+from .._runtime import paddle_compat as _compat
 from .. import layers as _layers
-from .._warn import warn_once
+from .._runtime.warn import warn_once
 from ..varlen import check_cu_seqlens, check_no_empty_sequences, pad_input
 
 __all__ = ["UnsupportedInput", "Packing", "FamilySpec", "options_of"]

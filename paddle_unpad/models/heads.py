@@ -35,7 +35,7 @@ from paddlenlp.transformers.model_outputs import (
     TokenClassifierOutput,
 )
 
-from .. import _warn
+from .._runtime import warn as _warn
 from .. import layers as _layers
 from . import common
 

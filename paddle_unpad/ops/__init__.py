@@ -9,9 +9,9 @@ references are written for clarity, not speed; tests compare the two.
 * :mod:`._call`: the path both take to a compiled operator (dispatch, Philox state, the
   operators' refusals as they wrote them).
 """
-from .. import _native
+from .._runtime import native as _native
 # The op rules as data, in a module without imports: tests/gpu read it where Paddle is missing.
-from .._op_rules import (FMHA_GPU_TOLERANCE, FMHA_SUPPORT, FMHA_TOLERANCE, FUSED_OPS_GPU_TOLERANCE,
+from ._rules import (FMHA_GPU_TOLERANCE, FMHA_SUPPORT, FMHA_TOLERANCE, FUSED_OPS_GPU_TOLERANCE,
                          FUSED_OPS_SUPPORT, FUSED_OPS_TOLERANCE, MODEL_TOLERANCE)
 from . import _call, attention, fused  # noqa: F401  (the submodules, by name)
 from .attention import fmha, fmha_qkvpacked, fmha_qkvpacked_reference, fmha_reference
@@ -38,7 +38,7 @@ def ops_available():
 
     Returns:
         dict, e.g. ``{"fmha": {"cpu": True, "gpu": False}}``. ``False`` means the op
-        runs its plain-Paddle reference there. ``paddle_unpad._native.info()`` says why.
+        runs its plain-Paddle reference there. ``paddle_unpad._runtime.native.info()`` says why.
     """
     cpu = _native.has_op("pu_fmha")
     return {"fmha": {"cpu": cpu, "gpu": cpu and _native.has_cuda_kernels()}, **_fused_ops_available()}

@@ -10,8 +10,8 @@ import numbers
 import numpy as np
 import paddle
 
-from .. import _native
-from .. import _paddle_compat as _compat
+from .._runtime import native as _native
+from .._runtime import paddle_compat as _compat
 
 
 class OpError(ValueError):

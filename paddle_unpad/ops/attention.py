@@ -2,7 +2,7 @@
 :func:`fmha_qkvpacked` and their plain-Paddle references.
 
 Off the CPU, without a CUDA kernel for the tensors' dtype or head size, :func:`fmha` runs
-:func:`paddle_unpad.bucketed_attention.bucketed_attention` and says why once.
+:func:`paddle_unpad.ops.bucketed_attention.bucketed_attention` and says why once.
 """
 import math
 import numbers
@@ -10,13 +10,14 @@ import numbers
 import numpy as np
 import paddle
 
-from .. import _native, config
-from .. import _paddle_compat as _compat
-from .. import host_malloc as _host_malloc
-from .._op_rules import FMHA_SUPPORT
-from .._warn import warn_once
-from ..bucketed_attention import bucketed_attention
-from ..philox import attention_keep_mask
+from .. import config
+from .._runtime import host_malloc as _host_malloc
+from .._runtime import native as _native
+from .._runtime import paddle_compat as _compat
+from .._runtime.warn import warn_once
+from ._rules import FMHA_SUPPORT
+from .bucketed_attention import bucketed_attention
+from .philox import attention_keep_mask
 from ..varlen import check_cu_seqlens
 from . import _call
 from ._call import host_only
@@ -75,7 +76,7 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha")
 
 def _fmha_gpu_kernel_refusal(q):
     """Off the CPU: None when the CUDA fmha kernel takes q, else why not (in words). Where it
-    does not, fmha runs :func:`paddle_unpad.bucketed_attention.bucketed_attention`."""
+    does not, fmha runs :func:`paddle_unpad.ops.bucketed_attention.bucketed_attention`."""
     if not _call.native_ok("pu_fmha", q):
         return "this build of paddle_unpad has no CUDA kernels" if _native.has_op("pu_fmha") else \
             "the compiled operators are not loaded"
@@ -115,13 +116,13 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
         q, k, v: [T, H, D] of one dtype, the tokens of all sequences packed back to back;
             T = cu_seqlens[-1]. CPU: float32 (the CPU kernel). GPU: float16 / bfloat16 with
             head size 32, 64 or 128 run the CUDA kernel; anything else (float32 without AMP,
-            other head sizes) runs :func:`paddle_unpad.bucketed_attention.bucketed_attention`,
+            other head sizes) runs :func:`paddle_unpad.ops.bucketed_attention.bucketed_attention`,
             plain Paddle ops over length buckets, with one warning saying why.
         cu_seqlens: [B + 1] int32 on the CPU: 0, then prefix sums of the lengths.
             Zero-length sequences are allowed and produce nothing.
         max_seqlen: Python int >= the longest sequence (a host value: no device sync).
         dropout: attention-probability dropout in [0, 1), applied when ``training``;
-            resolved to 2**-16 (16 random bits per element, ``paddle_unpad.philox``).
+            resolved to 2**-16 (16 random bits per element, ``paddle_unpad.ops.philox``).
         scale: multiplier of q k^T; default 1/sqrt(D).
         training: dropout is applied only when True.
         rng_state: ``(seed, offset)`` ints or a [2] int64 CPU tensor fixing the Philox
@@ -163,12 +164,12 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
         return out
     if not paddle.in_dynamic_mode():
         raise RuntimeError(
-            f"paddle_unpad.fmha: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle attention reads cu_seqlens on the host){'' if refusal is None else ', and ' + refusal}; see paddle_unpad._native.info()"
+            f"paddle_unpad.fmha: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle attention reads cu_seqlens on the host){'' if refusal is None else ', and ' + refusal}; see paddle_unpad._runtime.native.info()"
         )
     if on_cpu:
         rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 else None
         return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
-    warn_once(("fmha", refusal), f"fmha: {refusal}; attention runs as plain Paddle ops over length buckets (paddle_unpad.bucketed_attention, slower). This warning is shown once.", RuntimeWarning)
+    warn_once(("fmha", refusal), f"fmha: {refusal}; attention runs as plain Paddle ops over length buckets (paddle_unpad.ops.bucketed_attention, slower). This warning is shown once.", RuntimeWarning)
     rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 and rng_state is not None else None
     return bucketed_attention(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
 
@@ -178,7 +179,7 @@ def fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, tra
     """Plain-Paddle ``fmha``: a loop over sequences of matmul-softmax-matmul.
 
     Same arguments, result and dropout mask as :func:`fmha` (the mask comes from the
-    numpy Philox in ``paddle_unpad.philox``; ``grouping`` and ``deterministic`` are accepted
+    numpy Philox in ``paddle_unpad.ops.philox``; ``grouping`` and ``deterministic`` are accepted
     and have no effect). Eager mode only.
     """
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)

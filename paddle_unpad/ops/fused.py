@@ -10,11 +10,11 @@ import numbers
 import numpy as np
 import paddle
 
-from .. import _native
-from .. import _paddle_compat as _compat
-from .. import host_malloc as _host_malloc
-from .._op_rules import FUSED_OPS_SUPPORT
-from ..philox import rowwise_keep_mask
+from .._runtime import host_malloc as _host_malloc
+from .._runtime import native as _native
+from .._runtime import paddle_compat as _compat
+from ._rules import FUSED_OPS_SUPPORT
+from .philox import rowwise_keep_mask
 from . import _call
 from ._call import host_only
 
@@ -169,7 +169,7 @@ def bias_dropout_residual_layer_norm(
     ``normalize_before=False`` when x is the GEMM output without its bias. The mean and
     1/std of each row are saved for the backward pass; the dropout mask is not stored
     but regenerated from ``rng_state`` (Philox, the row-wise layout of
-    ``paddle_unpad.philox.rowwise_keep_mask``).
+    ``paddle_unpad.ops.philox.rowwise_keep_mask``).
 
     Args:
         x: [..., F] float32 on CPU; float16, bfloat16 or float32 on GPU (builds with
@@ -206,7 +206,7 @@ def bias_dropout_residual_layer_norm(
         return y
     if p > 0.0 and not paddle.in_dynamic_mode():
         raise RuntimeError(
-            "paddle_unpad.ops.bias_dropout_residual_layer_norm: the compiled operator is needed for dropout inside paddle.jit.to_static (the reference builds its mask on the host); see paddle_unpad._native.info()"
+            "paddle_unpad.ops.bias_dropout_residual_layer_norm: the compiled operator is needed for dropout inside paddle.jit.to_static (the reference builds its mask on the host); see paddle_unpad._runtime.native.info()"
         )
     return _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, float(epsilon), rng)
 
@@ -215,7 +215,7 @@ def bias_dropout_residual_layer_norm_reference(
     x, bias, residual, ln_weight, ln_bias, dropout=0.0, epsilon=1e-12, training=True, *, rng_state=None
 ):
     """Plain-Paddle ``bias_dropout_residual_layer_norm``: add, dropout with the same Philox
-    mask (built by numpy in ``paddle_unpad.philox``), add, LayerNorm from elementwise ops
+    mask (built by numpy in ``paddle_unpad.ops.philox``), add, LayerNorm from elementwise ops
     (mean, biased variance, ``rsqrt``, affine).
 
     Same arguments and result as :func:`bias_dropout_residual_layer_norm`. With dropout,

@@ -51,7 +51,7 @@ def rewrite(text, header=False):
 
 
 def cuda_include():
-    from paddle_unpad import _build_config as cfg
+    from paddle_unpad._runtime import build_config as cfg
 
     nvcc = cfg.find_nvcc()
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),

@@ -41,7 +41,7 @@ def dense_reference(params, world):
     ps = [p for p in params if not p.stop_gradient]
     for p in ps:
         if p.grad is None:
-            pu._paddle_compat.set_grad(p, paddle.zeros(p.shape, dtype=p.dtype))
+            pu._runtime.paddle_compat.set_grad(p, paddle.zeros(p.shape, dtype=p.dtype))
     flat = paddle.concat([p.grad.reshape([-1]) for p in ps])
     dist.all_reduce(flat)
     flat = flat / world

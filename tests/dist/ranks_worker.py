@@ -405,7 +405,7 @@ def scenario_allreduce_model_changes():
     if rank == 0:
         result(leaving=True)
         return  # the job's store, which this process serves, goes with it
-    store = pu._paddle_compat.job_store()
+    store = pu._runtime.paddle_compat.job_store()
     deadline = time.monotonic() + 30.0
     while time.monotonic() < deadline:  # rank 0 waits a few seconds for its peers to count out, then ends
         try:

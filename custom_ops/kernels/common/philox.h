@@ -1,6 +1,6 @@
 // Philox4x32 counter-based generator and the dropout counter layouts built on it.
 //
-// Shared by the CPU and CUDA kernels (and mirrored by paddle_unpad/philox.py) so that
+// Shared by the CPU and CUDA kernels (and mirrored by paddle_unpad/ops/philox.py) so that
 // a given (seed, offset) drops the same attention elements on every device. The mask
 // is never stored: forward and backward both regenerate it from the counter.
 //

@@ -1,6 +1,6 @@
 """Every change the plugin makes to the process outside its own objects, and when it makes it.
 
-``import paddle_unpad`` makes one: ``MKL_DEBUG_CPU_TYPE`` (:mod:`paddle_unpad.cpu_gemm`),
+``import paddle_unpad`` makes one: ``MKL_DEBUG_CPU_TYPE`` (:mod:`paddle_unpad._runtime.cpu_gemm`),
 because MKL reads it once, at its first GEMM, and any Paddle code may run one after the
 import. Every other change waits for the first use of the feature that needs it.
 :func:`info` (``paddle_unpad.info()``) lists them all: applied or not, when, and why.
@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 import threading
 
-from . import config, cpu_gemm, host_malloc
+from .. import config
+from . import cpu_gemm, host_malloc
 
 __all__ = ["info"]
 
@@ -19,7 +20,7 @@ _FIRST_GROUP = ("the plugin's first process group, pu.fleet.DistributedStrategy(
 
 def _mkl():
     state = cpu_gemm.info()
-    return {"applied": state["action"] == "set", "value": state["value"],
+    return {"applied": state["action"] == "set", "value": state["value"], "mkl_kernels": state["mkl_kernels"],
             "when": "import paddle_unpad (MKL reads it once, at its first GEMM, which any Paddle code may run)",
             "why": f"{state['why']}; MKL's vendor check gives non-Intel CPUs its generic SSE2 GEMM kernels (off: {config.variable('MKL_DISPATCH').env}=off)"}
 
@@ -32,7 +33,7 @@ def _mallopt():
 
 
 def _group_factory():
-    from . import _paddle_compat
+    from . import paddle_compat as _paddle_compat
 
     rules = getattr(_paddle_compat.process_group_factory(), "_paddle_unpad_rules", None)
     return {"applied": rules is not None, "when": _FIRST_GROUP,
@@ -42,7 +43,7 @@ def _group_factory():
 def _loaded(name):
     """The plugin's module ``name`` if something imported it (not imported: it changed nothing;
     info() must not load the distributed layer into an inference process)."""
-    return sys.modules.get(f"{__package__}.{name}")
+    return sys.modules.get(f"paddle_unpad.{name}")
 
 
 def _atexit():
@@ -67,7 +68,25 @@ def _nodelay():
             "why": f"the store's small requests skip Nagle's delay (~40 ms per request otherwise; off: {config.variable('STORE_NODELAY').env}=off)"}
 
 
-_CHANGES = {"MKL_DEBUG_CPU_TYPE": _mkl, "mallopt": _mallopt, "process-group factory": _group_factory,
+def _operators():
+    from . import native
+
+    state = native.info()
+    return {"applied": state["path"] is not None, "path": state["path"], "ops": list(state["ops"]),
+            "isa": state["isa"], "error": state["error"],
+            "when": "import paddle_unpad (an exported model that holds the operators loads only where they are registered)",
+            "why": f"the compiled operators registered with Paddle (off: {config.variable('DISABLE_NATIVE').env}=1)"}
+
+
+def _aliases():
+    from . import aliases
+
+    return {"applied": aliases.installed(), "names": [f"paddle_unpad.{old}" for old in aliases.MOVED],
+            "when": "import paddle_unpad",
+            "why": "a finder on sys.meta_path keeps the modules' old names importable (each with a DeprecationWarning)"}
+
+
+_CHANGES = {"MKL_DEBUG_CPU_TYPE": _mkl, "operator library": _operators, "module aliases": _aliases, "mallopt": _mallopt, "process-group factory": _group_factory,
             "atexit handler": _atexit, "threading.excepthook": _excepthook, "TCP_NODELAY": _nodelay}
 
 

@@ -26,8 +26,8 @@ import os
 import platform
 import warnings
 
-from . import config
-from ._host import cpu_identity, describe
+from .. import config
+from .host import cpu_identity, describe
 
 ENV = "MKL_DEBUG_CPU_TYPE"
 AVX512_FLAGS = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")  # MKL's AVX-512 (SKX) kernels

@@ -37,7 +37,7 @@ import ctypes.util
 import os
 import platform
 
-from . import config
+from .. import config
 
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1

@@ -1,6 +1,6 @@
 """How the custom-operator library is compiled: sources, flags, the compile loop.
 
-Used by ``setup.py`` (install) and by ``paddle_unpad._native`` (JIT fallback from a
+Used by ``setup.py`` (install) and by ``paddle_unpad._runtime.native`` (JIT fallback from a
 source checkout), so both builds are the same build. Only the standard library and
 paddle are imported here; the module must not import the rest of the package.
 """
@@ -14,15 +14,19 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Tuple
 
-try:
-    from . import _paddle_compat as compat
-    from . import config
-except ImportError:  # setup.py loads this file as a top-level module, before the package exists
-    import _paddle_compat as compat
-    import config
-
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+PACKAGE = os.path.dirname(HERE)
+ROOT = os.path.dirname(PACKAGE)
+
+try:
+    from . import paddle_compat as compat
+    from .. import config
+except ImportError:  # setup.py loads this file as a top-level module, before the package exists
+    sys.path[:0] = [HERE, PACKAGE]
+    import config
+    import paddle_compat as compat
+
+    del sys.path[:2]
 CUSTOM_OPS = os.path.join(ROOT, "custom_ops")
 
 # Framework-free kernels plus the Paddle glue. The CPU kernels are compiled for
@@ -315,7 +319,7 @@ def build_ops_library(out_path, tmp_dir, verbose=False, with_cuda=None):
     return out_path
 
 
-if __name__ == "__main__":  # python paddle_unpad/_build_config.py [OUT.so [OBJ_DIR]]
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, library_stem() + ".so")
+if __name__ == "__main__":  # python paddle_unpad/_runtime/build_config.py [OUT.so [OBJ_DIR]]
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(PACKAGE, library_stem() + ".so")
     objs = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "build", "paddle_unpad_ops")
     build_ops_library(out, objs, verbose=True)

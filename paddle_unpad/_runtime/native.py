@@ -2,7 +2,7 @@
 
 Order of search:
   1. ``paddle_unpad/_ops_lib_<tag>*.so`` -- built by ``pip install`` (editable or not) against
-     the running Paddle (``_build_config.library_tag``: libraries of other Paddle builds are skipped);
+     the running Paddle (``build_config.library_tag``: libraries of other Paddle builds are skipped);
   2. a JIT build from the source checkout's ``custom_ops/`` into a cache folder (the
      ``CACHE`` setting, default ``~/.cache/paddle_unpad``), keyed by a hash of sources and
      flags, so it is rebuilt only when they change (the ``JIT`` setting turns this off).
@@ -26,7 +26,7 @@ import sys
 import threading
 import warnings
 
-from . import config
+from .. import config
 
 _lock = threading.RLock()
 # the settings of the library's search and of its kernels (paddle_unpad/config.py)
@@ -35,9 +35,9 @@ _state = {"tried": False, "path": None, "ops": (), "error": None, "flags": 0, "i
 
 
 def _installed_library():
-    from . import _build_config as cfg
+    from . import build_config as cfg
 
-    return cfg.find_installed_library(os.path.dirname(os.path.abspath(__file__)))
+    return cfg.find_installed_library(cfg.PACKAGE)
 
 
 def settings():
@@ -46,7 +46,7 @@ def settings():
 
 
 def _jit_library(cache):
-    from . import _build_config as cfg
+    from . import build_config as cfg
 
     if not os.path.isdir(cfg.CUSTOM_OPS) or not cfg.ops_sources(False):
         return None

@@ -28,7 +28,7 @@ import paddle
 import paddle.nn.functional as F
 
 from .philox import attention_keep_mask
-from .varlen import check_cu_seqlens
+from ..varlen import check_cu_seqlens
 
 __all__ = ["bucketed_attention", "bucket_plan"]
 
@@ -122,7 +122,7 @@ def bucketed_attention(q, k, v, cu_seqlens, max_seqlen, p, scale, rng=None):
         p: attention-probability dropout in [0, 1) (0: none).
         scale: multiplier of q k^T.
         rng: None (dropout from Paddle's generator) or a [2] int64 CPU tensor (seed,
-            offset): the Philox mask of ``paddle_unpad.philox.attention_keep_mask``.
+            offset): the Philox mask of ``paddle_unpad.ops.philox.attention_keep_mask``.
     Returns:
         [T, H, D] of q's dtype; differentiable w.r.t. q, k and v (Paddle autograd).
     """
