@@ -141,7 +141,7 @@ def parse_args(argv=None):
                          "every side: shows how much of the original's time is denormal arithmetic")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "encoder.json"))
-    ap.add_argument("--quick", action="store_true", 
+    ap.add_argument("--quick", action="store_true",
                     help="tiny models, tiny batches, 1 repeat: a smoke run of every part")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # internal: RSS subprocess spec file
     args = ap.parse_args(argv)

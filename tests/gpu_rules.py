@@ -110,18 +110,18 @@ def _fmha_standin(k):
             bq, bk, bv = _in(q), _in(kk), _in(v)
             out, lse = Buffer((T, H, D), _dt(q), PAD), Buffer((T, H), "float32", PAD)
             k.check(k.lib.pu_fmha_fwd(*head, bq.ptr, bk.ptr, bv.ptr, out.ptr, lse.ptr, None), "fmha forward")
-            o, l = _out(out, "out"), _out(lse, "lse")
+            o, lse_out = _out(out, "out"), _out(lse, "lse")
             ctx.head, ctx.keep, ctx.deterministic = head, cu_host, int(deterministic)
             ctx.no_grads = 1 + (rng is not None)  # cu_seqlens (and rng_state): no gradient
-            ctx.save_for_backward(q, kk, v, o, l)
-            ctx.mark_non_differentiable(l)
-            return o, l
+            ctx.save_for_backward(q, kk, v, o, lse_out)
+            ctx.mark_non_differentiable(lse_out)
+            return o, lse_out
 
         @staticmethod
         def backward(ctx, dout, _dlse):
-            q, kk, v, o, l = ctx.saved_tensor()
+            q, kk, v, o, lse_saved = ctx.saved_tensor()
             T, H, D = q.shape
-            bufs = [_in(t) for t in (q, kk, v, o, l, dout)]
+            bufs = [_in(t) for t in (q, kk, v, o, lse_saved, dout)]
             grads = [Buffer((T, H, D), _dt(q), PAD) for _ in range(3)]
             ws = _workspace(k.lib.pu_fmha_bwd_workspace_bytes(T, H, D, ctx.deterministic))
             k.check(k.lib.pu_fmha_bwd(*ctx.head, ctx.deterministic, *(b.ptr for b in bufs), *(g.ptr for g in grads),

@@ -837,13 +837,13 @@ def test_in_place_same_parameters_and_keys():
     model = cls(make_config("bert"))
     keys = list(model.state_dict().keys())
     params = [id(p) for p in model.parameters()]
-    sub = [id(l) for l in model.sublayers()]
+    sub = [id(s) for s in model.sublayers()]
     out = pu.convert(model)
     assert out is model
     assert isinstance(model, cls) and type(model).__name__ == cls.__name__
     assert list(model.state_dict().keys()) == keys
     assert [id(p) for p in model.parameters()] == params
-    assert [id(l) for l in model.sublayers()] == sub
+    assert [id(s) for s in model.sublayers()] == sub
     assert pu.models.is_converted(model)
     forward = type(model).forward
     pu.convert(model)  # twice: no-op
@@ -883,7 +883,7 @@ def test_revert_restores_the_original():
     assert type(model) is T.BertForTokenClassification
     assert type(model.bert) is T.BertModel
     assert type(model.bert.encoder) is paddle.nn.TransformerEncoder
-    assert all(type(l) is paddle.nn.TransformerEncoderLayer for l in model.bert.encoder.layers)
+    assert all(type(layer) is paddle.nn.TransformerEncoderLayer for layer in model.bert.encoder.layers)
     assert not pu.models.is_converted(model)
     a = call(model, "bert", "tokcls", ids, tt, mask).numpy()
     b = call(ref, "bert", "tokcls", ids, tt, mask).numpy()

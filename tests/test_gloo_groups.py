@@ -49,7 +49,7 @@ def test_control_without_own_stores_paddle_groups_share_keys(tmp_path):
 
 # ------------------------------------------------------------------ the plugin's groups over a job's life (3 ranks)
 
-from rank_runner import assert_no_abort, one_failure, run_ranks  # noqa: E402
+from rank_runner import assert_no_abort, run_ranks  # noqa: E402
 
 RANKS_WORKER = os.path.join(HERE, "dist", "ranks_worker.py")
 N_OBJECTS = 100

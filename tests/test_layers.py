@@ -33,8 +33,8 @@ def make_encoder(hidden=64, heads=4, ffn=128, n=2, dropout=0.0, act="gelu", cls=
     for name, p in enc.named_parameters():  # non-trivial biases and LayerNorm affine parameters
         if name.endswith("bias") or "norm" in name:
             p.set_value(paddle.randn(p.shape) * 0.1 + (1.0 if "norm" in name and name.endswith("weight") else 0.0))
-    for l in enc.layers:
-        l.norm1._epsilon = l.norm2._epsilon = 1e-12
+    for layer in enc.layers:
+        layer.norm1._epsilon = layer.norm2._epsilon = 1e-12
     return enc
 
 
@@ -185,7 +185,7 @@ def test_convert_encoder_in_place_and_revert():
     layers.convert_encoder(enc)  # idempotent
     layers.revert_encoder(enc)
     assert type(enc) is paddle.nn.TransformerEncoder
-    assert all(type(l) is paddle.nn.TransformerEncoderLayer for l in enc.layers)
+    assert all(type(layer) is paddle.nn.TransformerEncoderLayer for layer in enc.layers)
 
 
 def test_unsupported_layers_are_refused():

@@ -69,7 +69,7 @@ def test_round_trip(left_aligned, trailing, rng):
     if left_aligned:
         mask = _mask_from_lengths(lengths, S)
     else:
-        mask = np.stack([rng.permutation(_mask_from_lengths([l], S)[0]) for l in lengths])
+        mask = np.stack([rng.permutation(_mask_from_lengths([n], S)[0]) for n in lengths])
     x = rng.standard_normal((B, S) + trailing).astype(np.float32)
     packed, indices, cu, max_seqlen = unpad_input(paddle.to_tensor(x), paddle.to_tensor(mask))
     assert packed.shape == [int(lengths.sum())] + list(trailing)
