@@ -12,8 +12,7 @@ and accepts (and ignores) the other bookkeeping keys of a paddle_unpad packed ba
 from paddlenlp.transformers.bert import modeling
 
 from . import heads
-from .common import FamilySpec
-from .forwards import forward_args
+from .common import FamilySpec, forward_args
 
 SPEC = FamilySpec(name="bert", base_class=modeling.BertModel, base_attr="bert", config_defaults=True,
                   has_inputs_embeds=False)

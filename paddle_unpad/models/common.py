@@ -49,6 +49,16 @@ COLLATOR_EXTRAS = frozenset(BATCH_BOOKKEEPING_KEYS)
 MLM_BATCH_KEYS = frozenset(("masked_positions", "masked_labels") + tuple(MLM_LABEL_FIELDS))
 # Arguments of the converted forwards that the original forwards do not have.
 PACKED_ARGS_ALL = ("cu_seqlens", "max_seqlen", "cu_seqlens_host")
+# The leading and trailing parameters shared by every BERT / ERNIE / RoBERTa forward.
+TOKEN_ARGS = ("input_ids", "token_type_ids", "position_ids", "attention_mask")
+OUTPUT_FLAGS = ("output_hidden_states", "output_attentions", "return_dict")
+
+
+def forward_args(*middle):
+    """The original forward's parameter names: the shared leading ones, ``middle``, the output flags.
+
+    Here rather than in :mod:`.forwards`, which imports the family tables that call it."""
+    return TOKEN_ARGS + tuple(middle) + OUTPUT_FLAGS
 # Additive mask values at or below this count as "masked" (exp underflows to exactly 0 in fp32).
 MASKED_BELOW = -1.0e3
 # Logit given to padding positions of outputs over the sequence axis (QA start/end logits).

@@ -7,8 +7,7 @@ Same conventions as :mod:`paddle_unpad.models.bert` (packed keyword-only inputs
 from paddlenlp.transformers.ernie import modeling
 
 from . import heads
-from .common import FamilySpec
-from .forwards import forward_args
+from .common import FamilySpec, forward_args
 
 SPEC = FamilySpec(name="ernie", base_class=modeling.ErnieModel, base_attr="ernie", embed_extras=("task_type_ids",))
 

@@ -27,20 +27,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-from .common import PACKED_ARGS_ALL
+from .common import OUTPUT_FLAGS, PACKED_ARGS_ALL, TOKEN_ARGS, forward_args
 
 __all__ = ["TOKEN_ARGS", "OUTPUT_FLAGS", "forward_args", "render", "check_signature", "GENERATED_PATH"]
 
-# The leading and trailing parameters shared by every BERT / ERNIE / RoBERTa forward.
-TOKEN_ARGS = ("input_ids", "token_type_ids", "position_ids", "attention_mask")
-OUTPUT_FLAGS = ("output_hidden_states", "output_attentions", "return_dict")
 GENERATED_PATH = Path(__file__).with_name("forwards_generated.py")
 _WIDTH = 118
-
-
-def forward_args(*middle):
-    """The original forward's parameter names: the shared leading ones, ``middle``, the output flags."""
-    return TOKEN_ARGS + tuple(middle) + OUTPUT_FLAGS
 
 
 def check_signature(original, params, required):

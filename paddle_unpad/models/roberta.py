@@ -10,8 +10,7 @@ is its pretraining model.
 from paddlenlp.transformers.roberta import modeling
 
 from . import heads
-from .common import FamilySpec
-from .forwards import forward_args
+from .common import FamilySpec, forward_args
 
 SPEC = FamilySpec(name="roberta", base_class=modeling.RobertaModel, base_attr="roberta", roberta_positions=True)
 
