@@ -57,7 +57,7 @@ REQUIREMENTS := $(addprefix requirements/,install.txt paddlenlp.txt test.txt exa
 PINNED := -c requirements/constraints.txt
 BUILD_REQS := $(shell sed -n 's/^requires *= *\[\(.*\)\]/\1/p' pyproject.toml | tr ',' ' ')
 
-.PHONY: setup test test-fast test-paddle-gpu demo bench clean FORCE
+.PHONY: setup test test-fast test-paddle-gpu lint format demo bench clean FORCE
 
 setup: $(SETUP_STAMP)
 
@@ -93,6 +93,25 @@ $(SETUP_STAMP): $(DEPS_STAMP) setup.py paddle_unpad/_runtime/build_config.py pad
 		need = ['cpu'] + (['gpu'] if '$(PADDLE)' == 'gpu' else []); \
 		sys.exit(0 if all(v[d] for v in a.values() for d in need) else 1)"
 	touch $@
+
+# The style: ruff (Python lint and format, pyproject.toml) and clang-format (custom_ops and the
+# CUDA emulation, .clang-format), at the versions of requirements/constraints.txt, in a small venv
+# of their own so that CI's first stage fails on a violation in seconds. `make format` applies it.
+LINT_VENV ?= .venv-lint
+CXX_STYLED = $(shell find custom_ops tests/cuda_emu -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' | sort)
+$(LINT_VENV)/.stamp: requirements/constraints.txt
+	$(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/pip install -q -c requirements/constraints.txt ruff clang-format
+	touch $@
+
+lint: $(LINT_VENV)/.stamp
+	$(LINT_VENV)/bin/ruff check .
+	$(LINT_VENV)/bin/ruff format --check .
+	$(LINT_VENV)/bin/clang-format --dry-run --Werror $(CXX_STYLED)
+
+format: $(LINT_VENV)/.stamp
+	$(LINT_VENV)/bin/ruff format .
+	$(LINT_VENV)/bin/clang-format -i $(CXX_STYLED)
 
 # `make test` runs every test (what CI runs). `make test-fast` is for the edit loop: the unit
 # tier only, leaving out the tests pytest.ini marks slow, dist (multi-process jobs), build
