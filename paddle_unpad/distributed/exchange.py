@@ -36,7 +36,7 @@ from ..balance.planner import plan_dest, plan_hash
 from ..data.collate import SampleError, check_lengths, normalize_batch, pack_samples, to_paddle
 from . import groups, wire, workarounds
 from .errors import ExchangeError, ExchangeTimeout
-from .wire import ABORT, END, ERROR, HDR, MSG_WORDS, OK, STATUS_TEXT
+from .wire import ABORT, END, ERROR, MSG_BYTES, OK, STATUS_TEXT, Header, Headers
 
 log = logging.getLogger("paddle_unpad.distributed")
 END_ITEM = object()
@@ -130,7 +130,7 @@ class Epoch:
                 if self._read_headers(H, local, step) == "end":
                     self._put(END_ITEM)
                     return
-                counts = np.where(H[:, 0] == END, 0, H[:, 2])
+                counts = np.where(H.status == END, 0, H.count)
                 if int(counts.sum()) == 0:  # nobody has a sample this step: every rank skips it
                     step += 1
                     continue
@@ -180,53 +180,49 @@ class Epoch:
             local["msg"] = wire.summary(local["exc"])
         return local
 
-    def _share_headers(self, step, local):
-        """All-gather every rank's header: status, step, sample count, layout hash, message."""
+    def _share_headers(self, step, local) -> Headers:
+        """All-gather every rank's :class:`~.wire.Header`."""
         sch = local["schema"]
-        hdr = np.zeros(HDR, dtype=np.int64)
-        hdr[0], hdr[1], hdr[2] = local["status"], step, len(local["samples"])
-        hdr[3] = wire.schema_hash(sch) if sch is not None else 0
-        hdr[4] = self.s.plan_key
         # the message slot carries the error text, or (status OK) the batch's layout when it fits:
         # the layout then needs no collective of its own
-        text = local["msg"] if local["status"] != OK else wire.schema_text(sch, 8 * MSG_WORDS)
-        mb = text.encode("utf-8", "replace")[: 8 * MSG_WORDS]
-        hdr[8:] = np.frombuffer(mb.ljust(8 * MSG_WORDS, b"\0"), dtype=np.int64)
+        text = local["msg"] if local["status"] != OK else wire.schema_text(sch, MSG_BYTES)
+        hdr = Header(status=local["status"], step=step, count=len(local["samples"]),
+                     schema_hash=wire.schema_hash(sch) if sch is not None else 0, plan_key=self.s.plan_key,
+                     message=text)
         self._at(step, "waiting for every rank's header (all-gather)")
-        return self._all_gather(hdr)
+        return Headers.decode(self._all_gather(hdr.encode()))
 
     def _read_headers(self, H, local, step):
         """Raise the first rank's failure on every rank, or say whether every rank has ended."""
         s = self.s
-        failed = [r for r in range(s.world) if H[r, 0] in (ERROR, ABORT)]
+        failed = [r for r in range(s.world) if H.status[r] in (ERROR, ABORT)]
         if failed:
             if local["exc"] is not None:
                 raise local["exc"]
             r = failed[0]
-            text = H[r, 8:].tobytes().rstrip(b"\0").decode("utf-8", "replace")
-            raise ExchangeError(f"paddle_unpad.distributed: exchange: rank {r} {STATUS_TEXT[int(H[r, 0])]} at step {int(H[r, 1])}: {text} (this is rank {s.rank})")
-        if np.any(H[:, 4] != H[0, 4]):  # before any plan: different settings give different plans
+            raise ExchangeError(f"paddle_unpad.distributed: exchange: rank {r} {STATUS_TEXT[int(H.status[r])]} at step {int(H.step[r])}: {H.message(r)} (this is rank {s.rank})")
+        if np.any(H.plan_key != H.plan_key[0]):  # before any plan: different settings give different plans
             by_key = {}
             for r in range(s.world):
-                by_key.setdefault(int(H[r, 4]), []).append(r)
+                by_key.setdefault(int(H.plan_key[r]), []).append(r)
             raise ExchangeError(
                 f"paddle_unpad.distributed: exchange: the ranks balance with different planner settings (cost, counts or tol), so they would compute different plans (ranks with the same settings: {' / '.join(str(g) for g in by_key.values())}); pass the same settings on every rank (a calibrated cost model: fit it on one rank and share its coefficients) -- this is rank {s.rank}: {s.plan_desc}")
-        if np.all(H[:, 0] == END):
+        if np.all(H.status == END):
             return "end"
-        if np.any(H[:, 1] != step):
-            raise ExchangeError(f"paddle_unpad.distributed: exchange: ranks are out of step: {H[:, 1].tolist()}")
+        if np.any(H.step != step):
+            raise ExchangeError(f"paddle_unpad.distributed: exchange: ranks are out of step: {H.step.tolist()}")
         return "go"
 
     def _agree_schema(self, H, sch, step):
         st = self.s.schema
-        hashes = sorted(set(int(h) for h in H[:, 3] if h != 0))
+        hashes = sorted(set(int(h) for h in H.schema_hash if h != 0))
         if len(hashes) > 1 or (hashes and hashes[0] != st["hash"]):
             # not the hot path: once per epoch start, field change or mismatch; every rank
             # decides the same from the gathered headers, so a collective (when a layout did
             # not fit its header) matches up
-            schemas = [wire.schema_from_text(H[r, 8:].tobytes().rstrip(b"\0").decode("utf-8")) if H[r, 3] else None
+            schemas = [wire.schema_from_text(H.message(r)) if H.schema_hash[r] else None
                        for r in range(self.s.world)]
-            if any(H[r, 3] and schemas[r] is None for r in range(self.s.world)):
+            if any(H.schema_hash[r] and schemas[r] is None for r in range(self.s.world)):
                 self._at(step, "agreeing on the batch layout (all-gather)")
                 try:
                     schemas = groups.all_gather_object(self.s.group, sch)

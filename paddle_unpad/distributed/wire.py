@@ -2,11 +2,13 @@
 
 Per step, every rank contributes
 
-* a **header** of ``HDR`` int64 words: ``[status, step, sample count, layout hash, planner
-  settings fingerprint, 0, 0, 0, message (MSG_WORDS words of UTF-8)]``; status is one of
-  ``OK``, ``END`` (its loader is done), ``ERROR`` (its loader or a sample failed: the message
-  says why), ``ABORT`` (its training loop stopped iterating); with status ``OK`` the message
-  slot carries the batch's layout as JSON (:func:`schema_text`) when it fits;
+* a **header** of ``HDR`` int64 words (:class:`Header`; gathered, :class:`Headers`): one word
+  per field of ``HEADER_FIELDS`` -- status, step, sample count, layout hash, planner settings
+  fingerprint --, zeros up to word ``MSG_AT``, then the message (``MSG_WORDS`` words of
+  UTF-8); status is one of ``OK``, ``END`` (its loader is done), ``ERROR`` (its loader or a
+  sample failed: the message says why), ``ABORT`` (its training loop stopped iterating); with
+  status ``OK`` the message slot carries the batch's layout as JSON (:func:`schema_text`)
+  when it fits;
 * ``(length, sample id)`` of each of its samples;
 * the **samples that move**, each field's raw bytes padded to 8 bytes, in the order of the
   agreed layout (:func:`schema`: field name, per-token or per-sample, dtype, trailing shape).
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Dict, List
+from typing import Dict, List, NamedTuple
 
 import numpy as np
 
@@ -29,9 +31,53 @@ from ..data.collate import SampleError
 from .errors import ExchangeError
 
 OK, END, ERROR, ABORT = 0, 1, 2, 3
-MSG_WORDS = 48  # 384 bytes of message text in the header
-HDR = 8 + MSG_WORDS
 STATUS_TEXT = {END: "finished its epoch", ERROR: "failed", ABORT: "closed its loader"}
+
+
+# ----------------------------------------------------------------------------- header
+class Header(NamedTuple):
+    """One rank's header of one step: its fields, in wire order, then the message text."""
+
+    status: int
+    step: int
+    count: int  # samples in the rank's batch
+    schema_hash: int  # of its batch's layout (:func:`schema_hash`); 0: no layout (no sample)
+    plan_key: int  # its planner settings' fingerprint (:func:`plan_settings`)
+    message: str = ""
+
+    def encode(self) -> np.ndarray:
+        words = np.zeros(HDR, dtype=np.int64)
+        words[:len(HEADER_FIELDS)] = self[:len(HEADER_FIELDS)]
+        text = self.message.encode("utf-8", "replace")[:MSG_BYTES]
+        words[MSG_AT:] = np.frombuffer(text.ljust(MSG_BYTES, b"\0"), dtype=np.int64)
+        return words
+
+
+HEADER_FIELDS = Header._fields[:-1]  # one int64 word each, from word 0
+MSG_AT = 8  # the words between the fields and the message stay 0
+MSG_WORDS = 48
+MSG_BYTES = 8 * MSG_WORDS
+HDR = MSG_AT + MSG_WORDS
+
+
+class Headers(NamedTuple):
+    """Every rank's header as gathered (``[ranks, HDR]`` words): each field of :class:`Header`
+    a column, one value per rank; :meth:`message` decodes a rank's text."""
+
+    status: np.ndarray
+    step: np.ndarray
+    count: np.ndarray
+    schema_hash: np.ndarray
+    plan_key: np.ndarray
+    messages: np.ndarray  # [ranks, MSG_WORDS]
+
+    @classmethod
+    def decode(cls, words: np.ndarray) -> "Headers":
+        return cls(*(words[:, i] for i in range(len(HEADER_FIELDS))), words[:, MSG_AT:])
+
+    def message(self, rank: int) -> str:
+        return self.messages[rank].tobytes().rstrip(b"\0").decode("utf-8", "replace")
+
 
 
 # ----------------------------------------------------------------------------- layout
@@ -167,7 +213,7 @@ def decode(buf: np.ndarray, lengths, schema) -> List[Dict[str, np.ndarray]]:
     return out
 
 
-def summary(exc, limit=8 * MSG_WORDS) -> str:
+def summary(exc, limit=MSG_BYTES) -> str:
     """``Type: message`` for the header; of a multi-line message (a DataLoader worker's
     carries a traceback) the first and the last line, where the cause is."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
