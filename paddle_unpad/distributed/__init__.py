@@ -7,8 +7,8 @@
 * :mod:`.workarounds` -- the plugin's changes to Paddle's distributed runtime (per-group
   stores, socket options, threads and exit order), applied on first use;
 * the sample exchange, as it reads: :mod:`.wire` (what travels) -> :mod:`.source` (the rank's
-  own loader) -> :mod:`.exchange` (one epoch's background thread) -> :mod:`.loader`
-  (:class:`BalancedLoader`);
+  own loader) -> :mod:`.pipeline` (a batch read, checked, packed) -> :mod:`.exchange` (one
+  epoch's background thread) -> :mod:`.loader` (:class:`BalancedLoader`);
 * :mod:`.grad_sync` -- :class:`GradientAllReduce`;
 * :mod:`.options` -- the one table of their settings.
 

@@ -6,13 +6,14 @@ collectives always match up:
 
 1. **local batch** -- the training loop's thread hands the rank's next batch (or its end, or
    its error) over, as a copy (:func:`.source.own_batch`: the user's loader may overwrite its
-   arrays while this thread still holds the batch); it is checked
-   (:func:`paddle_unpad.data.normalize_batch`);
+   arrays while this thread still holds the batch); it is read
+   (:meth:`.pipeline.Pipeline.read`);
 2. **headers** -- all-gather of every rank's header (:mod:`.wire`): a rank that failed, ended,
    stopped iterating, plans with other settings or is at another step is known to every rank
    at the same collective, before any sample moves;
 3. **layout** -- agreed across ranks when it changes (all-gather of the field layouts);
-4. **lengths** -- all-gather of every sample's ``(length, id)``; checked alike on every rank;
+4. **lengths** -- all-gather of every sample's ``(length, id)``; checked alike on every rank
+   (:meth:`.pipeline.Pipeline.check`);
 5. **plan** -- the same on every rank (:func:`paddle_unpad.balance.plan_dest`);
 6. **transfer** -- the samples that move, as one all-gather of each rank's outgoing bytes,
    padded to the largest rank's (:func:`transfer`): every rank receives every moved sample
@@ -20,7 +21,8 @@ collectives always match up:
    gloo has no all-to-all, and its point-to-point messages are matched by a per-group counter
    that uneven traffic between 3+ ranks puts out of step (docs/distributed.md, *At scale*);
 7. **pack** -- the rank's samples, in (source rank, index) order, packed and converted to
-   paddle tensors, queued for the training loop (``prefetch`` ahead).
+   paddle tensors (:meth:`.pipeline.Pipeline.pack`), queued for the training loop
+   (``prefetch`` ahead).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import time
 import numpy as np
 
 from ..balance.planner import plan_dest, plan_hash
-from ..data.collate import SampleError, check_lengths, normalize_batch, pack_samples, to_paddle
+from ..data.collate import SampleError
 from . import groups, wire, workarounds
 from .errors import ExchangeError, ExchangeTimeout
 from .wire import ABORT, END, ERROR, MSG_BYTES, OK, STATUS_TEXT, Header, Headers
@@ -52,12 +54,12 @@ def comm_error(rank, what, exc) -> ExchangeError:
 
 
 class Settings:
-    """What every epoch of one loader shares: its group, options and the layout agreed so far.
-    Holds no reference to the loader itself (dropping the loader stops its epochs)."""
+    """What every epoch of one loader shares: its group, options, sample pipeline and the layout
+    agreed so far. Holds no reference to the loader itself (dropping the loader stops its epochs)."""
 
-    def __init__(self, group, rank, world, options, token_fields, place, plan_key, plan_desc):
+    def __init__(self, group, rank, world, options, pipeline, plan_key, plan_desc):
         self.group, self.rank, self.world = group, rank, world
-        self.o, self.token_fields, self.place = options, tuple(token_fields), place
+        self.o, self.pipeline = options, pipeline
         self.plan_key, self.plan_desc = plan_key, plan_desc
         self.schema = {"hash": 0, "schema": None}  # agreed across ranks, kept over epochs
 
@@ -171,9 +173,9 @@ class Epoch:
             local.update(status=ERROR, exc=item[1], exhausted=True)
         else:
             try:
-                samples, lengths, ids = normalize_batch(item[1], s.rank, step, s.token_fields)
+                samples, lengths, ids = s.pipeline.read(item[1], s.rank, step)
                 local.update(samples=samples, lengths=lengths, ids=ids,
-                             schema=wire.schema(samples, s.token_fields, s.rank) if samples else None)
+                             schema=wire.schema(samples, s.pipeline.token_fields, s.rank) if samples else None)
             except BaseException as e:  # noqa: BLE001 - reported to every rank
                 local.update(status=ERROR, exc=e)  # the update above built its values first: local is as it was
         if local["exc"] is not None:
@@ -244,7 +246,7 @@ class Epoch:
         lens = [G[r, : counts[r], 0] for r in range(s.world)]
         gids = [G[r, : counts[r], 1] for r in range(s.world)]
         for r in range(s.world):  # same check, same message, on every rank
-            check_lengths(lens[r], gids[r], r, s.o["max_seqlen"])
+            s.pipeline.check(lens[r], gids[r], r)
         return lens, gids
 
     def _plan(self, step, lens, counts):
@@ -285,11 +287,9 @@ class Epoch:
             mids.append(gids[r][sel])
         mlens = np.concatenate(mlens) if mlens else np.zeros(0, np.int64)
         mids = np.concatenate(mids) if mids else np.zeros(0, np.int64)
-        packed = pack_samples(mine, mlens, mids, s.token_fields, global_num_samples=int(counts.sum()),
-                              schema=schema)
-        packed.update(step=step, plan_hash=phash, moved_in=moved_in)
         self.stats["moved_in"] += moved_in
-        return to_paddle(packed, s.place)
+        return s.pipeline.pack(mine, mlens, mids, step, global_num_samples=int(counts.sum()), schema=schema,
+                               plan_hash=phash, moved_in=moved_in)
 
     # ---------------------------------------------------------------- the training loop's side
     def feed(self):

@@ -29,12 +29,13 @@ import json
 import weakref
 from typing import Sequence
 
-from ..data.collate import DEFAULT_TOKEN_FIELDS, check_lengths, normalize_batch, pack_samples, to_paddle
+from ..data.collate import DEFAULT_TOKEN_FIELDS
 from . import groups, wire
 from .errors import ExchangeError, ExchangeTimeout, StoreHostLeft
 from .exchange import Epoch, Settings
 from .options import check_counts_per_rank
 from .options import resolve as resolve_options
+from .pipeline import Pipeline
 from .source import Source
 
 __all__ = ["BalancedLoader", "check_token_fields"]
@@ -132,8 +133,8 @@ class BalancedLoader:
                 else:
                     self.group = group if isinstance(group, groups.Group) else groups.wrap_host_group(group, _where)
                 groups.use_for_exit_order(self.group)
-        self._settings = Settings(self.group, self.rank, self.world, o, self.token_fields, place, self.plan_key,
-                                  self.plan_desc)
+        self._pipeline = Pipeline(self.token_fields, self.max_seqlen, place)
+        self._settings = Settings(self.group, self.rank, self.world, o, self._pipeline, self.plan_key, self.plan_desc)
         self._live = _Live(self.close_timeout, own_group)
         self._epochs, self.closed = 0, False
         weakref.finalize(self, self._live.shutdown)  # the loader dropped: its epoch stops, its group goes
@@ -221,11 +222,7 @@ class BalancedLoader:
                     return
                 if kind == "error":
                     raise batch
-                samples, lengths, ids = normalize_batch(batch, self.rank, step, self.token_fields)
-                check_lengths(lengths, ids, self.rank, self.max_seqlen)
-                packed = pack_samples(samples, lengths, ids, self.token_fields)
-                packed["step"] = step
-                yield to_paddle(packed, self.place)
+                yield self._pipeline.local(batch, self.rank, step)
         finally:
             src.close()
 
