@@ -224,6 +224,28 @@ def test_bad_lengths_and_settings_raise_naming_them(backend):
         plan([[5, 4], [3, 2]], max_swaps=-1)
 
 
+def test_tol_is_one_rule_for_the_planner_and_the_exchange():
+    """``tol`` is a finite number >= 0 wherever it is given (0: no early stop); None has no
+    meaning of its own and is refused alike by the planner and the exchange's options."""
+    from paddle_unpad import fleet
+    from paddle_unpad.distributed import BalancedLoader
+
+    entries = {"balance.plan": lambda tol: balance.plan([[5, 4], [3, 2]], tol=tol),
+               "distributed.BalancedLoader": lambda tol: BalancedLoader([], tol=tol),
+               "fleet.DistributedStrategy": lambda tol: setattr(fleet.DistributedStrategy(), "unpad_configs",
+                                                                {"tol": tol})}
+    for where, give in entries.items():
+        for tol, error in ((None, TypeError), ("0.1", TypeError), (True, TypeError), (float("nan"), ValueError),
+                           (-1e-9, ValueError)):
+            with pytest.raises(error, match=rf"^paddle_unpad\.{re.escape(where)}: .*tol.* must be a finite number >= 0 "
+                                            rf"\(0: no early stop\), got {re.escape(repr(tol))}$"):
+                give(tol)
+        for tol in (0, 0.25, np.float32(0.5), np.int64(1)):
+            give(tol)  # accepted by every entry
+    assert BalancedLoader([], tol=np.float32(0.5)).tol == 0.5
+    assert planner_mod._tol_threshold(np.array([3, 5]), 0) == -1  # 0: the descent runs to its end
+
+
 @pytest.mark.parametrize("scale", [1e-300, 1e-310, 1e300])
 def test_tiny_and_huge_costs_still_balance(scale):
     """Only cost ratios matter: costs near the float64 limits plan like their ratios."""

@@ -190,16 +190,26 @@ def target_counts(counts: Sequence[int], mode: Union[str, Sequence[int], None] =
     return t
 
 
+TOL_RULE = "a finite number >= 0 (0: no early stop)"
+
+
+def check_tol(tol, name: str = "tol", where: str = "balance.plan") -> float:
+    """The ``tol`` rule, for every entry that takes it (the planner, the exchange's options):
+    a finite number >= 0, Python's or numpy's; 0 runs the swap descent until no swap improves
+    the balance. A value of the wrong type (None, a string, a bool) raises TypeError, a bad
+    value ValueError, naming ``where`` (the public name, after ``paddle_unpad.``), ``name`` and
+    the value."""
+    number = not isinstance(tol, (bool, np.bool_)) and isinstance(tol, (int, float, np.integer, np.floating))
+    if not number or not np.isfinite(tol) or tol < 0:
+        raise (ValueError if number else TypeError)(f"paddle_unpad.{where}: {name} must be {TOL_RULE}, got {tol!r}")
+    return tol if isinstance(tol, (int, float)) else float(tol)
+
+
 def _tol_threshold(q: np.ndarray, tol: float) -> int:
-    if tol is not None:
-        number = not isinstance(tol, (bool, np.bool_)) and isinstance(tol, (int, float, np.integer, np.floating))
-        if not number or not np.isfinite(tol) or tol < 0:
-            raise (ValueError if number else TypeError)(
-                f"paddle_unpad.balance.plan: tol must be a finite number >= 0 (or None), got {tol!r}")
-    total = int(q.sum())
-    if tol is None or tol <= 0:
+    tol = check_tol(tol)
+    if tol == 0:
         return -1
-    return int(float(tol) * float(total))
+    return int(float(tol) * float(int(q.sum())))
 
 
 # ----------------------------------------------------------------------------------------

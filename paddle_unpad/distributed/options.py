@@ -16,7 +16,7 @@ import threading
 from typing import Any, Dict, NamedTuple, Tuple
 
 from ..balance.cost import check_cost
-from ..balance.planner import DEFAULT_TOL, check_counts
+from ..balance.planner import DEFAULT_TOL, check_counts, check_tol
 from ..data.collate import check_max_seqlen
 
 EXCHANGE, ALLREDUCE = "exchange", "allreduce"
@@ -74,7 +74,6 @@ def _check_seconds(where, name, v, strictly_positive):
 
 # key -> (rule in words, the value's type is right, the value is right)
 _NUMBER_RULES = {
-    "tol": ("a finite number >= 0", _is_number, lambda v: _finite_number(v, False)),
     "bucket_mb": ("a finite number > 0", _is_number, lambda v: _finite_number(v, True)),
     "dense_fraction": ("a number in [0, 1]", _is_number, lambda v: _finite_number(v, False) and v <= 1),
     "prefetch": ("an int >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool), lambda v: v >= 1),
@@ -101,6 +100,8 @@ def _check(key, v, where, arg):
         check_cost(v, name, where)
     elif key == "counts":
         return check_counts(v, name, where)
+    elif key == "tol":
+        return check_tol(v, name, where)
     return v
 
 
