@@ -234,7 +234,7 @@ def cu_seqlens_from_lengths(lengths, place=None):
     return paddle.to_tensor(cu, dtype="int32", place=place), max_seqlen
 
 
-def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who=".fmha", tokens="q.shape[0]"):
+def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who=".ops.fmha", tokens="q.shape[0]"):
     """Refuse ``cu_seqlens`` values that do not describe ``total`` packed tokens.
 
     The rules and the words of the C++ check the fmha operator runs where it reads the values
@@ -246,7 +246,7 @@ def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who=".fmha", tokens=
         cu_seqlens: host values (numpy array, list, or CPU tensor).
         total: the number of packed tokens, named ``tokens`` in the messages.
         max_seqlen: an int bound on every length; ``None``: not checked.
-        who: what follows ``paddle_unpad`` in the messages: ``".fmha"`` (the op), or ``""``
+        who: what follows ``paddle_unpad`` in the messages: ``".ops.fmha"`` (the op), or ``""``
             (a converted model's forward).
     Returns:
         int, the longest sequence (0 without sequences).

@@ -93,21 +93,21 @@ CASES = {
     "GradientAllReduce bucket_mb=0": (lambda: GradientAllReduce(paddle.nn.Linear(2, 2), bucket_mb=0), ValueError,
                                       F),
     "GradientAllReduce item str": (lambda: GradientAllReduce(["weight"]), TypeError, F),
-    "fmha cu_seqlens int64": (lambda: _fmha(cu_seqlens=paddle.to_tensor(np.array([0, 2, 6]))), TypeError, "fmha"),
+    "fmha cu_seqlens int64": (lambda: _fmha(cu_seqlens=paddle.to_tensor(np.array([0, 2, 6]))), TypeError, "ops.fmha"),
     "fmha cu_seqlens 2-D": (lambda: _fmha(cu_seqlens=paddle.to_tensor(np.array([[0, 2, 6]], np.int32))),
-                            ValueError, "fmha"),
-    "fmha q numpy": (lambda: _fmha(q=np.ones([6, 2, 16], np.float32)), TypeError, "fmha"),
-    "fmha k float64": (lambda: _fmha(k=paddle.ones([6, 2, 16], "float64")), TypeError, "fmha"),
-    "fmha k shape": (lambda: _fmha(k=paddle.ones([6, 2, 8])), ValueError, "fmha"),
-    "fmha max_seqlen 4.0": (lambda: _fmha(max_seqlen=4.0), TypeError, "fmha"),
-    "fmha max_seqlen -1": (lambda: _fmha(max_seqlen=-1), ValueError, "fmha"),
-    "fmha dropout 'a'": (lambda: _fmha(dropout="a"), TypeError, "fmha"),
-    "fmha dropout 1.5": (lambda: _fmha(dropout=1.5), ValueError, "fmha"),
-    "fmha grouping 1": (lambda: _fmha(grouping=1), TypeError, "fmha"),
+                            ValueError, "ops.fmha"),
+    "fmha q numpy": (lambda: _fmha(q=np.ones([6, 2, 16], np.float32)), TypeError, "ops.fmha"),
+    "fmha k float64": (lambda: _fmha(k=paddle.ones([6, 2, 16], "float64")), TypeError, "ops.fmha"),
+    "fmha k shape": (lambda: _fmha(k=paddle.ones([6, 2, 8])), ValueError, "ops.fmha"),
+    "fmha max_seqlen 4.0": (lambda: _fmha(max_seqlen=4.0), TypeError, "ops.fmha"),
+    "fmha max_seqlen -1": (lambda: _fmha(max_seqlen=-1), ValueError, "ops.fmha"),
+    "fmha dropout 'a'": (lambda: _fmha(dropout="a"), TypeError, "ops.fmha"),
+    "fmha dropout 1.5": (lambda: _fmha(dropout=1.5), ValueError, "ops.fmha"),
+    "fmha grouping 1": (lambda: _fmha(grouping=1), TypeError, "ops.fmha"),
     "fmha rng_state 3 ints": (lambda: _fmha(dropout=0.1, rng_state=(1, 2, 3)), ValueError, "ops"),
     "fmha rng_state str": (lambda: _fmha(dropout=0.1, rng_state="seed"), TypeError, "ops"),
     "fmha_qkvpacked qkv 3-D": (lambda: pu.fmha_qkvpacked(paddle.ones([6, 3, 16]), _tensors()[1], 4), ValueError,
-                               "fmha_qkvpacked"),
+                               "ops.fmha_qkvpacked"),
     "bias_gelu x int64": (lambda: _bias_gelu(x=paddle.ones([2, 8], "int64")), TypeError, "ops.bias_gelu"),
     "bias_gelu bias shape": (lambda: _bias_gelu(bias=paddle.ones([7])), ValueError, "ops.bias_gelu"),
     "bdrln epsilon 'a'": (lambda: _bdrln(epsilon="a"), TypeError, "ops.bias_dropout_residual_layer_norm"),
@@ -284,25 +284,38 @@ def _cpp_calls(text, names):
         yield m.group(1), args
 
 
-def _operator_name_problems(text):
-    """Where a C++ check of custom_ops/paddle would start its message without the public
-    name (``paddle_unpad.fmha: ``, ``paddle_unpad.ops.bias_gelu: ``...)."""
-    public = re.compile(r'^"paddle_unpad(\.\w+)+: ')
-    op_name = re.compile(r'^"paddle_unpad(\.\w+)+"$')
-    takes_op = re.findall(r"\b(\w+)\(const char\* op\b", text)
-    bad = []
-    for name, value in re.findall(r"constexpr const char\* (k\w+) = (\"[^\"]*\")", text):
-        if not op_name.match(value):
-            bad.append(f"{name} = {value}")
+def _takes_op(text):
+    """The C++ helpers that take the public name of the op they check for (``const char* op``)."""
+    return set(re.findall(r"\b(\w+)\(const char\* op\b", text))
+
+
+def _operator_name_problems(text, names, helpers=()):
+    """Where a C++ check of custom_ops/paddle would start its message with something other than
+    the public name of an op: one of `names` (the constants of op_names.h, which hold
+    ``paddle_unpad.ops.<op>``), or the ``op`` a helper was handed. `helpers`: functions of other
+    files that take ``const char* op``, with those of `text`."""
+    bad = [f"{name} = {value}" for name, value in re.findall(r"constexpr const char\* (k\w+) = (\"[^\"]*\")", text)
+           if not re.match(r'^"paddle_unpad\.ops\.\w+"$', value)]
+    named = set(names) | {"op"}
     for name, args in _cpp_calls(text, ["PD_CHECK", "PD_THROW"]):
         first = args[1 if name == "PD_CHECK" else 0] if len(args) > (name == "PD_CHECK") else ""
-        if first.startswith('"') and not public.match(first):
+        if first not in named:
             bad.append(f"{name}({first[:60]}")
-    for helper in set(takes_op):
+    for helper in sorted(_takes_op(text) | set(helpers)):
         for _, args in _cpp_calls(text, [helper]):
-            if args and args[0].startswith('"') and not op_name.match(args[0]):
+            if args and not args[0].startswith("const char*") and args[0] not in named:  # a call, not the definition
                 bad.append(f"{helper}({args[0]}")
     return bad
+
+
+def _included_helpers(path, texts, seen=()):
+    """The helpers taking ``const char* op`` of the headers `path` includes from its folder."""
+    out = set()
+    for header in re.findall(r'#include "(\w+\.h)"', texts[path]):
+        inc = os.path.join(os.path.dirname(path), header)
+        if inc in texts and inc not in seen:
+            out |= _takes_op(texts[inc]) | _included_helpers(inc, texts, (*seen, path))
+    return out
 
 
 def test_the_operators_write_the_public_prefix_themselves():
@@ -313,17 +326,23 @@ def test_the_operators_write_the_public_prefix_themselves():
     texts = {os.path.relpath(p, ROOT): open(p, encoding="utf-8").read() for p in sources}
     checks = sum(len(list(_cpp_calls(t, ["PD_CHECK", "PD_THROW"]))) for t in texts.values())
     assert checks > 60, checks  # the walk reads the operators' checks
-    bad = [f"{path}: {b}" for path, t in texts.items() for b in _operator_name_problems(t)]
+    names = re.findall(r"constexpr const char\* (k\w+) = ", texts[os.path.join("custom_ops", "paddle", "op_names.h")])
+    assert len(names) >= 4, names
+    helpers = {path: _included_helpers(path, texts) for path in texts}
+    assert {"fmha_problem", "read_rng_state"} <= helpers[os.path.join("custom_ops", "paddle", "fmha_op.cc")]
+    bad = [f"{path}: {b}" for path, t in texts.items() for b in _operator_name_problems(t, names, helpers[path])]
     assert not bad, "operator messages without the public op name:\n" + "\n".join(bad)
 
 
 def test_the_operator_prefix_rule_sees_each_way_of_naming_an_op():
     text = ('constexpr const char* kA = "bias_gelu";\n'
             'void check_x(const char* op, const Tensor& x) { PD_CHECK(x.ok(), op, ": x"); }\n'
-            'void f() { PD_CHECK(a == b, "fmha: k shape ", g(a, b)); PD_THROW("fmha_qkvpacked: no");\n'
-            '  check_x("bias_gelu", x); PD_CHECK(c, "paddle_unpad.fmha: fine, (really)", x); }\n')
-    assert _operator_name_problems(text) == ['kA = "bias_gelu"', 'PD_CHECK("fmha: k shape "',
-                                             'PD_THROW("fmha_qkvpacked: no"', 'check_x("bias_gelu"']
+            'void f() { PD_CHECK(a == b, "fmha: k shape ", g(a, b)); PD_THROW("paddle_unpad.ops.fmha: no");\n'
+            '  check_x("bias_gelu", x); PD_CHECK(c, kFmha, ": fine, (really)", x); PD_CHECK(d, why);\n'
+            '  check_x(kFmha, x); glue::fmha_problem(kOther, cu); }\n')
+    assert _operator_name_problems(text, ["kFmha"], ["fmha_problem"]) == [
+        'kA = "bias_gelu"', 'PD_CHECK("fmha: k shape "', 'PD_THROW("paddle_unpad.ops.fmha: no"', "PD_CHECK(why",
+        'check_x("bias_gelu"', "fmha_problem(kOther"]
 
 
 def test_an_operator_refusal_reaches_the_user_as_written(native_ops):
@@ -334,7 +353,7 @@ def test_an_operator_refusal_reaches_the_user_as_written(native_ops):
     with pytest.raises(ValueError) as public:
         pu.fmha(q, q, q, cu, 5)
     message = str(public.value)
-    assert message.startswith("paddle_unpad.fmha: ") and "cu_seqlens" in message, message
+    assert message.startswith("paddle_unpad.ops.fmha: ") and "cu_seqlens" in message, message
     with pytest.raises(OSError) as raw:  # the operator itself, without the package's call path
         _paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu, None, 5, 1.0, 0.0, False, False)
     assert message in str(raw.value)

@@ -531,14 +531,14 @@ def test_head_dim_256_accepted():
 
 # (cu_seqlens, max_seqlen) for 6 packed tokens, and the words both checks must use
 BAD_CU_SEQLENS = {
-    "empty": ([], 4, "paddle_unpad.fmha: cu_seqlens must have at least one element (0), got none"),
-    "first": ([1, 2, 6], 4, "paddle_unpad.fmha: cu_seqlens[0] must be 0, got 1"),
+    "empty": ([], 4, "paddle_unpad.ops.fmha: cu_seqlens must have at least one element (0), got none"),
+    "first": ([1, 2, 6], 4, "paddle_unpad.ops.fmha: cu_seqlens[0] must be 0, got 1"),
     "decreasing": ([0, 4, 2, 6], 4,
-                   "paddle_unpad.fmha: cu_seqlens must be non-decreasing, but cu_seqlens[2] = 2 < cu_seqlens[1] = 4"),
+                   "paddle_unpad.ops.fmha: cu_seqlens must be non-decreasing, but cu_seqlens[2] = 2 < cu_seqlens[1] = 4"),
     "last": ([0, 2, 5], 4,
-             "paddle_unpad.fmha: cu_seqlens[-1] = 5 must equal the number of packed tokens q.shape[0] = 6"),
+             "paddle_unpad.ops.fmha: cu_seqlens[-1] = 5 must equal the number of packed tokens q.shape[0] = 6"),
     "max_seqlen": ([0, 2, 6], 3,
-                   "paddle_unpad.fmha: max_seqlen = 3 is smaller than the longest sequence in cu_seqlens (4)"),
+                   "paddle_unpad.ops.fmha: max_seqlen = 3 is smaller than the longest sequence in cu_seqlens (4)"),
 }
 
 
@@ -577,7 +577,7 @@ def test_checks_read_the_support_table(monkeypatch):
     them. On a GPU the CUDA kernel's rules (FMHA_SUPPORT["gpu"]) decide between the kernel
     and the plain-Paddle bucketed attention, and the reason is given in the same words."""
     monkeypatch.setitem(ops.FMHA_SUPPORT["cpu"], "head_dim", range(1, 9))
-    with pytest.raises(ValueError, match=r"^paddle_unpad\.fmha: head size \(q.shape\[2\]\) 16 is not supported on "
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.ops\.fmha: head size \(q.shape\[2\]\) 16 is not supported on "
                                          r"CPU: supported are 1\.\.8$"):
         _call()
     monkeypatch.undo()
@@ -597,7 +597,7 @@ def test_checks_read_the_support_table(monkeypatch):
     assert ops.attention._fmha_gpu_kernel_refusal(f16_48) == "the CUDA kernel takes head sizes 32, 64, 128, not 48"
     monkeypatch.setitem(ops.FMHA_SUPPORT["gpu"], "head_dim", (48,))
     assert ops.attention._fmha_gpu_kernel_refusal(f16_48) is None
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.fmha: q/k/v dtype int32 is not a floating-point dtype$"):
+    with pytest.raises(TypeError, match=r"^paddle_unpad\.ops\.fmha: q/k/v dtype int32 is not a floating-point dtype$"):
         qi = paddle.ones([6, 2, 64], dtype="int32")
         ops.attention._check_fmha_args(qi, qi, qi, cu, 4, 0.0, None)
 

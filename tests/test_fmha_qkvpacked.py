@@ -111,9 +111,9 @@ def test_without_the_native_operator_it_splits(native_ops, monkeypatch):
 
 @pytest.mark.parametrize("qkv_shape, bias_shape, match", [
     ([10, 2, 4], None,
-     r"^paddle_unpad\.fmha_qkvpacked: qkv must be 4-D \[total_tokens, 3, heads, head_dim\], got shape \[10, 2, 4\]"),
-    ([10, 2, 2, 4], None, r"^paddle_unpad\.fmha_qkvpacked: qkv must be 4-D .* got shape \[10, 2, 2, 4\]"),
-    ([10, 3, 2, 4], [3, 2, 5], r"^paddle_unpad\.fmha_qkvpacked: bias must have shape \[3, heads, head_dim\] = "
+     r"^paddle_unpad\.ops\.fmha_qkvpacked: qkv must be 4-D \[total_tokens, 3, heads, head_dim\], got shape \[10, 2, 4\]"),
+    ([10, 2, 2, 4], None, r"^paddle_unpad\.ops\.fmha_qkvpacked: qkv must be 4-D .* got shape \[10, 2, 2, 4\]"),
+    ([10, 3, 2, 4], [3, 2, 5], r"^paddle_unpad\.ops\.fmha_qkvpacked: bias must have shape \[3, heads, head_dim\] = "
                                r"\[3, 2, 4\], got \[3, 2, 5\]"),
 ])
 def test_bad_shapes_are_named(qkv_shape, bias_shape, match):
@@ -125,16 +125,16 @@ def test_bad_shapes_are_named(qkv_shape, bias_shape, match):
 
 def test_bad_bias_dtype_and_scalars_are_named():
     cu = paddle.to_tensor(np.array([0, 10], np.int32))
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.fmha_qkvpacked: bias dtype float64 differs from qkv dtype "
+    with pytest.raises(TypeError, match=r"^paddle_unpad\.ops\.fmha_qkvpacked: bias dtype float64 differs from qkv dtype "
                                          r"float32"):
         pu.fmha_qkvpacked(paddle.zeros([10, 3, 2, 4]), cu, 10, bias=paddle.zeros([3, 2, 4], dtype="float64"))
-    with pytest.raises(ValueError, match=r"^paddle_unpad\.fmha_qkvpacked: dropout must be in \[0, 1\), got 1.5"):
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.ops\.fmha_qkvpacked: dropout must be in \[0, 1\), got 1.5"):
         pu.fmha_qkvpacked(paddle.zeros([10, 3, 2, 4]), cu, 10, dropout=1.5)
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.fmha_qkvpacked: qkv must be a paddle.Tensor, got ndarray"):
+    with pytest.raises(TypeError, match=r"^paddle_unpad\.ops\.fmha_qkvpacked: qkv must be a paddle.Tensor, got ndarray"):
         pu.fmha_qkvpacked(np.zeros([10, 3, 2, 4], np.float32), cu, 10)
 
 
 def test_bad_cu_seqlens_is_named_by_the_operator(native_ops):
     cu = paddle.to_tensor(np.array([0, 4, 3], np.int32))  # not monotone
-    with pytest.raises(ValueError, match=r"^paddle_unpad\.fmha_qkvpacked: cu_seqlens"):
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.ops\.fmha_qkvpacked: cu_seqlens"):
         pu.fmha_qkvpacked(paddle.zeros([3, 3, 2, 8]), cu, 4)

@@ -308,7 +308,7 @@ def test_check_cu_seqlens_accepts_and_returns_the_longest(cu):
 def test_check_cu_seqlens_refusals(cu, total, max_seqlen, words):
     with pytest.raises(ValueError) as ei:
         check_cu_seqlens(np.asarray(cu, np.int32), total, max_seqlen)
-    assert str(ei.value) == "paddle_unpad.fmha: " + words
+    assert str(ei.value) == "paddle_unpad.ops.fmha: " + words
     # a caller names itself and the tensor that holds the tokens
     with pytest.raises(ValueError) as ei:
         check_cu_seqlens(np.asarray(cu, np.int32), total, max_seqlen, who="", tokens="len(x)")

@@ -12,7 +12,8 @@
 
 #include "kernels/common/runtime_settings.h"
 #include "kernels/cuda/fmha_cuda.cuh"
-#include "paddle_compat.h"  // same folder
+#include "op_names.h"  // same folder
+#include "paddle_compat.h"
 
 namespace paddle_unpad {
 namespace {
@@ -29,6 +30,7 @@ cuda::FmhaLaunchOptions launch_options(bool grouping, bool deterministic = false
 }
 
 using compat::dense;
+using glue::kFmha;
 
 cuda::FmhaCudaProblem to_cuda_problem(const FmhaProblem& p, const Tensor& q) {
   cuda::FmhaCudaProblem c;
@@ -46,18 +48,18 @@ cuda::FmhaCudaProblem to_cuda_problem(const FmhaProblem& p, const Tensor& q) {
   } else if (q.dtype() == DataType::BFLOAT16) {
     c.dtype = cuda::DType::kBFloat16;
   } else {
-    PD_THROW("paddle_unpad.fmha: q/k/v dtype ", q.dtype(),
+    PD_THROW(kFmha, ": q/k/v dtype ", q.dtype(),
              " is not supported on GPU (supported: float16, bfloat16)");
   }
   const std::string why = cuda::fmha_cuda_unsupported(c);
-  PD_CHECK(why.empty(), "paddle_unpad.fmha: ", why);
+  PD_CHECK(why.empty(), kFmha, ": ", why);
   return c;
 }
 
 void check_aligned(const std::vector<const void*>& ptrs, const std::vector<const char*>& names) {
   const std::string why =
       cuda::fmha_cuda_misaligned(ptrs.data(), names.data(), static_cast<int>(ptrs.size()));
-  PD_CHECK(why.empty(), "paddle_unpad.fmha: ", why);
+  PD_CHECK(why.empty(), kFmha, ": ", why);
 }
 
 }  // namespace
@@ -72,7 +74,7 @@ void FmhaForwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const 
   const cudaError_t e =
       cuda::fmha_cuda_fwd(c, launch_options(grouping), qc.data(), kc.data(),
                           vc.data(), out->data(), lse->data<float>(), q.stream());
-  PD_CHECK(e == cudaSuccess, "paddle_unpad.fmha: CUDA forward launch failed: ", cudaGetErrorName(e), ": ",
+  PD_CHECK(e == cudaSuccess, kFmha, ": CUDA forward launch failed: ", cudaGetErrorName(e), ": ",
            cudaGetErrorString(e));
 }
 
@@ -81,7 +83,7 @@ void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, bool deterministic, co
                      Tensor* dq, Tensor* dk, Tensor* dv) {
   const cuda::FmhaCudaProblem c = to_cuda_problem(p, q);
   if (p.total == 0) return;
-  PD_CHECK(dout.dtype() == q.dtype(), "paddle_unpad.fmha: grad of out has dtype ", dout.dtype(),
+  PD_CHECK(dout.dtype() == q.dtype(), kFmha, ": grad of out has dtype ", dout.dtype(),
            ", expected ", q.dtype());
   const Tensor qc = dense(q), kc = dense(k), vc = dense(v), oc = dense(out), lc = dense(lse),
                g = dense(dout);
@@ -95,7 +97,7 @@ void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, bool deterministic, co
   const cudaError_t e = cuda::fmha_cuda_bwd(
       c, launch_options(grouping, deterministic), qc.data(), kc.data(), vc.data(), oc.data(),
       lc.data<float>(), g.data(), dq->data(), dk->data(), dv->data(), ws.data(), q.stream());
-  PD_CHECK(e == cudaSuccess, "paddle_unpad.fmha: CUDA backward launch failed: ", cudaGetErrorName(e), ": ",
+  PD_CHECK(e == cudaSuccess, kFmha, ": CUDA backward launch failed: ", cudaGetErrorName(e), ": ",
            cudaGetErrorString(e));
 }
 

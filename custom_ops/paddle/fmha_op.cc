@@ -15,6 +15,7 @@
 #include "kernels/cpu/fmha_cpu.h"
 #include "paddle/extension.h"
 #include "fmha_op_common.h"  // same folder
+#include "op_names.h"
 
 namespace {
 
@@ -22,6 +23,7 @@ using paddle::DataType;
 using paddle::Tensor;
 
 using paddle_unpad::glue::dense;
+using paddle_unpad::glue::kFmha;
 using paddle_unpad::glue::place_name;
 using paddle_unpad::glue::read_rng_state;
 using paddle_unpad::glue::shape_str;
@@ -30,25 +32,25 @@ using paddle_unpad::glue::shape_str;
 paddle_unpad::FmhaProblem check_and_describe(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& cu, int64_t max_seqlen, float scale,
                                              float dropout) {
-  PD_CHECK(q.shape().size() == 3, "paddle_unpad.fmha: q must be 3-D [total_tokens, heads, head_dim], got shape ",
+  PD_CHECK(q.shape().size() == 3, kFmha, ": q must be 3-D [total_tokens, heads, head_dim], got shape ",
            shape_str(q.shape()));
-  PD_CHECK(k.shape() == q.shape(), "paddle_unpad.fmha: k shape ", shape_str(k.shape()), " differs from q shape ",
+  PD_CHECK(k.shape() == q.shape(), kFmha, ": k shape ", shape_str(k.shape()), " differs from q shape ",
            shape_str(q.shape()));
-  PD_CHECK(v.shape() == q.shape(), "paddle_unpad.fmha: v shape ", shape_str(v.shape()), " differs from q shape ",
+  PD_CHECK(v.shape() == q.shape(), kFmha, ": v shape ", shape_str(v.shape()), " differs from q shape ",
            shape_str(q.shape()));
-  PD_CHECK(k.dtype() == q.dtype(), "paddle_unpad.fmha: k dtype ", k.dtype(), " differs from q dtype ", q.dtype());
-  PD_CHECK(v.dtype() == q.dtype(), "paddle_unpad.fmha: v dtype ", v.dtype(), " differs from q dtype ", q.dtype());
-  PD_CHECK(k.place() == q.place(), "paddle_unpad.fmha: k is on ", place_name(k), " but q is on ", place_name(q));
-  PD_CHECK(v.place() == q.place(), "paddle_unpad.fmha: v is on ", place_name(v), " but q is on ", place_name(q));
-  return paddle_unpad::glue::fmha_problem("paddle_unpad.fmha", cu, q.shape()[0], q.shape()[1], q.shape()[2], max_seqlen,
+  PD_CHECK(k.dtype() == q.dtype(), kFmha, ": k dtype ", k.dtype(), " differs from q dtype ", q.dtype());
+  PD_CHECK(v.dtype() == q.dtype(), kFmha, ": v dtype ", v.dtype(), " differs from q dtype ", q.dtype());
+  PD_CHECK(k.place() == q.place(), kFmha, ": k is on ", place_name(k), " but q is on ", place_name(q));
+  PD_CHECK(v.place() == q.place(), kFmha, ": v is on ", place_name(v), " but q is on ", place_name(q));
+  return paddle_unpad::glue::fmha_problem(kFmha, cu, q.shape()[0], q.shape()[1], q.shape()[2], max_seqlen,
                                            scale, dropout);
 }
 
 void check_cpu_dtype_and_support(const Tensor& q, const paddle_unpad::FmhaProblem& p) {
-  PD_CHECK(q.dtype() == DataType::FLOAT32, "paddle_unpad.fmha: q/k/v dtype ", q.dtype(),
+  PD_CHECK(q.dtype() == DataType::FLOAT32, kFmha, ": q/k/v dtype ", q.dtype(),
            " is not supported on CPU (supported: float32)");
   const std::string why = paddle_unpad::fmha_cpu_unsupported(p);
-  PD_CHECK(why.empty(), "paddle_unpad.fmha: ", why);
+  PD_CHECK(why.empty(), kFmha, ": ", why);
 }
 
 std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
@@ -56,7 +58,7 @@ std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& 
                                 float dropout, bool grouping, bool deterministic) {
   static_cast<void>(deterministic);  // a backward setting
   auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
-  read_rng_state("paddle_unpad.fmha", rng, &p);
+  read_rng_state(kFmha, rng, &p);
   Tensor out = paddle::empty(q.shape(), q.dtype(), q.place());
   Tensor lse = paddle::empty({p.total, p.heads}, DataType::FLOAT32, q.place());
   if (q.is_cpu()) {
@@ -70,7 +72,7 @@ std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& 
     paddle_unpad::FmhaForwardGpu(p, grouping, q, k, v, &out, &lse);
 #endif
   } else {
-    PD_THROW("paddle_unpad.fmha: no kernel for tensors on ", place_name(q),
+    PD_THROW(kFmha, ": no kernel for tensors on ", place_name(q),
              " in this build (paddle_unpad was built without CUDA kernels)");
   }
   return {out, lse};
@@ -81,8 +83,8 @@ std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor&
                                  const Tensor& lse, const Tensor& dout, int64_t max_seqlen,
                                  float scale, float dropout, bool grouping, bool deterministic) {
   auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
-  read_rng_state("paddle_unpad.fmha", rng, &p);
-  PD_CHECK(dout.shape() == q.shape(), "paddle_unpad.fmha: grad of out has shape ", shape_str(dout.shape()),
+  read_rng_state(kFmha, rng, &p);
+  PD_CHECK(dout.shape() == q.shape(), kFmha, ": grad of out has shape ", shape_str(dout.shape()),
            ", expected ", shape_str(q.shape()));
   Tensor dq = paddle::empty(q.shape(), q.dtype(), q.place());
   Tensor dk = paddle::empty(q.shape(), q.dtype(), q.place());
@@ -100,7 +102,7 @@ std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor&
     paddle_unpad::FmhaBackwardGpu(p, grouping, deterministic, q, k, v, out, lse, dout, &dq, &dk, &dv);
 #endif
   } else {
-    PD_THROW("paddle_unpad.fmha: no kernel for tensors on ", place_name(q),
+    PD_THROW(kFmha, ": no kernel for tensors on ", place_name(q),
              " in this build (paddle_unpad was built without CUDA kernels)");
   }
   return {dq, dk, dv};
@@ -135,7 +137,7 @@ std::vector<DataType> FmhaGradInferDtype(DataType q, DataType k, DataType v, Dat
 
 }  // namespace
 
-PD_BUILD_OP(pu_fmha)
+PU_BUILD_OP(PU_OP_FMHA)
     .Inputs({"Q", "K", "V", "CuSeqlens", paddle::Optional("RngState")})
     .Outputs({"Out", "Lse"})
     .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool", "deterministic: bool"})
@@ -143,7 +145,7 @@ PD_BUILD_OP(pu_fmha)
     .SetInferShapeFn(PD_INFER_SHAPE(FmhaInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(FmhaInferDtype));
 
-PD_BUILD_GRAD_OP(pu_fmha)
+PU_BUILD_GRAD_OP(PU_OP_FMHA)
     .Inputs({"Q", "K", "V", "CuSeqlens", paddle::Optional("RngState"), "Out", "Lse",
              paddle::Grad("Out")})
     .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})

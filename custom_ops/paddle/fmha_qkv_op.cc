@@ -15,6 +15,7 @@
 #include "kernels/cpu/fused_cpu.h"
 #include "paddle/extension.h"
 #include "fmha_op_common.h"  // same folder
+#include "op_names.h"
 
 namespace {
 
@@ -22,6 +23,7 @@ using paddle::DataType;
 using paddle::Tensor;
 
 using paddle_unpad::glue::dense;
+using paddle_unpad::glue::kFmhaQkvpacked;
 using paddle_unpad::glue::place_name;
 using paddle_unpad::glue::shape_str;
 
@@ -29,24 +31,24 @@ paddle_unpad::FmhaProblem describe(const Tensor& qkv, const Tensor& bias, const 
                                    const paddle::optional<Tensor>& rng, int64_t max_seqlen,
                                    float scale, float dropout) {
   PD_CHECK(qkv.shape().size() == 4 && qkv.shape()[1] == 3,
-           "paddle_unpad.fmha_qkvpacked: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape ",
+           kFmhaQkvpacked, ": qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape ",
            shape_str(qkv.shape()));
   PD_CHECK(bias.shape() == std::vector<int64_t>({3, qkv.shape()[2], qkv.shape()[3]}),
-           "paddle_unpad.fmha_qkvpacked: bias must have shape [3, heads, head_dim] = [3, ", qkv.shape()[2], ", ",
+           kFmhaQkvpacked, ": bias must have shape [3, heads, head_dim] = [3, ", qkv.shape()[2], ", ",
            qkv.shape()[3], "], got ", shape_str(bias.shape()));
-  PD_CHECK(qkv.is_cpu(), "paddle_unpad.fmha_qkvpacked: the native kernel runs on the CPU, qkv is on ",
-           place_name(qkv), " (paddle_unpad.fmha_qkvpacked splits qkv for fmha there)");
-  PD_CHECK(bias.is_cpu(), "paddle_unpad.fmha_qkvpacked: bias is on ", place_name(bias), " but qkv is on the CPU");
-  PD_CHECK(qkv.dtype() == DataType::FLOAT32, "paddle_unpad.fmha_qkvpacked: qkv dtype ", qkv.dtype(),
+  PD_CHECK(qkv.is_cpu(), kFmhaQkvpacked, ": the native kernel runs on the CPU, qkv is on ",
+           place_name(qkv), " (", kFmhaQkvpacked, " splits qkv for fmha there)");
+  PD_CHECK(bias.is_cpu(), kFmhaQkvpacked, ": bias is on ", place_name(bias), " but qkv is on the CPU");
+  PD_CHECK(qkv.dtype() == DataType::FLOAT32, kFmhaQkvpacked, ": qkv dtype ", qkv.dtype(),
            " is not supported on CPU (supported: float32)");
-  PD_CHECK(bias.dtype() == qkv.dtype(), "paddle_unpad.fmha_qkvpacked: bias dtype ", bias.dtype(),
+  PD_CHECK(bias.dtype() == qkv.dtype(), kFmhaQkvpacked, ": bias dtype ", bias.dtype(),
            " differs from qkv dtype ", qkv.dtype());
-  auto p = paddle_unpad::glue::fmha_problem("paddle_unpad.fmha_qkvpacked", cu, qkv.shape()[0], qkv.shape()[2], qkv.shape()[3],
+  auto p = paddle_unpad::glue::fmha_problem(kFmhaQkvpacked, cu, qkv.shape()[0], qkv.shape()[2], qkv.shape()[3],
                                             max_seqlen, scale, dropout);
   p.qkv_stride = 3 * p.heads * p.head_dim;
   const std::string unsupported = paddle_unpad::fmha_cpu_unsupported(p);
-  PD_CHECK(unsupported.empty(), "paddle_unpad.fmha_qkvpacked: ", unsupported);
-  paddle_unpad::glue::read_rng_state("paddle_unpad.fmha_qkvpacked", rng, &p);
+  PD_CHECK(unsupported.empty(), kFmhaQkvpacked, ": ", unsupported);
+  paddle_unpad::glue::read_rng_state(kFmhaQkvpacked, rng, &p);
   return p;
 }
 
@@ -78,7 +80,7 @@ std::vector<Tensor> FmhaQkvBackward(const Tensor& qkv, const Tensor& bias, const
                                     const Tensor& lse, const Tensor& dout, int64_t max_seqlen,
                                     float scale, float dropout) {
   auto p = describe(qkv, bias, cu, rng, max_seqlen, scale, dropout);
-  PD_CHECK(dout.shape() == out.shape(), "paddle_unpad.fmha_qkvpacked: grad of out has shape ", shape_str(dout.shape()),
+  PD_CHECK(dout.shape() == out.shape(), kFmhaQkvpacked, ": grad of out has shape ", shape_str(dout.shape()),
            ", expected ", shape_str(out.shape()));
   const Tensor x = dense(qkv), b = dense(bias), g = dense(dout);
   set_biases(&p, b.data<float>());
@@ -120,7 +122,7 @@ std::vector<DataType> FmhaQkvGradInferDtype(DataType qkv, DataType bias, DataTyp
 
 }  // namespace
 
-PD_BUILD_OP(pu_fmha_qkv)
+PU_BUILD_OP(PU_OP_FMHA_QKVPACKED)
     .Inputs({"QKV", "Bias", "CuSeqlens", paddle::Optional("RngState")})
     .Outputs({"Out", "Lse"})
     .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float"})
@@ -128,7 +130,7 @@ PD_BUILD_OP(pu_fmha_qkv)
     .SetInferShapeFn(PD_INFER_SHAPE(FmhaQkvInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(FmhaQkvInferDtype));
 
-PD_BUILD_GRAD_OP(pu_fmha_qkv)
+PU_BUILD_GRAD_OP(PU_OP_FMHA_QKVPACKED)
     .Inputs({"QKV", "Bias", "CuSeqlens", paddle::Optional("RngState"), "Out", "Lse", paddle::Grad("Out")})
     .Outputs({paddle::Grad("QKV"), paddle::Grad("Bias")})
     .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float"})

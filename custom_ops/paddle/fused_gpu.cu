@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/fused_cuda.cuh"
 #include "op_common.h"  // same folder
+#include "op_names.h"
 
 namespace paddle_unpad {
 namespace {
@@ -15,9 +16,8 @@ namespace {
 using paddle::DataType;
 using paddle::Tensor;
 using glue::dense;
-
-constexpr const char* kGelu = "paddle_unpad.ops.bias_gelu";
-constexpr const char* kLn = "paddle_unpad.ops.bias_dropout_residual_layer_norm";
+using glue::kBdrln;
+using glue::kBiasGelu;
 
 cuda::DType gpu_dtype(const char* op, const Tensor& x, const char* name = "x") {
   const DataType t = x.dtype();
@@ -50,9 +50,9 @@ cuda::BiasGeluCudaProblem gelu_problem(const Tensor& x) {
   cuda::BiasGeluCudaProblem c;
   c.rows = rows_of(x);
   c.cols = x.shape().back();
-  c.dtype = gpu_dtype(kGelu, x);
+  c.dtype = gpu_dtype(kBiasGelu, x);
   const std::string why = cuda::bias_gelu_cuda_unsupported(c);
-  PD_CHECK(why.empty(), kGelu, ": ", why);
+  PD_CHECK(why.empty(), kBiasGelu, ": ", why);
   return c;
 }
 
@@ -65,11 +65,11 @@ cuda::BdrlnCudaProblem ln_problem(const BdrlnProblem& p, const Tensor& x, const 
   c.epsilon = p.epsilon;
   c.seed = p.seed;
   c.offset = p.offset;
-  c.dtype = gpu_dtype(kLn, x);
-  c.residual_dtype = gpu_dtype(kLn, residual, "residual");
-  c.ln_dtype = gpu_dtype(kLn, ln_weight, "ln_weight");
+  c.dtype = gpu_dtype(kBdrln, x);
+  c.residual_dtype = gpu_dtype(kBdrln, residual, "residual");
+  c.ln_dtype = gpu_dtype(kBdrln, ln_weight, "ln_weight");
   const std::string why = cuda::bdrln_cuda_unsupported(c);
-  PD_CHECK(why.empty(), kLn, ": ", why);
+  PD_CHECK(why.empty(), kBdrln, ": ", why);
   return c;
 }
 
@@ -78,17 +78,17 @@ cuda::BdrlnCudaProblem ln_problem(const BdrlnProblem& p, const Tensor& x, const 
 void BiasGeluForwardGpu(const Tensor& x, const Tensor& bias, Tensor* y) {
   const cuda::BiasGeluCudaProblem c = gelu_problem(x);
   const Tensor xc = dense(x), bc = dense(bias);
-  check_launch(kGelu, "forward",
+  check_launch(kBiasGelu, "forward",
                cuda::bias_gelu_cuda_fwd(c, xc.data(), bc.data(), y->data(), x.stream()));
 }
 
 void BiasGeluBackwardGpu(const Tensor& x, const Tensor& bias, const Tensor& dy, Tensor* dx,
                          Tensor* dbias) {
   const cuda::BiasGeluCudaProblem c = gelu_problem(x);
-  check_grad_dtype(kGelu, dy, x);
+  check_grad_dtype(kBiasGelu, dy, x);
   const Tensor xc = dense(x), bc = dense(bias), g = dense(dy);
   Tensor ws = workspace(cuda::bias_gelu_cuda_bwd_workspace_bytes(c.rows, c.cols), x);
-  check_launch(kGelu, "backward",
+  check_launch(kBiasGelu, "backward",
                cuda::bias_gelu_cuda_bwd(c, xc.data(), bc.data(), g.data(), dx->data(), dbias->data(),
                                         ws.data(), x.stream()));
 }
@@ -99,7 +99,7 @@ void BdrlnForwardGpu(const BdrlnProblem& p, const Tensor& x, const Tensor& bias,
   const cuda::BdrlnCudaProblem c = ln_problem(p, x, residual, ln_weight);
   const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
                lbc = dense(ln_bias);
-  check_launch(kLn, "forward",
+  check_launch(kBdrln, "forward",
                cuda::bdrln_cuda_fwd(c, xc.data(), bc.data(), rc.data(), wc.data(), lbc.data(), y->data(),
                                     mean->data<float>(), rstd->data<float>(), x.stream()));
 }
@@ -109,13 +109,13 @@ void BdrlnBackwardGpu(const BdrlnProblem& p, const Tensor& x, const Tensor& bias
                       const Tensor& rstd, const Tensor& dy, Tensor* dx, Tensor* dresidual,
                       Tensor* dbias, Tensor* dln_weight, Tensor* dln_bias) {
   const cuda::BdrlnCudaProblem c = ln_problem(p, x, residual, ln_weight);
-  check_grad_dtype(kLn, dy, residual);  // y has the residual's dtype
-  PD_CHECK(mean.dtype() == DataType::FLOAT32 && rstd.dtype() == DataType::FLOAT32, kLn,
+  check_grad_dtype(kBdrln, dy, residual);  // y has the residual's dtype
+  PD_CHECK(mean.dtype() == DataType::FLOAT32 && rstd.dtype() == DataType::FLOAT32, kBdrln,
            ": saved mean/rstd must be float32, got ", mean.dtype(), "/", rstd.dtype());
   const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
                mc = dense(mean), sc = dense(rstd), g = dense(dy);
   Tensor ws = workspace(cuda::bdrln_cuda_bwd_workspace_bytes(c.rows, c.cols), x);
-  check_launch(kLn, "backward",
+  check_launch(kBdrln, "backward",
                cuda::bdrln_cuda_bwd(c, xc.data(), bc.data(), rc.data(), wc.data(), mc.data<float>(),
                                     sc.data<float>(), g.data(), dx->data(), dresidual->data(),
                                     dbias->data(), dln_weight->data(), dln_bias->data(), ws.data(),

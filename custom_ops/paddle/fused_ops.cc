@@ -21,6 +21,7 @@
 #include "kernels/cpu/fused_cpu.h"
 #include "paddle/extension.h"
 #include "op_common.h"  // same folder
+#include "op_names.h"
 
 namespace {
 
@@ -28,6 +29,8 @@ using paddle::DataType;
 using paddle::Tensor;
 
 using paddle_unpad::glue::dense;
+using paddle_unpad::glue::kBdrln;
+using paddle_unpad::glue::kBiasGelu;
 using paddle_unpad::glue::place_name;
 using paddle_unpad::glue::shape_str;
 
@@ -86,14 +89,12 @@ Tensor zero_grad_like(const Tensor& t) { return paddle::full(t.shape(), 0.0, t.d
 
 // ------------------------------------------------------------------------------ bias_gelu
 
-constexpr const char* kGelu = "paddle_unpad.ops.bias_gelu";
-
 std::vector<Tensor> BiasGeluForward(const Tensor& x, const Tensor& bias) {
-  check_x(kGelu, x);
-  check_vector(kGelu, "bias", bias, x);
+  check_x(kBiasGelu, x);
+  check_vector(kBiasGelu, "bias", bias, x);
   Tensor y = paddle::empty(x.shape(), x.dtype(), x.place());
   if (x.is_cpu()) {
-    check_cpu_float32(kGelu, x);
+    check_cpu_float32(kBiasGelu, x);
     const Tensor xc = dense(x), bc = dense(bias);
     paddle_unpad::bias_gelu_fwd_cpu(rows_of(x), x.shape().back(), xc.data<float>(),
                                     bc.data<float>(), y.data<float>());
@@ -102,17 +103,17 @@ std::vector<Tensor> BiasGeluForward(const Tensor& x, const Tensor& bias) {
     paddle_unpad::BiasGeluForwardGpu(x, bias, &y);
 #endif
   } else {
-    no_kernel(kGelu, x);
+    no_kernel(kBiasGelu, x);
   }
   return {y};
 }
 
 std::vector<Tensor> BiasGeluBackward(const Tensor& x, const Tensor& bias, const Tensor& dy) {
-  check_x(kGelu, x);
-  check_vector(kGelu, "bias", bias, x);
-  if (x.is_cpu()) check_cpu_float32(kGelu, x);
+  check_x(kBiasGelu, x);
+  check_vector(kBiasGelu, "bias", bias, x);
+  if (x.is_cpu()) check_cpu_float32(kBiasGelu, x);
   if (!dy.initialized()) return {zero_grad_like(x), zero_grad_like(bias)};  // y does not reach the loss
-  PD_CHECK(dy.shape() == x.shape(), "paddle_unpad.ops.bias_gelu: grad of y has shape ", shape_str(dy.shape()),
+  PD_CHECK(dy.shape() == x.shape(), kBiasGelu, ": grad of y has shape ", shape_str(dy.shape()),
            ", expected ", shape_str(x.shape()));
   Tensor dx = paddle::empty(x.shape(), x.dtype(), x.place());
   Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
@@ -125,7 +126,7 @@ std::vector<Tensor> BiasGeluBackward(const Tensor& x, const Tensor& bias, const 
     paddle_unpad::BiasGeluBackwardGpu(x, bias, dy, &dx, &dbias);
 #endif
   } else {
-    no_kernel(kGelu, x);
+    no_kernel(kBiasGelu, x);
   }
   return {dx, dbias};
 }
@@ -149,27 +150,25 @@ std::vector<DataType> BiasGeluGradInferDtype(DataType x, DataType bias, DataType
 
 // ------------------------------------------------------------ bias_dropout_residual_layer_norm
 
-constexpr const char* kLn = "paddle_unpad.ops.bias_dropout_residual_layer_norm";
-
 paddle_unpad::BdrlnProblem check_and_describe_ln(const Tensor& x, const Tensor& bias,
                                                  const Tensor& residual, const Tensor& ln_weight,
                                                  const Tensor& ln_bias, float dropout,
                                                  float epsilon) {
-  check_x(kLn, x);
-  PD_CHECK(residual.shape() == x.shape(), kLn, ": residual shape ", shape_str(residual.shape()),
+  check_x(kBdrln, x);
+  PD_CHECK(residual.shape() == x.shape(), kBdrln, ": residual shape ", shape_str(residual.shape()),
            " differs from x shape ", shape_str(x.shape()));
-  check_dtype_next_to_x(kLn, "residual", residual, x, true);
-  PD_CHECK(residual.place() == x.place(), kLn, ": residual is on ", place_name(residual),
+  check_dtype_next_to_x(kBdrln, "residual", residual, x, true);
+  PD_CHECK(residual.place() == x.place(), kBdrln, ": residual is on ", place_name(residual),
            " but x is on ", place_name(x));
-  check_vector(kLn, "bias", bias, x);
-  check_vector(kLn, "ln_weight", ln_weight, x, true);
-  check_vector(kLn, "ln_bias", ln_bias, x, true);
-  PD_CHECK(ln_bias.dtype() == ln_weight.dtype(), kLn, ": ln_bias dtype ", ln_bias.dtype(),
+  check_vector(kBdrln, "bias", bias, x);
+  check_vector(kBdrln, "ln_weight", ln_weight, x, true);
+  check_vector(kBdrln, "ln_bias", ln_bias, x, true);
+  PD_CHECK(ln_bias.dtype() == ln_weight.dtype(), kBdrln, ": ln_bias dtype ", ln_bias.dtype(),
            " differs from ln_weight dtype ", ln_weight.dtype());
-  PD_CHECK(x.shape().back() >= 1, kLn, ": the normalised size x.shape[-1] must be at least 1, got ",
+  PD_CHECK(x.shape().back() >= 1, kBdrln, ": the normalised size x.shape[-1] must be at least 1, got ",
            x.shape().back());
-  PD_CHECK(dropout >= 0.0f && dropout < 1.0f, kLn, ": dropout must be in [0, 1), got ", dropout);
-  PD_CHECK(epsilon > 0.0f && std::isfinite(epsilon), kLn,
+  PD_CHECK(dropout >= 0.0f && dropout < 1.0f, kBdrln, ": dropout must be in [0, 1), got ", dropout);
+  PD_CHECK(epsilon > 0.0f && std::isfinite(epsilon), kBdrln,
            ": epsilon must be a finite number > 0, got ", epsilon);
   paddle_unpad::BdrlnProblem p;
   p.rows = rows_of(x);
@@ -181,12 +180,12 @@ paddle_unpad::BdrlnProblem check_and_describe_ln(const Tensor& x, const Tensor& 
 
 void read_rng_state(const paddle::optional<Tensor>& rng, paddle_unpad::BdrlnProblem* p) {
   if (p->dropout <= 0.0f) return;
-  PD_CHECK(rng.is_initialized(), kLn, ": dropout = ", p->dropout,
+  PD_CHECK(rng.is_initialized(), kBdrln, ": dropout = ", p->dropout,
            " needs rng_state ([seed, offset] int64), got none");
   // The kernels take the state by value: a device copy (a traced program's
   // paddle.randint on a GPU) is read back once here.
   const Tensor r = rng->is_cpu() ? *rng : rng->copy_to(paddle::CPUPlace(), true);
-  PD_CHECK(r.dtype() == DataType::INT64 && r.numel() == 2, kLn,
+  PD_CHECK(r.dtype() == DataType::INT64 && r.numel() == 2, kBdrln,
            ": rng_state must be int64 with 2 elements [seed, offset], got dtype ", r.dtype(), " with ",
            r.numel(), " elements");
   p->seed = static_cast<uint64_t>(r.data<int64_t>()[0]);
@@ -196,12 +195,12 @@ void read_rng_state(const paddle::optional<Tensor>& rng, paddle_unpad::BdrlnProb
 // CPU-only limits (the GPU path checks its own in fused_gpu.cu): every tensor float32.
 void check_ln_cpu(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
                   const paddle_unpad::BdrlnProblem& p) {
-  check_cpu_float32(kLn, x);
-  PD_CHECK(residual.dtype() == DataType::FLOAT32 && ln_weight.dtype() == DataType::FLOAT32, kLn,
+  check_cpu_float32(kBdrln, x);
+  PD_CHECK(residual.dtype() == DataType::FLOAT32 && ln_weight.dtype() == DataType::FLOAT32, kBdrln,
            ": residual / ln_weight dtypes ", residual.dtype(), " / ", ln_weight.dtype(),
            " are not supported on CPU (supported: float32)");
   const std::string why = paddle_unpad::bdrln_cpu_unsupported(p);
-  PD_CHECK(why.empty(), kLn, ": ", why);
+  PD_CHECK(why.empty(), kBdrln, ": ", why);
 }
 
 std::vector<Tensor> BdrlnForward(const Tensor& x, const Tensor& bias, const Tensor& residual,
@@ -224,7 +223,7 @@ std::vector<Tensor> BdrlnForward(const Tensor& x, const Tensor& bias, const Tens
     paddle_unpad::BdrlnForwardGpu(p, x, bias, residual, ln_weight, ln_bias, &y, &mean, &rstd);
 #endif
   } else {
-    no_kernel(kLn, x);
+    no_kernel(kBdrln, x);
   }
   return {y, mean, rstd};
 }
@@ -240,9 +239,9 @@ std::vector<Tensor> BdrlnBackward(const Tensor& x, const Tensor& bias, const Ten
   if (!dy.initialized())  // y does not reach the loss
     return {zero_grad_like(x), zero_grad_like(bias), zero_grad_like(residual), zero_grad_like(ln_weight),
             zero_grad_like(ln_weight)};
-  PD_CHECK(dy.shape() == x.shape(), kLn, ": grad of y has shape ", shape_str(dy.shape()),
+  PD_CHECK(dy.shape() == x.shape(), kBdrln, ": grad of y has shape ", shape_str(dy.shape()),
            ", expected ", shape_str(x.shape()));
-  PD_CHECK(mean.numel() == p.rows && rstd.numel() == p.rows, kLn, ": saved mean/rstd have ",
+  PD_CHECK(mean.numel() == p.rows && rstd.numel() == p.rows, kBdrln, ": saved mean/rstd have ",
            mean.numel(), "/", rstd.numel(), " elements, expected ", p.rows);
   Tensor dx = paddle::empty(x.shape(), x.dtype(), x.place());
   Tensor dres = paddle::empty(x.shape(), residual.dtype(), x.place());
@@ -262,7 +261,7 @@ std::vector<Tensor> BdrlnBackward(const Tensor& x, const Tensor& bias, const Ten
                                    &dbias, &dw, &db);
 #endif
   } else {
-    no_kernel(kLn, x);
+    no_kernel(kBdrln, x);
   }
   return {dx, dbias, dres, dw, db};
 }
@@ -308,21 +307,21 @@ std::vector<DataType> BdrlnGradInferDtype(DataType x, DataType bias, DataType re
 
 }  // namespace
 
-PD_BUILD_OP(pu_bias_gelu)
+PU_BUILD_OP(PU_OP_BIAS_GELU)
     .Inputs({"X", "Bias"})
     .Outputs({"Y"})
     .SetKernelFn(PD_KERNEL(BiasGeluForward))
     .SetInferShapeFn(PD_INFER_SHAPE(BiasGeluInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(BiasGeluInferDtype));
 
-PD_BUILD_GRAD_OP(pu_bias_gelu)
+PU_BUILD_GRAD_OP(PU_OP_BIAS_GELU)
     .Inputs({"X", "Bias", paddle::Grad("Y")})
     .Outputs({paddle::Grad("X"), paddle::Grad("Bias")})
     .SetKernelFn(PD_KERNEL(BiasGeluBackward))
     .SetInferShapeFn(PD_INFER_SHAPE(BiasGeluGradInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(BiasGeluGradInferDtype));
 
-PD_BUILD_OP(pu_bias_dropout_residual_layer_norm)
+PU_BUILD_OP(PU_OP_BIAS_DROPOUT_RESIDUAL_LAYER_NORM)
     .Inputs({"X", "Bias", "Residual", "LnWeight", "LnBias", paddle::Optional("RngState")})
     .Outputs({"Y", "Mean", "Rstd"})
     .Attrs({"dropout: float", "epsilon: float"})
@@ -330,7 +329,7 @@ PD_BUILD_OP(pu_bias_dropout_residual_layer_norm)
     .SetInferShapeFn(PD_INFER_SHAPE(BdrlnInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(BdrlnInferDtype));
 
-PD_BUILD_GRAD_OP(pu_bias_dropout_residual_layer_norm)
+PU_BUILD_GRAD_OP(PU_OP_BIAS_DROPOUT_RESIDUAL_LAYER_NORM)
     .Inputs({"X", "Bias", "Residual", "LnWeight", paddle::Optional("RngState"), "Mean", "Rstd",
              paddle::Grad("Y")})
     .Outputs({paddle::Grad("X"), paddle::Grad("Bias"), paddle::Grad("Residual"),

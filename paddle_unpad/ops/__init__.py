@@ -13,6 +13,7 @@ from .._runtime import native as _native
 # The op rules as data, in a module without imports: tests/gpu read it where Paddle is missing.
 from ._rules import (FMHA_GPU_TOLERANCE, FMHA_SUPPORT, FMHA_TOLERANCE, FUSED_OPS_GPU_TOLERANCE,
                          FUSED_OPS_SUPPORT, FUSED_OPS_TOLERANCE, MODEL_TOLERANCE)
+from ._names import REGISTERED
 from . import _call, attention, fused  # noqa: F401  (the submodules, by name)
 from .attention import fmha, fmha_qkvpacked, fmha_qkvpacked_reference, fmha_reference
 from .fused import (bias_dropout_residual_layer_norm, bias_dropout_residual_layer_norm_reference, bias_gelu,
@@ -26,11 +27,8 @@ __all__ = [
     "FUSED_OPS_SUPPORT", "FUSED_OPS_TOLERANCE", "FUSED_OPS_GPU_TOLERANCE",
 ]
 
-# Public fused op name -> registered custom op.
-_FUSED_OPS = {
-    "bias_gelu": "pu_bias_gelu",
-    "bias_dropout_residual_layer_norm": "pu_bias_dropout_residual_layer_norm",
-}
+# ops_available() lists these next to fmha (fmha_qkvpacked runs where fmha does).
+_FUSED_OPS = ("bias_gelu", "bias_dropout_residual_layer_norm")
 
 
 def ops_available():
@@ -40,14 +38,14 @@ def ops_available():
         dict, e.g. ``{"fmha": {"cpu": True, "gpu": False}}``. ``False`` means the op
         runs its plain-Paddle reference there. ``paddle_unpad._runtime.native.info()`` says why.
     """
-    cpu = _native.has_op("pu_fmha")
+    cpu = _native.has_op(REGISTERED["fmha"])
     return {"fmha": {"cpu": cpu, "gpu": cpu and _native.has_cuda_kernels()}, **_fused_ops_available()}
 
 
 def _fused_ops_available():
     gpu = _native.has_cuda_kernels()
     out = {}
-    for name, op in _FUSED_OPS.items():
-        cpu = _native.has_op(op)
+    for name in _FUSED_OPS:
+        cpu = _native.has_op(REGISTERED[name])
         out[name] = {"cpu": cpu, "gpu": cpu and gpu}
     return out

@@ -12,6 +12,7 @@ import paddle
 
 from .._runtime import native as _native
 from .._runtime import paddle_compat as _compat
+from ._names import MESSAGE_PREFIXES
 
 
 class OpError(ValueError):
@@ -90,11 +91,6 @@ def as_int64(seed):
     return s - (1 << 64) if s >= (1 << 63) else s
 
 
-# The operators' PD_CHECK messages start with the public name of the op that refused.
-_PUBLIC_PREFIXES = ("paddle_unpad.fmha:", "paddle_unpad.fmha_qkvpacked:", "paddle_unpad.ops.bias_gelu:",
-                    "paddle_unpad.ops.bias_dropout_residual_layer_norm:")
-
-
 def call_native(name, *args):
     """Call the registered custom operator `name`; its refusal is raised as :class:`OpError`
     with the operator's own line (Paddle wraps it in an OSError with a C++ trace)."""
@@ -102,7 +98,7 @@ def call_native(name, *args):
         return _compat.custom_op_function(name)(*args)
     except OSError as e:
         msg = str(e)
-        hits = [msg.index(prefix) for prefix in _PUBLIC_PREFIXES if prefix in msg]
+        hits = [msg.index(prefix) for prefix in MESSAGE_PREFIXES if prefix in msg]
         if hits:
             raise OpError(msg[min(hits):].split("\n")[0].strip()) from None
         raise

@@ -15,6 +15,7 @@ from .._runtime import host_malloc as _host_malloc
 from .._runtime import native as _native
 from .._runtime import paddle_compat as _compat
 from .._runtime.warn import warn_once
+from ._names import REGISTERED, WHERE
 from ._rules import FMHA_SUPPORT
 from .bucketed_attention import bucketed_attention
 from .philox import attention_keep_mask
@@ -22,9 +23,11 @@ from ..varlen import check_cu_seqlens
 from . import _call
 from ._call import host_only
 
+_FMHA, _FMHA_QKV = WHERE["fmha"], WHERE["fmha_qkvpacked"]
+
 
 @host_only
-def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha"):
+def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op=_FMHA):
     for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens", cu_seqlens)):
         if not (_call.is_tensor(t) or isinstance(t, _ShapeOf)):
             raise TypeError(f"paddle_unpad.{op}: {name} must be a paddle.Tensor, got {type(t).__name__}")
@@ -57,7 +60,7 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha")
         raise ValueError(f"paddle_unpad.{op}: scale must be a finite float32 number (|scale| <= {_call.FLOAT32_MAX:.6g}), got {scale}")
     d = q.shape[2]
     # fmha_qkvpacked checks its qkv through a q of the same shape: name what its caller passed
-    in_name, hd_name = ("q/k/v", "q.shape[2]") if op == "fmha" else ("qkv", "qkv.shape[3]")
+    in_name, hd_name = ("q/k/v", "q.shape[2]") if op == _FMHA else ("qkv", "qkv.shape[3]")
     if d is not None and d == 0:
         raise ValueError(f"paddle_unpad.{op}: head size {hd_name} must be >= 1, got {d}")
     if _call.on_cpu(q):  # the CPU kernel is the only CPU path: its rules are the op's rules there
@@ -77,8 +80,8 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op="fmha")
 def _fmha_gpu_kernel_refusal(q):
     """Off the CPU: None when the CUDA fmha kernel takes q, else why not (in words). Where it
     does not, fmha runs :func:`paddle_unpad.ops.bucketed_attention.bucketed_attention`."""
-    if not _call.native_ok("pu_fmha", q):
-        return "this build of paddle_unpad has no CUDA kernels" if _native.has_op("pu_fmha") else \
+    if not _call.native_ok(REGISTERED["fmha"], q):
+        return "this build of paddle_unpad has no CUDA kernels" if _native.has_op(REGISTERED["fmha"]) else \
             "the compiled operators are not loaded"
     rules, dtype, d = FMHA_SUPPORT["gpu"], _call.dtype_name(q), q.shape[2]
     if dtype not in rules["dtypes"]:
@@ -92,7 +95,7 @@ def _launch_flag(value, name, setting):
     """The explicit argument, else the setting (an argument always wins)."""
     value = config.resolve(value, setting)
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"paddle_unpad.fmha: {name} must be a bool or None, got {type(value).__name__} {value!r}")
+        raise TypeError(f"paddle_unpad.{_FMHA}: {name} must be a bool or None, got {type(value).__name__} {value!r}")
     return bool(value)
 
 
@@ -148,7 +151,7 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
-    _host_malloc.ensure("paddle_unpad.fmha")
+    _host_malloc.ensure(f"paddle_unpad.{_FMHA}")
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)
     grouping, deterministic = _grouping(grouping), _deterministic(deterministic)
     d = q.shape[2]
@@ -156,15 +159,15 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     p = float(dropout) if training else 0.0
     on_cpu = _call.on_cpu(q)
     refusal = None if on_cpu else _fmha_gpu_kernel_refusal(q)
-    if _call.native_ok("pu_fmha", q) and refusal is None:
+    if _call.native_ok(REGISTERED["fmha"], q) and refusal is None:
         rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 else None
         out, _lse = _call.call_native(
-            "pu_fmha", q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p, grouping, deterministic
+            REGISTERED["fmha"], q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p, grouping, deterministic
         )
         return out
     if not paddle.in_dynamic_mode():
         raise RuntimeError(
-            f"paddle_unpad.fmha: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle attention reads cu_seqlens on the host){'' if refusal is None else ', and ' + refusal}; see paddle_unpad._runtime.native.info()"
+            f"paddle_unpad.{_FMHA}: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle attention reads cu_seqlens on the host){'' if refusal is None else ', and ' + refusal}; see paddle_unpad._runtime.native.info()"
         )
     if on_cpu:
         rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 else None
@@ -216,17 +219,17 @@ def _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng):
 @host_only
 def _check_qkvpacked_args(qkv, bias):
     if not _call.is_tensor(qkv):
-        raise TypeError(f"paddle_unpad.fmha_qkvpacked: qkv must be a paddle.Tensor, got {type(qkv).__name__}")
+        raise TypeError(f"paddle_unpad.{_FMHA_QKV}: qkv must be a paddle.Tensor, got {type(qkv).__name__}")
     if len(qkv.shape) != 4 or qkv.shape[1] != 3:
-        raise ValueError(f"paddle_unpad.fmha_qkvpacked: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape {list(qkv.shape)}")
+        raise ValueError(f"paddle_unpad.{_FMHA_QKV}: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape {list(qkv.shape)}")
     if bias is not None:
         if not _call.is_tensor(bias):
-            raise TypeError(f"paddle_unpad.fmha_qkvpacked: bias must be a paddle.Tensor or None, got {type(bias).__name__}")
+            raise TypeError(f"paddle_unpad.{_FMHA_QKV}: bias must be a paddle.Tensor or None, got {type(bias).__name__}")
         if list(bias.shape) != [3] + list(qkv.shape[2:]):
-            raise ValueError(f"paddle_unpad.fmha_qkvpacked: bias must have shape [3, heads, head_dim] = {[3] + list(qkv.shape[2:])}, got {list(bias.shape)}")
+            raise ValueError(f"paddle_unpad.{_FMHA_QKV}: bias must have shape [3, heads, head_dim] = {[3] + list(qkv.shape[2:])}, got {list(bias.shape)}")
         if not _call.is_floating(bias):
-            raise TypeError(f"paddle_unpad.fmha_qkvpacked: bias dtype {_call.dtype_name(bias)} is not a floating-point dtype")
-        _call.check_mixable("fmha_qkvpacked", "bias", bias, qkv, "qkv")
+            raise TypeError(f"paddle_unpad.{_FMHA_QKV}: bias dtype {_call.dtype_name(bias)} is not a floating-point dtype")
+        _call.check_mixable(_FMHA_QKV, "bias", bias, qkv, "qkv")
 
 
 def _split_qkv(qkv, bias):
@@ -258,15 +261,15 @@ def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=No
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
-    _host_malloc.ensure("paddle_unpad.fmha_qkvpacked")
+    _host_malloc.ensure(f"paddle_unpad.{_FMHA_QKV}")
     _check_qkvpacked_args(qkv, bias)
-    if not (_native.has_op("pu_fmha_qkv") and _call.on_cpu(qkv) and paddle.in_dynamic_mode()):
+    if not (_native.has_op(REGISTERED["fmha_qkvpacked"]) and _call.on_cpu(qkv) and paddle.in_dynamic_mode()):
         q, k, v = _split_qkv(qkv, bias)
         return fmha(q, k, v, cu_seqlens, max_seqlen, dropout, scale, training, rng_state=rng_state,
                     grouping=grouping, deterministic=deterministic)
     # the checks of fmha, on a q of the same shape (no copy is made: only shapes are read)
     q = _ShapeOf(qkv)
-    _check_fmha_args(q, q, q, cu_seqlens, max_seqlen, dropout, scale, op="fmha_qkvpacked")
+    _check_fmha_args(q, q, q, cu_seqlens, max_seqlen, dropout, scale, op=_FMHA_QKV)
     _grouping(grouping)
     _deterministic(deterministic)
     d = qkv.shape[3]
@@ -274,7 +277,7 @@ def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=No
     p = float(dropout) if training else 0.0
     rng = _call.rng_state_tensor(rng_state, qkv) if p > 0.0 else None
     bias = paddle.zeros([3] + list(qkv.shape[2:]), dtype=qkv.dtype) if bias is None else _call.like_x(bias, qkv)
-    out, _lse = _call.call_native("pu_fmha_qkv", qkv, bias, cu_seqlens, rng, int(max_seqlen), scale, p)
+    out, _lse = _call.call_native(REGISTERED["fmha_qkvpacked"], qkv, bias, cu_seqlens, rng, int(max_seqlen), scale, p)
     return out
 
 

@@ -13,10 +13,13 @@ import paddle
 from .._runtime import host_malloc as _host_malloc
 from .._runtime import native as _native
 from .._runtime import paddle_compat as _compat
+from ._names import REGISTERED, WHERE
 from ._rules import FUSED_OPS_SUPPORT
 from .philox import rowwise_keep_mask
 from . import _call
 from ._call import host_only
+
+_GELU, _BDRLN = WHERE["bias_gelu"], WHERE["bias_dropout_residual_layer_norm"]
 
 
 def _known(d):
@@ -72,10 +75,10 @@ def _filled_vector(x, value):
 
 @host_only
 def _check_bias_gelu_args(x, bias):
-    _check_x("ops.bias_gelu", x)
+    _check_x(_GELU, x)
     if bias is not None:
-        _check_feature_vector("ops.bias_gelu", "bias", bias, x)
-        _call.check_mixable("ops.bias_gelu", "bias", bias, x)
+        _check_feature_vector(_GELU, "bias", bias, x)
+        _call.check_mixable(_GELU, "bias", bias, x)
 
 
 @host_only
@@ -98,11 +101,11 @@ def bias_gelu(x, bias):
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
-    _host_malloc.ensure("paddle_unpad.ops.bias_gelu")
+    _host_malloc.ensure(f"paddle_unpad.{_GELU}")
     _check_bias_gelu_args(x, bias)
     bias = _filled_vector(x, 0.0) if bias is None else _call.like_x(bias, x)
-    if _call.native_ok("pu_bias_gelu", x):
-        return _call.call_native("pu_bias_gelu", x, bias)[0]
+    if _call.native_ok(REGISTERED["bias_gelu"], x):
+        return _call.call_native(REGISTERED["bias_gelu"], x, bias)[0]
     return _bias_gelu_reference(x, bias)
 
 
@@ -131,7 +134,7 @@ def _as(t, dtype):
 
 @host_only
 def _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon):
-    op = "ops.bias_dropout_residual_layer_norm"
+    op = _BDRLN
     _check_x(op, x)
     if not _call.is_tensor(residual):
         raise TypeError(f"paddle_unpad.{op}: residual must be a paddle.Tensor, got {type(residual).__name__}")
@@ -196,17 +199,18 @@ def bias_dropout_residual_layer_norm(
     Raises:
         TypeError / ValueError naming the argument and value for bad input.
     """
-    _host_malloc.ensure("paddle_unpad.ops.bias_dropout_residual_layer_norm")
+    _host_malloc.ensure(f"paddle_unpad.{_BDRLN}")
     x, bias, residual, ln_weight, ln_bias, p, rng = _bdrln_prepare(
         x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state)
-    if _call.native_ok("pu_bias_dropout_residual_layer_norm", x):
+    if _call.native_ok(REGISTERED["bias_dropout_residual_layer_norm"], x):
         y, _mean, _rstd = _call.call_native(
-            "pu_bias_dropout_residual_layer_norm", x, bias, residual, ln_weight, ln_bias, rng, p, float(epsilon)
+            REGISTERED["bias_dropout_residual_layer_norm"], x, bias, residual, ln_weight, ln_bias, rng, p,
+            float(epsilon)
         )
         return y
     if p > 0.0 and not paddle.in_dynamic_mode():
         raise RuntimeError(
-            "paddle_unpad.ops.bias_dropout_residual_layer_norm: the compiled operator is needed for dropout inside paddle.jit.to_static (the reference builds its mask on the host); see paddle_unpad._runtime.native.info()"
+            f"paddle_unpad.{_BDRLN}: the compiled operator is needed for dropout inside paddle.jit.to_static (the reference builds its mask on the host); see paddle_unpad._runtime.native.info()"
         )
     return _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, float(epsilon), rng)
 
