@@ -136,7 +136,7 @@ def test_a_sparse_embedding_is_refused_by_name():
 
 
 def test_rows_proof_sees_any_row_outside_the_looked_up_ones():
-    from paddle_unpad.distributed.grad_sync import _only_rows
+    from paddle_unpad.distributed.grad_rows import _only_rows
 
     g = np.zeros((50, 6), np.float32)
     g[[3, 7]] = 1.0
