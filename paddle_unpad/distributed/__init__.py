@@ -9,7 +9,10 @@
 * the sample exchange, as it reads: :mod:`.wire` (what travels) -> :mod:`.source` (the rank's
   own loader) -> :mod:`.pipeline` (a batch read, checked, packed) -> :mod:`.exchange` (one
   epoch's background thread) -> :mod:`.loader` (:class:`BalancedLoader`);
-* :mod:`.grad_sync` -- :class:`GradientAllReduce`;
+* :mod:`.grad_sync` -- :class:`GradientAllReduce`, with its parts: :mod:`.grad_params` (the
+  parameters it reduces), :mod:`.grad_buckets`, :mod:`.grad_rows` (embedding tables by rows),
+  :mod:`.grad_layout` (the ranks' layouts agreed at construction), :mod:`.grad_reduction` (its
+  groups and thread) and :mod:`.step_trailer` (each step's agreement);
 * :mod:`.options` -- the one table of their settings.
 
 The planning math lives in :mod:`paddle_unpad.balance`; :mod:`paddle_unpad.fleet` is the
