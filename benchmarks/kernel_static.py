@@ -1,7 +1,8 @@
 """What the GPU machine code of the CUDA kernels costs, read without a GPU.
 
-Builds every unit of custom_ops/kernels/cuda to a cubin per SM version (nvcc -cubin, the
-flags of benchmarks/same_machine_code.sh), reads registers / spills / shared memory from
+Builds every unit of custom_ops/kernels/cuda once for all SM versions (nvcc -c with every
+-gencode, keeping each SM's cubin; the flags of benchmarks/same_machine_code.sh plus the
+strict warnings of the CI compile check, which shares this build), reads registers / spills / shared memory from
 ``ptxas -v`` and the instructions from ``cuobjdump -sass``, and for each FMHA kernel
 instantiation (head size, dtype, tile, dropout on / off, backward mode) reports:
 
@@ -39,11 +40,15 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_DIR = os.path.join(ROOT, "custom_ops", "kernels", "cuda")
 OUT = os.path.join(ROOT, "benchmarks", "results", "kernel_static.json")
 NVCC_FLAGS = ["-std=c++17", "-O3", "--expt-relaxed-constexpr"]
+# tests/test_cuda_compile.py's strictness: host and device warnings are errors (host flags do
+# not touch the device code, so the machine code read here is the one without them)
+STRICT_FLAGS = ["-Xcompiler", "-fPIC", "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror"]
 
 # Philox4x32 multipliers as SASS prints an immediate (a negative 32-bit value).
 PHILOX_M0 = ("0xd2511f53", "-0x2daee0ad")
@@ -106,32 +111,64 @@ def tools():
 
 # ------------------------------------------------------------------------------ build
 
-def build_unit(nvcc, unit, sm, out_dir):
-    """-> (cubin path, {mangled name: {registers, spill_stores, spill_loads, smem_static}})."""
-    cubin = os.path.join(out_dir, f"{os.path.basename(unit)[:-3]}_sm{sm}.cubin")
-    cmd = [nvcc, *NVCC_FLAGS, f"-I{os.path.join(ROOT, 'custom_ops')}", "-gencode",
-           f"arch=compute_{sm},code=sm_{sm}", "-cubin", "-Xptxas", "-v", "-o", cubin, unit]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"nvcc failed for {unit} sm_{sm}:\n{proc.stderr[-4000:]}")
-    info, name = {}, None
-    for line in proc.stderr.splitlines():
-        m = re.search(r"Compiling entry function '(\S+)' for", line)
+class Built(NamedTuple):
+    """One unit compiled for every SM: nvcc's exit code and its output without ptxas's report
+    (warnings, errors), the command, seconds, each SM's cubin and ptxas's report per kernel."""
+    unit: str
+    returncode: int
+    output: str
+    command: str
+    seconds: float
+    cubins: dict
+    ptxas: dict
+
+
+def _is_ptxas_report(line):
+    return line.startswith("ptxas info") or re.match(r"^\s+\d+ bytes stack frame", line) is not None
+
+
+def ptxas_report(text):
+    """{sm: {mangled name: {registers, spill_stores, spill_loads, smem_static}}} from ``-Xptxas -v``."""
+    out, cur = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)' for 'sm_(\d+)'", line)
         if m:
-            name = m.group(1)
-            info[name] = {"registers": 0, "spill_stores": 0, "spill_loads": 0, "smem_static": 0}
+            cur = out.setdefault(int(m.group(2)), {})[m.group(1)] = {
+                "registers": 0, "spill_stores": 0, "spill_loads": 0, "smem_static": 0}
             continue
-        if name is None:
+        if cur is None:
             continue
         m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m:
-            info[name]["spill_stores"], info[name]["spill_loads"] = int(m.group(1)), int(m.group(2))
+            cur["spill_stores"], cur["spill_loads"] = int(m.group(1)), int(m.group(2))
         m = re.search(r"Used (\d+) registers", line)
         if m:
-            info[name]["registers"] = int(m.group(1))
+            cur["registers"] = int(m.group(1))
             m2 = re.search(r"(\d+) bytes smem", line)
-            info[name]["smem_static"] = int(m2.group(1)) if m2 else 0
-    return cubin, info
+            cur["smem_static"] = int(m2.group(1)) if m2 else 0
+    return out
+
+
+def build_unit(nvcc, unit, sms, out_dir):
+    """Compiles ``unit`` once for every SM in ``sms`` (host code too, warnings as errors)."""
+    base = os.path.basename(unit)[:-3]
+    keep = os.path.join(out_dir, base)
+    os.makedirs(keep, exist_ok=True)
+    gencode = [f for sm in sms for f in ("-gencode", f"arch=compute_{sm},code=sm_{sm}")]
+    cmd = [nvcc, *NVCC_FLAGS, *STRICT_FLAGS, f"-I{os.path.join(ROOT, 'custom_ops')}", *gencode, "-Xptxas", "-v",
+           "-keep", "-keep-dir", keep, "-c", unit, "-o", os.path.join(keep, base + ".o")]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    output = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if not _is_ptxas_report(line))
+    return Built(unit, proc.returncode, output, " ".join(cmd), time.time() - t0,
+                 {sm: os.path.join(keep, f"{base}.compute_{sm}.cubin") for sm in sms}, ptxas_report(proc.stderr))
+
+
+def build_all(nvcc, sms, out_dir, jobs):
+    """{unit path: Built} for every unit of custom_ops/kernels/cuda, ``jobs`` compiles at a time."""
+    units = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")))
+    with ThreadPoolExecutor(jobs) as ex:
+        return {b.unit: b for b in ex.map(lambda u: build_unit(nvcc, u, sms, out_dir), units)}
 
 
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
@@ -510,54 +547,24 @@ def checks(kernels, units, d=64, dtype="bf16"):
 
 # ------------------------------------------------------------------------------ main
 
-def run(sms, out_path, jobs):
+def run(sms, out_path, jobs, built=None):
+    """Builds (or takes ``built``, from :func:`build_all` for these ``sms``), analyses, writes ``out_path``."""
     t0 = time.time()
     tl = tools()
-    units = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")))
     work = tempfile.mkdtemp(prefix="pu_kernel_static_")
     try:
-        todo = [(u, sm) for sm in sms for u in units]
-        with ThreadPoolExecutor(jobs) as ex:
-            built = list(ex.map(lambda us: (us, build_unit(tl["nvcc"], us[0], us[1], work)), todo))
-        env_path = os.pathsep.join([os.path.dirname(tl["nvdisasm"]), os.environ.get("PATH", "")])
-        os.environ["PATH"] = env_path
+        if built is None:
+            built = build_all(tl["nvcc"], sms, work, jobs)
+        failed = [b for b in built.values() if b.returncode != 0]
+        if failed:
+            raise RuntimeError(f"nvcc failed for {failed[0].unit}:\n{failed[0].output[-4000:]}")
+        os.environ["PATH"] = os.pathsep.join([os.path.dirname(tl["nvdisasm"]), os.environ.get("PATH", "")])
         nvcc_version = subprocess.run([tl["nvcc"], "--version"], capture_output=True, text=True).stdout
         result = {"command": "python benchmarks/kernel_static.py " + " ".join(f"--sm {s}" for s in sms),
                   "when": time.strftime("%Y-%m-%d"), "nvcc": nvcc_version.strip().splitlines()[-1],
-                  "flags": NVCC_FLAGS, "roofline_assumptions": ROOFLINE, "sms": {}}
+                  "flags": NVCC_FLAGS + STRICT_FLAGS, "roofline_assumptions": ROOFLINE, "sms": {}}
         for sm in sms:
-            kernels, all_units = [], {}
-            for (unit, s), (cubin, info) in built:
-                if s != sm:
-                    continue
-                funcs = sass_functions(tl["cuobjdump"], cubin)
-                names = demangle(tl["c++filt"], sorted(set(info) | set(funcs)))
-                all_units[os.path.basename(unit)] = [
-                    {"name": names[n], **info.get(n, {})} for n in sorted(info)]
-                for mangled, instrs in funcs.items():
-                    meta = kernel_meta(names[mangled])
-                    if meta is None:
-                        continue
-                    pi = info.get(mangled, {})
-                    threads = meta["warps"] * 32
-                    k = {"name": names[mangled], "unit": os.path.basename(unit), "meta": meta, **pi,
-                         "smem_dynamic": smem_bytes(meta), "analysis": analyse(instrs, meta)}
-                    k.update(occupancy(pi.get("registers", 0), k["smem_dynamic"], pi.get("smem_static", 0), threads))
-                    kernels.append(k)
-            # what dropout adds to each main loop, per element
-            for k in kernels:
-                m = k["meta"]
-                if not m["dropout"] or "loop" not in k["analysis"]:
-                    continue
-                twin = next((o for o in kernels if o["meta"] == {**m, "dropout": False}), None)
-                if twin and "loop" in twin["analysis"]:
-                    a, b = k["analysis"]["per_element"], twin["analysis"]["per_element"]
-                    k["dropout_added_thread_instructions_per_element"] = (
-                        a["unconditional_thread_instructions"] - b["unconditional_thread_instructions"])
-            sm_res = {"units": all_units, "kernels": kernels, "checks": checks(kernels, all_units)}
-            if sm == 90:
-                sm_res["estimate"] = problem_estimates(kernels)
-            result["sms"][str(sm)] = sm_res
+            result["sms"][str(sm)] = _analyse_sm(tl, built, sm)
         result["seconds"] = round(time.time() - t0, 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -565,6 +572,38 @@ def run(sms, out_path, jobs):
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
     return result
+
+
+def _analyse_sm(tl, built, sm):
+    kernels, all_units = [], {}
+    for unit, b in sorted(built.items()):
+        info = b.ptxas.get(sm, {})
+        funcs = sass_functions(tl["cuobjdump"], b.cubins[sm])
+        names = demangle(tl["c++filt"], sorted(set(info) | set(funcs)))
+        all_units[os.path.basename(unit)] = [{"name": names[n], **info[n]} for n in sorted(info)]
+        for mangled, instrs in funcs.items():
+            meta = kernel_meta(names[mangled])
+            if meta is None:
+                continue
+            pi = info.get(mangled, {})
+            k = {"name": names[mangled], "unit": os.path.basename(unit), "meta": meta, **pi,
+                 "smem_dynamic": smem_bytes(meta), "analysis": analyse(instrs, meta)}
+            k.update(occupancy(pi.get("registers", 0), k["smem_dynamic"], pi.get("smem_static", 0), meta["warps"] * 32))
+            kernels.append(k)
+    # what dropout adds to each main loop, per element
+    for k in kernels:
+        m = k["meta"]
+        if not m["dropout"] or "loop" not in k["analysis"]:
+            continue
+        twin = next((o for o in kernels if o["meta"] == {**m, "dropout": False}), None)
+        if twin and "loop" in twin["analysis"]:
+            a, b = k["analysis"]["per_element"], twin["analysis"]["per_element"]
+            k["dropout_added_thread_instructions_per_element"] = (
+                a["unconditional_thread_instructions"] - b["unconditional_thread_instructions"])
+    sm_res = {"units": all_units, "kernels": kernels, "checks": checks(kernels, all_units)}
+    if sm == 90:
+        sm_res["estimate"] = problem_estimates(kernels)
+    return sm_res
 
 
 def summary_lines(result):

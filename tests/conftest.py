@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import sys  # noqa: E402
+import time  # noqa: E402
 import zlib  # noqa: E402,F401  (before paddle: paddle-gpu 2.6's libpaddle clashes with a zlib loaded after it)
 
 import numpy as np  # noqa: E402
@@ -52,3 +53,24 @@ def report(tmp_path):
     mod.RESULTS = str(tmp_path)
     yield mod
     mod.RESULTS = old
+
+
+@pytest.fixture(scope="session")
+def cuda_kernel_build(tmp_path_factory):
+    """Every unit of custom_ops/kernels/cuda compiled once for sm_80, sm_90 and the archs of the
+    build setting (objects, each SM's cubin, ptxas's report): the CUDA compile check reads its
+    warnings, the machine-code limits its cubins. ``None`` without nvcc."""
+    sys.path.insert(0, os.path.join(_ROOT, "benchmarks"))
+    import kernel_static
+    from paddle_unpad._runtime import build_config
+
+    nvcc = build_config.find_nvcc()
+    if nvcc is None:
+        return None
+    sms = sorted({80, 90} | set(int(a) for a in build_config.cuda_archs()))
+    jobs = int(os.environ.get("PADDLE_UNPAD_BUILD_JOBS", "0")) or (os.cpu_count() or 1)
+    t0 = time.time()
+    built = kernel_static.build_all(nvcc, sms, str(tmp_path_factory.mktemp("cuda_kernels")), jobs)
+    print(f"\nCUDA kernels built once for sm {sms}: {len(built)} units, {jobs} jobs, "
+          f"{time.time() - t0:.1f} s wall")
+    return {"sms": sms, "built": built}

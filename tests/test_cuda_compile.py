@@ -36,7 +36,7 @@ NVCC = cfg.find_nvcc()
 pytestmark = [pytest.mark.build,
               pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME, CUDA_PATH, PATH): CUDA compile check skipped")]
 
-FREE_GLOBS = ["kernels/cuda/*.cu", "harness/*.cu"]
+FREE_GLOBS = ["harness/*.cu"]  # kernels/cuda/*.cu: the shared build (conftest's cuda_kernel_build)
 GLUE_GLOBS = ["paddle/*.cu"]
 STRICT = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror"]
 GLUE_SUPPRESS = ["-diag-suppress", "20012"]  # Paddle's phi/common/dim.h, not our code
@@ -96,8 +96,9 @@ def _commands(tmp):
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    """Compile everything once, in parallel; {unit: (returncode, output, seconds)}."""
+def compiled(cuda_kernel_build):
+    """Compile everything once, in parallel; {unit: (returncode, output, seconds, command)}. The
+    kernel units come from the session's one build, which benchmarks/kernel_static.py reads too."""
     with tempfile.TemporaryDirectory(prefix="pu_cuda_compile_") as tmp:
         cmds = _commands(tmp)
         jobs = int(os.environ.get("PADDLE_UNPAD_BUILD_JOBS", "0")) or (os.cpu_count() or 1)
@@ -112,6 +113,9 @@ def compiled():
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             results = dict(pool.map(run, sorted(cmds.items())))
         wall = time.time() - t0
+    assert cuda_kernel_build is not None, "nvcc was found here but not by the shared build"
+    for b in cuda_kernel_build["built"].values():
+        results[_rel(b.unit)] = (b.returncode, b.output, b.seconds, b.command)
     print(f"\nCUDA compile check: {len(results)} units, archs {cfg.cuda_archs()}, {jobs} jobs, "
           f"{wall:.1f} s wall")
     for name, (rc, _, secs, _) in sorted(results.items()):

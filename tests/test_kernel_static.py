@@ -1,7 +1,8 @@
 """What the CUDA kernels' machine code costs, held to its limits without a GPU.
 
-benchmarks/kernel_static.py builds every unit of custom_ops/kernels/cuda for sm_80 and sm_90
-and reads ptxas's registers and spills and cuobjdump's SASS. Here it runs afresh and:
+benchmarks/kernel_static.py reads every unit of custom_ops/kernels/cuda built for sm_80 and
+sm_90 (the session's one build, shared with tests/test_cuda_compile.py): ptxas's registers and
+spills and cuobjdump's SASS. Here it runs on a fresh build and:
 
 * the attention dropout costs at most one Philox call per 8 elements and at most 8
   thread-instructions per element in the main loop of the forward and of every backward
@@ -16,7 +17,7 @@ and reads ptxas's registers and spills and cuobjdump's SASS. Here it runs afresh
   a kernel change that moves these numbers must rerun the script.
 
 Needs nvcc, c++filt, cuobjdump and nvdisasm (requirements/test.txt installs the last two
-from PyPI); skipped without them locally, failed under CI. About 3 minutes on 2 cores.
+from PyPI); skipped without them locally, failed under CI. About a minute on 2 cores after the build.
 """
 import json
 import os
@@ -35,7 +36,8 @@ SMS = ("80", "90")
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory):
+def fresh(tmp_path_factory, cuda_kernel_build):
+    """The analysis of the session's one build of the kernels (tests/test_cuda_compile.py checks its warnings)."""
     try:
         kernel_static.tools()
     except RuntimeError as e:
@@ -43,7 +45,7 @@ def fresh(tmp_path_factory):
             pytest.fail(f"CI=true: {e}")
         pytest.skip(str(e))
     return kernel_static.run([int(s) for s in SMS], str(tmp_path_factory.mktemp("ks") / "kernel_static.json"),
-                             os.cpu_count() or 1)
+                             os.cpu_count() or 1, built=cuda_kernel_build["built"])
 
 
 @pytest.mark.parametrize("sm", SMS)
