@@ -47,7 +47,7 @@ class DistributedStrategy(_fleet.DistributedStrategy):
     fleet-style spelling of ``unpad_configs["balance"]`` (one value, two spellings, like
     ``strategy.amp`` beside ``amp_configs``)."""
 
-    _unpad_state = None  # per instance: {"configs": dict}
+    _unpad_state = None  # per instance: {"configs": options.ResolvedOptions}
 
     def __init__(self, *args, **kwargs):
         # before fleet.init makes the job's groups: each gloo group gets its own rendezvous store
@@ -58,7 +58,7 @@ class DistributedStrategy(_fleet.DistributedStrategy):
     def _state(self):
         st = self.__dict__.get("_unpad_state")
         if st is None:
-            st = {"configs": dict(DEFAULT_UNPAD_CONFIGS)}
+            st = {"configs": _options.resolve({}, "fleet.DistributedStrategy", "unpad_configs")}
             object.__setattr__(self, "_unpad_state", st)
         return st
 
@@ -71,13 +71,14 @@ class DistributedStrategy(_fleet.DistributedStrategy):
     def unpad(self, flag: bool):
         if not isinstance(flag, bool):
             raise TypeError(f"paddle_unpad.fleet.DistributedStrategy: unpad must be True or False, got {flag!r}")
-        self._state()["configs"]["balance"] = flag
+        self._state()["configs"] = _options.resolve({"balance": flag}, "fleet.DistributedStrategy", "unpad_configs",
+                                                    base=self._state()["configs"])
 
     @property
     def unpad_configs(self) -> Dict[str, Any]:
         """A copy of the load-balance settings (assign a dict to change some of them)."""
-        # resolved once: a list in the copy is copied too, so changing it is not seen here
-        return {k: list(v) if isinstance(v, list) else v for k, v in self._state()["configs"].items()}
+        # resolved once: a list in the copy is a copy too, so changing it is not seen here
+        return dict(self._state()["configs"])
 
     @unpad_configs.setter
     def unpad_configs(self, configs: Dict[str, Any]):
@@ -97,7 +98,7 @@ class DistributedStrategy(_fleet.DistributedStrategy):
         return new
 
     def __str__(self):
-        return super().__str__() + f"\nunpad_configs: {self._state()['configs']}"
+        return super().__str__() + f"\nunpad_configs: {self.unpad_configs}"
 
 
 def current_strategy():
@@ -120,10 +121,10 @@ def distributed_loader(loader, strategy=None, **overrides) -> BalancedLoader:
     batches each rank receives (see :class:`BalancedLoader`).
     """
     strategy = current_strategy() if strategy is None else strategy
-    if isinstance(strategy, DistributedStrategy):
-        configs = strategy.unpad_configs
-    else:  # no paddle_unpad settings: pack, do not exchange
-        configs = dict(DEFAULT_UNPAD_CONFIGS, balance=False)
     extra = {k: overrides.pop(k) for k in ("token_fields", "place") if k in overrides}
-    configs = _options.resolve(overrides, "fleet.distributed_loader", base=configs)
-    return BalancedLoader(loader, **extra, _where="fleet.distributed_loader", _resolved=configs)
+    if isinstance(strategy, DistributedStrategy):
+        base = strategy._state()["configs"]
+    else:  # no paddle_unpad settings: pack, do not exchange
+        base, overrides = None, {"balance": False, **overrides}
+    configs = _options.resolve(overrides, "fleet.distributed_loader", base=base)
+    return BalancedLoader.from_options(loader, configs, **extra)

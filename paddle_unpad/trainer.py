@@ -225,7 +225,7 @@ def _make_class():
                 loader = super().get_train_dataloader()
             finally:
                 self.data_collator = eval_collator
-            balanced = BalancedLoader(loader, _resolved=self._unpad_configs)
+            balanced = BalancedLoader.from_options(loader, self._unpad_configs)
             return _BalancedTrainLoader(balanced, loader)
 
     return UnpadTrainer

@@ -128,9 +128,20 @@ def test_options_are_checked_once_where_the_user_gives_them(monkeypatch):
     cfg = s.unpad_configs
     cfg["counts"].append(-1)  # a copy: the strategy's resolved values cannot be changed unchecked
     assert s.unpad_configs["counts"] == [0, 0]
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.distributed\.BalancedLoader: pass the options resolved or "
-                                        r"as keywords, not both \(got \['tol'\]\)"):
-        BalancedLoader([], _resolved=bl.options, tol=0.1)
+    # the loader holds them as one read-only value that names where they were given
+    assert bl.options.where == bl.where == "fleet.distributed_loader"
+    bl.options["counts"].append(-1)
+    assert bl.options["counts"] == [0, 0]
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        bl.options["tol"] = 0.1
+    with pytest.raises(AttributeError):
+        bl.options.where = "distributed.BalancedLoader"
+    seen.clear()
+    again = BalancedLoader.from_options([], bl.options)
+    assert seen == [] and again.options is bl.options and (again.tol, again.where) == (0.25, "fleet.distributed_loader")
+    with pytest.raises(TypeError, match=r"^paddle_unpad\.distributed\.BalancedLoader\.from_options: options must be "
+                                        r"the exchange's options as .*resolve\(\) returns them, got \{'tol': 0\.1\}"):
+        BalancedLoader.from_options([], {"tol": 0.1})
 
 
 def test_one_switch_name_for_the_exchange():

@@ -33,7 +33,7 @@ from ..data.collate import DEFAULT_TOKEN_FIELDS
 from . import groups, wire
 from .errors import ExchangeError, ExchangeTimeout, StoreHostLeft
 from .exchange import Epoch, Settings
-from .options import check_counts_per_rank
+from .options import EXCHANGE, ResolvedOptions, check_counts_per_rank
 from .options import resolve as resolve_options
 from .pipeline import Pipeline
 from .source import Source
@@ -71,7 +71,7 @@ class BalancedLoader:
     :func:`paddle_unpad.fleet.distributed_loader`.
 
     Args:
-        options: the exchange's options (:data:`paddle_unpad.distributed.options.OPTIONS`, scope
+        options: keywords, the exchange's options (:data:`paddle_unpad.distributed.options.OPTIONS`, scope
             ``exchange``; the defaults where not given): ``balance`` (False: pack each rank's
             own batches), ``cost``, ``counts``, ``tol`` (the planner's,
             :func:`paddle_unpad.balance.plan`), ``prefetch``, ``timeout`` (seconds the training
@@ -99,28 +99,42 @@ class BalancedLoader:
     What the loader keeps of the user's: nothing after a batch is taken -- each batch is
     copied as the training loop's thread takes it from the rank's loader (one copy per field
     of each sample), so a loader may reuse or overwrite its arrays for its next batch.
+
+    ``options`` holds the options as resolved (:class:`~.options.ResolvedOptions`, read only),
+    ``where`` the public name they were given to, which the loader's errors name.
     """
 
     def __init__(self, loader, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS, place=None, group=None,
-                 _where: str = "distributed.BalancedLoader", _resolved=None, **options):
-        # ``_resolved``: options a public entry (fleet.distributed_loader, UnpadTrainer) has
-        # already resolved from the user's values; they are not checked twice
-        if _resolved is not None and options:
-            raise TypeError(f"paddle_unpad.{_where}: pass the options resolved or as keywords, not both (got {sorted(options)})")
-        o = resolve_options(options, _where) if _resolved is None else dict(_resolved)
-        self.loader, self.options, self.place, self.where = loader, o, place, _where
-        self.token_fields = check_token_fields(token_fields, _where)
+                 **options):
+        self._build(loader, resolve_options(options, "distributed.BalancedLoader"), token_fields, place, group)
+
+    @classmethod
+    def from_options(cls, loader, options: ResolvedOptions, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
+                     place=None, group=None) -> "BalancedLoader":
+        """The loader of options a public entry resolved where the user gave them
+        (``fleet.distributed_loader``, ``UnpadTrainer``): they are not checked again, and the
+        loader's errors name that entry (``options.where``)."""
+        if not isinstance(options, ResolvedOptions) or options.scope != EXCHANGE:
+            raise TypeError(f"paddle_unpad.distributed.BalancedLoader.from_options: options must be the exchange's options as paddle_unpad.distributed.options.resolve() returns them, got {options!r}")
+        self = cls.__new__(cls)
+        self._build(loader, options, token_fields, place, group)
+        return self
+
+    def _build(self, loader, o: ResolvedOptions, token_fields, place, group):
+        where = o.where
+        self.loader, self.options, self.place, self.where = loader, o, place, where
+        self.token_fields = check_token_fields(token_fields, where)
         self.cost, self.counts, self.tol, self.max_seqlen = o["cost"], o["counts"], o["tol"], o["max_seqlen"]
         self.prefetch, self.timeout, self.close_timeout = o["prefetch"], float(o["timeout"]), float(o["close_timeout"])
         self.check_plan = o["check_plan"]
         self.plan_key, self.plan_desc = wire.plan_settings(self.cost, self.counts, self.tol)
         # launched as one of N ranks but built before fleet.init: refused, not packed alone
-        self.rank, self.world = groups.checked_job(_where, ExchangeError)
+        self.rank, self.world = groups.checked_job(where, ExchangeError)
         self.distributed = o["balance"] and self.world > 1
         if self.distributed:  # a list of counts needs one per rank: refused here, not at the first step
-            check_counts_per_rank(o, _where, self.world)
+            check_counts_per_rank(o, where, self.world)
         if self.distributed and group is not None:
-            _check_group_spans_job(group, self.world, _where)  # before any rank waits for another
+            _check_group_spans_job(group, self.world, where)  # before any rank waits for another
         self._lens = [_own_len(loader)] * self.world  # every rank's (len, why unknown); agreed below
         self.group = None
         own_group = None
@@ -131,7 +145,7 @@ class BalancedLoader:
                 if group is None:
                     self.group = own_group = groups.new_group("sample exchange", groups.HOST)
                 else:
-                    self.group = group if isinstance(group, groups.Group) else groups.wrap_host_group(group, _where)
+                    self.group = group if isinstance(group, groups.Group) else groups.wrap_host_group(group, where)
                 groups.use_for_exit_order(self.group)
         self._pipeline = Pipeline(self.token_fields, self.max_seqlen, place)
         self._settings = Settings(self.group, self.rank, self.world, o, self._pipeline, self.plan_key, self.plan_desc)

@@ -5,7 +5,9 @@ Two users read it. The sample exchange -- the fleet strategy's ``unpad_configs``
 and ``UnpadTrainer(unpad_configs=...)`` -- takes the rows of scope ``"exchange"``; the
 gradient all-reduce (:class:`~paddle_unpad.distributed.GradientAllReduce`) the rows of scope
 ``"allreduce"``. A key both use (``timeout``) is one row. A bad value fails where it is given,
-with the same message everywhere. The on/off switch of the exchange is ``balance``;
+with the same message everywhere, and the result is one read-only value,
+:class:`ResolvedOptions`, that carries the public name they were given to (its errors name
+it) to the loader or the all-reduce. The on/off switch of the exchange is ``balance``;
 ``DistributedStrategy.unpad`` is its fleet-style spelling (``strategy.amp`` / ``amp_configs``
 is the model).
 """
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Dict, NamedTuple, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Mapping, NamedTuple, Optional, Tuple
 
 from ..balance.cost import check_cost
 from ..balance.planner import DEFAULT_TOL, check_counts, check_tol
@@ -105,14 +108,35 @@ def _check(key, v, where, arg):
     return v
 
 
-def resolve(options: Dict[str, Any], where: str, arg: str = "", base: Dict[str, Any] = None,
-            scope: str = EXCHANGE) -> Dict[str, Any]:
+@dataclass(frozen=True, eq=False)
+class ResolvedOptions(Mapping):
+    """Options as :func:`resolve` returned them: every value checked, read only (a mapping of
+    the keys of one scope; a list comes out as a copy), and ``where``, the public name they were
+    given to (after ``paddle_unpad.``), which errors about them name."""
+
+    _values: Dict[str, Any]  # never changed: resolve() makes a new value
+    where: str
+    scope: str = EXCHANGE
+
+    def __getitem__(self, key: str) -> Any:
+        v = self._values[key]
+        return list(v) if isinstance(v, list) else v
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def resolve(options: Dict[str, Any], where: str, arg: str = "", base: Optional[ResolvedOptions] = None,
+            scope: str = EXCHANGE) -> ResolvedOptions:
     """``base`` (default: the defaults of ``scope``) updated with ``options``, every key of
-    ``options`` checked.
+    ``options`` checked, as a :class:`ResolvedOptions` named ``where``.
 
     Options are resolved once, where a user gives them (``fleet.DistributedStrategy``,
     ``fleet.distributed_loader``, ``BalancedLoader``, ``UnpadTrainer``, ``GradientAllReduce``);
-    ``base`` must be a dict this function returned, so its values are not checked again.
+    ``base``, a value this function returned, is not checked again.
     ``where`` is the public name the options were given to, after ``paddle_unpad.``
     (``"fleet.DistributedStrategy"``), ``arg`` the argument that holds them (``"unpad_configs"``;
     ``""`` for keyword arguments). A value of the wrong type raises TypeError, a bad value or
@@ -123,12 +147,14 @@ def resolve(options: Dict[str, Any], where: str, arg: str = "", base: Dict[str, 
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ValueError(f"paddle_unpad.{where}: {arg + ': ' if arg else ''}unknown keys {unknown}; known: {known}")
+    if base is not None and not isinstance(base, ResolvedOptions):
+        raise TypeError(f"paddle_unpad.{where}: base must be options resolve() returned, got {type(base).__name__}")
     merged = dict((DEFAULTS if scope == EXCHANGE else ALLREDUCE_DEFAULTS) if base is None else base)
     merged.update({k: _check(k, v, where, arg) for k, v in options.items()})
-    return merged
+    return ResolvedOptions(merged, where, scope)
 
 
-def check_counts_per_rank(configs: Dict[str, Any], where: str, world: int, arg: str = ""):
+def check_counts_per_rank(configs: Mapping[str, Any], where: str, world: int, arg: str = ""):
     """A list of ``counts`` in resolved ``configs`` holds one count per rank: checked where the
     options are given, once the number of ranks is known there (``world`` > 1; in one process
     the counts are not used)."""
