@@ -118,15 +118,15 @@ def test_released_groups_go_back_to_the_pool_unless_busy_failed_or_the_users(mon
     """What :func:`groups.release` keeps for reuse (Paddle cannot free a process group), and that
     nothing is issued on a released group."""
     monkeypatch.setattr(groups, "_free", {})
-    monkeypatch.setattr(workarounds, "_exit", {"installed": True, "order_group": None})
+    monkeypatch.setattr(groups, "_exit_order", {"group": None})
     mine = groups.Group(_FakePG(1 << 20), groups.HOST, "gloo", "sample exchange", owned=True)
     groups.issue("all_gather", mine)
     assert mine.conn["ops"] == 1
-    workarounds._exit["order_group"] = mine
+    groups._exit_order["group"] = mine
     groups.release(mine)
     groups.release(mine)  # idempotent
     groups.release(None)
-    assert groups._free == {("gloo", (0, 1, 2)): [mine]} and workarounds._exit["order_group"] is mine  # idle: still fine
+    assert groups._free == {("gloo", (0, 1, 2)): [mine]} and groups._exit_order["group"] is mine  # idle: still fine
     with pytest.raises(RuntimeError, match="all_reduce on the sample exchange group after it was released"):
         groups.issue("all_reduce", mine)
     busy = groups.Group(_FakePG((1 << 20) + 1), groups.HOST, "gloo", "x", owned=True)
@@ -134,18 +134,18 @@ def test_released_groups_go_back_to_the_pool_unless_busy_failed_or_the_users(mon
     failed = groups.Group(_FakePG((1 << 20) + 2), groups.HOST, "gloo", "x", owned=True)
     failed.conn["failed"] = True
     users = groups.Group(_FakePG(12), groups.HOST, "gloo", "x", owned=False)
-    workarounds._exit["order_group"] = busy
+    groups._exit_order["group"] = busy
     for g in (busy, failed, users):
         groups.release(g)
         assert g.released
     assert groups._free == {("gloo", (0, 1, 2)): [mine]}
-    assert workarounds._exit["order_group"] is None  # the busy one is not waited on at exit; no idle one spans the job
+    assert groups._exit_order["group"] is None  # the busy one is not waited on at exit; no idle one spans the job
     # outside a job (world 1) no group spans every rank; the idle pooled one would be taken in a 3-rank job
     monkeypatch.setattr(groups, "job", lambda: (0, 3))
-    workarounds._exit["order_group"] = busy
+    groups._exit_order["group"] = busy
     busy.released = False
     groups.release(busy)
-    assert workarounds._exit["order_group"] is mine
+    assert groups._exit_order["group"] is mine
 
 
 def test_a_collective_that_fails_marks_its_group_not_reusable():

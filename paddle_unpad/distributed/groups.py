@@ -26,9 +26,11 @@ when every member offers it in the same state: open files and threads stay flat 
 loaders and all-reduces a job makes and closes one after the other.
 
 **Workarounds of Paddle** (per-group rendezvous stores, TCP_NODELAY on store connections,
-threads and exit order) live in :mod:`paddle_unpad.distributed.workarounds`; they are applied
-when the first group of the plugin is made (or :func:`paddle_unpad.fleet.DistributedStrategy`
-is built, so that ``fleet.init``'s own groups get the first one too).
+threads and the exit handler) live in :mod:`paddle_unpad.distributed.workarounds`; they are
+applied when the first group of the plugin is made (or :func:`paddle_unpad.fleet.DistributedStrategy`
+is built, so that ``fleet.init``'s own groups get the first one too). The exit handler calls
+back here for what talks to the other ranks: :func:`mark_left`, then :func:`leave_in_order`
+(rank 0 leaves last, waiting on the group of :func:`use_for_exit_order`).
 
 **Agreement.** :func:`agree` compares a value across ranks through the job's TCP store with
 a bounded wait, before any group or collective that the value decides on: settings that
@@ -45,6 +47,7 @@ import itertools
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional
@@ -163,7 +166,7 @@ def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None)
     members agree on (taken from a counter in the job's store), so that groups made by some
     ranks only never shift the ids -- and store keys -- of later groups."""
     install_group_stores()
-    workarounds.ensure_exit_handler(mark_left)
+    workarounds.ensure_exit_handler(mark_left, leave_in_order)
     rank, world = job()
     backend = "gloo" if role == HOST else device_backend()
     ranks = list(range(world)) if ranks is None else sorted(set(int(r) for r in ranks))
@@ -244,8 +247,8 @@ def release(group: Optional[Group]):
     else:
         log.warning("paddle_unpad: the %s group is released with a collective in progress or failed; it is not reused",
                     group.purpose)
-    if workarounds.exit_order_group() is group and not reusable:
-        workarounds.set_exit_order_group(None)
+    if _exit_order["group"] is group and not reusable:
+        _exit_order["group"] = None
         with _lock:
             idle = [g for gs in _free.values() for g in gs]
         for g in idle:  # an idle group over every rank keeps the exit ordering
@@ -258,7 +261,7 @@ def wrap_host_group(pg, purpose: str) -> Group:
     backend = "gloo" if "gloo" in type(pg.process_group).__name__.lower() else type(pg.process_group).__name__
     if backend != "gloo":
         raise ValueError(f"paddle_unpad.{purpose}: group must be a gloo group (the exchange sends CPU buffers: paddle.distributed.new_group(ranks, backend='gloo')), got a {backend} group")
-    workarounds.ensure_exit_handler(mark_left)
+    workarounds.ensure_exit_handler(mark_left, leave_in_order)
     return Group(pg, HOST, "gloo", purpose, owned=False)
 
 
@@ -501,8 +504,53 @@ def install_group_stores(enabled=None, check=True):
     return workarounds.install_group_stores(enabled, before_first_group=check_settings_agree)
 
 
+# ----------------------------------------------------------------------------- exit order
+
+_exit_order = {"group": None}  # the host group over every rank that rank 0 waits on at exit
+_EXIT_KEY = "paddle_unpad/ranks_leaving"
+_EXIT_COUNT_WAIT_S = 5.0  # how long rank 0 waits for its peers to count themselves out
+
+
 def use_for_exit_order(group: Group):
     """A host group over every rank that rank 0 can wait on at exit (the first one offered)."""
-    if workarounds.exit_order_group() is None and group.role == HOST and group.nranks == job()[1] > 1:
-        workarounds.set_exit_order_group(group)
+    if _exit_order["group"] is None and group.role == HOST and group.nranks == job()[1] > 1:
+        _exit_order["group"] = group
 
+
+def leave_in_order():
+    """Rank 0 leaves a clean multi-rank job after its peers (Paddle 3.x). Called at interpreter
+    exit by :mod:`.workarounds`, once every thread of the plugin has ended.
+
+    Rank 0 hosts the job's TCP store (and the plugin's groups' stores); in Paddle 3.x a libuv
+    thread serves them, and when a peer's connection closes while rank 0 is already in its C++
+    teardown (the static destructors after ``exit()``), that thread aborts rank 0 -- SIGABRT, no
+    message, the job's work done, the launcher reporting a failed job (seen in about one of 15
+    two-rank Trainer runs on a loaded 2-core host; the core dump shows
+    ``LibUVClient::readCallback`` under ``LibUVMasterDaemon::run``). So at exit each peer counts
+    itself out in the store, and rank 0, once all have, waits on the host group of
+    :func:`use_for_exit_order` until every peer's process is gone (a receive from a peer fails
+    when its sockets close) before its own teardown. Skipped in a process that dies of an
+    exception, and when a peer has not counted itself out within a few seconds (a failed job:
+    rank 0 must not hold up its peers' errors)."""
+    group = _exit_order["group"]
+    if _compat.PADDLE_VERSION < (3, 0) or group is None or getattr(sys, "last_value", None) is not None:
+        return  # Paddle 2.6's store has no libuv thread; no group; or dying of an exception
+    try:
+        store = workarounds.job_store()
+        if group.rank != 0:
+            store.add(_EXIT_KEY, 1)
+            return
+        deadline = time.monotonic() + _EXIT_COUNT_WAIT_S
+        while store.add(_EXIT_KEY, 0) < group.nranks - 1:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        buf = paddle.to_tensor([0], dtype="int64", place=paddle.CPUPlace())
+        for peer in range(1, group.nranks):
+            try:  # nobody sends: this returns when the peer's connection closes
+                dist.irecv(buf, peer, group=group.pg).wait()
+            except Exception:  # noqa: BLE001 - the expected end of the wait
+                pass
+        time.sleep(0.1)  # the store's thread takes the peers' hang-ups while rank 0 is whole
+    except Exception:  # noqa: BLE001 - ordering is best effort; never fail an exit
+        return

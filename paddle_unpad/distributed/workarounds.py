@@ -14,7 +14,9 @@ and is applied on first use, never at import:
   inside native code when the interpreter finalizes (a thread left there aborts the process:
   "terminate called without an active exception"); then the rank records that it has left
   (:func:`paddle_unpad.distributed.groups.mark_left`, so that its peers name it), and rank 0
-  leaves a clean job last (Paddle 3.x, whose TCP store runs on libuv): :func:`_leave_in_order`.
+  leaves a clean job last (Paddle 3.x, whose TCP store runs on libuv):
+  :func:`paddle_unpad.distributed.groups.leave_in_order`, which issues every collective of
+  the plugin, these included; :func:`ensure_exit_handler` takes both.
 
 Groups, collectives and agreement live in :mod:`paddle_unpad.distributed.groups`, which
 applies these when it makes the plugin's first group. Besides
@@ -28,13 +30,9 @@ import functools
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional
-
-import paddle
-import paddle.distributed as dist
 
 from .._runtime import paddle_compat as _compat
 from .. import config
@@ -210,8 +208,9 @@ def _group_store(job_store, rank, size, gid):
 
 _threads_lock = threading.Lock()
 _threads: Dict[threading.Thread, Callable] = {}  # live background threads -> how to ask them to stop
-_exit = {"installed": False, "order_group": None}
+_exit = {"installed": False}
 _on_leave: List[Callable[[], None]] = []  # called at exit once the threads are joined
+_leave_last: List[Callable[[], None]] = []  # then, when no thread is left inside a collective
 
 
 def register_thread(thread: threading.Thread, stop: Callable[[], None]):
@@ -247,28 +246,23 @@ def stop_and_join(items, timeout: float) -> List[threading.Thread]:
     return alive
 
 
-def exit_order_group():
-    """The host group over every rank that rank 0 waits on at exit (None: no ordering)."""
-    return _exit["order_group"]
-
-
-def set_exit_order_group(group):
-    """Wait on ``group`` at exit (a host group over every rank: see
-    :func:`paddle_unpad.distributed.groups.use_for_exit_order`), or on none."""
-    _exit["order_group"] = group
-
-
 def exit_handler_installed() -> bool:
     return _exit["installed"]
 
 
-def ensure_exit_handler(on_leave: Optional[Callable[[], None]] = None):
-    """Install the exit handler (idempotent): before the plugin's first group or thread.
-    ``on_leave``: called once at exit, after the plugin's threads are joined (no collective of
-    the plugin runs any more), before the exit ordering (each function once, however often given)."""
+def ensure_exit_handler(on_leave: Optional[Callable[[], None]] = None,
+                        leave_last: Optional[Callable[[], None]] = None):
+    """Install the exit handler (idempotent): before the plugin's first group or thread. Each
+    function is called once at exit, however often given:
+
+    * ``on_leave``: after the plugin's threads are joined (no collective of the plugin runs any
+      more), even when one did not end;
+    * ``leave_last``: after those, only when every thread ended (a group a thread is still
+      inside is not free for the exit ordering: :func:`paddle_unpad.distributed.groups.leave_in_order`)."""
     _ensure_exit_handler()
-    if on_leave is not None and on_leave not in _on_leave:
-        _on_leave.append(on_leave)
+    for fn, fns in ((on_leave, _on_leave), (leave_last, _leave_last)):
+        if fn is not None and fn not in fns:
+            fns.append(fn)
 
 
 def _ensure_exit_handler():
@@ -277,59 +271,22 @@ def _ensure_exit_handler():
         atexit.register(_at_exit)  # runs before atexit handlers registered earlier (Paddle's)
 
 
-_EXIT_KEY = "paddle_unpad/ranks_leaving"
-_EXIT_COUNT_WAIT_S = 5.0  # how long rank 0 waits for its peers to count themselves out
+def _call_each(fns):
+    for fn in list(fns):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - never fail an exit
+            log.debug("paddle_unpad: an exit step failed", exc_info=True)
 
 
 def _at_exit():
     with _threads_lock:
         items = list(_threads.items())
     alive = stop_and_join(items, _EXIT_JOIN_S)
-    for fn in list(_on_leave):
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - never fail an exit
-            log.debug("paddle_unpad: an exit step failed", exc_info=True)
+    _call_each(_on_leave)
     if alive:
         log.warning("paddle_unpad: %d background thread(s) still inside a collective at exit after %.0f s",
                     len(alive), _EXIT_JOIN_S)
         return  # their group is in use: no exit ordering on it
-    if _compat.PADDLE_VERSION >= (3, 0):
-        _leave_in_order()
+    _call_each(_leave_last)
 
-
-def _leave_in_order():
-    """Rank 0 leaves a clean multi-rank job after its peers (Paddle 3.x).
-
-    Rank 0 hosts the job's TCP store (and the plugin's groups' stores); in Paddle 3.x a libuv
-    thread serves them, and when a peer's connection closes while rank 0 is already in its C++
-    teardown (the static destructors after ``exit()``), that thread aborts rank 0 -- SIGABRT, no
-    message, the job's work done, the launcher reporting a failed job (seen in about one of 15
-    two-rank Trainer runs on a loaded 2-core host; the core dump shows
-    ``LibUVClient::readCallback`` under ``LibUVMasterDaemon::run``). So at exit each peer counts
-    itself out in the store, and rank 0, once all have, waits on a host group until every
-    peer's process is gone (a receive from a peer fails when its sockets close) before its own
-    teardown. Skipped in a process that dies of an exception, and when a peer has not counted
-    itself out within a few seconds (a failed job: rank 0 must not hold up its peers' errors)."""
-    group = _exit["order_group"]
-    if group is None or getattr(sys, "last_value", None) is not None:  # no group, or dying of an exception
-        return
-    try:
-        store = job_store()
-        if group.rank != 0:
-            store.add(_EXIT_KEY, 1)
-            return
-        deadline = time.monotonic() + _EXIT_COUNT_WAIT_S
-        while store.add(_EXIT_KEY, 0) < group.nranks - 1:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.02)
-        buf = paddle.to_tensor([0], dtype="int64", place=paddle.CPUPlace())
-        for peer in range(1, group.nranks):
-            try:  # nobody sends: this returns when the peer's connection closes
-                dist.irecv(buf, peer, group=group.pg).wait()
-            except Exception:  # noqa: BLE001 - the expected end of the wait
-                pass
-        time.sleep(0.1)  # the store's thread takes the peers' hang-ups while rank 0 is whole
-    except Exception:  # noqa: BLE001 - ordering is best effort; never fail an exit
-        return

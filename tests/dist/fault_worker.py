@@ -187,7 +187,7 @@ def scenario_collate_raises(num_workers):
 def scenario_clean_exit_order():
     """Two ranks finish cleanly; rank 1 then lingers 1.5 s in its exit (an exit handler that
     runs before the package's): rank 0 must still end after rank 1 (see
-    paddle_unpad.distributed.workarounds._leave_in_order)."""
+    paddle_unpad.distributed.groups.leave_in_order)."""
     rank = init()
     batches = [[smp(10 * rank + 2 * s + k, 3 + 5 * k + 7 * rank, np.int64(k)) for k in range(2)] for s in range(2)]
     loader = pf.distributed_loader(batches)
