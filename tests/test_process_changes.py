@@ -1,16 +1,22 @@
 """import paddle_unpad changes nothing in the process but MKL's kernel choice, the operators'
 registration and the finder of the modules' old names; every other process-wide change waits for
-the feature that needs it, and paddle_unpad.info() says which."""
+the feature that needs it, and paddle_unpad.info() says which, from what the code that makes each
+change reported."""
+import ast
 import ctypes
+import importlib
+import inspect
 import json
 import os
 import platform
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from paddle_unpad import config
+from paddle_unpad._runtime import process_changes
 
 # One fresh process: the state before and after the import, then after a DistributedStrategy.
 PROBE = r"""
@@ -91,3 +97,56 @@ def test_import_changes_nothing_and_a_strategy_applies_the_group_and_malloc_chan
     info = got["info_strategy"]
     assert info["process-group factory"]["applied"] and info["mallopt"]["applied"]
     assert info["mallopt"]["when"] == "first use: paddle_unpad.fleet.DistributedStrategy"
+
+
+def test_every_change_is_reported_by_the_function_its_declaration_names():
+    """Each declared change names the function that makes it, and its module reports it:
+    pu.info() is built from those reports, never by reading another module's state."""
+    for name, change in process_changes.CHANGES.items():
+        module_name, _, function = change.by.rpartition(".")
+        module = importlib.import_module(f"paddle_unpad.{module_name}")
+        assert callable(getattr(module, function, None)), f"{name!r}: no function {change.by}"
+        assert f'record("{name}"' in inspect.getsource(module), f"{module_name} does not report {name!r}"
+    source = inspect.getsource(process_changes)
+    ours = [(n.level, n.module, [a.name for a in n.names]) for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.ImportFrom) and n.level]
+    assert ours == [(2, None, ["config"])] and "sys.modules" not in source  # no other module of the plugin read
+
+
+def test_a_change_describes_what_was_last_reported():
+    change = process_changes.Change("probe", "tests.nothing", "at the probe", "it is a probe", reason="not yet",
+                                    count=0)
+    assert change.describe() == {"applied": False, "when": "at the probe", "why": "not yet; it is a probe", "count": 0}
+    state = {"on": True}
+    change.report(lambda: state["on"], when="now", reason="asked", count=lambda: 3)
+    assert change.describe() == {"applied": True, "when": "now", "why": "asked; it is a probe", "count": 3}
+    state["on"] = False  # undone since: a reported function is read at each describe()
+    assert change.describe()["applied"] is False
+    with pytest.raises(ValueError, match=r"'probe' change has no field\(s\) \['size'\]"):
+        change.report(True, size=1)
+    with pytest.raises(ValueError, match="no process change named 'probe'"):
+        process_changes.record("probe")
+
+
+def test_the_loader_thread_hook_reports_itself_and_wakes_the_watcher(monkeypatch):
+    from paddle_unpad.distributed import workarounds
+
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(("previous", args.exc_value)))
+    monkeypatch.setattr(workarounds, "_previous_hook", {"hook": None})
+    workarounds.catch_thread_deaths()
+    assert process_changes.info()["threading.excepthook"]["applied"]
+    error = ValueError("the dataset failed")
+
+    def fail():
+        raise error
+
+    th = threading.Thread(target=fail)
+    workarounds.watch_thread(th, lambda: seen.append("woken"))
+    th.start()
+    th.join()
+    assert seen == ["woken", ("previous", error)] and workarounds.thread_exception(th) is error
+    workarounds.watch_thread(th, lambda: seen.append("late"))  # watched after it died: woken at once
+    assert seen[-1] == "late"
+    monkeypatch.undo()
+    assert not process_changes.info()["threading.excepthook"]["applied"]  # replaced since: no longer applied

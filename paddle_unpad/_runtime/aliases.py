@@ -7,6 +7,8 @@ import importlib.util
 import sys
 import warnings
 
+from . import process_changes
+
 # old name under paddle_unpad -> the module it is now
 MOVED = {
     "philox": "paddle_unpad.ops.philox",
@@ -67,6 +69,7 @@ _FINDER = _Finder()
 def install():
     if _FINDER not in sys.meta_path:
         sys.meta_path.append(_FINDER)
+    process_changes.record("module aliases", applied=installed, names=[f"paddle_unpad.{old}" for old in MOVED])
 
 
 def installed():

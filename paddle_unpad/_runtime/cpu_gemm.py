@@ -27,6 +27,7 @@ import platform
 import warnings
 
 from .. import config
+from . import process_changes
 from .host import cpu_identity, describe
 
 ENV = "MKL_DEBUG_CPU_TYPE"
@@ -71,7 +72,14 @@ def mkl_library():
 
 def configure():
     """Set ``MKL_DEBUG_CPU_TYPE`` for this CPU when it helps and nobody else chose (see the module docstring).
-    A bad ``MKL_DISPATCH`` value raises ``config.ConfigError`` naming it (at import)."""
+    A bad ``MKL_DISPATCH`` value raises ``config.ConfigError`` naming it (at import). Reported to
+    ``paddle_unpad.info()``."""
+    _configure()
+    process_changes.record("MKL_DEBUG_CPU_TYPE", applied=_state["action"] == "set", reason=_state["why"],
+                           value=_state["value"], mkl_kernels=lambda: info()["mkl_kernels"])
+
+
+def _configure():
     mode = config.get("MKL_DISPATCH")
     if mode == "off":
         _state.update(action="unchanged", why=f"{config.variable('MKL_DISPATCH').env}=off")

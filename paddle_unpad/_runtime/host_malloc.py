@@ -38,6 +38,7 @@ import os
 import platform
 
 from .. import config
+from . import process_changes
 
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -79,7 +80,12 @@ def ensure(trigger):
 
 def configure(environ=None, when=None):
     """Apply the setting (see the module docstring). A bad ``HOST_MALLOC`` value raises
-    ``config.ConfigError`` naming it and changes nothing."""
+    ``config.ConfigError`` naming it and changes nothing. Reported to ``paddle_unpad.info()``."""
+    _configure(environ, when)
+    process_changes.record("mallopt", applied=_state["action"] == "retain", when=_state["when"], reason=_state["why"])
+
+
+def _configure(environ, when):
     environ = os.environ if environ is None else environ
     mode = config.get("HOST_MALLOC", environ)
     _state["when"] = when

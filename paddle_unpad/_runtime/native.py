@@ -27,6 +27,7 @@ import threading
 import warnings
 
 from .. import config
+from . import process_changes
 
 _lock = threading.RLock()
 # the settings of the library's search and of its kernels (paddle_unpad/config.py)
@@ -84,6 +85,7 @@ def load():
             return _load_locked(wanted)
         finally:
             _state["tried"] = True  # only now: the lock-free check above must not see a half-load
+            _report()
 
 
 def _load_locked(wanted):
@@ -134,6 +136,12 @@ def load_at_import():
     except Exception as e:  # load() catches its own errors; this guards import against the unforeseen
         _state["error"] = _state["error"] or f"{type(e).__name__}: {e}"
         _state["tried"] = True
+        _report()
+
+
+def _report():
+    process_changes.record("operator library", applied=_state["path"] is not None, path=_state["path"],
+                           ops=list(_state["ops"]), isa=_state["isa"], error=_state["error"])
 
 
 def has_op(name):

@@ -10,46 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-import weakref
-from typing import Dict, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from .._runtime import paddle_compat as _compat
+from . import workarounds
 
 log = logging.getLogger("paddle_unpad.distributed")
-
-_WATCH_LOCK = threading.Lock()
-_WATCHED: Dict[threading.Thread, "Source"] = {}
-_THREAD_EXC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # thread -> what ended it
-_PREV_EXCEPTHOOK = None
-
-
-def _excepthook(args):
-    """``threading.excepthook`` once an exchange has iterated a loader.
-
-    Paddle's single-process DataLoader (3.3.1) runs the dataset and ``collate_fn`` on a
-    thread of its own; when they raise, that thread dies without waking the reader, and
-    ``next()`` on the loader blocks for ever (and a process left blocked there aborts at
-    exit).  This records the exception of every thread that dies of one, and wakes the
-    reader of the source that owns the thread, so the error reaches every rank instead."""
-    src = None
-    if args.thread is not None:
-        with _WATCH_LOCK:
-            _THREAD_EXC[args.thread] = args.exc_value
-            src = _WATCHED.pop(args.thread, None)
-    if src is not None:
-        src.thread_died()
-    (_PREV_EXCEPTHOOK or threading.__excepthook__)(args)
-
-
-def _install_excepthook():
-    global _PREV_EXCEPTHOOK
-    with _WATCH_LOCK:
-        if threading.excepthook is not _excepthook:
-            _PREV_EXCEPTHOOK = threading.excepthook
-            threading.excepthook = _excepthook
-
 
 def _own_value(v):
     """``v`` as an array nothing else holds: a copy of an array (the loader may overwrite it for
@@ -119,7 +87,7 @@ class Source:
         self.copy = copy  # False: the caller packs each batch before it takes the next one
         self.thread_failed = threading.Event()
         self._thread = None
-        _install_excepthook()  # before iter(): the loader's thread may fail at once
+        workarounds.catch_thread_deaths()  # before iter(): the loader's thread may fail at once
         try:
             self.it = iter(loader)
         except Exception as e:  # noqa: BLE001 - reported to every rank
@@ -128,16 +96,11 @@ class Source:
         th = _compat.dataloader_thread(self.it)
         if th is not None:
             self._thread = th
-            with _WATCH_LOCK:
-                already = th in _THREAD_EXC
-                if not already:
-                    _WATCHED[th] = self
-            if already:
-                self.thread_died()
+            workarounds.watch_thread(th, self.thread_died)
 
     @property
     def thread_exc(self):
-        return _THREAD_EXC.get(self._thread) if self._thread is not None else None
+        return workarounds.thread_exception(self._thread) if self._thread is not None else None
 
     def thread_died(self):
         self.thread_failed.set()
@@ -204,8 +167,7 @@ class Source:
             return ("error", e)
 
     def close(self):
-        with _WATCH_LOCK:
-            if self._thread is not None and _WATCHED.get(self._thread) is self:
-                del _WATCHED[self._thread]
+        if self._thread is not None:
+            workarounds.unwatch_thread(self._thread, self.thread_died)
         self._done, self._first = True, None
         self.it = None  # Paddle's iterator shuts its workers down when released

@@ -1,27 +1,32 @@
-"""The plugin's workarounds of Paddle's distributed runtime, each with the versions it is for.
+"""The plugin's changes to the process around Paddle's distributed runtime, each with the
+versions it is for.
 
-Everything here changes Paddle's process-wide behaviour (listed by ``paddle_unpad.info()``)
-and is applied on first use, never at import:
+Everything here changes Paddle's or the interpreter's process-wide behaviour, is applied on
+first use, never at import, and reports itself to ``paddle_unpad.info()``
+(:func:`paddle_unpad._runtime.process_changes.record`, where each one is declared):
 
 * **per-group rendezvous stores** (Paddle 2.6 and 3.x, gloo): :func:`install_group_stores`
   wraps Paddle's process-group factory so that each gloo group meets through a TCP store of
   its own;
 * **TCP_NODELAY on store connections** (Paddle 2.6 and 3.x): :func:`quick_store_requests`;
-* **threads and exit order**: every background thread of the plugin registers here
-  (:func:`register_thread`). At interpreter exit they are all told to stop first, then
-  joined -- a thread blocked in a gloo collective with a stopped peer leaves it when gloo's
-  own timeout (``GLOO_OWN_TIMEOUT_S``) fails the call -- so that no thread of the plugin is
-  inside native code when the interpreter finalizes (a thread left there aborts the process:
-  "terminate called without an active exception"); then the rank records that it has left
-  (:func:`paddle_unpad.distributed.groups.mark_left`, so that its peers name it), and rank 0
-  leaves a clean job last (Paddle 3.x, whose TCP store runs on libuv):
-  :func:`paddle_unpad.distributed.groups.leave_in_order`, which issues every collective of
-  the plugin, these included; :func:`ensure_exit_handler` takes both.
+* **threads and exit order** (the ``atexit`` handler): every background thread of the plugin
+  registers here (:func:`register_thread`). At interpreter exit they are all told to stop
+  first, then joined -- a thread blocked in a gloo collective with a stopped peer leaves it
+  when gloo's own timeout (``GLOO_OWN_TIMEOUT_S``) fails the call -- so that no thread of the
+  plugin is inside native code when the interpreter finalizes (a thread left there aborts the
+  process: "terminate called without an active exception"); then the rank records that it has
+  left, and rank 0 leaves a clean job last: the steps :mod:`paddle_unpad.distributed.groups`
+  gives :func:`ensure_exit_handler` (``mark_left``, ``leave_in_order``: it issues every
+  collective of the plugin, these included);
+* **DataLoader threads that die** (Paddle 3.3.1's single-process DataLoader): the
+  ``threading.excepthook`` of :func:`catch_thread_deaths` wakes the reader a dead loader
+  thread would leave blocked (:func:`watch_thread`).
 
 Groups, collectives and agreement live in :mod:`paddle_unpad.distributed.groups`, which
-applies these when it makes the plugin's first group. Besides
+applies the first three when it makes the plugin's first group; the balanced loader's
+:class:`~paddle_unpad.distributed.source.Source` applies the last. Besides
 :mod:`paddle_unpad._runtime.paddle_compat`, this is the one module that may touch Paddle's
-internals (tests/test_paddle_compat.py walks the source to keep it so).
+internals (tests/test_paddle_internals.py walks the source to keep it so).
 """
 from __future__ import annotations
 
@@ -32,9 +37,11 @@ import os
 import socket
 import threading
 import time
+import weakref
 from typing import Callable, Dict, List, Optional
 
 from .._runtime import paddle_compat as _compat
+from .._runtime import process_changes
 from .. import config
 
 log = logging.getLogger("paddle_unpad.distributed")
@@ -84,6 +91,7 @@ def install_group_stores(enabled=None, before_first_group: Optional[Callable[[],
     impl = _compat.process_group_factory()
     if impl is None:  # a Paddle without this hook: leave it alone
         return False
+    process_changes.record("process-group factory", applied=_factory_wrapped, reason=_factory_rules)
     original = getattr(impl, "_paddle_unpad_original", impl)
     if not (enabled or quick):
         _compat.set_process_group_factory(original)
@@ -107,6 +115,15 @@ def install_group_stores(enabled=None, before_first_group: Optional[Callable[[],
     _compat.set_process_group_factory(new_process_group_impl)
     return enabled
 
+
+def _factory_wrapped() -> bool:
+    return getattr(_compat.process_group_factory(), "_paddle_unpad_rules", None) is not None
+
+
+def _factory_rules():
+    """What the wrapped factory in place does (``paddle_unpad.info()``); None: Paddle's own is."""
+    rules = getattr(_compat.process_group_factory(), "_paddle_unpad_rules", None)
+    return None if rules is None else f"group stores {rules[0]}, TCP_NODELAY {rules[1]}"
 
 
 _store_ports = set()  # ports of the TCP stores this process talks to besides the job's
@@ -159,12 +176,8 @@ def quick_store_requests() -> int:
             pass
         finally:
             s.detach()  # the descriptor stays Paddle's
+    process_changes.record("TCP_NODELAY", applied=bool(_nodelay_fds), connections=len(_nodelay_fds))
     return done
-
-
-def nodelay_connections() -> int:
-    """How many store connections were given TCP_NODELAY (``paddle_unpad.info()``)."""
-    return len(_nodelay_fds)
 
 
 def _group_store(job_store, rank, size, gid):
@@ -246,10 +259,6 @@ def stop_and_join(items, timeout: float) -> List[threading.Thread]:
     return alive
 
 
-def exit_handler_installed() -> bool:
-    return _exit["installed"]
-
-
 def ensure_exit_handler(on_leave: Optional[Callable[[], None]] = None,
                         leave_last: Optional[Callable[[], None]] = None):
     """Install the exit handler (idempotent): before the plugin's first group or thread. Each
@@ -269,6 +278,7 @@ def _ensure_exit_handler():
     if not _exit["installed"]:
         _exit["installed"] = True
         atexit.register(_at_exit)  # runs before atexit handlers registered earlier (Paddle's)
+        process_changes.record("atexit handler", applied=True)
 
 
 def _call_each(fns):
@@ -290,3 +300,60 @@ def _at_exit():
         return  # their group is in use: no exit ordering on it
     _call_each(_leave_last)
 
+
+# ----------------------------------------------------------------------------- DataLoader threads that die
+
+_hook_lock = threading.Lock()
+_watched: Dict[threading.Thread, Callable[[], None]] = {}  # DataLoader thread -> who to wake when it dies
+_thread_exc: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # thread -> what ended it
+_previous_hook = {"hook": None}  # threading.excepthook before the plugin's
+
+
+def _excepthook(args):
+    """``threading.excepthook`` once an exchange has iterated a loader.
+
+    Paddle's single-process DataLoader (3.3.1) runs the dataset and ``collate_fn`` on a
+    thread of its own; when they raise, that thread dies without waking the reader, and
+    ``next()`` on the loader blocks for ever (and a process left blocked there aborts at
+    exit).  This records the exception of every thread that dies of one, and wakes the
+    reader that watches the thread (:func:`watch_thread`), so the error reaches every rank instead."""
+    on_death = None
+    if args.thread is not None:
+        with _hook_lock:
+            _thread_exc[args.thread] = args.exc_value
+            on_death = _watched.pop(args.thread, None)
+    if on_death is not None:
+        on_death()
+    (_previous_hook["hook"] or threading.__excepthook__)(args)
+
+
+def catch_thread_deaths():
+    """Install :func:`_excepthook` (idempotent; it calls the hook it replaces): before a
+    DataLoader is first iterated, whose thread may fail at once."""
+    with _hook_lock:
+        if threading.excepthook is not _excepthook:
+            _previous_hook["hook"] = threading.excepthook
+            threading.excepthook = _excepthook
+    process_changes.record("threading.excepthook", applied=lambda: threading.excepthook is _excepthook)
+
+
+def watch_thread(thread: threading.Thread, on_death: Callable[[], None]):
+    """Call ``on_death()`` when ``thread`` dies of an exception (at once if it has already)."""
+    with _hook_lock:
+        died = thread in _thread_exc
+        if not died:
+            _watched[thread] = on_death
+    if died:
+        on_death()
+
+
+def unwatch_thread(thread: threading.Thread, on_death: Callable[[], None]):
+    """Stop watching ``thread`` for ``on_death`` (another watcher's call is left)."""
+    with _hook_lock:
+        if _watched.get(thread) == on_death:
+            del _watched[thread]
+
+
+def thread_exception(thread: threading.Thread):
+    """The exception ``thread`` died of; None while it has not."""
+    return _thread_exc.get(thread)
