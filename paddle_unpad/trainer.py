@@ -41,10 +41,6 @@ from .data.collate import DEFAULT_TOKEN_FIELDS, LABEL_ALIASES, normalize_batch, 
 __all__ = ["UnpadTrainer", "PadCollator", "LABEL_ALIASES", "rename_label_keys", "checkpoint_world_size",
            "check_resume_world_size"]
 
-# PaddleNLP's TrainingArguments make the job's process groups before a Trainer exists: give
-# each gloo group its own rendezvous store from here on (paddle_unpad.distributed.groups).
-_groups.install_group_stores(check=False)
-
 
 # PaddleNLP (2.8 and 3.0) saves a checkpoint's random states as rng_state_<ranks>.pth (every
 # rank's, in a job of several) or rng_state.pth (one process): the one record of the ranks
@@ -201,6 +197,10 @@ def _make_class():
             if kwargs.get("data_collator") is None:  # eval / predict batches (see module doc)
                 pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
                 kwargs["data_collator"] = PadCollator(pad_token_id=pad_id)
+            # the Trainer (and the balanced loader after it) may make gloo groups: each gets its
+            # own rendezvous store; the settings are compared at the first one, since a job
+            # that balances nothing may make none, and need not wait for the other ranks
+            _groups.install_group_stores(check=False)
             super().__init__(model, *args, **kwargs)
 
         def train(self, resume_from_checkpoint=None, *args, **kwargs):

@@ -56,6 +56,8 @@ with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
 from paddle_unpad.data import files
 out["wide_row"] = len(files.read_table(f.name)[0][1]["text"])
 out["after_csv"] = state()
+import paddle_unpad.trainer  # the Trainer's groups get their stores when an UnpadTrainer is built
+out["trainer_imported"], out["info_trainer"] = state(), pu.info()
 pu.fleet.DistributedStrategy()
 out["strategy"], out["info_strategy"] = state(), pu.info()
 print(json.dumps(out))
@@ -91,9 +93,14 @@ def test_import_changes_nothing_and_a_strategy_applies_the_group_and_malloc_chan
         "mallopt": False,
         "process-group factory": False, "atexit handler": False, "threading.excepthook": False,
         "TCP_NODELAY": False}
+    # importing the Trainer's module changes nothing either (what it imports may register atexit
+    # handlers of its own: datasets, pyarrow)
+    trainer = got["trainer_imported"]
+    assert (trainer["factory"], trainer["excepthook"], trainer["mmapped"]) == (before["factory"], before["excepthook"], True)
+    assert got["info_trainer"] == got["info_imported"]
     # the strategy starts a training job: the group fix and the malloc setting apply now
     assert strategy["factory"] != before["factory"] and not strategy["mmapped"]
-    assert (strategy["atexit"], strategy["excepthook"]) == (before["atexit"], before["excepthook"])
+    assert (strategy["atexit"], strategy["excepthook"]) == (trainer["atexit"], before["excepthook"])
     info = got["info_strategy"]
     assert info["process-group factory"]["applied"] and info["mallopt"]["applied"]
     assert info["mallopt"]["when"] == "first use: paddle_unpad.fleet.DistributedStrategy"

@@ -47,7 +47,7 @@ class Change:
         return out
 
 
-_FIRST_GROUP = "the plugin's first process group, pu.fleet.DistributedStrategy() or import paddle_unpad.trainer"
+_FIRST_GROUP = "the plugin's first process group, pu.fleet.DistributedStrategy() or an UnpadTrainer built"
 
 CHANGES: Dict[str, Change] = {c.name: c for c in (
     Change("MKL_DEBUG_CPU_TYPE", "_runtime.cpu_gemm.configure",

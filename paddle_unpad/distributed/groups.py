@@ -498,7 +498,8 @@ def install_group_stores(enabled=None, check=True):
     (:func:`check_settings_agree`): the ranks of a job that disagree on this one would meet
     through different keys and wait for each other for ever. ``check`` True compares them here
     (a training job starts: :func:`paddle_unpad.fleet.DistributedStrategy`); False leaves it to
-    the first gloo group after the default one (an import must not wait for the other ranks)."""
+    the first gloo group after the default one (``UnpadTrainer``: a job that balances nothing
+    may make none, and need not wait for the other ranks)."""
     if enabled is None and check:
         check_settings_agree()
     return workarounds.install_group_stores(enabled, before_first_group=check_settings_agree)
