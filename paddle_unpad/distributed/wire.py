@@ -53,7 +53,8 @@ class Header(NamedTuple):
         return words
 
 
-HEADER_FIELDS = Header._fields[:-1]  # one int64 word each, from word 0
+# one int64 word each, from word 0 (``Header``'s fields but the message, in their order)
+HEADER_FIELDS = tuple(name for name in Header.__annotations__ if name != "message")
 MSG_AT = 8  # the words between the fields and the message stay 0
 MSG_WORDS = 48
 MSG_BYTES = 8 * MSG_WORDS
