@@ -21,18 +21,18 @@ speeches (``paddle_unpad.data.corpora.pretraining_samples``, max length 512), th
 next-sentence prediction. The ways run in turn at every step (order rotated per step), so
 load changes on a shared machine hit them alike.
 
-A step: forward, loss, backward, then the gradient all-reduce, then AdamW. The all-reduce
-is ``paddle_unpad.fleet.GradientAllReduce`` (``--grad-sync overlap``, the default: buckets
-reduced while the backward runs, embedding tables by rows) or one flat all-reduce of all
-gradients after the backward (``--grad-sync serial``, what ``fleet.distributed_model`` sends
-without its overlap); before it, a 1-element all-reduce that returns when the slowest rank
-arrives measures the time this rank *waits at the all-reduce*. Reported per way: samples/s and real tokens/s of the whole job, step time per
-rank and its parts, the wait, the peak of live Paddle tensors during a step (Paddle's host
-allocator statistics; the ways share a process, so RSS cannot be split between them --
-``bench_encoder.py`` measures RSS per side in separate processes), and the model-FLOP
-utilisation: useful training FLOPs (real tokens only, 3x the forward count
-``layers * (24*T*h^2 + 4*h*sum(s_i^2))``) per second per rank over the fp32 matmul
-throughput each rank measures at the start (on GPU: over the chip's dense peak where known).
+A step: forward, loss, backward, then the gradient all-reduce, then AdamW. The all-reduce is
+``paddle_unpad.fleet.GradientAllReduce`` (``--grad-sync overlap``, the default: buckets reduced
+while the backward runs, embedding tables by rows) or one flat all-reduce of all gradients after
+the backward (``--grad-sync serial``, what ``fleet.distributed_model`` sends without its
+overlap); before it, a 1-element all-reduce that returns when the slowest rank arrives measures
+the time this rank *waits at the all-reduce*. Reported per way: samples/s and real tokens/s of
+the whole job, step time per rank and its parts, the wait, the peak of live Paddle tensors
+during a step (Paddle's host allocator statistics; the ways share a process, so RSS cannot be
+split between them -- ``bench_encoder.py`` measures RSS per side in separate processes), and the
+model-FLOP utilisation: useful training FLOPs (real tokens only, 3x the forward count
+``layers * (24*T*h^2 + 4*h*sum(s_i^2))``) per second per rank over the fp32 matmul throughput
+each rank measures at the start (on GPU: over the chip's dense peak where known).
 
 Then a profile of the ``unpadded_balanced`` way (Paddle's profiler over a few more steps on
 every rank): exclusive time per operator, grouped into GEMM, attention, fused element-wise,
@@ -40,7 +40,8 @@ other element-wise, pack/unpack & layout, embeddings, loss & head, optimizer, gr
 all-reduce, waiting at the all-reduce, waiting for the batch, and framework/Python overhead
 (step time not inside any operator).
 
-Writes ``benchmarks/results/e2e_<kind>.json`` (``intel``, ``amd``: one file per host kind); ``benchmarks/report.py`` renders it.
+Writes ``benchmarks/results/e2e_<kind>.json`` (``intel``, ``amd``: one file per host kind);
+``benchmarks/report.py`` renders it.
 
     python benchmarks/bench_e2e.py            # make bench size: 2 ranks x 1 thread, ~4 min
     python benchmarks/bench_e2e.py --quick    # smoke run: tiny model, max length 64, ~1 min
@@ -591,7 +592,8 @@ def worker(args):
 
 def _thread_page_faults():
     """Minor page faults of the calling thread so far (None where the OS does not count them per thread):
-    host memory the step touches for the first time since the kernel mapped it (see paddle_unpad._runtime.host_malloc)."""
+    host memory the step touches for the first time since the kernel mapped it
+    (see paddle_unpad._runtime.host_malloc)."""
     who = getattr(resource, "RUSAGE_THREAD", None)
     return None if who is None else resource.getrusage(who).ru_minflt
 

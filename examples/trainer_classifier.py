@@ -16,9 +16,10 @@ the stock Trainer with PaddleNLP's padding collator. The command line is PaddleN
 ``--output-dir`` receives the Trainer's checkpoints (``checkpoint-<step>/``, every
 ``--save-steps``), the final model and tokenizer (``save_model``: loads with unmodified
 PaddleNLP ``from_pretrained``), ``labels.json`` (class names by id), ``history.json`` (loss,
-tokens/s and learning rate per logged step) and ``loss.png``. ``--resume checkpoint-<step>`` (or ``last``) continues a run from a
-checkpoint, with the same number of ranks (another number is refused, naming both: the data order
-cannot be replayed; ``--ignore_data_skip`` continues without replaying it).
+tokens/s and learning rate per logged step) and ``loss.png``. ``--resume checkpoint-<step>``
+(or ``last``) continues a run from a checkpoint, with the same number of ranks (another number
+is refused, naming both: the data order cannot be replayed; ``--ignore_data_skip`` continues
+without replaying it).
 """
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import dataclasses

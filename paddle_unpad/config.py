@@ -52,6 +52,11 @@ class Variable(NamedTuple):
 
 # When the mallopt of HOST_MALLOC is made (paddle_unpad._runtime.host_malloc.ensure's callers; info() quotes it)
 MALLOPT_WHEN = "the first convert(), unpadded layer, op call or paddle_unpad DistributedStrategy"
+# Clauses of the meanings below, named to keep the table's lines short
+_MALLOPT_AT = f"mallopt at {MALLOPT_WHEN}, unless the user tuned malloc's mmap/trim settings"
+_GROUP_STORES_READ = "read when the plugin makes its first group or a paddle_unpad DistributedStrategy is built"
+_GROUP_STORES_OFF = "off: Paddle's groups share the job's store and can read each other's addresses; must be equal on every rank: compared across ranks there"
+_NODELAY_OFF = "off: each request can wait ~40 ms for a delayed ACK"
 
 VARIABLES = tuple(Variable(*v) for v in (
     # run time: which operator library, and where
@@ -70,14 +75,14 @@ VARIABLES = tuple(Variable(*v) for v in (
     ("MKL_DISPATCH", "choice", "auto",
      "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels (MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
     ("HOST_MALLOC", "choice", "retain",
-     f"retain: on Linux with glibc, keep freed host memory for reuse instead of returning it to the kernel and faulting it in again every step (mallopt at {MALLOPT_WHEN}, unless the user tuned malloc's mmap/trim settings); off: glibc's defaults",
+     f"retain: on Linux with glibc, keep freed host memory for reuse instead of returning it to the kernel and faulting it in again every step ({_MALLOPT_AT}); off: glibc's defaults",
      ("retain", "off")),
     # run time: distributed
     ("GLOO_GROUP_STORES", "flag", True,
-     "give every gloo process group after the default one a rendezvous store of its own (read when the plugin makes its first group or a paddle_unpad DistributedStrategy is built; off: Paddle's groups share the job's store and can read each other's addresses; must be equal on every rank: compared across ranks there)",
+     f"give every gloo process group after the default one a rendezvous store of its own ({_GROUP_STORES_READ}; {_GROUP_STORES_OFF})",
      (), "run", (0, None), True),
     ("STORE_NODELAY", "flag", True,
-     "send this process's requests to Paddle's TCP stores without Nagle's delay (TCP_NODELAY on its connections to the job's and the groups' stores; off: each request can wait ~40 ms for a delayed ACK)"),
+     f"send this process's requests to Paddle's TCP stores without Nagle's delay (TCP_NODELAY on its connections to the job's and the groups' stores; {_NODELAY_OFF})"),
     # build time
     ("SKIP_CUDA", "flag", False, "never compile the CUDA sources", (), "build"),
     ("REQUIRE_CUDA", "flag", False, "fail the build unless the CUDA kernels are compiled (make setup PADDLE=gpu)",

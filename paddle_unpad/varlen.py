@@ -275,6 +275,9 @@ def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who=".ops.fmha", tok
     return longest
 
 
+_FIRST_TOKEN = "needs at least the first ([CLS]) token of every sequence; drop empty sequences from the batch (per-token outputs accept them)"
+
+
 def check_no_empty_sequences(cu_seqlens, reader, *, who=""):
     """Refuse ``cu_seqlens`` holding an empty sequence where ``reader`` takes one row per
     sequence (its first token: a pooler, a sequence-level head).
@@ -298,7 +301,7 @@ def check_no_empty_sequences(cu_seqlens, reader, *, who=""):
     empty = np.flatnonzero(cu[1:] == cu[:-1])
     if empty.size:
         b = int(empty[0])
-        raise ValueError(f"paddle_unpad{who}: sequence {b} of {cu.size - 1} is empty (cu_seqlens[{b}] == cu_seqlens[{b + 1}] == {int(cu[b])}): {reader} needs at least the first ([CLS]) token of every sequence; drop empty sequences from the batch (per-token outputs accept them)")
+        raise ValueError(f"paddle_unpad{who}: sequence {b} of {cu.size - 1} is empty (cu_seqlens[{b}] == cu_seqlens[{b + 1}] == {int(cu[b])}): {reader} {_FIRST_TOKEN}")
 
 
 def _lengths_array(lengths, fn):

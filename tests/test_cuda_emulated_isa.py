@@ -6,7 +6,8 @@ c = lane % 4; a b32 register holds two 16-bit elements, the lower index in the l
 
 Also: the execution model's own checks (a barrier nobody can pass, a shared-memory access
 out of bounds or misaligned, a tensor-core instruction with a lane missing, a cp.async and
-another warp's ldmatrix of the same bytes with no __syncthreads between them) fail the launch with a reason instead of hanging or passing.
+another warp's ldmatrix of the same bytes with no __syncthreads between them) fail the
+launch with a reason instead of hanging or passing.
 Locally skipped when the emulation cannot be built (no g++ / CUDA headers); fails under CI.
 """
 import ctypes

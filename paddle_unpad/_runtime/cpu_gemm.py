@@ -94,8 +94,9 @@ def _configure():
         return
     if mkl_library() is not None:
         _state.update(action="too late", value=value, why="MKL had already run a GEMM before paddle_unpad was imported")
+        advice = f"import paddle_unpad first, or start Python with {ENV}={value}, for its {KERNELS[value]} kernels (2-3x faster fp32 GEMMs)"
         warnings.warn(
-            f"paddle_unpad: Paddle's MKL already chose its generic GEMM kernels on this {vendor} CPU (a matmul ran before `import paddle_unpad`); import paddle_unpad first, or start Python with {ENV}={value}, for its {KERNELS[value]} kernels (2-3x faster fp32 GEMMs)",
+            f"paddle_unpad: Paddle's MKL already chose its generic GEMM kernels on this {vendor} CPU (a matmul ran before `import paddle_unpad`); {advice}",
             RuntimeWarning,
             stacklevel=3,
         )

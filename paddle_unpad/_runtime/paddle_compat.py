@@ -63,6 +63,7 @@ def protobuf_problem(paddle_version=None, protobuf_version=None):
 
 
 _checked_paddlenlp = []
+_PADDLENLP_INSTALL = "pip install \"paddlenlp>=2.8.1,<3.1\", or paddle_unpad's extra: pip install --no-build-isolation \".[paddlenlp]\" in its checkout"
 
 
 def require_paddlenlp():
@@ -72,7 +73,7 @@ def require_paddlenlp():
     try:
         import paddlenlp.transformers  # noqa: F401
     except ImportError as e:
-        raise ImportError(f"paddle_unpad: convert, the model families and UnpadTrainer need PaddleNLP 2.8.1 or 3.0 (pip install \"paddlenlp>=2.8.1,<3.1\", or paddle_unpad's extra: pip install --no-build-isolation \".[paddlenlp]\" in its checkout), and importing paddlenlp.transformers failed: {e}") from None
+        raise ImportError(f"paddle_unpad: convert, the model families and UnpadTrainer need PaddleNLP 2.8.1 or 3.0 ({_PADDLENLP_INSTALL}), and importing paddlenlp.transformers failed: {e}") from None
     check_paddlenlp_version()
 
 
@@ -128,8 +129,9 @@ def refuse_empty(op, name, t):
         return
     shape = list(t.shape)
     if any(d == 0 for d in shape):
+        version = paddle.__version__
         raise ValueError(
-            f"paddle_unpad.{op}: {name} has no elements (shape {shape}); Paddle {paddle.__version__} cannot compute on empty tensors (its own add and matmul fail on them): skip empty batches, or use Paddle 3.x"
+            f"paddle_unpad.{op}: {name} has no elements (shape {shape}); Paddle {version} cannot compute on empty tensors (its own add and matmul fail on them): skip empty batches, or use Paddle 3.x"
         )
 
 

@@ -63,6 +63,10 @@ BATCH_BOOKKEEPING_KEYS = ("seqlens_host", "sample_ids", "num_samples", "global_n
 MLM_LABEL_FIELDS = ("masked_lm_labels", "mlm_labels")
 #: fields that are token indices: packed as int64, so they must hold integers
 _INTEGER_FIELDS = ("input_ids", "token_type_ids", "position_ids") + MLM_LABEL_FIELDS
+_SAME_LAYOUT = "every sample of a batch needs the same dtype, number of dimensions and trailing shape per field"
+_NEEDS_LISTS = "the balanced loader (distributed_loader) needs lists of samples"
+_LIST_COLLATE = "build the DataLoader with collate_fn=pu.data.sample_list_collate"
+_NOT_A_TENSOR = "which a paddle tensor cannot hold; drop it from the samples, or pack with return_tensors='np'"
 
 
 class SampleError(ValueError):
@@ -183,7 +187,7 @@ def _check_same_layout(samples, lengths, sids, rank, token_fields):
                 raise SampleError(f"paddle_unpad.data: {where} has a field {name!r} that {first} of the same batch lacks: every sample of a batch needs the same fields")
             got = _layout(name, arr, token_fields)
             if got != ref[name]:
-                raise SampleError(f"paddle_unpad.data: {where}: field {name!r} is {_describe(got)}, but in {first} of the same batch it is {_describe(ref[name])}; every sample of a batch needs the same dtype, number of dimensions and trailing shape per field")
+                raise SampleError(f"paddle_unpad.data: {where}: field {name!r} is {_describe(got)}, but in {first} of the same batch it is {_describe(ref[name])}; {_SAME_LAYOUT}")
 
 
 def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
@@ -197,7 +201,7 @@ def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[
     if isinstance(batch, Mapping):
         batch = _split_padded(batch, token_fields)
     if not isinstance(batch, (list, tuple)):
-        raise TypeError(f"paddle_unpad.data: a batch must be a list of sample dicts (use collate_fn=paddle_unpad.data.sample_list_collate) or a dict of padded arrays with an attention_mask; got {type(batch).__name__}")
+        raise TypeError(f"paddle_unpad.data: a batch must be a list of sample dicts (use collate_fn=pu.data.sample_list_collate) or a dict of padded arrays with an attention_mask; got {type(batch).__name__}")
     samples, lengths, ids = [], [], []
     for k, smp in enumerate(batch):
         if not isinstance(smp, Mapping):
@@ -240,8 +244,8 @@ def _split_padded(batch, token_fields):
     if "attention_mask" not in batch or "input_ids" not in batch:
         keys = sorted(map(str, batch))
         if "cu_seqlens" in batch or "cu_seqlens_host" in batch:  # a PackingCollator as the DataLoader's collate_fn
-            raise TypeError(f"paddle_unpad.data: the batch is already packed (keys {keys}); the balanced loader (distributed_loader) needs lists of samples, and packs after balancing: build the DataLoader with collate_fn=pu.data.sample_list_collate")
-        raise TypeError(f"paddle_unpad.data: a batch must be a list of sample dicts -- the balanced loader (distributed_loader) needs lists of samples: build the DataLoader with collate_fn=pu.data.sample_list_collate -- or a dict of padded 'input_ids' [B, S] with 'attention_mask' [B, S]; got a dict with keys {keys}")
+            raise TypeError(f"paddle_unpad.data: the batch is already packed (keys {keys}); {_NEEDS_LISTS}, and packs after balancing: {_LIST_COLLATE}")
+        raise TypeError(f"paddle_unpad.data: a batch must be a list of sample dicts -- {_NEEDS_LISTS}: {_LIST_COLLATE} -- or a dict of padded 'input_ids' and 'attention_mask' [B, S]; got a dict with keys {keys}")
     arrs = {k: _to_numpy(v) for k, v in batch.items()}
     B = arrs["input_ids"].shape[0]
     out = []
@@ -375,4 +379,4 @@ def _check_tensor_dtypes(samples, ids, rank):
         for name, arr in smp.items():
             if arr.dtype.kind in "USOV":
                 what = "text" if arr.dtype.kind in "US" else "Python objects"
-                raise SampleError(f"paddle_unpad.data: sample {k} (id {int(ids[k])}) on rank {rank}: field {name!r} holds {what} (dtype {arr.dtype}), which a paddle tensor cannot hold; drop it from the samples, or pack with return_tensors='np'")
+                raise SampleError(f"paddle_unpad.data: sample {k} (id {int(ids[k])}) on rank {rank}: field {name!r} holds {what} (dtype {arr.dtype}), {_NOT_A_TENSOR}")

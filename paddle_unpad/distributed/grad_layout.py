@@ -28,11 +28,12 @@ def agree(mine, ranks, timeout):
     values, missing = groups.agree("gradient-all-reduce", json.dumps(mine, sort_keys=True), timeout, ranks)
     me = ranks.index(groups.job()[0])
     if missing:
+        absent, waited = [ranks[i] for i in missing], max(timeout, groups.AGREE_MIN_S)
         raise GradientSyncError(
-            f"paddle_unpad.distributed.GradientAllReduce: rank(s) {[ranks[i] for i in missing]} did not build their GradientAllReduce within {max(timeout, groups.AGREE_MIN_S):g} s (this is rank {ranks[me]}): build it at the same point on every rank")
+            f"paddle_unpad.distributed.GradientAllReduce: rank(s) {absent} did not build the all-reduce within {waited:g} s (this is rank {ranks[me]}): build it at the same point on every rank")
     if values is not None:
-        got = [json.loads(v) for v in values]
-        raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: the ranks' models or options differ -- {_first_difference(got, ranks)}; every rank must reduce the same parameters with the same options (this is rank {ranks[me]})")
+        first = _first_difference([json.loads(v) for v in values], ranks)
+        raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: the ranks' models or options differ -- {first}; every rank must reduce the same parameters with the same options (this is rank {ranks[me]})")
 
 
 def _first_difference(layouts, ranks) -> str:

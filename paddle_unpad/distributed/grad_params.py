@@ -18,6 +18,8 @@ from .._runtime import paddle_compat as compat
 from .errors import GradientSyncError
 
 _OWNERS: Dict[int, "weakref.ref"] = {}  # id(parameter) -> the live all-reduce that reduces it
+_SPARSE_GRADIENT = "its gradient is a SelectedRows, which the all-reduce cannot reduce: build it with sparse=False (on CPU jobs the table is reduced by the rows the step used anyway)"
+_TWO_OWNERS = "two would reduce every gradient twice, and their hooks and threads would interleave"
 
 
 def trainable(model, is_layer):
@@ -28,7 +30,7 @@ def trainable(model, is_layer):
         if not isinstance(p, paddle.Tensor):
             raise TypeError(f"paddle_unpad.distributed.GradientAllReduce: model must be a paddle.nn.Layer or a list of parameters, item {i} is a {type(p).__name__}")
         if id(p) in seen:
-            raise ValueError(f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is listed twice (items {seen[id(p)]} and {i}); each would be reduced twice and the ranks' collectives would not match")
+            raise ValueError(f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is listed twice (items {seen[id(p)]} and {i}); it would be reduced twice and the ranks' collectives would not match")
         seen[id(p)] = i
     params = [p for p in params if not p.stop_gradient]
     if not params:
@@ -41,8 +43,9 @@ def refuse_sparse_tables(model):
     for name, layer in model.named_sublayers(include_self=True):
         if isinstance(layer, paddle.nn.Embedding) and compat.embedding_is_sparse(layer) \
                 and not layer.weight.stop_gradient:
+            where = name or "model"
             raise ValueError(
-                f"paddle_unpad.distributed.GradientAllReduce: model has a sparse embedding (layer {name or 'model'!r}, nn.Embedding(sparse=True), weight {layer.weight.name!r}); its gradient is a SelectedRows, which the all-reduce cannot reduce: build it with sparse=False (on CPU jobs the table is reduced by the rows the step used anyway)")
+                f"paddle_unpad.distributed.GradientAllReduce: model has a sparse embedding (layer {where!r}, nn.Embedding(sparse=True), weight {layer.weight.name!r}); {_SPARSE_GRADIENT}")
 
 
 def claim(params, owner):
@@ -53,7 +56,7 @@ def claim(params, owner):
         other = ref() if ref is not None else None
         if other is not None and other is not owner and not other._closed:
             raise GradientSyncError(
-                f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is already reduced by a live GradientAllReduce ({other!r}); close() that one first (two would reduce every gradient twice, and their hooks and threads would interleave)")
+                f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is already reduced by a live GradientAllReduce ({other!r}); close() that one first ({_TWO_OWNERS})")
     me = weakref.ref(owner)
     for p in params:
         _OWNERS[id(p)] = me

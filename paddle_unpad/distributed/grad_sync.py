@@ -42,22 +42,22 @@ What it does, compared with reducing one flat copy of every gradient after the b
     issues the same NCCL operations in the same order from one thread (NCCL's rule; the
     sample exchange uses gloo and no NCCL at all) -- and ``wait()`` waits for them.
 
-**Agreement.** At construction the ranks compare their layouts (parameter count, shapes,
-dtypes, bucket plan, options) through the job's store, within ``timeout``: models that differ
-are a :class:`GradientSyncError` on every rank, never a collective of mismatched sizes (which
-aborts inside gloo); a process launched as one of several ranks that builds it before
-``fleet.init`` is a :class:`GradientSyncError` too (it would see one rank). Each step's
-reduction ends with a small trailer that every rank all-gathers: the step -- ``wait(step=)``,
-the global step of the batch (``batch["step"]`` from a balanced loader), else the count of
-reductions, which cannot tell a rank that skipped a batch -- and what went wrong on that rank in the pass (a second backward, a parameter
-frozen or unfrozen since construction, a trainable parameter of the model that was not one of its
-parameters at construction or changed shape, a sparse gradient, the rank leaving). Any of these on
-any rank is the same named error on every rank at that ``wait()``: a rank that skipped a step,
-or accumulated, never steps with gradients paired with another step's or another rank's
-unreduced ones. A rank that leaves with a pass open (an exception between the backward and
-``wait()``, or :meth:`~GradientAllReduce.close`) still issues that pass's collectives, with
-its closing mark, so that the peers' ``wait()`` names it at once instead of waiting for
-gloo's own timeout. One all-reduce per parameter at a time: a second one on the same
+**Agreement.** At construction the ranks compare their layouts (parameter count, shapes, dtypes,
+bucket plan, options) through the job's store, within ``timeout``: models that differ are a
+:class:`GradientSyncError` on every rank, never a collective of mismatched sizes (which aborts
+inside gloo); a process launched as one of several ranks that builds it before ``fleet.init`` is
+a :class:`GradientSyncError` too (it would see one rank). Each step's reduction ends with a
+small trailer that every rank all-gathers: the step -- ``wait(step=)``, the global step of the
+batch (``batch["step"]`` from a balanced loader), else the count of reductions, which cannot
+tell a rank that skipped a batch -- and what went wrong on that rank in the pass (a second
+backward, a parameter frozen or unfrozen since construction, a trainable parameter of the model
+that was not one of its parameters at construction or changed shape, a sparse gradient, the rank
+leaving). Any of these on any rank is the same named error on every rank at that ``wait()``: a
+rank that skipped a step, or accumulated, never steps with gradients paired with another step's
+or another rank's unreduced ones. A rank that leaves with a pass open (an exception between the
+backward and ``wait()``, or :meth:`~GradientAllReduce.close`) still issues that pass's
+collectives, with its closing mark, so that the peers' ``wait()`` names it at once instead of
+waiting for gloo's own timeout. One all-reduce per parameter at a time: a second one on the same
 parameters raises until the first is closed.
 
 A collective that fails because a peer has left the job (its process ended: each rank records

@@ -22,6 +22,11 @@ _TRAILER_WORDS = 6  # step, closing, second gradient, frozen/unfrozen, sparse, n
 _TEXT_WORDS = 16  # then the new or resized parameter, described in up to 128 bytes
 TRAILER = "the step trailer all-gather"
 _NEW_PARAMETER = "is not one of the parameters it was built with (a layer replaced or added, a weight re-assigned, an embedding resized)"
+_CLOSED_EARLY = "an exception or exit between backward() and wait(), or close() before wait()"
+_ACCUMULATION = "gradient accumulation needs GradientAllReduce(overlap=False), with wait() after the last backward only -- with overlap a bucket is reduced as soon as the first backward completes it"
+_NOT_REDUCED = "its gradient would not be reduced like the others (the all-reduce keeps the parameters it saw at construction)"
+_REBUILD = "close() the all-reduce and build a new GradientAllReduce on every rank"
+_STOP_GRADIENT_CHANGED = "its gradient would not be averaged like the others: after changing stop_gradient, close() the all-reduce and build a new GradientAllReduce"
 
 
 def _words(text: str) -> np.ndarray:
@@ -87,7 +92,8 @@ def _problem(rows, ranks, params, known) -> Optional[str]:
     """The first thing wrong with the pass, in words, from every rank's trailer (None: nothing)."""
     closing = [ranks[i] for i, r in enumerate(rows) if r[1]]
     if closing:
-        return (f"rank(s) {closing} closed the all-reduce with the reduction of step {int(rows[0][0])} open (an exception or exit between backward() and wait(), or close() before wait()); this step's gradients are not reduced on any rank")
+        step = int(rows[0][0])
+        return f"rank(s) {closing} closed the all-reduce with the reduction of step {step} open ({_CLOSED_EARLY}); this step's gradients are not reduced on any rank"
     if np.any(rows[:, 0] != rows[0, 0]):
         steps = ", ".join(f"rank {ranks[i]} step {int(r[0])}" for i, r in enumerate(rows))
         return f"the ranks are reducing the gradients of different steps ({steps}): a rank skipped a step's backward or wait(), or ran an extra one; every rank must reduce every step"
@@ -99,19 +105,21 @@ def _flagged(rows, ranks, params, known) -> Optional[str]:
     the trainable set (the parameter named from this rank's own list)."""
     for i, r in enumerate(rows):
         if r[4]:
-            return (f"parameter {_name(params, int(r[4]) - 1)} has a sparse (SelectedRows) gradient on rank {ranks[i]} (nn.Embedding(sparse=True)); the all-reduce reduces dense gradients only: build the embedding with sparse=False")
+            name = _name(params, int(r[4]) - 1)
+            return f"parameter {name} has a sparse (SelectedRows) gradient on rank {ranks[i]} (nn.Embedding(sparse=True)); only dense gradients are all-reduced: build the embedding with sparse=False"
     for i, r in enumerate(rows):
         if r[2]:
-            return (f"parameter {_name(params, int(r[2]) - 1)} got a second gradient before wait() on rank {ranks[i]} (two backward passes in one step): gradient accumulation needs GradientAllReduce(overlap=False), with wait() after the last backward only -- with overlap a bucket is reduced as soon as the first backward completes it")
+            name = _name(params, int(r[2]) - 1)
+            return f"parameter {name} got a second gradient before wait() on rank {ranks[i]} (two backward passes in one step): {_ACCUMULATION}"
     for i, r in enumerate(rows):
         if r[5]:
             what = _text(r[_TRAILER_WORDS:])
             how = _NEW_PARAMETER if r[5] == 1 else "changed shape since it was built"
-            return (f"a trainable parameter of the model on rank {ranks[i]}, {what}, {how}: its gradient would not be reduced like the others (the all-reduce keeps the parameters it saw at construction); after changing the model's layers, close() the all-reduce and build a new GradientAllReduce on every rank")
+            return f"a trainable parameter of the model on rank {ranks[i]}, {what}, {how}: {_NOT_REDUCED}; after changing the model's layers, {_REBUILD}"
     for i, r in enumerate(rows):
         if r[3]:
             k = abs(int(r[3])) - 1
             now = "trainable now (stop_gradient=False)" if r[3] > 0 else "frozen now (stop_gradient=True)"
             was = "frozen" if r[3] > 0 else "trainable"
-            return (f"parameter {_name(known, k)} is {now} on rank {ranks[i]} but was {was} when this GradientAllReduce was built, so its gradient would not be averaged like the others: after changing stop_gradient, close() the all-reduce and build a new GradientAllReduce")
+            return f"parameter {_name(known, k)} is {now} on rank {ranks[i]} but was {was} when this GradientAllReduce was built, so {_STOP_GRADIENT_CHANGED}"
     return None

@@ -273,6 +273,11 @@ def _classify_mask(mask_np, ndim):
     return keep
 
 
+# clauses of the mask refusals below: what a left-padded row does to the pooler, why 4-D masks cannot run static
+_LEFT_PADDED_POOLER = "the pooler of the original model reads position 0 (a padding token there) while the unpadded model reads the first real token"
+_STATIC_4D_MASK = "a 4-D additive mask cannot be checked to be a padding mask in a static graph"
+
+
 def pack_from_mask(ref, input_ids, attention_mask, pad_token_id, needs_cls, max_positions, who="model"):
     """Packing for padded inputs ``[B, S]``. One host read of the mask (or of the pad positions)."""
     place = _place_of(ref)
@@ -308,7 +313,7 @@ def pack_from_mask(ref, input_ids, attention_mask, pad_token_id, needs_cls, max_
         raise UnsupportedInput(f"paddle_unpad: attention_mask row {b} keeps no token (an empty sequence); the original model would still produce outputs for it")
     if B and not keep[:, 0].all():
         b = int(np.flatnonzero(~keep[:, 0])[0])
-        msg = (f"paddle_unpad: attention_mask row {b} masks its first position (left padding?); the pooler of the original model reads position 0 (a padding token there) while the unpadded model reads the first real token. Pad on the right (tokenizer padding_side='right') or pass packed inputs.")
+        msg = (f"paddle_unpad: attention_mask row {b} masks its first position (left padding?); {_LEFT_PADDED_POOLER}. Pad on the right (tokenizer padding_side='right') or pass packed inputs.")
         if needs_cls:
             raise UnsupportedInput(msg)
         warn_once(("left-padding", who), f"{msg} pooler_output differs from the original for such rows.", UserWarning, stacklevel=3)
@@ -339,7 +344,7 @@ def _pack_from_mask_static(ref, input_ids, attention_mask, pad_token_id, max_pos
         keep = attention_mask.astype("bool") if attention_mask.dtype != paddle.bool else attention_mask
     else:
         raise UnsupportedInput(
-            "paddle_unpad: inside paddle.jit.to_static only a [B, S] attention_mask (1 = keep), none, or packed inputs (cu_seqlens) are accepted: a 4-D additive mask cannot be checked to be a padding mask there")
+            f"paddle_unpad: inside paddle.jit.to_static only a [B, S] attention_mask (1 = keep), none, or packed inputs (cu_seqlens) are accepted: {_STATIC_4D_MASK}")
     keep_i32 = keep.astype("int32")  # Paddle 2.6's static flatten refuses bool
     indices = paddle.nonzero(keep_i32.flatten()).flatten()
     seqlens = keep_i32.sum(axis=1)
@@ -521,6 +526,8 @@ def token_cross_entropy(logits_t, labels_t, num_classes, stock_rows, mode="mean"
 
 # set on a converted model once its per-token loss scaling has been compared with the original's
 _SCALING_CHECKED = "_paddle_unpad_loss_scaling_checked"
+# the close of the per-token loss warning: the factor varies, and the option that removes it
+_STOCK_SCALING = "the factor changes from batch to batch. convert(model, token_loss='stock') reproduces the original scaling."
 
 
 def _compare_scaling_once(model, labelled, stock_rows):
@@ -532,8 +539,9 @@ def _compare_scaling_once(model, labelled, stock_rows):
         return
     who = type(model).__name__
     ratio = f"{stock_rows / n:.3g}x"
+    divisor = f"PaddleNLP's original model divides the same sum by batch x padded length ({stock_rows}, padding and unlabelled tokens included)"
     warnings.warn(
-        f"paddle_unpad: the per-token loss of {who} is the mean over its labelled tokens ({n} in this batch); PaddleNLP's original model divides the same sum by batch x padded length ({stock_rows}, padding and unlabelled tokens included), so this loss is {ratio} the original's here, and the factor changes from batch to batch. convert(model, token_loss='stock') reproduces the original scaling.",
+        f"paddle_unpad: the per-token loss of {who} is the mean over its labelled tokens ({n} in this batch); {divisor}, so this loss is {ratio} the original's here, and {_STOCK_SCALING}",
         UserWarning, stacklevel=5)
 
 

@@ -33,6 +33,7 @@ __all__ = ["TOKEN_ARGS", "OUTPUT_FLAGS", "forward_args", "render", "check_signat
 
 GENERATED_PATH = Path(__file__).with_name("forwards_generated.py")
 _WIDTH = 118
+_REGENERATE = "update the table and regenerate (python -m paddle_unpad.models.forwards --write)"
 
 
 def check_signature(original, params, required):
@@ -41,7 +42,7 @@ def check_signature(original, params, required):
     got = [(p.name, p.default) for p in inspect.signature(original.forward).parameters.values()][1:]
     want = [(p, inspect.Parameter.empty if p in required else None) for p in params]
     if got != want:
-        raise ValueError(f"paddle_unpad: {original.__name__}.forward of the installed PaddleNLP takes {got}, the converted forward's table lists {want}; update the table and regenerate (python -m paddle_unpad.models.forwards --write)")
+        raise ValueError(f"paddle_unpad: {original.__name__}.forward of the installed PaddleNLP takes {got}, the converted forward's table lists {want}; {_REGENERATE}")
 
 
 def _families():

@@ -110,8 +110,11 @@ def like_x(bias, x):
     return bias if bias.dtype == x.dtype else bias.astype(x.dtype)
 
 
+_MIXED_DTYPES = "mixed dtypes are lined up among float16, bfloat16 and float32, as AMP makes them; float64 only with every tensor float64"
+
+
 def check_mixable(op, name, t, x, x_name="x"):
     """AMP mixes float16 / bfloat16 / float32; a float64 next to another dtype is a mistake
     (casting it would silently drop precision), refused here naming both."""
     if t is not None and t.dtype != x.dtype and paddle.float64 in (t.dtype, x.dtype):
-        raise TypeError(f"paddle_unpad.{op}: {name} dtype {dtype_name(t)} differs from {x_name} dtype {dtype_name(x)} (mixed dtypes are lined up among float16, bfloat16 and float32, as AMP makes them; float64 only with every tensor float64)")
+        raise TypeError(f"paddle_unpad.{op}: {name} dtype {dtype_name(t)} differs from {x_name} dtype {dtype_name(x)} ({_MIXED_DTYPES})")

@@ -166,8 +166,9 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
         )
         return out
     if not paddle.in_dynamic_mode():
+        why = "" if refusal is None else f", and {refusal}"
         raise RuntimeError(
-            f"paddle_unpad.{_FMHA}: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle attention reads cu_seqlens on the host){'' if refusal is None else ', and ' + refusal}; see paddle_unpad._runtime.native.info()"
+            f"paddle_unpad.{_FMHA}: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle attention reads cu_seqlens on the host){why}; see paddle_unpad._runtime.native.info()"
         )
     if on_cpu:
         rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 else None
