@@ -60,6 +60,10 @@ def checkpoint_world_size(folder):
     return max(found)[1] if found else None
 
 
+_NO_REPLAY = "its data order cannot be replayed on another number of ranks (each global step takes per_device_train_batch_size x ranks samples, so the steps skipped would not be the steps trained)"
+_SKIP_REPLAY = "pass ignore_data_skip=True to continue without replaying the data order"
+
+
 def check_resume_world_size(folder, world, where="trainer.UnpadTrainer.train", timeout=None):
     """Refuse, on every rank, to resume the Trainer checkpoint ``folder`` on ``world`` ranks when
     it was saved by another number: PaddleNLP's Trainer skips the global steps the checkpoint
@@ -71,13 +75,15 @@ def check_resume_world_size(folder, world, where="trainer.UnpadTrainer.train", t
     if world > 1:
         from .distributed import groups as _dist_groups
 
-        values, missing = _dist_groups.agree("trainer-resume", json.dumps(saved), timeout or 300.0)
+        limit = timeout or 300.0
+        values, missing = _dist_groups.agree("trainer-resume", json.dumps(saved), limit)
         if missing:
-            raise RuntimeError(f"paddle_unpad.{where}: rank(s) {missing} did not start train(resume_from_checkpoint={folder!r}) within {max(timeout or 300.0, _dist_groups.AGREE_MIN_S):g} s: every rank must resume from the same checkpoint at the same point")
+            waited = max(limit, _dist_groups.AGREE_MIN_S)
+            raise RuntimeError(f"paddle_unpad.{where}: rank(s) {missing} did not start train(resume_from_checkpoint={folder!r}) within {waited:g} s: every rank must resume from the same checkpoint at the same point")
         seen = {json.loads(v) for v in values or []} - {None}
         saved = max(seen) if seen else saved
     if saved is not None and saved != world:
-        raise ValueError(f"paddle_unpad.{where}: the checkpoint {folder!r} was saved by {saved} rank(s), this run has {world}: its data order cannot be replayed on another number of ranks (each global step takes per_device_train_batch_size x ranks samples, so the steps skipped would not be the steps trained): resume on {saved} rank(s), or pass ignore_data_skip=True to continue without replaying the data order")
+        raise ValueError(f"paddle_unpad.{where}: the checkpoint {folder!r} was saved by {saved} rank(s), this run has {world}: {_NO_REPLAY}: resume on {saved} rank(s), or {_SKIP_REPLAY}")
 
 
 def train_collate(batch):
@@ -229,6 +235,9 @@ def _make_class():
             return _BalancedTrainLoader(balanced, loader)
 
     return UnpadTrainer
+
+
+UnpadTrainer: type  # declared for __all__, not bound: __getattr__ makes the class at its first use
 
 
 def __getattr__(name):  # paddlenlp is imported only when the Trainer is asked for

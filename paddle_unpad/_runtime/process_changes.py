@@ -48,6 +48,7 @@ class Change:
 
 
 _FIRST_GROUP = "the plugin's first process group, pu.fleet.DistributedStrategy() or an UnpadTrainer built"
+_OWN_STORES = "each gloo group gets a rendezvous store of its own (Paddle's groups overwrite each other's keys in the job's store)"
 
 CHANGES: Dict[str, Change] = {c.name: c for c in (
     Change("MKL_DEBUG_CPU_TYPE", "_runtime.cpu_gemm.configure",
@@ -65,7 +66,7 @@ CHANGES: Dict[str, Change] = {c.name: c for c in (
            f"freed host memory is kept for the next step instead of being faulted in again (off: {config.variable('HOST_MALLOC').env}=off)",
            reason="no feature that needs it has run"),
     Change("process-group factory", "distributed.workarounds.install_group_stores", _FIRST_GROUP,
-           "paddle.distributed's process-group factory wrapped: each gloo group gets a rendezvous store of its own (Paddle's groups overwrite each other's keys in the job's store), and store connections get TCP_NODELAY"),
+           f"paddle.distributed's process-group factory wrapped: {_OWN_STORES}, and store connections get TCP_NODELAY"),
     Change("atexit handler", "distributed.workarounds.ensure_exit_handler",
            "the plugin's first process group, background thread or wrapped host group",
            "at exit the plugin's background threads are stopped and joined before the interpreter finalizes, and rank 0 leaves a clean job last"),

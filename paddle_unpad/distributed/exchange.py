@@ -45,12 +45,15 @@ END_ITEM = object()
 POLL_S = 0.05  # how often blocked waits look at the stop flag / feed the exchange thread
 
 
+_PEER_GONE = "a peer died, was stopped, or did not reach this step within the communication backend's own timeout"
+
+
 def comm_error(rank, what, exc) -> ExchangeError:
     text = f"{type(exc).__name__}: {exc}".strip()
     m = re.search(r"pair_rank = (\d+)", text)
     peer = f" with rank {m.group(1)}" if m else ""
     return ExchangeError(
-        f"paddle_unpad.distributed: exchange on rank {rank}: {what} failed{peer} -- a peer died, was stopped, or did not reach this step within the communication backend's own timeout ({text.splitlines()[0][:300]})")
+        f"paddle_unpad.distributed: exchange on rank {rank}: {what} failed{peer} -- {_PEER_GONE} ({text.splitlines()[0][:300]})")
 
 
 class Settings:
@@ -62,6 +65,12 @@ class Settings:
         self.o, self.pipeline = options, pipeline
         self.plan_key, self.plan_desc = plan_key, plan_desc
         self.schema = {"hash": 0, "schema": None}  # agreed across ranks, kept over epochs
+
+
+_PLANS_DIFFER = "the ranks balance with different planner settings (cost, counts or tol), so they would compute different plans"
+_SAME_PLANNER = "pass the same settings on every rank (a calibrated cost model: fit it on one rank and share its coefficients)"
+_SAME_LAYOUT = "every sample of a global batch needs the same fields, dtypes and trailing shapes"
+_STALLED = "a rank stalled, died, or its loader is slower than the timeout; set unpad_configs['timeout']"
 
 
 class Epoch:
@@ -207,8 +216,9 @@ class Epoch:
             by_key = {}
             for r in range(s.world):
                 by_key.setdefault(int(H.plan_key[r]), []).append(r)
+            alike = " / ".join(str(g) for g in by_key.values())
             raise ExchangeError(
-                f"paddle_unpad.distributed: exchange: the ranks balance with different planner settings (cost, counts or tol), so they would compute different plans (ranks with the same settings: {' / '.join(str(g) for g in by_key.values())}); pass the same settings on every rank (a calibrated cost model: fit it on one rank and share its coefficients) -- this is rank {s.rank}: {s.plan_desc}")
+                f"paddle_unpad.distributed: exchange: {_PLANS_DIFFER} (ranks with the same settings: {alike}); {_SAME_PLANNER} -- this is rank {s.rank}: {s.plan_desc}")
         if np.all(H.status == END):
             return "end"
         if np.any(H.step != step):
@@ -231,7 +241,7 @@ class Epoch:
                 except Exception as e:  # noqa: BLE001
                     raise comm_error(self.s.rank, self.what, e) from e
             if len(hashes) > 1:
-                raise SampleError(f"paddle_unpad.distributed: exchange: the ranks' batches of step {step} have different layouts: {wire.describe_schema_difference(schemas)} (every sample of a global batch needs the same fields, dtypes and trailing shapes)")
+                raise SampleError(f"paddle_unpad.distributed: exchange: the ranks' batches of step {step} have different layouts: {wire.describe_schema_difference(schemas)} ({_SAME_LAYOUT})")
             st["hash"], st["schema"] = hashes[0], next(x for x in schemas if x is not None)
 
     def _share_lengths(self, step, local, counts):
@@ -319,7 +329,7 @@ class Epoch:
                     phase = self.phase
                     self.stop.set()  # the thread leaves when its collective returns (at the latest gloo's timeout)
                     raise ExchangeTimeout(
-                        f"paddle_unpad.distributed: exchange on rank {self.s.rank}: no balanced batch within {timeout:g} s after step {steps_done}; the exchange thread is {phase} (a rank stalled, died, or its loader is slower than the timeout; set unpad_configs['timeout'])") from None
+                        f"paddle_unpad.distributed: exchange on rank {self.s.rank}: no balanced batch within {timeout:g} s after step {steps_done}; the exchange thread is {phase} ({_STALLED})") from None
         if item is END_ITEM:
             return None
         if isinstance(item, BaseException):

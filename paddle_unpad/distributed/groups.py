@@ -96,6 +96,10 @@ def launched_world() -> int:
     return 1
 
 
+_NOT_INITIALIZED = "but paddle.distributed is not initialized yet, so it would see 1 rank and never reach the others"
+_INIT_FIRST = "call fleet.init(is_collective=True, ...) or paddle.distributed.init_parallel_env() first"
+
+
 def checked_job(where: str, error=RuntimeError) -> tuple:
     """:func:`job`, refusing a process that the launcher started as one of several ranks but
     that has not joined the job yet: built there, an object would see one rank and never
@@ -104,7 +108,7 @@ def checked_job(where: str, error=RuntimeError) -> tuple:
     rank, world = job()
     launched = launched_world()
     if world == 1 and launched > 1:
-        raise error(f"paddle_unpad.{where}: built before the job was initialized: this process was launched as one of {launched} ranks (PADDLE_TRAINERS_NUM={launched}), but paddle.distributed is not initialized yet, so it would see 1 rank and never reach the others; call fleet.init(is_collective=True, ...) or paddle.distributed.init_parallel_env() first")
+        raise error(f"paddle_unpad.{where}: built before the job was initialized: this process was launched as one of {launched} ranks (PADDLE_TRAINERS_NUM={launched}), {_NOT_INITIALIZED}; {_INIT_FIRST}")
     return rank, world
 
 
@@ -154,6 +158,9 @@ _meetings: Dict[tuple, "itertools.count"] = {}  # (backend, ranks) -> groups mad
 _lock = threading.Lock()
 
 
+_CREATE_ALIKE = "every member must create it at the same point (groups of the plugin over the same ranks in the same order)"
+
+
 def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None) -> Group:
     """A group over ``ranks`` (default: all). Called by every member of the group, and only by
     them, in the same order relative to the other groups of the plugin over the same ranks
@@ -178,8 +185,9 @@ def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None)
     offer = json.dumps(sorted([g.gid, g.conn["ops"]] for g in pool))
     values, missing = agree(f"group/{backend}", offer, GROUP_MEET_S, ranks)  # per rank set (see agree)
     if missing:
+        late = [ranks[i] for i in missing]
         raise RuntimeError(
-            f"paddle_unpad.distributed: rank(s) {[ranks[i] for i in missing]} did not come to create the {purpose} group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {rank}): every member must create it at the same point (groups of the plugin over the same ranks in the same order)")
+            f"paddle_unpad.distributed: rank(s) {late} did not come to create the {purpose} group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {rank}): {_CREATE_ALIKE}")
     offers = [offer] if values is None else values
     common = set.intersection(*({tuple(x) for x in json.loads(o)} for o in offers))
     if common:  # the same idle group on every member: hand it out again
@@ -272,6 +280,9 @@ def wrap_host_group(pg, purpose: str) -> Group:
 RECORDER: Optional[Callable] = None
 
 
+_NCCL_THREAD = "the plugin issues NCCL collectives from the training thread only, in the same order on every rank"
+
+
 def issue(op: str, group: Group):
     """Every collective passes here: none on a released group, NCCL ones only from their group's
     owner thread. Counts the group's collectives (a released group is reused only where every
@@ -280,7 +291,7 @@ def issue(op: str, group: Group):
         raise RuntimeError(f"paddle_unpad.distributed: {op} on the {group.purpose} group after it was released (its owner was closed)")
     if group.owner is not None and threading.get_ident() != group.owner:
         raise RuntimeError(
-            f"paddle_unpad.distributed: {op} on the {group.purpose} group (NCCL) from thread {threading.current_thread().name!r}, not the thread that created the group: the plugin issues NCCL collectives from the training thread only, in the same order on every rank")
+            f"paddle_unpad.distributed: {op} on the {group.purpose} group (NCCL) from thread {threading.current_thread().name!r}, not the thread that created the group: {_NCCL_THREAD}")
     if RECORDER is not None:
         RECORDER(op, group)
     group.conn["ops"] += 1
@@ -327,6 +338,9 @@ def all_reduce(group: Group, tensor, sync_op: bool = True):
 _agree_seq: Dict[tuple, "itertools.count"] = {}
 
 
+_STORE_GONE = "the job's store, which rank 0's process serves, cannot be reached any more"
+
+
 class _Store:
     """The job's TCP store, whose requests fail only when its server is gone: rank 0's process
     serves it (Paddle 2.6 and 3.x), so a failed request means rank 0 has left the job, and says so
@@ -340,7 +354,7 @@ class _Store:
             return getattr(self.store, op)(*args)
         except Exception as e:  # noqa: BLE001 - Paddle raises ValueError/RuntimeError/OSError for these
             text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            raise StoreHostLeft(f"paddle_unpad.distributed: rank 0 has left the job: the job's store, which rank 0's process serves, cannot be reached any more ({type(e).__name__}: {text}); this rank cannot meet the others: end it, then restart the job") from e
+            raise StoreHostLeft(f"paddle_unpad.distributed: rank 0 has left the job: {_STORE_GONE} ({type(e).__name__}: {text}); this rank cannot meet the others: end it, then restart the job") from e
 
     def set(self, key, value):
         return self._call("set", key, value)
@@ -455,6 +469,9 @@ SETTINGS_AGREE_S = 900.0  # as long as Paddle's own store waits for a rank (FLAG
 _settings = {"checked": False}
 
 
+_SET_ALIKE = "they decide how the ranks meet, so set them alike on every machine (or on none)"
+
+
 def check_settings_agree():
     """Compare the settings that must be equal on every rank (``agree`` in
     :data:`paddle_unpad.config.VARIABLES`) across the ranks of a launched job, once per process,
@@ -485,7 +502,7 @@ def check_settings_agree():
     if missing:
         diff.append(f"rank(s) {missing} did not compare theirs within {SETTINGS_AGREE_S:g} s")
     raise config.ConfigError(
-        f"paddle_unpad.config: the ranks of this job have different settings that must be equal on every rank ({'; '.join(diff)}; this is rank {rank}): they decide how the ranks meet, so set them alike on every machine (or on none)")
+        f"paddle_unpad.config: the ranks of this job have different settings that must be equal on every rank ({'; '.join(diff)}; this is rank {rank}): {_SET_ALIKE}")
 
 
 def install_group_stores(enabled=None, check=True):

@@ -60,6 +60,12 @@ def _iterable(x):
         return [None]
 
 
+_BUILD_ALIKE = "build the loaders at the same point of the program on every rank, with the same settings (balance=False on one rank only counts: it builds a loader too)"
+_LEN_OF_ALL = "every rank receives as many batches as the longest rank's loader gives, so len() needs every rank's"
+_ITERATE_ALIKE = "every rank must iterate its balanced loader as many times as the others"
+_THREAD_STUCK = "it is inside a collective with a peer that is gone?"
+
+
 class BalancedLoader:
     """Iterable of balanced, packed batches over a rank's own loader.
 
@@ -166,8 +172,9 @@ class BalancedLoader:
                           sort_keys=True, default=repr)
         values, missing = groups.agree("balanced-loader", text, self.timeout)
         if missing:
+            waited = max(self.timeout, groups.AGREE_MIN_S)
             raise ExchangeError(
-                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not build this balanced loader within {max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {self.rank}): build the loaders at the same point of the program on every rank, with the same settings (balance=False on one rank only counts: it builds a loader too)")
+                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not build this balanced loader within {waited:g} s (this is rank {self.rank}): {_BUILD_ALIKE}")
         if values is not None:
             got = [json.loads(v) for v in values]
             self._lens = [tuple(g["len"]) for g in got]
@@ -189,7 +196,7 @@ class BalancedLoader:
             if not self.distributed:
                 raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader has no len() ({lens[0][1]})")
             why = lens[unknown[0]][1]
-            raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader of rank(s) {unknown} has no len() ({why}); every rank receives as many batches as the longest rank's loader gives, so len() needs every rank's")
+            raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader of rank(s) {unknown} has no len() ({why}); {_LEN_OF_ALL}")
         return max(n for n, _ in lens)
 
     def _agree_epoch_lengths(self):
@@ -199,15 +206,17 @@ class BalancedLoader:
         mine = _own_len(self.loader)
         values, missing = groups.agree("balanced-loader-epoch", json.dumps(mine), self.timeout)
         if missing:
+            waited = max(self.timeout, groups.AGREE_MIN_S)
             raise ExchangeError(
-                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not start epoch {self._epochs} of this balanced loader within {max(self.timeout, groups.AGREE_MIN_S):g} s (this is rank {self.rank}): every rank must iterate its balanced loader as many times as the others")
+                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not start epoch {self._epochs} of this balanced loader within {waited:g} s (this is rank {self.rank}): {_ITERATE_ALIKE}")
         self._lens = [mine] * self.world if values is None else [tuple(json.loads(v)) for v in values]
 
     def __iter__(self):
         if self.closed:
             raise ValueError(f"paddle_unpad.{self.where}: iterating a closed loader: close() released its process group; build a new loader (on every rank) for another epoch")
         if not self._live.close():
-            raise ExchangeError(f"paddle_unpad.distributed: exchange on rank {self.rank}: the previous epoch's exchange thread did not stop within {self.close_timeout:g} s (it is inside a collective with a peer that is gone?); its group cannot carry another epoch")
+            limit = self.close_timeout
+            raise ExchangeError(f"paddle_unpad.distributed: exchange on rank {self.rank}: the previous epoch's exchange thread did not stop within {limit:g} s ({_THREAD_STUCK}); its group cannot carry another epoch")
         if not self.distributed:
             return self._local_iter()
         src = Source(self.loader, self.where)

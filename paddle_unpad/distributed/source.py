@@ -60,12 +60,16 @@ def failed_in_default_collate(exc) -> bool:
     return any(f.name == "default_collate_fn" for f in frames) or "in default_collate_fn" in str(exc)
 
 
+_STACKS = "it stacks the samples into padded arrays, which samples of different lengths cannot be"
+_USE_SAMPLE_LISTS = "the balanced loader needs lists of samples: build the DataLoader with collate_fn=pu.data.sample_list_collate"
+
+
 def default_collate_error(exc, where):
     """The error of a loader that failed with Paddle's default collate_fn: what to pass instead."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     # a worker's message is a traceback: its last line ("Type: message") says why
     cause = lines[-1][:200] if len(lines) > 1 else f"{type(exc).__name__}: {''.join(lines)[:200]}"
-    err = ValueError(f"paddle_unpad.{where}: the DataLoader's default collate_fn failed ({cause}): it stacks the samples into padded arrays, which samples of different lengths cannot be; the balanced loader needs lists of samples: build the DataLoader with collate_fn=pu.data.sample_list_collate")
+    err = ValueError(f"paddle_unpad.{where}: the DataLoader's default collate_fn failed ({cause}): {_STACKS}; {_USE_SAMPLE_LISTS}")
     err.__cause__ = exc
     return err
 
