@@ -9,6 +9,7 @@ first bucket is complete first. A gradient of at least ``bucket_mb`` is a bucket
 reduced in its own memory; the small ones (biases, LayerNorm) are packed together, one copy in
 and one out, so that they cost one collective instead of one each.
 """
+
 from __future__ import annotations
 
 import threading
@@ -92,3 +93,26 @@ def start_dense(group, grads, sync_op, scale):
         return sent
 
     return task, finish
+
+
+def initial_stats(buckets):
+    """GradientAllReduce.stats before its first step: what its buckets hold."""
+    return {
+        "steps": 0,
+        "exposed_s": 0.0,
+        "bytes": 0,
+        "last_bytes": 0,
+        "buckets": len(buckets),
+        "dense_bytes": sum(b.nbytes for b in buckets),
+        "tables_by_rows": sum(b.table is not None for b in buckets),
+        "tables_unproven": 0,
+    }
+
+
+def count_step(stats, seconds, nbytes):
+    """One step into ``stats``: the seconds wait() took and the bytes reduced; returns the seconds."""
+    stats["steps"] += 1
+    stats["exposed_s"] += seconds
+    stats["bytes"] += nbytes
+    stats["last_bytes"] = nbytes
+    return seconds

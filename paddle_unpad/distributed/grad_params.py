@@ -7,6 +7,7 @@ parameter frozen, unfrozen, added or resized afterwards on one rank would change
 sizes, or leave a gradient unaveraged. :func:`trainable_change` finds such a change at every
 ``wait()`` (by identity and shape), for the step trailer to make it an error on every rank.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -28,9 +29,13 @@ def trainable(model, is_layer):
     seen = {}
     for i, p in enumerate(params):
         if not isinstance(p, paddle.Tensor):
-            raise TypeError(f"paddle_unpad.distributed.GradientAllReduce: model must be a paddle.nn.Layer or a list of parameters, item {i} is a {type(p).__name__}")
+            raise TypeError(
+                f"paddle_unpad.distributed.GradientAllReduce: model must be a paddle.nn.Layer or a list of parameters, item {i} is a {type(p).__name__}"
+            )
         if id(p) in seen:
-            raise ValueError(f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is listed twice (items {seen[id(p)]} and {i}); it would be reduced twice and the ranks' collectives would not match")
+            raise ValueError(
+                f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is listed twice (items {seen[id(p)]} and {i}); it would be reduced twice and the ranks' collectives would not match"
+            )
         seen[id(p)] = i
     params = [p for p in params if not p.stop_gradient]
     if not params:
@@ -41,11 +46,15 @@ def trainable(model, is_layer):
 def refuse_sparse_tables(model):
     """A sparse embedding's gradient is a SelectedRows, which no collective here can take."""
     for name, layer in model.named_sublayers(include_self=True):
-        if isinstance(layer, paddle.nn.Embedding) and compat.embedding_is_sparse(layer) \
-                and not layer.weight.stop_gradient:
+        if (
+            isinstance(layer, paddle.nn.Embedding)
+            and compat.embedding_is_sparse(layer)
+            and not layer.weight.stop_gradient
+        ):
             where = name or "model"
             raise ValueError(
-                f"paddle_unpad.distributed.GradientAllReduce: model has a sparse embedding (layer {where!r}, nn.Embedding(sparse=True), weight {layer.weight.name!r}); {_SPARSE_GRADIENT}")
+                f"paddle_unpad.distributed.GradientAllReduce: model has a sparse embedding (layer {where!r}, nn.Embedding(sparse=True), weight {layer.weight.name!r}); {_SPARSE_GRADIENT}"
+            )
 
 
 def claim(params, owner):
@@ -56,7 +65,8 @@ def claim(params, owner):
         other = ref() if ref is not None else None
         if other is not None and other is not owner and not other._closed:
             raise GradientSyncError(
-                f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is already reduced by a live GradientAllReduce ({other!r}); close() that one first ({_TWO_OWNERS})")
+                f"paddle_unpad.distributed.GradientAllReduce: parameter {p.name!r} is already reduced by a live GradientAllReduce ({other!r}); close() that one first ({_TWO_OWNERS})"
+            )
     me = weakref.ref(owner)
     for p in params:
         _OWNERS[id(p)] = me
@@ -68,6 +78,21 @@ def release(params, owner):
         ref = _OWNERS.get(id(p))
         if ref is not None and ref() is owner:
             del _OWNERS[id(p)]
+
+
+class TrainableSet:
+    """The model's parameters at construction (frozen ones too), to see at wait() one frozen or
+    unfrozen since, or a trainable one that was not among them (a layer replaced or added, a
+    weight re-assigned) or changed shape. Holding them keeps their ids unique."""
+
+    def __init__(self, model, is_layer, reduced):
+        self.known = list(model.parameters() if is_layer else model)
+        self.model = model if is_layer else None
+        self.shapes = {id(p): list(p.shape) for p in self.known}
+        self.reduced = reduced
+
+    def change(self):
+        return trainable_change(self.known, self.reduced, self.model, self.shapes)
 
 
 def trainable_change(known, reduced, model, shapes):

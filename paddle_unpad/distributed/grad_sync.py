@@ -72,6 +72,7 @@ after changing ``stop_gradient``, replacing or adding a layer (``model.head = nn
 and build a new one. With gradient accumulation use ``overlap=False`` and call ``wait`` after
 the last backward only.
 """
+
 from __future__ import annotations
 
 import threading
@@ -89,6 +90,37 @@ from .options import resolve as resolve_options
 __all__ = ["GradientAllReduce", "GradientSyncError"]
 
 _CLOSE_JOIN_S = 5.0  # close() with a pass open waits this long for the peers' share of it, then leaves it to exit
+
+
+def _options(bucket_mb, average, row_sparse_embeddings, dense_fraction, overlap, timeout):
+    """The all-reduce's options, checked (None: the default, or for two of them: decided later)."""
+    given = dict(bucket_mb=bucket_mb, average=average, dense_fraction=dense_fraction, timeout=timeout)
+    return resolve_options(
+        {k: v for k, v in given.items() if v is not None}
+        | dict(row_sparse_embeddings=row_sparse_embeddings, overlap=overlap),
+        "distributed.GradientAllReduce",
+        scope=ALLREDUCE,
+    )
+
+
+def _start_reduction(sync, o, ranks, rank):
+    """The ranks agree on the layout, then the reduction's groups (and thread) are made."""
+    try:
+        grad_layout.agree(grad_layout.layout(sync.world, o, sync._params, sync._buckets), ranks, sync.timeout)
+        return grad_reduction.Reduction(
+            ranks,
+            sync._buckets,
+            sync.gpu,
+            1.0 / sync.world if sync.average else None,
+            sync.dense_fraction,
+            sync._grad,
+            sync._check_trailer,
+            sync.stats,
+        )
+    except StoreHostLeft as e:
+        raise GradientSyncError(
+            f"paddle_unpad.distributed.GradientAllReduce: {groups.reason(e)} (this is rank {rank})"
+        ) from e
 
 
 class GradientAllReduce:
@@ -115,13 +147,18 @@ class GradientAllReduce:
     gradient had rows it had not looked up through the layer.
     """
 
-    def __init__(self, model, bucket_mb: Optional[float] = None, average: Optional[bool] = None,
-                 row_sparse_embeddings: Optional[bool] = None, dense_fraction: Optional[float] = None,
-                 overlap: Optional[bool] = None, timeout: Optional[float] = None, group=None):
-        given = dict(bucket_mb=bucket_mb, average=average, dense_fraction=dense_fraction, timeout=timeout)
-        o = resolve_options({k: v for k, v in given.items() if v is not None} | dict(
-            row_sparse_embeddings=row_sparse_embeddings, overlap=overlap), "distributed.GradientAllReduce",
-            scope=ALLREDUCE)
+    def __init__(
+        self,
+        model,
+        bucket_mb: Optional[float] = None,
+        average: Optional[bool] = None,
+        row_sparse_embeddings: Optional[bool] = None,
+        dense_fraction: Optional[float] = None,
+        overlap: Optional[bool] = None,
+        timeout: Optional[float] = None,
+        group=None,
+    ):
+        o = _options(bucket_mb, average, row_sparse_embeddings, dense_fraction, overlap, timeout)
         is_layer = isinstance(model, paddle.nn.Layer)
         params = grad_params.trainable(model, is_layer)
         if is_layer:
@@ -138,15 +175,14 @@ class GradientAllReduce:
         self.world = len(ranks) if world > 1 else 1
         self._ranks = ranks
         tables = grad_rows.embedding_tables(model) if (is_layer and by_rows and self.world > 1) else {}
-        self._buckets = grad_buckets.plan(params, float(o["bucket_mb"]) * (1 << 20),
-                                          lambda p: grad_rows.Table(tables[id(p)]) if id(p) in tables else None)
+        self._buckets = grad_buckets.plan(
+            params,
+            float(o["bucket_mb"]) * (1 << 20),
+            lambda p: grad_rows.Table(tables[id(p)]) if id(p) in tables else None,
+        )
         self._params = params
         self._index = {id(p): i for i, p in enumerate(params)}
-        self._known = list(model.parameters() if is_layer else model)  # frozen ones too: checked at wait()
-        # the model, to see at wait() a parameter that is not one of these (a layer replaced or
-        # added, a weight re-assigned) or that changed shape: ids stay unique while _known holds them
-        self._model = model if is_layer else None
-        self._shapes = {id(p): list(p.shape) for p in self._known}
+        self._trainable = grad_params.TrainableSet(model, is_layer, self._index)
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._closed = False
         grad_params.claim(params, self)
@@ -155,21 +191,14 @@ class GradientAllReduce:
         self._timed_out: Optional[str] = None
         self._passes, self._pass_step = 0, None
         self._reset_flags()
-        self.stats = {"steps": 0, "exposed_s": 0.0, "bytes": 0, "last_bytes": 0, "buckets": len(self._buckets),
-                      "dense_bytes": sum(b.nbytes for b in self._buckets),
-                      "tables_by_rows": sum(b.table is not None for b in self._buckets), "tables_unproven": 0}
+        self.stats = grad_buckets.initial_stats(self._buckets)
         self._reduction = self._group = None
         if self.world == 1:
             return
         try:
-            grad_layout.agree(grad_layout.layout(self.world, o, params, self._buckets), ranks, self.timeout)
-            self._reduction = grad_reduction.Reduction(
-                ranks, self._buckets, self.gpu, 1.0 / self.world if self.average else None, self.dense_fraction,
-                self._grad, self._check_trailer, self.stats)
-        except BaseException as e:
+            self._reduction = _start_reduction(self, o, ranks, rank)
+        except BaseException:
             grad_params.release(params, self)
-            if isinstance(e, StoreHostLeft):
-                raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {groups.reason(e)} (this is rank {rank})") from e
             raise
         self._group = self._reduction.group
         groups.use_for_exit_order(self._reduction.control)
@@ -183,11 +212,11 @@ class GradientAllReduce:
         """No gradient of the next pass complete yet, nothing of it flagged for the trailer."""
         self._fired, self._step_open = set(), False
         self._again = self._sparse = -1  # this pass: a parameter's second hook; a SelectedRows gradient
-        self._changed = 0  # this pass: +-(index in _known + 1) of a parameter unfrozen / frozen since
+        self._changed = 0  # this pass: +-(index in the trainable set + 1) of one unfrozen / frozen since
         self._replaced = (0, "")  # this pass: (1 new / 2 resized trainable parameter, its description)
 
     def __repr__(self):
-        return (f"GradientAllReduce({len(self._params)} parameters, {len(self._buckets)} buckets, overlap={self.overlap}{', closed' if self._closed else ''})")
+        return f"GradientAllReduce({len(self._params)} parameters, {len(self._buckets)} buckets, overlap={self.overlap}{', closed' if self._closed else ''})"
 
     # ------------------------------------------------------------------ the pass: hooks, seal, trailer
 
@@ -243,13 +272,15 @@ class GradientAllReduce:
 
     def _check_trainable(self):
         """Note (for the trailer) a change of the trainable set since construction."""
-        self._changed, self._replaced = grad_params.trainable_change(self._known, self._index, self._model,
-                                                                     self._shapes)
+        self._changed, self._replaced = self._trainable.change()
 
     def _check_trailer(self):
-        mine = step_trailer.pack(self._pass_step, self._closing, self._again, self._changed, self._sparse,
-                                 self._replaced)
-        step_trailer.check(self._reduction.control, mine, self._ranks, self._params, self._known, self._pass_step)
+        mine = step_trailer.pack(
+            self._pass_step, self._closing, self._again, self._changed, self._sparse, self._replaced
+        )
+        step_trailer.check(
+            self._reduction.control, mine, self._ranks, self._params, self._trainable.known, self._pass_step
+        )
 
     # ------------------------------------------------------------------ the training thread
 
@@ -264,7 +295,9 @@ class GradientAllReduce:
         if self._closed:  # one process too: the same program fails the same way on more ranks
             raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: wait() after close() ({self!r})")
         if self._timed_out is not None:
-            raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: an earlier wait() failed ({self._timed_out}); its gradients were never reduced: close() this all-reduce")
+            raise GradientSyncError(
+                f"paddle_unpad.distributed.GradientAllReduce: an earlier wait() failed ({self._timed_out}); its gradients were never reduced: close() this all-reduce"
+            )
         if self.world == 1:
             return 0.0
         self._check_trainable()
@@ -276,7 +309,8 @@ class GradientAllReduce:
             # stopped peer it leaves when gloo gives up. No later pass starts.
             self._timed_out = f"it did not finish within {self.timeout:g} s"
             raise GradientSyncError(
-                f"paddle_unpad.distributed.GradientAllReduce: the gradient all-reduce did not finish within {self.timeout:g} s (a rank died or stopped, or the ranks ran different backward passes)")
+                f"paddle_unpad.distributed.GradientAllReduce: the gradient all-reduce did not finish within {self.timeout:g} s (a rank died or stopped, or the ranks ran different backward passes)"
+            )
         try:
             if self.gpu:
                 r.finish_issued()
@@ -287,12 +321,7 @@ class GradientAllReduce:
                 raise step_trailer.failed("the gradient all-reduce", err, self._ranks, self._pass_step) from err
         finally:
             self._end_pass()
-        dt = time.perf_counter() - t0
-        self.stats["steps"] += 1
-        self.stats["exposed_s"] += dt
-        self.stats["bytes"] += r.bytes
-        self.stats["last_bytes"] = r.bytes
-        return dt
+        return grad_buckets.count_step(self.stats, time.perf_counter() - t0, r.bytes)
 
     def _end_pass(self):
         with self._lock:

@@ -139,7 +139,9 @@ __device__ __forceinline__ void store(T* __restrict__ p, const float (&in)[N]) {
 
 // Phi(u) = erfc(-u / sqrt(2)) / 2: erfc keeps its relative precision in the lower tail,
 // where 1 + erf(u / sqrt(2)) would cancel (the CPU kernel computes it the same way).
-__device__ __forceinline__ float gelu_cdf(float u) { return 0.5f * erfcf(-0.70710678118654752f * u); }
+__device__ __forceinline__ float gelu_cdf(float u) {
+  return 0.5f * erfcf(-0.70710678118654752f * u);
+}
 
 __device__ __forceinline__ float gelu(float u) { return u * gelu_cdf(u); }
 
@@ -267,12 +269,15 @@ cudaError_t launch_bdrln_bwd(const FusedArgs& a, cudaStream_t stream);
 
 // Every (TX, TR, TW) the bdrln kernels are built for: TX float, half or bfloat16; TR and TW
 // each TX or float. X(TX, TR, TW) is expanded once per combination.
-#define PU_BDRLN_DTYPE_COMBOS(X)                                                              \
-  X(float, float, float)                                                                    \
-  X(__half, __half, __half) X(__half, __half, float) X(__half, float, __half)               \
-  X(__half, float, float)                                                                   \
-  X(__nv_bfloat16, __nv_bfloat16, __nv_bfloat16) X(__nv_bfloat16, __nv_bfloat16, float)     \
+// A list of X(...) entries, one dtype family per line, which clang-format would re-flow.
+// clang-format off
+#define PU_BDRLN_DTYPE_COMBOS(X)                                                  \
+  X(float, float, float)                                                          \
+  X(__half, __half, __half) X(__half, __half, float) X(__half, float, __half)     \
+  X(__half, float, float)                                                         \
+  X(__nv_bfloat16, __nv_bfloat16, __nv_bfloat16) X(__nv_bfloat16, __nv_bfloat16, float) \
   X(__nv_bfloat16, float, __nv_bfloat16) X(__nv_bfloat16, float, float)
+// clang-format on
 
 }  // namespace cuda
 }  // namespace paddle_unpad
