@@ -24,6 +24,7 @@ installed with ``--no-deps`` and is no extra (see that file).
 Build settings (environment variables, declared in paddle_unpad/config.py and listed in
 docs/api.md): SKIP_CUDA, REQUIRE_CUDA, CUDA_ARCHS, NATIVE_ARCH, BUILD_JOBS.
 """
+
 import importlib.util
 import os
 import re
@@ -41,8 +42,11 @@ def build_requirements():
 
 
 # The README's install line (tests/test_install.py runs it from there and checks the two agree).
-INSTALL_LINE = ("pip install " + " ".join(f'"{r}"' if re.search(r"[<>=!~;\[ ]", r) else r
-                                          for r in build_requirements()) + " && pip install --no-build-isolation .")
+INSTALL_LINE = (
+    "pip install "
+    + " ".join(f'"{r}"' if re.search(r"[<>=!~;\[ ]", r) else r for r in build_requirements())
+    + " && pip install --no-build-isolation ."
+)
 
 
 def _unmet(requirement):
@@ -73,14 +77,20 @@ def check_build_environment():
         hidden = any(os.path.isdir(os.path.join(d, "paddle")) for d in site)
         isolated = hidden or any("build-env" in p for p in sys.path)
         if isolated:
-            sys.exit(f"paddle_unpad builds against the Paddle you have installed: run {INSTALL_LINE} "
-                     "(pip's isolated build environment has no Paddle)")
-        sys.exit(f"paddle_unpad builds against an installed Paddle and {sys.executable} has none: install "
-                 "paddlepaddle (CPU) or paddlepaddle-gpu first, then run " + INSTALL_LINE)
+            sys.exit(
+                f"paddle_unpad builds against the Paddle you have installed: run {INSTALL_LINE} "
+                "(pip's isolated build environment has no Paddle)"
+            )
+        sys.exit(
+            f"paddle_unpad builds against an installed Paddle and {sys.executable} has none: install "
+            "paddlepaddle (CPU) or paddlepaddle-gpu first, then run " + INSTALL_LINE
+        )
     missing = [r for r in build_requirements() if _unmet(r)]
     if missing:
-        sys.exit(f"paddle_unpad's build needs {', '.join(missing)} (pip installs no build requirement with "
-                 f"--no-build-isolation): run {INSTALL_LINE}")
+        sys.exit(
+            f"paddle_unpad's build needs {', '.join(missing)} (pip installs no build requirement with "
+            f"--no-build-isolation): run {INSTALL_LINE}"
+        )
 
 
 def read_requirements(name):

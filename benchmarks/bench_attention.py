@@ -42,6 +42,7 @@ Usage::
     OMP_NUM_THREADS=2 python benchmarks/bench_attention.py            # full run (a few minutes)
     python benchmarks/bench_attention.py --quick                      # smoke run, seconds
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,17 +69,27 @@ def parse_args(argv=None):
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--max-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats, interleaved (median reported)")
-    ap.add_argument("--head-size-repeats", type=int, default=15,
-                    help="timed rounds of the per-head-size section, every row and the GEMM once per round "
-                         "(default 15; each side counts its best round)")
+    ap.add_argument(
+        "--head-size-repeats",
+        type=int,
+        default=15,
+        help="timed rounds of the per-head-size section, every row and the GEMM once per round "
+        "(default 15; each side counts its best round)",
+    )
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--pad-ratios", default="0,20,40,60,80", help="padding-ratio sweep, percent")
-    ap.add_argument("--head-sizes", default="32,64",
-                    help="head sizes of the per-head-size section (packed fmha alone on the real batch, --heads "
-                         "heads, dropout 0 and 0.1; empty: skip)")
+    ap.add_argument(
+        "--head-sizes",
+        default="32,64",
+        help="head sizes of the per-head-size section (packed fmha alone on the real batch, --heads "
+        "heads, dropout 0 and 0.1; empty: skip)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=bench_util.kind_result_path("attention"),
-                    help="result file (default benchmarks/results/attention_<kind>.json, kind from the CPU vendor)")
+    ap.add_argument(
+        "--out",
+        default=bench_util.kind_result_path("attention"),
+        help="result file (default benchmarks/results/attention_<kind>.json, kind from the CPU vendor)",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat: a smoke run")
     args = ap.parse_args(argv)
     if args.quick:
@@ -217,8 +228,16 @@ def make_cases(lengths, H, D, rng):
     padded_t = [paddle.to_tensor(a, stop_gradient=False) for a in padded[:3]]
     dout_padded = paddle.to_tensor(padded[3])
     add_mask = paddle.to_tensor(np.where(keep, 0.0, -1e4).astype(np.float32)[:, None, None, :])  # [B,1,1,S]
-    return dict(packed=packed, dout_packed=dout_packed, cu=cu, max_seqlen=max_seqlen,
-                padded=padded_t, dout_padded=dout_padded, mask=add_mask, keep=keep)
+    return dict(
+        packed=packed,
+        dout_packed=dout_packed,
+        cu=cu,
+        max_seqlen=max_seqlen,
+        padded=padded_t,
+        dout_padded=dout_padded,
+        mask=add_mask,
+        keep=keep,
+    )
 
 
 def packed_attn(c):
@@ -239,16 +258,21 @@ def mha_attn(c):
     return paddle.transpose(paddle.matmul(weights, v), [0, 2, 1, 3])  # [B, S, H, D]
 
 
-METHODS = {"packed": (packed_attn, "packed", "dout_packed"),
-           "sdpa": (sdpa_attn, "padded", "dout_padded"),
-           "mha": (mha_attn, "padded", "dout_padded")}
+METHODS = {
+    "packed": (packed_attn, "packed", "dout_packed"),
+    "sdpa": (sdpa_attn, "padded", "dout_padded"),
+    "mha": (mha_attn, "padded", "dout_padded"),
+}
 
 
 def check_agreement(c):
     """Max |packed - padded| over real tokens for each padded path (forward)."""
     ref = packed_attn(c).numpy()
-    return {name: float(np.abs(fn(c).numpy()[c["keep"]] - ref).max()) if ref.size else 0.0
-            for name, (fn, _, _) in METHODS.items() if name != "packed"}
+    return {
+        name: float(np.abs(fn(c).numpy()[c["keep"]] - ref).max()) if ref.size else 0.0
+        for name, (fn, _, _) in METHODS.items()
+        if name != "packed"
+    }
 
 
 def bench_scenario(name, lengths, args, rng, matmul):
@@ -262,7 +286,10 @@ def bench_scenario(name, lengths, args, rng, matmul):
     c = make_cases(lengths, H, D, rng)
     flops_fwd = 4.0 * sum_sq * D * H
     res = {
-        "name": name, "batch": B, "max_seqlen": S, "tokens": T,
+        "name": name,
+        "batch": B,
+        "max_seqlen": S,
+        "tokens": T,
         "lengths": [int(x) for x in lengths],
         "padding_ratio": 1.0 - T / (B * S),
         "ideal_ratio": B * S * S / sum_sq,
@@ -274,13 +301,16 @@ def bench_scenario(name, lengths, args, rng, matmul):
         for mname, (fn, key, dkey) in METHODS.items():
             ins, dout = c[key], c[dkey]
             if mode == "fwd":
+
                 def step(fn=fn):
                     with paddle.no_grad():
                         fn(c).numpy()
             else:
+
                 def step(fn=fn, ins=ins, dout=dout):
                     grads = paddle.grad([fn(c)], ins, grad_outputs=[dout])
                     [g.numpy() for g in grads]
+
             steps[mname] = step
         steps["gemm"] = matmul[0]
         times = bench_util.interleaved_times(steps, args.warmup, args.repeats)
@@ -314,6 +344,7 @@ def bench_head_sizes(lengths, args, rng, gemm_shape):
         c = make_cases(lengths, args.heads, d, rng)
         flops = 4.0 * sum_sq * d * args.heads
         for p in (0.0, 0.1):
+
             def fwd(c=c, p=p):
                 q, k, v = c["packed"]
                 with paddle.no_grad():
@@ -332,53 +363,93 @@ def bench_head_sizes(lengths, args, rng, gemm_shape):
     best_gemm = gemm_flops / min(times["gemm"]) / 1e9
     rows = []
     for d, p in keys:
-        row = {"head_dim": d, "heads": args.heads, "dropout": p, "gemm_best_gflops": best_gemm,
-               "round_ms": {"gemm": [x * 1e3 for x in times["gemm"]]}}
+        row = {
+            "head_dim": d,
+            "heads": args.heads,
+            "dropout": p,
+            "gemm_best_gflops": best_gemm,
+            "round_ms": {"gemm": [x * 1e3 for x in times["gemm"]]},
+        }
         for mode in ("fwd", "fwd_bwd"):
             t = times[(d, p, mode)]
             row["round_ms"][mode] = [x * 1e3 for x in t]
-            row[mode] = {"ms": min(t) * 1e3, "median_ms": statistics.median(t) * 1e3,
-                         "useful_gflops": work[(d, p, mode)] / min(t) / 1e9}
+            row[mode] = {
+                "ms": min(t) * 1e3,
+                "median_ms": statistics.median(t) * 1e3,
+                "useful_gflops": work[(d, p, mode)] / min(t) / 1e9,
+            }
         rows.append(row)
     return rows
 
 
 def print_tables(results, header):
     print(header)
-    cols = ("scenario", "B", "Smax", "pad%", "ideal", "packed ms", "sdpa ms", "mha ms",
-            "x sdpa", "x mha", "x/ideal", "GF/s pk", "GF/s sdpa", "GF/s mha")
+    cols = (
+        "scenario",
+        "B",
+        "Smax",
+        "pad%",
+        "ideal",
+        "packed ms",
+        "sdpa ms",
+        "mha ms",
+        "x sdpa",
+        "x mha",
+        "x/ideal",
+        "GF/s pk",
+        "GF/s sdpa",
+        "GF/s mha",
+    )
     fmt = "{:<12}{:>4}{:>6}{:>6}{:>7}{:>11}{:>10}{:>10}{:>8}{:>7}{:>9}{:>9}{:>10}{:>10}"
     for mode, title in (("fwd", "forward"), ("fwd_bwd", "forward + backward")):
         print(f"\n== {title} ==")
         print(fmt.format(*cols))
         for r in results["scenarios"]:
             m = r[mode]
-            print(fmt.format(
-                r["name"], r["batch"], r["max_seqlen"], f"{100 * r['padding_ratio']:.0f}",
-                f"{r['ideal_ratio']:.2f}",
-                f"{m['packed']['ms']:.1f}", f"{m['sdpa']['ms']:.1f}", f"{m['mha']['ms']:.1f}",
-                f"{m['speedup_vs_sdpa']:.2f}", f"{m['speedup_vs_mha']:.2f}",
-                f"{min(m['speedup_vs_sdpa'], m['speedup_vs_mha']) / r['ideal_ratio']:.2f}",
-                f"{m['packed']['useful_gflops']:.1f}", f"{m['sdpa']['useful_gflops']:.1f}",
-                f"{m['mha']['useful_gflops']:.1f}"))
+            print(
+                fmt.format(
+                    r["name"],
+                    r["batch"],
+                    r["max_seqlen"],
+                    f"{100 * r['padding_ratio']:.0f}",
+                    f"{r['ideal_ratio']:.2f}",
+                    f"{m['packed']['ms']:.1f}",
+                    f"{m['sdpa']['ms']:.1f}",
+                    f"{m['mha']['ms']:.1f}",
+                    f"{m['speedup_vs_sdpa']:.2f}",
+                    f"{m['speedup_vs_mha']:.2f}",
+                    f"{min(m['speedup_vs_sdpa'], m['speedup_vs_mha']) / r['ideal_ratio']:.2f}",
+                    f"{m['packed']['useful_gflops']:.1f}",
+                    f"{m['sdpa']['useful_gflops']:.1f}",
+                    f"{m['mha']['useful_gflops']:.1f}",
+                )
+            )
     n = results["matmul_n"]
-    print(f"\nfp32 paddle.matmul {n}x{n}x{n} at the start: {results['matmul_gflops']:.1f} GFLOP/s; the fastest "
-          f"fp32 GEMM rate of the run (start, and between the calls of every section): "
-          f"{results['gemm_ceiling_gflops']:.1f} GFLOP/s, the ceiling of every share")
-    print("x sdpa / x mha: time of the padded path / time of packed fmha; x/ideal: the smaller "
-          "speedup / ideal ratio B*Smax^2/sum(s^2)")
+    print(
+        f"\nfp32 paddle.matmul {n}x{n}x{n} at the start: {results['matmul_gflops']:.1f} GFLOP/s; the fastest "
+        f"fp32 GEMM rate of the run (start, and between the calls of every section): "
+        f"{results['gemm_ceiling_gflops']:.1f} GFLOP/s, the ceiling of every share"
+    )
+    print(
+        "x sdpa / x mha: time of the padded path / time of packed fmha; x/ideal: the smaller "
+        "speedup / ideal ratio B*Smax^2/sum(s^2)"
+    )
     print("GF/s: useful attention GFLOP/s (real tokens only; fwd 4*sum(s^2)*D*H, fwd+bwd 3.5x)")
     if results.get("head_sizes"):
         m, k, n = results["gemm_ceiling_shape"]
-        print(f"\n== packed fmha per head size (real batch, {results['config']['heads']} heads; best round "
-              f"against the fastest fp32 GEMM rate of this run, {results['gemm_ceiling_gflops']:.1f} GFLOP/s "
-              f"({m}x{k}x{n} between the calls: best {results['head_sizes'][0]['gemm_best_gflops']:.1f}); "
-              f"target >= {100 * TARGET_OF_MATMUL:.0f}%) ==")
+        print(
+            f"\n== packed fmha per head size (real batch, {results['config']['heads']} heads; best round "
+            f"against the fastest fp32 GEMM rate of this run, {results['gemm_ceiling_gflops']:.1f} GFLOP/s "
+            f"({m}x{k}x{n} between the calls: best {results['head_sizes'][0]['gemm_best_gflops']:.1f}); "
+            f"target >= {100 * TARGET_OF_MATMUL:.0f}%) =="
+        )
         for r in results["head_sizes"]:
-            print(f"D={r['head_dim']:<4d} dropout {r['dropout']:.1f}:  fwd {r['fwd']['ms']:8.1f} ms "
-                  f"{r['fwd']['useful_gflops']:7.1f} GF/s {100 * r['fwd']['of_matmul']:5.0f}%   fwd+bwd "
-                  f"{r['fwd_bwd']['ms']:8.1f} ms {r['fwd_bwd']['useful_gflops']:7.1f} GF/s "
-                  f"{100 * r['fwd_bwd']['of_matmul']:5.0f}%   {'meets' if r['meets_target'] else 'BELOW'} target")
+            print(
+                f"D={r['head_dim']:<4d} dropout {r['dropout']:.1f}:  fwd {r['fwd']['ms']:8.1f} ms "
+                f"{r['fwd']['useful_gflops']:7.1f} GF/s {100 * r['fwd']['of_matmul']:5.0f}%   fwd+bwd "
+                f"{r['fwd_bwd']['ms']:8.1f} ms {r['fwd_bwd']['useful_gflops']:7.1f} GF/s "
+                f"{100 * r['fwd_bwd']['of_matmul']:5.0f}%   {'meets' if r['meets_target'] else 'BELOW'} target"
+            )
     diffs = [max(r["max_abs_diff_vs_packed"].values() or [0.0]) for r in results["scenarios"]]
     print(f"max |packed - padded| over real tokens, all scenarios: {max(diffs):.2e}")
 
@@ -429,10 +500,21 @@ def _results_head(args, dist, impl, avail):
     gemm_shape = ffn_shape if ffn_gflops >= ceiling else (matmul_n,) * 3
     return {
         "config": {
-            "threads": args.threads, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
-            "max_len": args.max_len, "repeats": args.repeats, "warmup": args.warmup, "quick": args.quick,
-            "seed": args.seed, "length_distribution": dist, "fmha_impl": impl, "ops_available": avail,
-            "paddle": paddle.__version__, "python": platform.python_version(), "machine": platform.machine(),
+            "threads": args.threads,
+            "batch": args.batch,
+            "heads": args.heads,
+            "head_dim": args.head_dim,
+            "max_len": args.max_len,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "quick": args.quick,
+            "seed": args.seed,
+            "length_distribution": dist,
+            "fmha_impl": impl,
+            "ops_available": avail,
+            "paddle": paddle.__version__,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
             "cpu_count": os.cpu_count(),
         },
         "matmul_gflops": ceiling,
@@ -464,8 +546,10 @@ def main(argv=None):
     apply_ceiling(results)
     load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     results["config"]["loadavg_1min"] = [load_start, load_end]
-    header = (f"\nattention: packed fmha ({impl}) vs padded, threads={args.threads}, H={args.heads}, "
-              f"D={args.head_dim}, max_len={args.max_len}, median of {args.repeats}\nlengths: {dist}")
+    header = (
+        f"\nattention: packed fmha ({impl}) vs padded, threads={args.threads}, H={args.heads}, "
+        f"D={args.head_dim}, max_len={args.max_len}, median of {args.repeats}\nlengths: {dist}"
+    )
     print_tables(results, header)
     note = bench_util.load_note(load_start, load_end)
     if note:

@@ -19,6 +19,7 @@
 Results: ``benchmarks/results/balance_<kind>.json`` (one file per host kind).  Threads: OMP_NUM_THREADS=1 per rank
 (2 ranks on 2 cores), set for every side alike.
 """
+
 import argparse
 import json
 import os
@@ -83,12 +84,22 @@ def simulate(ranks_list, per_rank, n_batches, seed=0):
                 moved[cname].append(float(np.mean(dest != _dest_none(counts))))
         for (mname, cname), v in sorted(res.items()):
             v = np.array(v) * 100
-            rows.append({"ranks": R, "per_rank": per_rank, "method": mname, "cost": cname, "batches": nb,
-                         "mean_pct": float(v.mean()), "p95_pct": float(np.percentile(v, 95)),
-                         "max_pct": float(v.max()),
-                         "plan_ms": (float(np.median(times[cname]) * 1e3) if mname == "ours" else None),
-                         "moved_frac": (float(np.mean(moved[cname])) if mname == "ours" else
-                                        (0.0 if mname == "none" else (R - 1) / R))})
+            rows.append(
+                {
+                    "ranks": R,
+                    "per_rank": per_rank,
+                    "method": mname,
+                    "cost": cname,
+                    "batches": nb,
+                    "mean_pct": float(v.mean()),
+                    "p95_pct": float(np.percentile(v, 95)),
+                    "max_pct": float(v.max()),
+                    "plan_ms": (float(np.median(times[cname]) * 1e3) if mname == "ours" else None),
+                    "moved_frac": (
+                        float(np.mean(moved[cname])) if mname == "ours" else (0.0 if mname == "none" else (R - 1) / R)
+                    ),
+                }
+            )
     return rows
 
 
@@ -109,13 +120,23 @@ def planner_times(repeats=7):
         rows = balance.global_batches(1, R, k, seed=3)[0]
         arr = np.asarray(rows, dtype=np.int64)
         calls = []
-        for backend in (("native", "python") if balance.native_available() else ("python",)):
-            calls.append((f"{R}x{k} {backend} lists", lambda b=backend: balance.plan(rows, backend=b),
-                          2 if backend == "python" and R > 512 else repeats))
+        for backend in ("native", "python") if balance.native_available() else ("python",):
+            calls.append(
+                (
+                    f"{R}x{k} {backend} lists",
+                    lambda b=backend: balance.plan(rows, backend=b),
+                    2 if backend == "python" and R > 512 else repeats,
+                )
+            )
         if balance.native_available():
             calls.append((f"{R}x{k} native numpy", lambda: balance.plan_dest(arr, backend="native"), repeats))
-            calls.append((f"{R}x{k} native numpy, callable cost",
-                          lambda: balance.plan_dest(arr, cost=py_cost, backend="native"), repeats))
+            calls.append(
+                (
+                    f"{R}x{k} native numpy, callable cost",
+                    lambda: balance.plan_dest(arr, cost=py_cost, backend="native"),
+                    repeats,
+                )
+            )
         for name, fn, reps in calls:
             ts = []
             for _ in range(reps):
@@ -128,8 +149,10 @@ def planner_times(repeats=7):
 
 def print_sim(rows):
     print("\n## Simulated imbalance (max/mean - 1, %) -- BERT pre-training lengths, max 512\n")
-    print(f"{'ranks':>5} {'x':>3} {'cost':>9} | {'none mean/p95/max':>22} | {'sort-and-deal':>22} | "
-          f"{'ours':>24} | {'plan ms':>7} | {'moved':>5}")
+    print(
+        f"{'ranks':>5} {'x':>3} {'cost':>9} | {'none mean/p95/max':>22} | {'sort-and-deal':>22} | "
+        f"{'ours':>24} | {'plan ms':>7} | {'moved':>5}"
+    )
     key = {(r["ranks"], r["method"], r["cost"]): r for r in rows}
     for R in sorted({r["ranks"] for r in rows}):
         for c in COSTS:
@@ -139,8 +162,10 @@ def print_sim(rows):
                 cells.append(f"{r['mean_pct']:6.3f}/{r['p95_pct']:6.3f}/{r['max_pct']:6.3f}")
             o = key[(R, "ours", c)]
             k = o["per_rank"]
-            print(f"{R:>5} {k:>3} {c:>9} | {cells[0]:>22} | {cells[1]:>22} | {cells[2]:>24} | "
-                  f"{o['plan_ms']:7.2f} | {o['moved_frac'] * 100:4.1f}%")
+            print(
+                f"{R:>5} {k:>3} {c:>9} | {cells[0]:>22} | {cells[1]:>22} | {cells[2]:>24} | "
+                f"{o['plan_ms']:7.2f} | {o['moved_frac'] * 100:4.1f}%"
+            )
 
 
 # ------------------------------------------------------------------------ real 2-rank run
@@ -168,6 +193,7 @@ def _worker_samples(total, world, per_rank, vocab):
 
 def _toy_model(paddle, H, NH, V):
     """Two post-LN blocks with per-sequence attention (quadratic in each sample's length)."""
+
     class Block(paddle.nn.Layer):
         def __init__(self):
             super().__init__()
@@ -182,7 +208,7 @@ def _toy_model(paddle, H, NH, V):
             qkv = self.qkv(x)
             outs = []
             for b in range(len(cu) - 1):  # per-sequence attention: quadratic in its length
-                seg = qkv[int(cu[b]):int(cu[b + 1])].reshape([-1, 3, NH, H // NH]).transpose([1, 2, 0, 3])
+                seg = qkv[int(cu[b]) : int(cu[b + 1])].reshape([-1, 3, NH, H // NH]).transpose([1, 2, 0, 3])
                 q, k, v = seg[0], seg[1], seg[2]
                 a = paddle.nn.functional.softmax(paddle.matmul(q, k, transpose_y=True) / (H // NH) ** 0.5, -1)
                 outs.append(paddle.matmul(a, v).transpose([1, 0, 2]).reshape([-1, H]))
@@ -257,8 +283,11 @@ def _prebalanced(sample, total, world, per_rank, rank):
         L = [[len(sample(t, r, k)["input_ids"]) for k in range(per_rank)] for r in range(world)]
         p = balance.plan(L, cost="quadratic")
         smp = [sample(t, r, k) for r, k in p[rank]]
-        packed = pack_samples([{"input_ids": s["input_ids"]} for s in smp],
-                              [len(s["input_ids"]) for s in smp], [s["sample_id"] for s in smp])
+        packed = pack_samples(
+            [{"input_ids": s["input_ids"]} for s in smp],
+            [len(s["input_ids"]) for s in smp],
+            [s["sample_id"] for s in smp],
+        )
         pre.append(to_paddle(packed))
     return pre
 
@@ -301,8 +330,13 @@ def worker(out_path, steps, per_rank, warmup, rounds):
     paddle.seed(0)
     model = _toy_model(paddle, H=128, NH=4, V=1000)
     params = [p for p in model.parameters()]
-    run = {"model": model, "params": params, "opt": paddle.optimizer.SGD(learning_rate=1e-3, parameters=params),
-           "flag": paddle.zeros([1]), "warmup": warmup}
+    run = {
+        "model": model,
+        "params": params,
+        "opt": paddle.optimizer.SGD(learning_rate=1e-3, parameters=params),
+        "flag": paddle.zeros([1]),
+        "warmup": warmup,
+    }
     res = _rounds(run, own, _prebalanced(sample, total, world, per_rank, rank), steps, rounds)
     allres = []
     dist.all_gather_object(allres, res)
@@ -315,9 +349,26 @@ def real_run(steps, per_rank, warmup, rounds, timeout=900):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "real.json")
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
-               os.path.join(tmp, "log"), os.path.abspath(__file__), "--worker", out, "--steps", str(steps),
-               "--per-rank", str(per_rank), "--warmup", str(warmup), "--rounds", str(rounds)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "paddle.distributed.launch",
+            "--nproc_per_node",
+            "2",
+            "--log_dir",
+            os.path.join(tmp, "log"),
+            os.path.abspath(__file__),
+            "--worker",
+            out,
+            "--steps",
+            str(steps),
+            "--per-rank",
+            str(per_rank),
+            "--warmup",
+            str(warmup),
+            "--rounds",
+            str(rounds),
+        ]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         if p.returncode != 0 or not os.path.exists(out):
             logs = ""
@@ -331,8 +382,10 @@ def real_run(steps, per_rank, warmup, rounds, timeout=900):
 
 def print_real(allres):
     print("\n## Real 2-rank CPU run (gloo, OMP_NUM_THREADS=1 per rank; modes interleaved)\n")
-    print(f"{'mode':>12} | {'rank':>4} | {'compute ms/step':>15} | {'wait at all-reduce ms/step':>26} | "
-          f"{'step ms':>8} | {'waiting for batch ms/step':>25}")
+    print(
+        f"{'mode':>12} | {'rank':>4} | {'compute ms/step':>15} | {'wait at all-reduce ms/step':>26} | "
+        f"{'step ms':>8} | {'waiting for batch ms/step':>25}"
+    )
     summary = {}
     for mode in ("none", "exchange", "prebalanced"):
         for r, res in enumerate(allres):
@@ -342,26 +395,44 @@ def print_real(allres):
             summary.setdefault(mode, []).append((c, w, s))
     step = {m: float(np.mean([s for _, _, s in v])) for m, v in summary.items()}
     wait = {m: float(np.mean([w for _, w, _ in v])) for m, v in summary.items()}
-    comp_max = {m: float(np.mean(np.max([allres[r][m]["compute"] for r in range(len(allres))], axis=0))) * 1e3
-                for m in summary}
+    comp_max = {
+        m: float(np.mean(np.max([allres[r][m]["compute"] for r in range(len(allres))], axis=0))) * 1e3 for m in summary
+    }
     cpu = float(np.mean([res["exchange_thread_cpu_per_step_s"] for res in allres])) * 1e3
     fetch = {m: float(np.mean([np.mean(res[m]["fetch"]) for res in allres])) * 1e3 for m in summary}
     ovh = step["exchange"] / step["prebalanced"] - 1
-    print(f"\nslowest rank's compute per step: none {comp_max['none']:.1f} ms, exchange "
-          f"{comp_max['exchange']:.1f} ms, pre-balanced {comp_max['prebalanced']:.1f} ms")
-    print(f"mean wait at the all-reduce per rank and step: none {wait['none']:.1f} ms, exchange "
-          f"{wait['exchange']:.1f} ms, pre-balanced {wait['prebalanced']:.1f} ms")
-    print(f"step time: none {step['none']:.1f} ms, exchange {step['exchange']:.1f} ms, pre-balanced "
-          f"{step['prebalanced']:.1f} ms -> balancing speed-up {step['none'] / step['exchange']:.3f}x")
-    print(f"overhead of the asynchronous exchange vs pre-balanced feeding: {ovh * 100:+.2f}% of the step "
-          f"(target <= 2%); exchange-thread CPU {cpu:.2f} ms/step = {cpu / step['prebalanced'] * 100:.2f}% of a step")
-    print(f"time the training loop waits for its next batch: exchange {fetch['exchange']:.2f} ms/step, "
-          f"pre-balanced {fetch['prebalanced']:.2f} ms/step, none {fetch['none']:.2f} ms/step")
-    print("(absolute and wall-clock numbers on this shared 2-core machine carry +-10% noise from other "
-          "processes; the thread-CPU and batch-wait figures are the robust overhead measures)")
-    return {"step_ms": step, "wait_ms": wait, "slowest_compute_ms": comp_max, "exchange_overhead": ovh,
-            "fetch_ms": fetch,
-            "exchange_thread_cpu_ms_per_step": cpu}
+    print(
+        f"\nslowest rank's compute per step: none {comp_max['none']:.1f} ms, exchange "
+        f"{comp_max['exchange']:.1f} ms, pre-balanced {comp_max['prebalanced']:.1f} ms"
+    )
+    print(
+        f"mean wait at the all-reduce per rank and step: none {wait['none']:.1f} ms, exchange "
+        f"{wait['exchange']:.1f} ms, pre-balanced {wait['prebalanced']:.1f} ms"
+    )
+    print(
+        f"step time: none {step['none']:.1f} ms, exchange {step['exchange']:.1f} ms, pre-balanced "
+        f"{step['prebalanced']:.1f} ms -> balancing speed-up {step['none'] / step['exchange']:.3f}x"
+    )
+    print(
+        f"overhead of the asynchronous exchange vs pre-balanced feeding: {ovh * 100:+.2f}% of the step "
+        f"(target <= 2%); exchange-thread CPU {cpu:.2f} ms/step = {cpu / step['prebalanced'] * 100:.2f}% of a step"
+    )
+    print(
+        f"time the training loop waits for its next batch: exchange {fetch['exchange']:.2f} ms/step, "
+        f"pre-balanced {fetch['prebalanced']:.2f} ms/step, none {fetch['none']:.2f} ms/step"
+    )
+    print(
+        "(absolute and wall-clock numbers on this shared 2-core machine carry +-10% noise from other "
+        "processes; the thread-CPU and batch-wait figures are the robust overhead measures)"
+    )
+    return {
+        "step_ms": step,
+        "wait_ms": wait,
+        "slowest_compute_ms": comp_max,
+        "exchange_overhead": ovh,
+        "fetch_ms": fetch,
+        "exchange_thread_cpu_ms_per_step": cpu,
+    }
 
 
 def main():
@@ -380,8 +451,10 @@ def main():
         return
     nb = a.batches or (20 if a.quick else 200)
     steps = a.steps or (8 if a.quick else 60)
-    print(f"planner: {'C++ core' if balance.native_available() else 'Python fallback (C++ core not built)'}; "
-          f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
+    print(
+        f"planner: {'C++ core' if balance.native_available() else 'Python fallback (C++ core not built)'}; "
+        f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
+    )
     t0 = time.time()
     rows = simulate([2, 8, 64, 512], 56, nb)
     print_sim(rows)
@@ -390,13 +463,21 @@ def main():
     for k, v in pt.items():
         print(f"  {k:>36}: {v:8.2f} ms")
     print(f"\n(simulation took {time.time() - t0:.1f} s)")
-    out = {"simulation": rows, "planner_ms": pt, "native": balance.native_available(),
-           "distribution": "paddle_unpad.balance.workloads.bert_pretraining_lengths(max_len=512)"}
+    out = {
+        "simulation": rows,
+        "planner_ms": pt,
+        "native": balance.native_available(),
+        "distribution": "paddle_unpad.balance.workloads.bert_pretraining_lengths(max_len=512)",
+    }
     if not a.no_real:
         rounds = a.rounds or (2 if a.quick else 6)
         allres = real_run(steps, a.per_rank, a.warmup, rounds)
-        out["real_2rank"] = {"per_rank": allres, "summary": print_real(allres), "steps": steps,
-                             "samples_per_rank": a.per_rank}
+        out["real_2rank"] = {
+            "per_rank": allres,
+            "summary": print_real(allres),
+            "steps": steps,
+            "samples_per_rank": a.per_rank,
+        }
     path = bench_util.write_result(bench_util.kind_result_path("balance"), out)
     print(f"\nwrote {path}")
 

@@ -18,6 +18,7 @@ Usage::
     python benchmarks/bench_demo_seeds.py                        # seeds 1-6, dropout-0 seeds 1-2
     python benchmarks/bench_demo_seeds.py --seeds 1,2 --no-dropout-seeds "" --steps 4   # a smoke run
 """
+
 import argparse
 import os
 import statistics
@@ -44,8 +45,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="1,2,3,4,5,6", help="seeds of the runs with the demo's dropout")
     ap.add_argument("--no-dropout-seeds", default="1,2", help="seeds of the runs with dropout 0")
-    ap.add_argument("--steps", type=int, default=24,
-                    help="training steps of every job (the demo's 60 s on a fast host)")
+    ap.add_argument(
+        "--steps", type=int, default=24, help="training steps of every job (the demo's 60 s on a fast host)"
+    )
     ap.add_argument("--max-train", type=int, default=3200)
     ap.add_argument("--max-dev", type=int, default=640)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -60,40 +62,71 @@ def main(argv=None):
         ap.error("--seeds and --no-dropout-seeds are both empty")
     pairs, t0 = [], time.time()
     for i, (seed, dropout) in enumerate(plan):
-        job = argparse.Namespace(nproc=args.nproc, seed=seed, batch_size=args.batch_size, full=False,
-                                 max_train=args.max_train, max_dev=args.max_dev, time_budget=0,
-                                 threads_per_rank=args.threads_per_rank)
+        job = argparse.Namespace(
+            nproc=args.nproc,
+            seed=seed,
+            batch_size=args.batch_size,
+            full=False,
+            max_train=args.max_train,
+            max_dev=args.max_dev,
+            time_budget=0,
+            threads_per_rank=args.threads_per_rank,
+        )
         extra = ["--dropout", str(dropout), "--no-progress"]
         with tempfile.TemporaryDirectory(prefix="pu_seeds_") as wd:
             pad = run_demo.run("padded", job, wd, max_steps=args.steps, extra=extra)
             unp = run_demo.run("unpadded", job, wd, max_steps=args.steps, extra=extra)
         if (pad["steps"], pad["train_samples"]) != (unp["steps"], unp["train_samples"]):
             raise SystemExit(f"seed {seed}: the two jobs trained different slices")
-        pair = {"seed": seed, "dropout": dropout, "steps": pad["steps"], "train_samples": pad["train_samples"],
-                "dev_samples": pad["dev_samples"], "stock": pad["dev_accuracy"], "unpadded": unp["dev_accuracy"],
-                "diff": unp["dev_accuracy"] - pad["dev_accuracy"]}
+        pair = {
+            "seed": seed,
+            "dropout": dropout,
+            "steps": pad["steps"],
+            "train_samples": pad["train_samples"],
+            "dev_samples": pad["dev_samples"],
+            "stock": pad["dev_accuracy"],
+            "unpadded": unp["dev_accuracy"],
+            "diff": unp["dev_accuracy"] - pad["dev_accuracy"],
+        }
         pairs.append(pair)
-        print(f"[{i + 1}/{len(plan)}, {time.time() - t0:.0f} s] seed {seed} dropout {dropout}: stock "
-              f"{pair['stock']:.4f}, paddle_unpad {pair['unpadded']:.4f}, difference {pair['diff']:+.4f}", flush=True)
+        print(
+            f"[{i + 1}/{len(plan)}, {time.time() - t0:.0f} s] seed {seed} dropout {dropout}: stock "
+            f"{pair['stock']:.4f}, paddle_unpad {pair['unpadded']:.4f}, difference {pair['diff']:+.4f}",
+            flush=True,
+        )
     summary = {}
     for dropout in sorted({p["dropout"] for p in pairs}, reverse=True):
         ps = [p for p in pairs if p["dropout"] == dropout]
         d = [p["diff"] for p in ps]
         stock = [p["stock"] for p in ps]
-        s = {"pairs": len(ps), "mean_diff": statistics.mean(d), "max_abs_diff": max(abs(x) for x in d),
-             "dev_samples": ps[0]["dev_samples"]}
+        s = {
+            "pairs": len(ps),
+            "mean_diff": statistics.mean(d),
+            "max_abs_diff": max(abs(x) for x in d),
+            "dev_samples": ps[0]["dev_samples"],
+        }
         if len(ps) > 1:
             s["sd_diff"] = statistics.stdev(d)
             s["sd_stock_over_seeds"] = statistics.stdev(stock)
             s["t_of_mean_diff"] = s["mean_diff"] / (s["sd_diff"] / len(ps) ** 0.5) if s["sd_diff"] > 0 else None
         summary[str(dropout)] = s
-        print(f"dropout {dropout}: {len(ps)} pairs, mean difference {s['mean_diff']:+.4f}"
-              + (f" (sd {s['sd_diff']:.4f}{_t(s)}; stock accuracy sd over seeds {s['sd_stock_over_seeds']:.4f})"
-                 if len(ps) > 1 else "")
-              + f", largest |difference| {s['max_abs_diff']:.4f} ({s['max_abs_diff'] * s['dev_samples']:.0f} of "
-              f"{s['dev_samples']} dev samples)")
-    res = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "pairs": pairs, "summary": summary,
-           "command": "python benchmarks/bench_demo_seeds.py", "seconds": round(time.time() - t0, 1)}
+        print(
+            f"dropout {dropout}: {len(ps)} pairs, mean difference {s['mean_diff']:+.4f}"
+            + (
+                f" (sd {s['sd_diff']:.4f}{_t(s)}; stock accuracy sd over seeds {s['sd_stock_over_seeds']:.4f})"
+                if len(ps) > 1
+                else ""
+            )
+            + f", largest |difference| {s['max_abs_diff']:.4f} ({s['max_abs_diff'] * s['dev_samples']:.0f} of "
+            f"{s['dev_samples']} dev samples)"
+        )
+    res = {
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "pairs": pairs,
+        "summary": summary,
+        "command": "python benchmarks/bench_demo_seeds.py",
+        "seconds": round(time.time() - t0, 1),
+    }
     bench_util.write_result(args.out, res)
     print(f"wrote {args.out}")
 

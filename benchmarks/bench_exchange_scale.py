@@ -29,6 +29,7 @@ Usage::
     python benchmarks/bench_exchange_scale.py                 # ~6 minutes on 2 cores
     python benchmarks/bench_exchange_scale.py --worlds 2,4 --designs allgather
 """
+
 import argparse
 import json
 import os
@@ -47,15 +48,21 @@ STEPS, PER_RANK = 12, 8
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--worlds", default="2,4,8,16", help="ranks per run on this host")
     ap.add_argument("--designs", default="allgather,allgather:nagle,pairs,roundrobin", help="designs to run")
-    ap.add_argument("--nodes", type=int, default=2, help="also run the shipped design as NODES launchers x 2 ranks "
-                                                         "on this host (0: skip)")
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        default=2,
+        help="also run the shipped design as NODES launchers x 2 ranks on this host (0: skip)",
+    )
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take")
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions of the model's input measurements "
-                                                          "(a smoke run)")
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer repetitions of the model's input measurements (a smoke run)"
+    )
     ap.add_argument("--out", default=None, help="JSON (default benchmarks/results/exchange_scale_<kind>.json)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--design", default="allgather", help=argparse.SUPPRESS)
@@ -80,7 +87,7 @@ def pairs_transport(pair_groups):
             if peer == me:
                 continue
             g = pair_groups[(min(me, peer), max(me, peer))]
-            for op in (("send", "recv") if me < peer else ("recv", "send")):
+            for op in ("send", "recv") if me < peer else ("recv", "send"):
                 if op == "send" and W[me, peer]:
                     sel = np.nonzero(my_dest == peer)[0]
                     t = paddle.to_tensor(wire.encode([samples[k] for k in sel], lengths[sel], schema))
@@ -124,7 +131,7 @@ def roundrobin_transport(group):
             sel = np.nonzero(my_dest == peer)[0]
             out = wire.encode([samples[k] for k in sel], lengths[sel], schema) if W[me, peer] else np.zeros(1, np.int64)
             buf = paddle.to_tensor(np.empty(max(int(W[peer, me]), 1), np.int64))
-            for op in (("send", "recv") if me < peer else ("recv", "send")):
+            for op in ("send", "recv") if me < peer else ("recv", "send"):
                 if op == "send":
                     dist.send(paddle.to_tensor(out), peer, group=group.pg)
                 else:
@@ -156,13 +163,23 @@ def worker(args):
     t_init = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
     lengths = bert_pretraining_lengths(STEPS * PER_RANK, 512, seed=rank)
-    batches = [[{"input_ids": np.full(int(s), 5, np.int64), "token_type_ids": np.zeros(int(s), np.int64),
-                 "labels": np.int64(k % 2)} for k, s in enumerate(lengths[i * PER_RANK:(i + 1) * PER_RANK])]
-               for i in range(STEPS)]
+    batches = [
+        [
+            {
+                "input_ids": np.full(int(s), 5, np.int64),
+                "token_type_ids": np.zeros(int(s), np.int64),
+                "labels": np.int64(k % 2),
+            }
+            for k, s in enumerate(lengths[i * PER_RANK : (i + 1) * PER_RANK])
+        ]
+        for i in range(STEPS)
+    ]
     loader = pf.distributed_loader(batches)
     extra_groups = extra_creations = 0
     if args.design.startswith("pairs"):
-        pair_groups = {(a, b): dist.new_group([a, b], backend="gloo") for a in range(world) for b in range(a + 1, world)}
+        pair_groups = {
+            (a, b): dist.new_group([a, b], backend="gloo") for a in range(world) for b in range(a + 1, world)
+        }
         extra_groups = world - 1  # this rank's pair groups: it is a member of N - 1 of them ...
         extra_creations = len(pair_groups)  # ... and takes part in creating all N(N-1)/2
         exchange.transfer = pairs_transport(pair_groups)
@@ -179,17 +196,23 @@ def worker(args):
     dist.all_gather_object(firsts, t_first - t_init)
     dist.all_gather_object(walls, (wall_init, wall_first))
     if rank == 0:
-        res = {"design": args.design, "world": world, "nnodes": int(os.environ.get("PADDLE_NNODES", "1")),
-               "groups_per_rank": len(groups.CREATED) + extra_groups,
-               "group_creations_per_rank": len(groups.CREATED) + extra_creations, "fleet_init_s": t_init - t0,
-               "first_batch_s": max(firsts),
-               # from the moment every rank had left fleet.init (Paddle's ranks leave it seconds apart
-               # when they share few cores) to the last rank's first batch
-               "first_batch_after_all_s": max(w[1] for w in walls) - max(w[0] for w in walls),
-               "step_ms": 1e3 * statistics.median(step_s),
-               "local_step_ms": 1e3 * statistics.median(local_s), "steps": stats["steps"],
-               "moved_bytes_per_step": stats["moved_bytes"] / max(stats["steps"], 1),
-               "received_bytes_per_step": stats["wire_bytes"] / max(stats["steps"], 1)}
+        res = {
+            "design": args.design,
+            "world": world,
+            "nnodes": int(os.environ.get("PADDLE_NNODES", "1")),
+            "groups_per_rank": len(groups.CREATED) + extra_groups,
+            "group_creations_per_rank": len(groups.CREATED) + extra_creations,
+            "fleet_init_s": t_init - t0,
+            "first_batch_s": max(firsts),
+            # from the moment every rank had left fleet.init (Paddle's ranks leave it seconds apart
+            # when they share few cores) to the last rank's first batch
+            "first_batch_after_all_s": max(w[1] for w in walls) - max(w[0] for w in walls),
+            "step_ms": 1e3 * statistics.median(step_s),
+            "local_step_ms": 1e3 * statistics.median(local_s),
+            "steps": stats["steps"],
+            "moved_bytes_per_step": stats["moved_bytes"] / max(stats["steps"], 1),
+            "received_bytes_per_step": stats["wire_bytes"] / max(stats["steps"], 1),
+        }
         with open(args.result, "w") as f:
             json.dump(res, f)
 
@@ -218,14 +241,32 @@ def run(design, world, nodes, timeout):
             cmds = [base + ["--nproc_per_node", str(world), "--log_dir", os.path.join(tmp, "log")] + tail]
         else:
             master = f"127.0.0.1:{free_port()}"
-            cmds = [base + ["--master", master, "--nnodes", str(nodes), "--rank", str(r), "--nproc_per_node",
-                            str(world // nodes), "--log_dir", os.path.join(tmp, f"log{r}")] + tail
-                    for r in range(nodes)]
+            cmds = [
+                base
+                + [
+                    "--master",
+                    master,
+                    "--nnodes",
+                    str(nodes),
+                    "--rank",
+                    str(r),
+                    "--nproc_per_node",
+                    str(world // nodes),
+                    "--log_dir",
+                    os.path.join(tmp, f"log{r}"),
+                ]
+                + tail
+                for r in range(nodes)
+            ]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env[bench_util.config.variable("STORE_NODELAY").env] = "0" if design.endswith(":nagle") else "1"
         env.pop("PADDLE_TRAINER_ENDPOINTS", None)
-        procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True) for c in cmds]
+        procs = [
+            subprocess.Popen(
+                c, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
+            for c in cmds
+        ]
         t0 = time.monotonic()
         for p in procs:
             try:
@@ -235,8 +276,12 @@ def run(design, world, nodes, timeout):
                     kill_tree(q.pid)
                 return {"design": design, "world": world, "nnodes": nodes, "error": f"timed out after {timeout:g} s"}
         if not os.path.exists(result):
-            return {"design": design, "world": world, "nnodes": nodes,
-                    "error": f"launcher exit codes {[p.returncode for p in procs]}"}
+            return {
+                "design": design,
+                "world": world,
+                "nnodes": nodes,
+                "error": f"launcher exit codes {[p.returncode for p in procs]}",
+            }
         with open(result) as f:
             return json.load(f)
 
@@ -264,8 +309,14 @@ def at_scale(rows, inputs, samples_per_rank=32, worlds=(64, 256, 1024)):
     * Start-up: the measured 2-rank time from ``fleet.init`` to the first balanced batch, plus
       what the group and the first step add between 2 and N ranks; the agreement of the
       settings is O(1) store requests per rank."""
-    pts = [r for r in rows if r.get("design") == "allgather" and r.get("nnodes") == 1 and "error" not in r
-           and r["moved_bytes_per_step"] > 0]
+    pts = [
+        r
+        for r in rows
+        if r.get("design") == "allgather"
+        and r.get("nnodes") == 1
+        and "error" not in r
+        and r["moved_bytes_per_step"] > 0
+    ]
     two = [r for r in pts if r["world"] == 2]
     if len(pts) < 2 or not two:
         return None
@@ -273,8 +324,13 @@ def at_scale(rows, inputs, samples_per_rank=32, worlds=(64, 256, 1024)):
     i = inputs
     base = two[0]["first_batch_after_all_s"] - model.group_s(2, i["store_request_s"]) - model.step_s(2, PER_RANK, 0.0)
     out = [_scale_row(model, n, samples_per_rank, base) for n in worlds]
-    return {"moved_bytes_per_sample_slot": model.m, "padding_fit": [model.a, model.b], "inputs": inputs,
-            "base_2_ranks_s": base, "rows": out}
+    return {
+        "moved_bytes_per_sample_slot": model.m,
+        "padding_fit": [model.a, model.b],
+        "inputs": inputs,
+        "base_2_ranks_s": base,
+        "rows": out,
+    }
 
 
 class _ScaleModel:
@@ -316,31 +372,64 @@ def _scale_row(model, n, samples_per_rank, base):
 
     i = model.i
     planner = i["planner_s"][str(n)]
-    return {"ranks": n, "samples_per_rank": samples_per_rank, "groups_per_rank": 1,
-            "messages_per_rank": 6 * (n - 1), "header_bytes": n * HDR * 8,
-            "length_bytes": n * samples_per_rank * 16, "moved_bytes_total": n * samples_per_rank * model.m,
-            "padding_ratio": model.a + model.b * math.log(n), "received_bytes": model.received(n, samples_per_rank),
-            "planner_s": planner, "step_s": model.step_s(n, samples_per_rank, planner),
-            "group_s": model.group_s(n, i["store_request_s"]),
-            "group_nagle_s": model.group_s(n, i["store_request_nagle_s"]),
-            "rendezvous_bytes_per_rank": (n - 1) * GLOO_ADDRESS_BYTES * (n - 1),
-            "startup_s": base + model.group_s(n, i["store_request_s"]) + model.step_s(n, samples_per_rank, planner)}
+    return {
+        "ranks": n,
+        "samples_per_rank": samples_per_rank,
+        "groups_per_rank": 1,
+        "messages_per_rank": 6 * (n - 1),
+        "header_bytes": n * HDR * 8,
+        "length_bytes": n * samples_per_rank * 16,
+        "moved_bytes_total": n * samples_per_rank * model.m,
+        "padding_ratio": model.a + model.b * math.log(n),
+        "received_bytes": model.received(n, samples_per_rank),
+        "planner_s": planner,
+        "step_s": model.step_s(n, samples_per_rank, planner),
+        "group_s": model.group_s(n, i["store_request_s"]),
+        "group_nagle_s": model.group_s(n, i["store_request_nagle_s"]),
+        "rendezvous_bytes_per_rank": (n - 1) * GLOO_ADDRESS_BYTES * (n - 1),
+        "startup_s": base + model.group_s(n, i["store_request_s"]) + model.step_s(n, samples_per_rank, planner),
+    }
 
 
 def table(rows):
-    head = ("design", "ranks", "nodes", "groups/rank", "group creations/rank", "fleet.init s", "1st batch s",
-            "1st batch after all s", "ms/step", "pack-only ms", "moved KB/step", "received KB/rank/step")
+    head = (
+        "design",
+        "ranks",
+        "nodes",
+        "groups/rank",
+        "group creations/rank",
+        "fleet.init s",
+        "1st batch s",
+        "1st batch after all s",
+        "ms/step",
+        "pack-only ms",
+        "moved KB/step",
+        "received KB/rank/step",
+    )
     print(" | ".join(head))
     for r in rows:
         if "error" in r:
             print(f"{r['design']} | {r['world']} | {r['nnodes']} | {r['error']}")
             continue
-        print(" | ".join([r["design"], str(r["world"]), str(r["nnodes"]), str(r["groups_per_rank"]),
-                          str(r["group_creations_per_rank"]),
-                          f"{r['fleet_init_s']:.1f}", f"{r['first_batch_s']:.2f}",
-                          f"{r['first_batch_after_all_s']:.2f}", f"{r['step_ms']:.1f}",
-                          f"{r['local_step_ms']:.1f}", f"{r['moved_bytes_per_step'] / 1e3:.0f}",
-                          f"{r['received_bytes_per_step'] / 1e3:.0f}"]), flush=True)
+        print(
+            " | ".join(
+                [
+                    r["design"],
+                    str(r["world"]),
+                    str(r["nnodes"]),
+                    str(r["groups_per_rank"]),
+                    str(r["group_creations_per_rank"]),
+                    f"{r['fleet_init_s']:.1f}",
+                    f"{r['first_batch_s']:.2f}",
+                    f"{r['first_batch_after_all_s']:.2f}",
+                    f"{r['step_ms']:.1f}",
+                    f"{r['local_step_ms']:.1f}",
+                    f"{r['moved_bytes_per_step'] / 1e3:.0f}",
+                    f"{r['received_bytes_per_step'] / 1e3:.0f}",
+                ]
+            ),
+            flush=True,
+        )
 
 
 def main(argv=None):
@@ -353,8 +442,14 @@ def main(argv=None):
     for world in worlds:
         for design in [d.strip() for d in args.designs.split(",") if d.strip()]:
             if design == "roundrobin" and world % 2:
-                rows.append({"design": design, "world": world, "nnodes": 1, "error": "odd number of ranks: "
-                             "one rank sits out each round and gloo's message counters drift"})
+                rows.append(
+                    {
+                        "design": design,
+                        "world": world,
+                        "nnodes": 1,
+                        "error": "odd number of ranks: one rank sits out each round and gloo's message counters drift",
+                    }
+                )
                 continue
             rows.append(run(design, world, 1, args.timeout))
             table(rows[-1:])
@@ -370,14 +465,25 @@ def main(argv=None):
     if model:
         print("\nat scale (model from the runs above):")
         for r in model["rows"]:
-            print(f"  {r['ranks']} ranks x {r['samples_per_rank']} samples: {r['messages_per_rank']} messages, "
-                  f"headers {r['header_bytes'] / 1e6:.2f} MB + lengths {r['length_bytes'] / 1e6:.2f} MB + samples "
-                  f"{r['received_bytes'] / 1e6:.1f} MB received per rank and step; step {1e3 * r['step_s']:.0f} ms "
-                  f"(planner {1e3 * r['planner_s']:.1f} ms); one gloo group {r['group_s']:.1f} s "
-                  f"(store as Paddle opens it: {r['group_nagle_s']:.0f} s); first batch {r['startup_s']:.1f} s")
+            print(
+                f"  {r['ranks']} ranks x {r['samples_per_rank']} samples: {r['messages_per_rank']} messages, "
+                f"headers {r['header_bytes'] / 1e6:.2f} MB + lengths {r['length_bytes'] / 1e6:.2f} MB + samples "
+                f"{r['received_bytes'] / 1e6:.1f} MB received per rank and step; step {1e3 * r['step_s']:.0f} ms "
+                f"(planner {1e3 * r['planner_s']:.1f} ms); one gloo group {r['group_s']:.1f} s "
+                f"(store as Paddle opens it: {r['group_nagle_s']:.0f} s); first batch {r['startup_s']:.1f} s"
+            )
     out = args.out or bench_util.kind_result_path("exchange_scale")
-    bench_util.write_result(out, {"date": bench_util.utc_now(), "steps": STEPS, "samples_per_rank": PER_RANK,
-                                  "max_len": 512, "runs": rows, "at_scale": model})
+    bench_util.write_result(
+        out,
+        {
+            "date": bench_util.utc_now(),
+            "steps": STEPS,
+            "samples_per_rank": PER_RANK,
+            "max_len": 512,
+            "runs": rows,
+            "at_scale": model,
+        },
+    )
     print("wrote", out)
 
 

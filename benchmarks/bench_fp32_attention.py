@@ -22,6 +22,7 @@ Usage::
 
     OMP_NUM_THREADS=2 python benchmarks/bench_fp32_attention.py   # ~1 minute
 """
+
 import argparse
 import math
 import os
@@ -34,8 +35,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--threads", type=int, default=2, help="CPU threads, the same for every side")
     ap.add_argument("--batches", type=int, default=200, help="batches per distribution for the work counts")
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds")
@@ -80,8 +82,10 @@ def work(pool, batch, batches, rng):
 def attention_share(w, hidden):
     """Attention's share of one encoder layer's FLOPs on each path (the GEMMs do not change)."""
     gemm = 24.0 * w["tokens"] * hidden * hidden
-    return {path: 4.0 * w[key] * hidden / (gemm + 4.0 * w[key] * hidden)
-            for path, key in (("packed", "useful_s2"), ("bucketed", "bucketed_s2"), ("stock", "batch_max_s2"))}
+    return {
+        path: 4.0 * w[key] * hidden / (gemm + 4.0 * w[key] * hidden)
+        for path, key in (("packed", "useful_s2"), ("bucketed", "bucketed_s2"), ("stock", "batch_max_s2"))
+    }
 
 
 def timing(lengths, heads, head_dim, repeats, seed):
@@ -115,25 +119,35 @@ def timing(lengths, heads, head_dim, repeats, seed):
         w = F.softmax(paddle.matmul(q * scale, k, transpose_y=True) + mask)
         return paddle.transpose(paddle.matmul(w, v), [0, 2, 1, 3])
 
-    fns = {"packed_kernel": (lambda: paddle_unpad.fmha(*packed, cu, max_seqlen), packed, dout),
-           "bucketed": (lambda: bucketed_attention(*packed, cu, max_seqlen, 0.0, scale), packed, dout),
-           "stock_batch_max": (stock, padded, dout_padded)}
+    fns = {
+        "packed_kernel": (lambda: paddle_unpad.fmha(*packed, cu, max_seqlen), packed, dout),
+        "bucketed": (lambda: bucketed_attention(*packed, cu, max_seqlen, 0.0, scale), packed, dout),
+        "stock_batch_max": (stock, padded, dout_padded),
+    }
     ref = fns["packed_kernel"][0]().numpy()
-    agree = {"bucketed": float(np.abs(fns["bucketed"][0]().numpy() - ref).max()),
-             "stock_batch_max": float(np.abs(stock().numpy()[keep] - ref).max())}
+    agree = {
+        "bucketed": float(np.abs(fns["bucketed"][0]().numpy() - ref).max()),
+        "stock_batch_max": float(np.abs(stock().numpy()[keep] - ref).max()),
+    }
 
     def step(fn, ins, d):
         def run():
             [g.numpy() for g in paddle.grad([fn()], ins, grad_outputs=[d])]
+
         return run
 
     times = bench_util.interleaved_times({n: step(*v) for n, v in fns.items()}, 1, repeats)
     ms = {n: statistics.median(t) * 1e3 for n, t in times.items()}
     useful = 3.5 * 4.0 * float(np.sum(np.asarray(lengths, np.float64) ** 2)) * heads * head_dim
-    return {"batch": B, "max_seqlen": S, "tokens": T, "ms": ms,
-            "useful_gflops": {n: useful / t / 1e6 for n, t in ms.items()},
-            "bucketed_vs_stock": ms["stock_batch_max"] / ms["bucketed"],
-            "max_abs_diff_vs_kernel": agree}
+    return {
+        "batch": B,
+        "max_seqlen": S,
+        "tokens": T,
+        "ms": ms,
+        "useful_gflops": {n: useful / t / 1e6 for n, t in ms.items()},
+        "bucketed_vs_stock": ms["stock_batch_max"] / ms["bucketed"],
+        "max_abs_diff_vs_kernel": agree,
+    }
 
 
 def main(argv=None):
@@ -147,28 +161,42 @@ def main(argv=None):
     set_num_threads(args.threads)
     paddle.set_device("cpu")
     rng = np.random.default_rng(0)
-    dists = {"reviews (demo, batch 32)": (review_lengths(), 32),
-             "pre-training (max 512, batch 16)": (pretraining_lengths(rng), 16)}
+    dists = {
+        "reviews (demo, batch 32)": (review_lengths(), 32),
+        "pre-training (max 512, batch 16)": (pretraining_lengths(rng), 16),
+    }
     result = {"date": bench_util.utc_now(), "threads": args.threads, "distributions": {}}
     batches = 20 if args.quick else args.batches
     for name, (pool, batch) in dists.items():
         w = work(pool, batch, batches, rng)
-        entry = {"work": w, "bucketed_over_useful": w["bucketed_s2"] / w["useful_s2"],
-                 "batch_max_over_useful": w["batch_max_s2"] / w["useful_s2"],
-                 "share_of_layer_flops": {"bert-base (h=768)": attention_share(w, 768),
-                                          "bert-large (h=1024)": attention_share(w, 1024)}}
+        entry = {
+            "work": w,
+            "bucketed_over_useful": w["bucketed_s2"] / w["useful_s2"],
+            "batch_max_over_useful": w["batch_max_s2"] / w["useful_s2"],
+            "share_of_layer_flops": {
+                "bert-base (h=768)": attention_share(w, 768),
+                "bert-large (h=1024)": attention_share(w, 1024),
+            },
+        }
         lengths = [int(x) for x in rng.choice(pool, size=4 if args.quick else batch)]
         entry["cpu_fp32_fwd_bwd"] = timing(lengths, 12, 32, 2 if args.quick else args.repeats, seed=1)
         result["distributions"][name] = entry
         t = entry["cpu_fp32_fwd_bwd"]
-        print(f"{name}: attention work per batch, relative to the real tokens: bucketed "
-              f"{entry['bucketed_over_useful']:.2f}x, batch max (stock) {entry['batch_max_over_useful']:.2f}x")
+        print(
+            f"{name}: attention work per batch, relative to the real tokens: bucketed "
+            f"{entry['bucketed_over_useful']:.2f}x, batch max (stock) {entry['batch_max_over_useful']:.2f}x"
+        )
         for model, share in entry["share_of_layer_flops"].items():
-            print(f"  attention share of a {model} layer: packed {share['packed']:.1%}, bucketed "
-                  f"{share['bucketed']:.1%}, stock {share['stock']:.1%}")
-        print(f"  CPU fp32 fwd+bwd ms (B={t['batch']}, S_max={t['max_seqlen']}): " +
-              ", ".join(f"{n} {v:.1f}" for n, v in t["ms"].items()) +
-              f"; stock / bucketed = {t['bucketed_vs_stock']:.2f}x", flush=True)
+            print(
+                f"  attention share of a {model} layer: packed {share['packed']:.1%}, bucketed "
+                f"{share['bucketed']:.1%}, stock {share['stock']:.1%}"
+            )
+        print(
+            f"  CPU fp32 fwd+bwd ms (B={t['batch']}, S_max={t['max_seqlen']}): "
+            + ", ".join(f"{n} {v:.1f}" for n, v in t["ms"].items())
+            + f"; stock / bucketed = {t['bucketed_vs_stock']:.2f}x",
+            flush=True,
+        )
     path = args.out or bench_util.kind_result_path("fp32_attention")
     bench_util.write_result(path, result)
     print("wrote", path)

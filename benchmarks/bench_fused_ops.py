@@ -25,6 +25,7 @@ Usage::
     python benchmarks/bench_fused_ops.py                 # T = 4096, hidden 384 and 768
     python benchmarks/bench_fused_ops.py --quick         # smoke run, seconds
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,9 +81,18 @@ def _time_modes(args, modes, row, diff):
     for mode, fns, nbytes in modes:
         with paddle.no_grad() if mode == "fwd" else _null():
             t_fused, t_unfused = _timed(fns, args.repeats, args.warmup)
-        rows.append(dict(row, mode=mode, fused_ms=1e3 * t_fused, unfused_ms=1e3 * t_unfused,
-                         speedup=t_unfused / t_fused, fused_gbs=nbytes / t_fused / 1e9,
-                         unfused_gbs=nbytes / t_unfused / 1e9, max_abs_diff=diff))
+        rows.append(
+            dict(
+                row,
+                mode=mode,
+                fused_ms=1e3 * t_fused,
+                unfused_ms=1e3 * t_unfused,
+                speedup=t_unfused / t_fused,
+                fused_gbs=nbytes / t_fused / 1e9,
+                unfused_gbs=nbytes / t_unfused / 1e9,
+                max_abs_diff=diff,
+            )
+        )
     return rows
 
 
@@ -105,12 +115,15 @@ def _gelu_rows(args, tensor, hidden):
     def with_backward(f):
         def run():
             return paddle.grad([f()], [x, bias], grad_outputs=[dy])
+
         return run
 
     diff = float((gelu_fused() - gelu_unfused()).abs().max())
     elems = T * Fi
-    modes = (("fwd", (lambda: gelu_fused(), lambda: gelu_unfused()), 2 * 4 * elems),
-             ("fwd_bwd", (with_backward(gelu_fused), with_backward(gelu_unfused)), 5 * 4 * elems))
+    modes = (
+        ("fwd", (lambda: gelu_fused(), lambda: gelu_unfused()), 2 * 4 * elems),
+        ("fwd_bwd", (with_backward(gelu_fused), with_backward(gelu_unfused)), 5 * 4 * elems),
+    )
     return _time_modes(args, modes, dict(op="bias_gelu", hidden=hidden, shape=[T, Fi], dropout=None), diff)
 
 
@@ -139,21 +152,27 @@ def _ln_rows(args, tensor, hidden):
         def ln_backward(f):
             def run():
                 return paddle.grad([f()], list(params), grad_outputs=[dyh])
+
             return run
 
         diff = float((ln_fused(0.0) - ln_unfused(0.0)).abs().max())
         elems = T * hidden
-        modes = (("fwd", (ln_fused, ln_unfused), 3 * 4 * elems),
-                 ("fwd_bwd", (ln_backward(ln_fused), ln_backward(ln_unfused)), 8 * 4 * elems))
-        rows += _time_modes(args, modes, dict(op="bias_dropout_residual_layer_norm", hidden=hidden,
-                                              shape=[T, hidden], dropout=p), diff)
+        modes = (
+            ("fwd", (ln_fused, ln_unfused), 3 * 4 * elems),
+            ("fwd_bwd", (ln_backward(ln_fused), ln_backward(ln_unfused)), 8 * 4 * elems),
+        )
+        rows += _time_modes(
+            args, modes, dict(op="bias_dropout_residual_layer_norm", hidden=hidden, shape=[T, hidden], dropout=p), diff
+        )
     return rows
 
 
 def _print_rows(args, rows, native, isa, paddle_version):
     print(f"threads: {args.threads} (both sides)   native: {native}   isa: {isa}")
-    print(f"paddle {paddle_version}, {platform.processor() or platform.machine()}, "
-          f"median of {args.repeats} interleaved repeats")
+    print(
+        f"paddle {paddle_version}, {platform.processor() or platform.machine()}, "
+        f"median of {args.repeats} interleaved repeats"
+    )
     for mode, title in (("fwd", "forward"), ("fwd_bwd", "forward + backward")):
         print(f"\n== {title} ==")
         hdr = f"{'op':<34}{'shape':>13}{'p':>5}{'fused ms':>10}{'unfused ms':>12}{'speedup':>9}{'fused GB/s':>12}{'unfused GB/s':>14}"
@@ -164,8 +183,10 @@ def _print_rows(args, rows, native, isa, paddle_version):
                 continue
             shape = "x".join(map(str, r["shape"]))
             p = "-" if r["dropout"] is None else f"{r['dropout']:.1f}"
-            print(f"{r['op']:<34}{shape:>13}{p:>5}{r['fused_ms']:>10.3f}{r['unfused_ms']:>12.3f}"
-                  f"{r['speedup']:>8.2f}x{r['fused_gbs']:>12.2f}{r['unfused_gbs']:>14.2f}")
+            print(
+                f"{r['op']:<34}{shape:>13}{p:>5}{r['fused_ms']:>10.3f}{r['unfused_ms']:>12.3f}"
+                f"{r['speedup']:>8.2f}x{r['fused_gbs']:>12.2f}{r['unfused_gbs']:>14.2f}"
+            )
 
 
 def main(argv=None):
@@ -193,9 +214,18 @@ def main(argv=None):
     isa = _native.info().get("isa")
     _print_rows(args, rows, native, isa, paddle.__version__)
     result = {
-        "config": {"threads": args.threads, "tokens": args.tokens, "hidden": args.hidden, "repeats": args.repeats,
-                   "warmup": args.warmup, "quick": args.quick, "native": native, "isa": isa,
-                   "paddle": paddle.__version__, "machine": platform.machine()},
+        "config": {
+            "threads": args.threads,
+            "tokens": args.tokens,
+            "hidden": args.hidden,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "quick": args.quick,
+            "native": native,
+            "isa": isa,
+            "paddle": paddle.__version__,
+            "machine": platform.machine(),
+        },
         "rows": rows,
     }
     bench_util.write_result(args.out, result)

@@ -56,6 +56,7 @@ Usage::
     python benchmarks/bench_gemm.py --variants default,mkl_cpu_avx2
     python benchmarks/bench_gemm.py --quick                # smoke run: tiny shapes, few variants
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,7 +78,7 @@ import bench_util  # loads neither Paddle nor the package: the parent stays ligh
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MKL_DISPATCH_ENV = bench_util.config.variable("MKL_DISPATCH").env
-EPS32 = 2.0 ** -23
+EPS32 = 2.0**-23
 
 SIDES = ("paddle_matmul", "paddle_linear", "numpy", "mkl_cblas", "dnnl_sgemm")
 PADDLE_SIDES = ("paddle_matmul", "paddle_linear")
@@ -86,49 +87,113 @@ PADDLE_SIDES = ("paddle_matmul", "paddle_linear")
 # Every worker clears the MKL/KMP/oneDNN/OpenBLAS settings of the shell first (see _worker_env).
 VARIANTS = {
     "default": ({}, "Paddle as installed", SIDES + ("encoder_step",), True),
-    "paddle_unpad": ({}, "what `import paddle_unpad` sets up (paddle_unpad._runtime.cpu_gemm: MKL_DEBUG_CPU_TYPE on "
-                         "non-Intel CPUs)", ("paddle_matmul", "paddle_linear", "encoder_step"), True),
-    "mkl_cpu_avx2": ({"MKL_DEBUG_CPU_TYPE": "5"}, "MKL_DEBUG_CPU_TYPE=5 (MKL <= 2020.0: AVX2 kernels on any CPU)",
-                     ("paddle_matmul", "paddle_linear", "encoder_step"), True),
-    "mkl_cpu_avx512": ({"MKL_DEBUG_CPU_TYPE": "7"}, "MKL_DEBUG_CPU_TYPE=7 (AVX-512 kernels; needs avx512f)",
-                       ("paddle_matmul", "paddle_linear", "encoder_step"), True),
-    "mkl_enable_avx2": ({"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, "MKL_ENABLE_INSTRUCTIONS=AVX2", ("paddle_matmul",),
-                        True),
-    "mkl_enable_avx512": ({"MKL_ENABLE_INSTRUCTIONS": "AVX512"}, "MKL_ENABLE_INSTRUCTIONS=AVX512",
-                          ("paddle_matmul",), True),
-    "mkl_cbwr_avx2": ({"MKL_CBWR": "AVX2"}, "MKL_CBWR=AVX2 (conditional numerical reproducibility)",
-                      ("paddle_matmul",), True),
+    "paddle_unpad": (
+        {},
+        "what `import paddle_unpad` sets up (paddle_unpad._runtime.cpu_gemm: MKL_DEBUG_CPU_TYPE on non-Intel CPUs)",
+        ("paddle_matmul", "paddle_linear", "encoder_step"),
+        True,
+    ),
+    "mkl_cpu_avx2": (
+        {"MKL_DEBUG_CPU_TYPE": "5"},
+        "MKL_DEBUG_CPU_TYPE=5 (MKL <= 2020.0: AVX2 kernels on any CPU)",
+        ("paddle_matmul", "paddle_linear", "encoder_step"),
+        True,
+    ),
+    "mkl_cpu_avx512": (
+        {"MKL_DEBUG_CPU_TYPE": "7"},
+        "MKL_DEBUG_CPU_TYPE=7 (AVX-512 kernels; needs avx512f)",
+        ("paddle_matmul", "paddle_linear", "encoder_step"),
+        True,
+    ),
+    "mkl_enable_avx2": ({"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, "MKL_ENABLE_INSTRUCTIONS=AVX2", ("paddle_matmul",), True),
+    "mkl_enable_avx512": (
+        {"MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+        "MKL_ENABLE_INSTRUCTIONS=AVX512",
+        ("paddle_matmul",),
+        True,
+    ),
+    "mkl_cbwr_avx2": (
+        {"MKL_CBWR": "AVX2"},
+        "MKL_CBWR=AVX2 (conditional numerical reproducibility)",
+        ("paddle_matmul",),
+        True,
+    ),
     "onednn_flag": ({"FLAGS_use_onednn": "1"}, "FLAGS_use_onednn=1", ("paddle_matmul",), True),
     "mkldnn_flag": ({"FLAGS_use_mkldnn": "1"}, "FLAGS_use_mkldnn=1", ("paddle_matmul",), True),
-    "threads_1": ({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, "OMP_NUM_THREADS=1 (1 thread)",
-                  ("paddle_matmul",), False),
-    "threads_unset": ({}, "no OMP_NUM_THREADS, no set_num_threads (Paddle's own default)", ("paddle_matmul",),
-                      False),
-    "mkl_threads_only": ({"MKL_NUM_THREADS": "{T}"}, "MKL_NUM_THREADS=T only, no set_num_threads",
-                         ("paddle_matmul",), False),
-    "kmp_affinity": ({"KMP_AFFINITY": "granularity=fine,compact,1,0"}, "KMP_AFFINITY=granularity=fine,compact,1,0",
-                     ("paddle_matmul",), True),
-    "omp_proc_bind": ({"OMP_PROC_BIND": "true", "OMP_PLACES": "cores"}, "OMP_PROC_BIND=true OMP_PLACES=cores",
-                      ("paddle_matmul",), True),
+    "threads_1": (
+        {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+        "OMP_NUM_THREADS=1 (1 thread)",
+        ("paddle_matmul",),
+        False,
+    ),
+    "threads_unset": ({}, "no OMP_NUM_THREADS, no set_num_threads (Paddle's own default)", ("paddle_matmul",), False),
+    "mkl_threads_only": (
+        {"MKL_NUM_THREADS": "{T}"},
+        "MKL_NUM_THREADS=T only, no set_num_threads",
+        ("paddle_matmul",),
+        False,
+    ),
+    "kmp_affinity": (
+        {"KMP_AFFINITY": "granularity=fine,compact,1,0"},
+        "KMP_AFFINITY=granularity=fine,compact,1,0",
+        ("paddle_matmul",),
+        True,
+    ),
+    "omp_proc_bind": (
+        {"OMP_PROC_BIND": "true", "OMP_PLACES": "cores"},
+        "OMP_PROC_BIND=true OMP_PLACES=cores",
+        ("paddle_matmul",),
+        True,
+    ),
 }
 QUICK_VARIANTS = ("default", "paddle_unpad", "mkl_cpu_avx2", "threads_1")
 # Every worker imports paddle_unpad (its thread helper, the encoder step); all but the
 # "paddle_unpad" configuration opt out of its MKL set-up, so that they measure Paddle as it is.
 PLUGIN_CONFIGURED = ("paddle_unpad",)
 # The encoder step: the converted MiniLM-shape model (random init), one packed batch of these lengths.
-MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-              intermediate_size=1536, max_position_embeddings=512, type_vocab_size=2)
-TINY = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
-            max_position_embeddings=64, type_vocab_size=2)
+MINILM = dict(
+    vocab_size=30522,
+    hidden_size=384,
+    num_hidden_layers=6,
+    num_attention_heads=12,
+    intermediate_size=1536,
+    max_position_embeddings=512,
+    type_vocab_size=2,
+)
+TINY = dict(
+    vocab_size=1000,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=256,
+    max_position_embeddings=64,
+    type_vocab_size=2,
+)
 STEP_LENGTHS = (256, 150, 75, 31)
 QUICK_STEP_LENGTHS = (64, 30, 10)
 # Variants whose hot kernels are worth a perf probe: (variant, side).
-PERF_PROBES = (("default", "paddle_matmul"), ("default", "mkl_cblas"), ("default", "numpy"),
-               ("default", "dnnl_sgemm"), ("mkl_cpu_avx2", "paddle_matmul"), ("mkl_cpu_avx512", "paddle_matmul"),
-               ("mkl_enable_avx512", "paddle_matmul"), ("mkl_cbwr_avx2", "paddle_matmul"),
-               ("onednn_flag", "paddle_matmul"))
-CLEARED_PREFIXES = ("MKL_", "KMP_", "DNNL_", "ONEDNN_", "OPENBLAS_", "GOMP_", "FLAGS_use_onednn", "FLAGS_use_mkldnn",
-                    "FLAGS_tracer_onednn")
+PERF_PROBES = (
+    ("default", "paddle_matmul"),
+    ("default", "mkl_cblas"),
+    ("default", "numpy"),
+    ("default", "dnnl_sgemm"),
+    ("mkl_cpu_avx2", "paddle_matmul"),
+    ("mkl_cpu_avx512", "paddle_matmul"),
+    ("mkl_enable_avx512", "paddle_matmul"),
+    ("mkl_cbwr_avx2", "paddle_matmul"),
+    ("onednn_flag", "paddle_matmul"),
+)
+CLEARED_PREFIXES = (
+    "MKL_",
+    "KMP_",
+    "DNNL_",
+    "ONEDNN_",
+    "OPENBLAS_",
+    "GOMP_",
+    "FLAGS_use_onednn",
+    "FLAGS_use_mkldnn",
+    "FLAGS_tracer_onednn",
+)
 CLEARED_NAMES = ("OMP_PROC_BIND", "OMP_PLACES", "OMP_WAIT_POLICY", "OMP_DYNAMIC", "OMP_NUM_THREADS")
 
 
@@ -136,12 +201,20 @@ def shapes_for(tokens, quick=False):
     """[(name, M, N, K, trans_a, trans_b)]: C[M, N] = op(A) op(B)."""
     if quick:
         h, f = 64, 256
-        return [("qkv", tokens, 3 * h, h, False, False), ("ffn2", tokens, h, f, False, False),
-                ("ffn1_wgrad", h, f, tokens, True, False), ("sq", 128, 128, 128, False, False)]
+        return [
+            ("qkv", tokens, 3 * h, h, False, False),
+            ("ffn2", tokens, h, f, False, False),
+            ("ffn1_wgrad", h, f, tokens, True, False),
+            ("sq", 128, 128, 128, False, False),
+        ]
     h, f = 384, 1536
-    return [("qkv", tokens, 3 * h, h, False, False), ("ffn1", tokens, f, h, False, False),
-            ("ffn2", tokens, h, f, False, False), ("ffn1_wgrad", h, f, tokens, True, False),
-            ("sq1024", 1024, 1024, 1024, False, False)]
+    return [
+        ("qkv", tokens, 3 * h, h, False, False),
+        ("ffn1", tokens, f, h, False, False),
+        ("ffn2", tokens, h, f, False, False),
+        ("ffn1_wgrad", h, f, tokens, True, False),
+        ("sq1024", 1024, 1024, 1024, False, False),
+    ]
 
 
 def gemm_flops(shape):
@@ -156,21 +229,39 @@ def tolerance(k):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     env_t = os.environ.get("OMP_NUM_THREADS", "")
-    ap.add_argument("--threads", type=int, default=int(env_t) if env_t.isdigit() and int(env_t) > 0 else 2,
-                    help="threads for every side (default: OMP_NUM_THREADS, else 2)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=int(env_t) if env_t.isdigit() and int(env_t) > 0 else 2,
+        help="threads for every side (default: OMP_NUM_THREADS, else 2)",
+    )
     ap.add_argument("--tokens", type=int, default=2048, help="packed tokens T of the encoder shapes (default 2048)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds over every configuration (default 3)")
     ap.add_argument("--reps", type=int, default=2, help="timed calls per (side, shape) and round, after 1 warm-up")
-    ap.add_argument("--step-reps", type=int, default=2,
-                    help="timed encoder steps per configuration and round (default 2; 1 warm-up in the first)")
-    ap.add_argument("--pause", type=float, default=0.1,
-                    help="seconds between two measurements, for the previous one's spinning threads to sleep")
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help=f"comma list of configurations (default all: {','.join(VARIANTS)})")
+    ap.add_argument(
+        "--step-reps",
+        type=int,
+        default=2,
+        help="timed encoder steps per configuration and round (default 2; 1 warm-up in the first)",
+    )
+    ap.add_argument(
+        "--pause",
+        type=float,
+        default=0.1,
+        help="seconds between two measurements, for the previous one's spinning threads to sleep",
+    )
+    ap.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma list of configurations (default all: {','.join(VARIANTS)})",
+    )
     ap.add_argument("--no-probes", action="store_true", help="skip the perf / verbose / to_static probes")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None,
-                    help="result file (default benchmarks/results/gemm_<kind>.json, kind from the CPU vendor)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="result file (default benchmarks/results/gemm_<kind>.json, kind from the CPU vendor)",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 3 configurations, 2 rounds: a smoke run")
     ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--_probe_static_onednn", action="store_true", help=argparse.SUPPRESS)
@@ -197,8 +288,14 @@ def parse_args(argv=None):
 
 
 def cpu_info():
-    info = {"model": platform.processor() or platform.machine(), "vendor": None, "family": None, "model_id": None,
-            "flags": [], "cores": os.cpu_count()}
+    info = {
+        "model": platform.processor() or platform.machine(),
+        "vendor": None,
+        "family": None,
+        "model_id": None,
+        "flags": [],
+        "cores": os.cpu_count(),
+    }
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -214,8 +311,9 @@ def cpu_info():
                     info["model_id"] = int(val)
                 elif key == "flags":
                     flags = set(val.split())
-                    info["flags"] = sorted(flags & {"avx", "fma", "avx2", "avx512f", "avx512_bf16", "avx512_vnni",
-                                                    "amx_tile", "amx_bf16"})
+                    info["flags"] = sorted(
+                        flags & {"avx", "fma", "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"}
+                    )
                     break
     except OSError:
         pass
@@ -289,18 +387,48 @@ class _Worker:
             self.info["numpy_blas"] = [
                 {k: d.get(k) for k in ("internal_api", "version", "architecture", "num_threads", "threading_layer")}
                 | {"library": os.path.basename(d.get("filepath", ""))}
-                for d in threadpoolctl.threadpool_info() if d.get("user_api") == "blas"]
+                for d in threadpoolctl.threadpool_info()
+                if d.get("user_api") == "blas"
+            ]
         except ImportError:
             self.info["numpy_blas"] = "threadpoolctl not installed"
 
     def _bind_gemms(self):
-        self.mkl = self._bind(r"libmklml|libmkl_rt", "cblas_sgemm",
-                              [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                                    ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+        self.mkl = self._bind(
+            r"libmklml|libmkl_rt",
+            "cblas_sgemm",
+            [ctypes.c_int] * 6
+            + [
+                ctypes.c_float,
+                ctypes.c_void_p,
+                ctypes.c_int,
+                ctypes.c_void_p,
+                ctypes.c_int,
+                ctypes.c_float,
+                ctypes.c_void_p,
+                ctypes.c_int,
+            ],
+        )
         i64 = ctypes.c_int64
-        self.dnnl = self._bind(r"libdnnl|libmkldnn", "dnnl_sgemm",
-                               [ctypes.c_char, ctypes.c_char, i64, i64, i64, ctypes.c_float, ctypes.c_void_p, i64,
-                                ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64])
+        self.dnnl = self._bind(
+            r"libdnnl|libmkldnn",
+            "dnnl_sgemm",
+            [
+                ctypes.c_char,
+                ctypes.c_char,
+                i64,
+                i64,
+                i64,
+                ctypes.c_float,
+                ctypes.c_void_p,
+                i64,
+                ctypes.c_void_p,
+                i64,
+                ctypes.c_float,
+                ctypes.c_void_p,
+                i64,
+            ],
+        )
 
     def _make_data(self, spec):
         """Per shape: the fp32 operands (numpy and Paddle), the fp64 reference and an output buffer."""
@@ -313,8 +441,15 @@ class _Worker:
             b_np = rng.uniform(-1, 1, (n, k) if tb else (k, n)).astype(np.float32)
             a64, b64 = a_np.astype(np.float64), b_np.astype(np.float64)
             ref = (a64.T if ta else a64) @ (b64.T if tb else b64)
-            self.data[name] = dict(shape=shp, a=a_np, b=b_np, ref=ref, c=np.empty((m, n), np.float32),
-                                   pa=paddle.to_tensor(a_np), pb=paddle.to_tensor(b_np))
+            self.data[name] = dict(
+                shape=shp,
+                a=a_np,
+                b=b_np,
+                ref=ref,
+                c=np.empty((m, n), np.float32),
+                pa=paddle.to_tensor(a_np),
+                pb=paddle.to_tensor(b_np),
+            )
 
     def _build_step(self, spec):
         import paddle
@@ -330,13 +465,19 @@ class _Worker:
         model = BertForSequenceClassification(BertConfig(num_labels=2, **cfg))
         pu.convert(model)
         rng = np.random.default_rng(spec["seed"])
-        samples = [{"input_ids": rng.integers(5, cfg["vocab_size"], n).astype(np.int64),
-                    "labels": np.int64(i % 2)} for i, n in enumerate(lengths)]
+        samples = [
+            {"input_ids": rng.integers(5, cfg["vocab_size"], n).astype(np.int64), "labels": np.int64(i % 2)}
+            for i, n in enumerate(lengths)
+        ]
         batch = PackingCollator(max_seqlen=cfg["max_position_embeddings"])(samples)
         model.eval()
         with paddle.no_grad():
-            self.info["encoder_step"] = {"eval_loss": float(model(**batch)[0]), "tokens": int(sum(lengths)),
-                                         "lengths": list(lengths), "model": cfg}
+            self.info["encoder_step"] = {
+                "eval_loss": float(model(**batch)[0]),
+                "tokens": int(sum(lengths)),
+                "lengths": list(lengths),
+                "model": cfg,
+            }
         model.train()
         opt = paddle.optimizer.AdamW(learning_rate=1e-5, parameters=model.parameters())
         self.fns[("encoder_step", "step")] = bench_util.make_step(model, opt, batch)
@@ -369,17 +510,26 @@ class _Worker:
                     if hasattr(lib, sym):
                         out["mkl"][sym] = int(getattr(lib, sym)())
             elif re.search(r"libdnnl|libmkldnn", base) and hasattr(lib, "dnnl_version"):
+
                 class _Ver(ctypes.Structure):
-                    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
-                                ("hash", ctypes.c_char_p)]
+                    _fields_ = [
+                        ("major", ctypes.c_int),
+                        ("minor", ctypes.c_int),
+                        ("patch", ctypes.c_int),
+                        ("hash", ctypes.c_char_p),
+                    ]
 
                 lib.dnnl_version.restype = ctypes.POINTER(_Ver)
                 v = lib.dnnl_version().contents
-                out["onednn"] = {"library": base, "version": f"{v.major}.{v.minor}.{v.patch}",
-                                 "effective_cpu_isa": hex(lib.dnnl_get_effective_cpu_isa())}
+                out["onednn"] = {
+                    "library": base,
+                    "version": f"{v.major}.{v.minor}.{v.patch}",
+                    "effective_cpu_isa": hex(lib.dnnl_get_effective_cpu_isa()),
+                }
         try:
-            out["paddle_flags"] = {k: v for k, v in self.paddle.get_flags(["FLAGS_use_onednn", "FLAGS_use_mkldnn"])
-                                   .items()}
+            out["paddle_flags"] = {
+                k: v for k, v in self.paddle.get_flags(["FLAGS_use_onednn", "FLAGS_use_mkldnn"]).items()
+            }
         except Exception as e:  # the flag set differs between Paddle versions
             out["paddle_flags"] = repr(e)
         out["paddle"] = self.paddle.__version__
@@ -408,8 +558,10 @@ class _Worker:
             if self.mkl is None:
                 return None
             f, ca, cb = self.mkl, 112 if ta else 111, 112 if tb else 111
-            return lambda: (f(101, ca, cb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0, c.ctypes.data,
-                              n), c)[1]
+            return lambda: (
+                f(101, ca, cb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0, c.ctypes.data, n),
+                c,
+            )[1]
         if side == "dnnl_sgemm":
             if self.dnnl is None:
                 return None
@@ -432,8 +584,12 @@ class _Worker:
         diff = got.astype(np.float64) - ref
         rel = float(np.linalg.norm(diff) / np.linalg.norm(ref))
         k = d["shape"][3]
-        return {"rel_fro": rel, "max_abs_rel": float(np.abs(diff).max() / np.abs(ref).max()),
-                "tol": tolerance(k), "ok": bool(rel <= tolerance(k))}
+        return {
+            "rel_fro": rel,
+            "max_abs_rel": float(np.abs(diff).max() / np.abs(ref).max()),
+            "tol": tolerance(k),
+            "ok": bool(rel <= tolerance(k)),
+        }
 
     def time(self, side, name, reps, warmup=1):
         return bench_util.time_calls(self.fns[(side, name)], reps, warmup)
@@ -497,8 +653,7 @@ def static_onednn_probe():
 
 
 def _worker_env(base_extra, threads, set_threads, extra):
-    env = {k: v for k, v in os.environ.items()
-           if not (k.startswith(CLEARED_PREFIXES) or k in CLEARED_NAMES)}
+    env = {k: v for k, v in os.environ.items() if not (k.startswith(CLEARED_PREFIXES) or k in CLEARED_NAMES)}
     if set_threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env["OPENBLAS_NUM_THREADS"] = str(threads)
@@ -519,8 +674,15 @@ class Proc:
         self.name = name
         self.log_path = os.path.join(logdir, f"{name}.log")
         self.log = open(self.log_path, "w")
-        self.p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_worker"], env=env, cwd=ROOT,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.p = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--_worker"],
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
         self.send(spec)
         self.ready = None
 
@@ -556,17 +718,26 @@ def _perf_top(proc, side, shape, seconds, tmp):
     if perf is None:
         return None
     data = os.path.join(tmp, f"perf_{proc.name}_{side}.data")
-    rec = subprocess.Popen([perf, "record", "-q", "-F", "499", "-o", data, "-p", str(proc.pid), "--", "sleep",
-                            str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    rec = subprocess.Popen(
+        [perf, "record", "-q", "-F", "499", "-o", data, "-p", str(proc.pid), "--", "sleep", str(seconds)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(0.3)
     proc.send({"cmd": "spin", "side": side, "shape": shape, "seconds": seconds})
     proc.recv()
     _, err = rec.communicate(timeout=60)
     if rec.returncode != 0 or not os.path.exists(data):
         return {"error": (err or "").strip()[-300:]}
+
     def report(sort):
-        rep = subprocess.run([perf, "report", "-i", data, "--stdio", "--no-children", "--sort", sort],
-                             capture_output=True, text=True, timeout=120)
+        rep = subprocess.run(
+            [perf, "report", "-i", data, "--stdio", "--no-children", "--sort", sort],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return rep.stdout.splitlines()
 
     top, dsos = [], []
@@ -587,9 +758,16 @@ def kernel_family(top, dsos):
     for t in top:
         m = re.match(r"mkl_blas_(avx512_mic|avx512|avx2|avx|mc3|mc|cnr_def|def)_", t["symbol"])
         if m:
-            return {"def": "MKL def (generic SSE2 kernels)", "avx2": "MKL avx2", "avx512": "MKL avx512",
-                    "avx512_mic": "MKL avx512_mic", "avx": "MKL avx", "mc3": "MKL mc3 (SSE4.2)",
-                    "mc": "MKL mc (SSSE3)", "cnr_def": "MKL cnr_def"}[m.group(1)]
+            return {
+                "def": "MKL def (generic SSE2 kernels)",
+                "avx2": "MKL avx2",
+                "avx512": "MKL avx512",
+                "avx512_mic": "MKL avx512_mic",
+                "avx": "MKL avx",
+                "mc3": "MKL mc3 (SSE4.2)",
+                "mc": "MKL mc (SSSE3)",
+                "cnr_def": "MKL cnr_def",
+            }[m.group(1)]
         if "openblas" in t["dso"]:
             return f"OpenBLAS {t['symbol']}"
     if dsos and dsos[0]["dso"].startswith("[JIT]"):
@@ -601,10 +779,17 @@ def verbose_probe(args, shapes, tmp):
     """Which library serves Paddle's matmul: a worker run with MKL_VERBOSE / ONEDNN_VERBOSE, per flag setting."""
     out = {}
     for name, extra in (("default", {}), ("FLAGS_use_onednn=1", {"FLAGS_use_onednn": "1"})):
-        env = _worker_env({"MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1", MKL_DISPATCH_ENV: "off"}, args.threads, True,
-                          extra)
-        spec = dict(threads=args.threads, set_threads=True, seed=args.seed, shapes=shapes[:1],
-                    sides=list(PADDLE_SIDES), quick=args.quick)
+        env = _worker_env(
+            {"MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1", MKL_DISPATCH_ENV: "off"}, args.threads, True, extra
+        )
+        spec = dict(
+            threads=args.threads,
+            set_threads=True,
+            seed=args.seed,
+            shapes=shapes[:1],
+            sides=list(PADDLE_SIDES),
+            quick=args.quick,
+        )
         p = Proc(f"verbose_{len(out)}", env, spec, tmp)
         try:
             p.recv()
@@ -612,11 +797,14 @@ def verbose_probe(args, shapes, tmp):
             p.close()
         with open(p.log_path, errors="replace") as f:
             log = f.read()
-        out[name] = {"mkl_sgemm_calls": len(re.findall(r"^MKL_VERBOSE SGEMM", log, re.M)),
-                     "onednn_exec_lines": len(re.findall(r"^onednn_verbose,.*,exec,", log, re.M)),
-                     "mkl_banner": next(iter(re.findall(r"^MKL_VERBOSE (Intel\(R\) MKL.*)$", log, re.M)), None),
-                     "sgemm_calls": sorted({re.sub(r"0x[0-9a-f]+", "*", c) for c in
-                                            re.findall(r"^MKL_VERBOSE (SGEMM\([^)]*\))", log, re.M)})}
+        out[name] = {
+            "mkl_sgemm_calls": len(re.findall(r"^MKL_VERBOSE SGEMM", log, re.M)),
+            "onednn_exec_lines": len(re.findall(r"^onednn_verbose,.*,exec,", log, re.M)),
+            "mkl_banner": next(iter(re.findall(r"^MKL_VERBOSE (Intel\(R\) MKL.*)$", log, re.M)), None),
+            "sgemm_calls": sorted(
+                {re.sub(r"0x[0-9a-f]+", "*", c) for c in re.findall(r"^MKL_VERBOSE (SGEMM\([^)]*\))", log, re.M)}
+            ),
+        }
     return out
 
 
@@ -624,17 +812,27 @@ def static_probe(args):
     env = _worker_env({"FLAGS_use_onednn": "1", "ONEDNN_VERBOSE": "1"}, args.threads, True, {})
     # After its segfault Paddle's crash handler sometimes never returns: a hang is a result too.
     try:
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--_probe_static_onednn"], env=env, cwd=ROOT,
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--_probe_static_onednn"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         rc, text, hung = r.returncode, r.stdout + r.stderr, False
     except subprocess.TimeoutExpired as e:
         text = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
         rc, hung = None, True
     ran = [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"ran"')]
-    return {"returncode": rc, "hung": hung, "completed": bool(ran),
-            "onednn_matmul_exec": len(re.findall(r"onednn_verbose,.*,exec,cpu,matmul", text)),
-            "onednn_impl": next(iter(re.findall(r"exec,cpu,matmul,([^,]+),", text)), None),
-            "signal": next(iter(re.findall(r"FatalError: `([^`]+)`", text)), None)}
+    return {
+        "returncode": rc,
+        "hung": hung,
+        "completed": bool(ran),
+        "onednn_matmul_exec": len(re.findall(r"onednn_verbose,.*,exec,cpu,matmul", text)),
+        "onednn_impl": next(iter(re.findall(r"exec,cpu,matmul,([^,]+),", text)), None),
+        "signal": next(iter(re.findall(r"FatalError: `([^`]+)`", text)), None),
+    }
 
 
 def summarize(results, shapes, default_key="default/paddle_matmul"):
@@ -649,8 +847,11 @@ def summarize(results, shapes, default_key="default/paddle_matmul"):
     base = results.get(default_key)
     for r in results.values():
         common = [n for n in r["gflops_best"] if base and n in base["gflops_best"]]
-        r["speedup_vs_default_matmul"] = (math.exp(statistics.fmean(
-            math.log(r["gflops_best"][n] / base["gflops_best"][n]) for n in common)) if common else None)
+        r["speedup_vs_default_matmul"] = (
+            math.exp(statistics.fmean(math.log(r["gflops_best"][n] / base["gflops_best"][n]) for n in common))
+            if common
+            else None
+        )
 
 
 def summarize_steps(steps, worker_info):
@@ -660,9 +861,13 @@ def summarize_steps(steps, worker_info):
     for name, st in steps.items():
         info = worker_info[name].get("encoder_step", {})
         per_round = [min(t) for t in st["times_s"]]
-        out[name] = {"times_s": st["times_s"], "ms_best": 1e3 * min(per_round),
-                     "ms_median": 1e3 * statistics.median(per_round), "tokens": info.get("tokens"),
-                     "eval_loss": info.get("eval_loss")}
+        out[name] = {
+            "times_s": st["times_s"],
+            "ms_best": 1e3 * min(per_round),
+            "ms_median": 1e3 * statistics.median(per_round),
+            "tokens": info.get("tokens"),
+            "eval_loss": info.get("eval_loss"),
+        }
         out[name]["tokens_per_s"] = info.get("tokens", 0) / (out[name]["ms_best"] / 1e3)
     base = out.get("default")
     for r in out.values():
@@ -674,21 +879,27 @@ def summarize_steps(steps, worker_info):
 
 def print_table(res):
     c = res["config"]
-    print(f"CPU: {c['cpu']['model']} ({c['cpu']['vendor']}, family {c['cpu']['family']} model "
-          f"{c['cpu']['model_id']}; {', '.join(c['cpu']['flags'])}), {c['cpu']['cores']} cores; threads "
-          f"{c['threads']}; load {c['loadavg_start']} -> {c['loadavg_end']}")
+    print(
+        f"CPU: {c['cpu']['model']} ({c['cpu']['vendor']}, family {c['cpu']['family']} model "
+        f"{c['cpu']['model_id']}; {', '.join(c['cpu']['flags'])}), {c['cpu']['cores']} cores; threads "
+        f"{c['threads']}; load {c['loadavg_start']} -> {c['loadavg_end']}"
+    )
     names = [s[0] for s in c["shapes"]]
     head = f"{'configuration / side':44s}" + "".join(f"{n:>11s}" for n in names) + f"{'vs default':>11s}  ok  kernel"
     print(head)
     for key, r in res["results"].items():
         cells = "".join(f"{r['gflops_best'][n]:11.1f}" if n in r["gflops_best"] else f"{'-':>11s}" for n in names)
         sp = r["speedup_vs_default_matmul"]
-        print(f"{key:44s}{cells}{(f'{sp:10.2f}x' if sp else '-'):>11s}  {'yes' if r['correct'] else 'NO':3s} "
-              f"{r.get('kernel') or ''}")
+        print(
+            f"{key:44s}{cells}{(f'{sp:10.2f}x' if sp else '-'):>11s}  {'yes' if r['correct'] else 'NO':3s} "
+            f"{r.get('kernel') or ''}"
+        )
     for name, st in res["encoder_step"].items():
-        print(f"encoder step {name:31s} {st['ms_best']:8.0f} ms best, {st['ms_median']:.0f} median, "
-              f"{st['tokens_per_s']:.0f} tokens/s, {st.get('speedup_vs_default', 1):.2f}x default, "
-              f"eval loss diff {st.get('loss_rel_diff_vs_default', 0):.1e}")
+        print(
+            f"encoder step {name:31s} {st['ms_best']:8.0f} ms best, {st['ms_median']:.0f} median, "
+            f"{st['tokens_per_s']:.0f} tokens/s, {st.get('speedup_vs_default', 1):.2f}x default, "
+            f"eval loss diff {st.get('loss_rel_diff_vs_default', 0):.1e}"
+        )
 
 
 def _start_workers(args, shapes, tmp, procs):
@@ -698,8 +909,14 @@ def _start_workers(args, shapes, tmp, procs):
         if name not in PLUGIN_CONFIGURED:
             extra = dict(extra, **{MKL_DISPATCH_ENV: "off"})
         env = _worker_env({}, args.threads, set_threads, extra)
-        spec = dict(threads=args.threads, set_threads=set_threads, seed=args.seed, shapes=shapes,
-                    sides=list(sides), quick=args.quick)
+        spec = dict(
+            threads=args.threads,
+            set_threads=set_threads,
+            seed=args.seed,
+            shapes=shapes,
+            sides=list(sides),
+            quick=args.quick,
+        )
         procs[name] = Proc(name, env, spec, tmp)
     infos = {}
     for name, p in procs.items():
@@ -714,18 +931,24 @@ def _start_workers(args, shapes, tmp, procs):
 def _result_slots(procs, infos, shapes):
     """Empty per-side GEMM results and per-variant encoder-step timings, for what each worker has."""
     plan = [(name, side) for name in procs for side in VARIANTS[name][2] if side != "encoder_step"]
-    steps = {name: {"config": name, "times_s": []} for name in procs
-             if "encoder_step/step" in infos[name]["available"]}
+    steps = {name: {"config": name, "times_s": []} for name in procs if "encoder_step/step" in infos[name]["available"]}
     results = {}
     for name, side in plan:
         avail = [s[0] for s in shapes if f"{side}/{s[0]}" in infos[name]["available"]]
         if not avail:
             continue
         errs = {n: infos[name]["info"]["errors"][f"{side}/{n}"] for n in avail}
-        results[f"{name}/{side}"] = {"config": name, "side": side, "env": VARIANTS[name][0],
-                                     "description": VARIANTS[name][1], "errors": errs,
-                                     "correct": all(e["ok"] for e in errs.values()),
-                                     "times_s": {n: [] for n in avail}, "gflops_best": {}, "gflops_median": {}}
+        results[f"{name}/{side}"] = {
+            "config": name,
+            "side": side,
+            "env": VARIANTS[name][0],
+            "description": VARIANTS[name][1],
+            "errors": errs,
+            "correct": all(e["ok"] for e in errs.values()),
+            "times_s": {n: [] for n in avail},
+            "gflops_best": {},
+            "gflops_median": {},
+        }
     return results, steps
 
 
@@ -743,8 +966,15 @@ def _time_rounds(args, shapes, procs, results, steps):
                 r["times_s"][shp[0]].append(p.recv()["times"])
         for name, st in steps.items():
             time.sleep(args.pause)
-            procs[name].send({"cmd": "time", "side": "encoder_step", "shape": "step", "reps": args.step_reps,
-                              "warmup": 1 if rnd == 0 else 0})
+            procs[name].send(
+                {
+                    "cmd": "time",
+                    "side": "encoder_step",
+                    "shape": "step",
+                    "reps": args.step_reps,
+                    "warmup": 1 if rnd == 0 else 0,
+                }
+            )
             st["times_s"].append(procs[name].recv()["times"])
     return time.time() - t_rounds
 
@@ -764,16 +994,29 @@ def _perf_probes(args, shapes, procs, results, tmp):
 
 
 def _run_config(args, shapes, cpu, load_start, t_start, t_rounds):
-    return {"cpu": cpu, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
-            "reps": args.reps, "pause_s": args.pause, "quick": args.quick, "seed": args.seed,
-            "shapes": [list(s) for s in shapes], "flops": {s[0]: gemm_flops(s) for s in shapes},
-            "variants": {n: {"env": VARIANTS[n][0], "description": VARIANTS[n][1],
-                             "sets_threads": VARIANTS[n][3]} for n in args.variant_names},
-            "cleared_from_shell": cleared_env(), "loadavg_start": load_start, "loadavg_end": loadavg(),
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "wall_s": {"rounds": t_rounds, "total": time.time() - t_start},
-            "command": "OMP_NUM_THREADS=2 python benchmarks/bench_gemm.py"
-            + (" --quick" if args.quick else "")}
+    return {
+        "cpu": cpu,
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "reps": args.reps,
+        "pause_s": args.pause,
+        "quick": args.quick,
+        "seed": args.seed,
+        "shapes": [list(s) for s in shapes],
+        "flops": {s[0]: gemm_flops(s) for s in shapes},
+        "variants": {
+            n: {"env": VARIANTS[n][0], "description": VARIANTS[n][1], "sets_threads": VARIANTS[n][3]}
+            for n in args.variant_names
+        },
+        "cleared_from_shell": cleared_env(),
+        "loadavg_start": load_start,
+        "loadavg_end": loadavg(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "wall_s": {"rounds": t_rounds, "total": time.time() - t_start},
+        "command": "OMP_NUM_THREADS=2 python benchmarks/bench_gemm.py" + (" --quick" if args.quick else ""),
+    }
 
 
 def main(argv=None):
@@ -804,8 +1047,13 @@ def main(argv=None):
     encoder_step = summarize_steps(steps, worker_info)
     for info in worker_info.values():
         info.pop("errors", None)
-    res = {"config": _run_config(args, shapes, cpu, load_start, t_start, t_rounds), "workers": worker_info,
-           "results": results, "encoder_step": encoder_step, "probes": probes}
+    res = {
+        "config": _run_config(args, shapes, cpu, load_start, t_start, t_rounds),
+        "workers": worker_info,
+        "results": results,
+        "encoder_step": encoder_step,
+        "probes": probes,
+    }
     res["summary"] = summary(res)
     print_table(res)
     for line in res["summary"]["lines"]:
@@ -820,23 +1068,32 @@ def summary(res):
     """The fastest correct Paddle configuration and what the library calls show, as data and sentences."""
     r = res["results"]
     base = r.get("default/paddle_matmul")
-    paddle_rows = {k: v for k, v in r.items() if v["side"] in PADDLE_SIDES and v["correct"]
-                   and v["speedup_vs_default_matmul"] is not None and res["config"]["variants"][v["config"]]
-                   ["sets_threads"]}
+    paddle_rows = {
+        k: v
+        for k, v in r.items()
+        if v["side"] in PADDLE_SIDES
+        and v["correct"]
+        and v["speedup_vs_default_matmul"] is not None
+        and res["config"]["variants"][v["config"]]["sets_threads"]
+    }
     best = max(paddle_rows, key=lambda k: paddle_rows[k]["speedup_vs_default_matmul"]) if paddle_rows else None
     lines = []
     out = {"best_paddle": best, "lines": lines}
     if base and best:
         out["best_paddle_speedup"] = paddle_rows[best]["speedup_vs_default_matmul"]
-        lines.append(f"fastest correct Paddle configuration: {best} "
-                     f"({paddle_rows[best]['speedup_vs_default_matmul']:.2f}x the default paddle.matmul, "
-                     f"geometric mean over the shapes)")
+        lines.append(
+            f"fastest correct Paddle configuration: {best} "
+            f"({paddle_rows[best]['speedup_vs_default_matmul']:.2f}x the default paddle.matmul, "
+            f"geometric mean over the shapes)"
+        )
     for side in ("numpy", "mkl_cblas", "dnnl_sgemm"):
         k = f"default/{side}"
         if k in r and r[k]["speedup_vs_default_matmul"]:
             out[f"{side}_vs_default_matmul"] = r[k]["speedup_vs_default_matmul"]
-            lines.append(f"{side} in the same process: {r[k]['speedup_vs_default_matmul']:.2f}x the default "
-                         f"paddle.matmul{'' if r[k]['correct'] else ' (NOT within tolerance)'}")
+            lines.append(
+                f"{side} in the same process: {r[k]['speedup_vs_default_matmul']:.2f}x the default "
+                f"paddle.matmul{'' if r[k]['correct'] else ' (NOT within tolerance)'}"
+            )
     return out
 
 

@@ -29,6 +29,7 @@ time with 0). Before timing, our output and gradients (dropout 0, both backward 
 compared with a peer's; a disagreement is recorded and makes the script exit 1 after
 writing the JSON (--out).
 """
+
 import argparse
 import inspect
 import json
@@ -54,8 +55,9 @@ def require_cuda(script):
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - any import failure means "no torch here"
-        raise SystemExit(f"{script} needs a CUDA GPU and PyTorch with CUDA: torch is not importable "
-                         f"({type(e).__name__}: {e})") from None
+        raise SystemExit(
+            f"{script} needs a CUDA GPU and PyTorch with CUDA: torch is not importable ({type(e).__name__}: {e})"
+        ) from None
     if not torch.cuda.is_available():
         raise SystemExit(f"{script} needs a CUDA GPU: torch {torch.__version__} sees no CUDA device")
     return torch
@@ -125,22 +127,48 @@ def varlen_entry(torch):
         return None, f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn ({short(e)})"
     params = inspect.signature(varlen_attn).parameters
     positional = [n for n, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    shape_ok = len(positional) >= 7 and all("cu" in n for n in positional[3:5]) and all(
-        "max" in n for n in positional[5:7])
+    shape_ok = (
+        len(positional) >= 7 and all("cu" in n for n in positional[3:5]) and all("max" in n for n in positional[5:7])
+    )
     if not shape_ok:
         return None, f"varlen_attn{inspect.signature(varlen_attn)}: not (q, k, v, cu_q, cu_k, max_q, max_k, ...)"
     dropout = next((n for n in ("dropout_p", "dropout") if n in params), None)
-    return varlen_attn, {"signature": f"varlen_attn{inspect.signature(varlen_attn)}",
-                         "scale": "scale" in params, "dropout": dropout}
+    return varlen_attn, {
+        "signature": f"varlen_attn{inspect.signature(varlen_attn)}",
+        "scale": "scale" in params,
+        "dropout": dropout,
+    }
 
 
 def aten_flash_entry(torch):
     """(forward, backward) of torch.ops.aten._flash_attention_*, checked against the argument
     order this script passes, or (None, reason)."""
-    want_f = ["query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p", "is_causal",
-              "return_debug_mask"]
-    want_b = ["grad_out", "query", "key", "value", "out", "logsumexp", "cum_seq_q", "cum_seq_k", "max_q", "max_k",
-              "dropout_p", "is_causal"]  # then (rng_state, unused) or (philox_seed, philox_offset)
+    want_f = [
+        "query",
+        "key",
+        "value",
+        "cum_seq_q",
+        "cum_seq_k",
+        "max_q",
+        "max_k",
+        "dropout_p",
+        "is_causal",
+        "return_debug_mask",
+    ]
+    want_b = [
+        "grad_out",
+        "query",
+        "key",
+        "value",
+        "out",
+        "logsumexp",
+        "cum_seq_q",
+        "cum_seq_k",
+        "max_q",
+        "max_k",
+        "dropout_p",
+        "is_causal",
+    ]  # then (rng_state, unused) or (philox_seed, philox_offset)
     try:
         fwd, bwd = torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
         for op, want in ((fwd, want_f), (bwd, want_b)):
@@ -171,8 +199,22 @@ def ours(grouping, deterministic):
 
         def fb():
             fwd()
-            c.harness.bwd(q, c.k, c.v, out, lse, c.dout, c.cu_np, c.scale, dq=dq, dk=dk, dv=dv, workspace=ws,
-                          deterministic=deterministic, **kw)
+            c.harness.bwd(
+                q,
+                c.k,
+                c.v,
+                out,
+                lse,
+                c.dout,
+                c.cu_np,
+                c.scale,
+                dq=dq,
+                dk=dk,
+                dv=dv,
+                workspace=ws,
+                deterministic=deterministic,
+                **kw,
+            )
 
         return fwd, fb
 
@@ -199,9 +241,11 @@ def varlen_attn_method(c, p):
     if fn is None:
         raise Unsupported(info)
     if p > 0 and info["dropout"] is None:
-        raise Unsupported(f"varlen_attn takes no dropout argument in torch {c.torch.__version__} "
-                          "(its signature has none): no dropout time; flash_varlen_aten runs the same "
-                          "FlashAttention-2 kernels with dropout")
+        raise Unsupported(
+            f"varlen_attn takes no dropout argument in torch {c.torch.__version__} "
+            "(its signature has none): no dropout time; flash_varlen_aten runs the same "
+            "FlashAttention-2 kernels with dropout"
+        )
     if not info["scale"] and abs(c.scale - 1.0 / math.sqrt(c.D)) > 1e-12:
         raise Unsupported("varlen_attn takes no scale and the scale is not 1/sqrt(D)")
     kw = {"scale": c.scale} if info["scale"] else {}
@@ -253,8 +297,9 @@ def sdpa_method(backend_name, padded):
 
         def run():
             with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=mask, dropout_p=p,
-                                                                        scale=c.scale)
+                return torch.nn.functional.scaled_dot_product_attention(
+                    *leaves, attn_mask=mask, dropout_p=p, scale=c.scale
+                )
 
         return autograd_pair(torch, leaves, run, dout)
 
@@ -312,13 +357,19 @@ def check_against_peer(c):
                 if not c.equal:
                     lens = torch.tensor(c.lengths, device="cuda")
                     mask = (torch.arange(c.S, device="cuda")[None, :] < lens[:, None])[:, None, None, :]
-                backend = {"sdpa_dense_flash": "FLASH_ATTENTION", "sdpa_padded_efficient": "EFFICIENT_ATTENTION",
-                           "sdpa_padded_cudnn": "CUDNN_ATTENTION"}[name]
+                backend = {
+                    "sdpa_dense_flash": "FLASH_ATTENTION",
+                    "sdpa_padded_efficient": "EFFICIENT_ATTENTION",
+                    "sdpa_padded_cudnn": "CUDNN_ATTENTION",
+                }[name]
                 with sdpa_kernel(getattr(SDPBackend, backend)):
                     o = torch.nn.functional.scaled_dot_product_attention(*bh, attn_mask=mask, scale=c.scale)
                 o = o.transpose(1, 2)  # [B, S, H, D]
-                out = o.reshape(c.B * c.S, c.H, c.D) if c.equal else torch.cat(
-                    [o[b, :s] for b, s in enumerate(c.lengths)])
+                out = (
+                    o.reshape(c.B * c.S, c.H, c.D)
+                    if c.equal
+                    else torch.cat([o[b, :s] for b, s in enumerate(c.lengths)])
+                )
             out.backward(c.dout)
             peer = (name, out.detach(), *(x.grad for x in leaves))
             break
@@ -363,16 +414,20 @@ def summarise(methods):
             for m in ("ours_grouped", "ours_ungrouped", "ours_grouped_deterministic"):
                 r[f"{key} {m} / strongest peer"] = ratio(ms(m, p, key), peers.get(best))
         padded = [t for m in ("sdpa_padded_efficient", "sdpa_padded_cudnn") if (t := ms(m, p, "fwdbwd_ms"))]
-        r["fwdbwd_ms ours_grouped / best padded sdpa"] = ratio(ms(OURS_DEFAULT, p, "fwdbwd_ms"),
-                                                               min(padded) if padded else None)
-        r["fwdbwd_ms ours_grouped / ours_ungrouped"] = ratio(ms("ours_grouped", p, "fwdbwd_ms"),
-                                                            ms("ours_ungrouped", p, "fwdbwd_ms"))
+        r["fwdbwd_ms ours_grouped / best padded sdpa"] = ratio(
+            ms(OURS_DEFAULT, p, "fwdbwd_ms"), min(padded) if padded else None
+        )
+        r["fwdbwd_ms ours_grouped / ours_ungrouped"] = ratio(
+            ms("ours_grouped", p, "fwdbwd_ms"), ms("ours_ungrouped", p, "fwdbwd_ms")
+        )
         r["fwdbwd_ms ours_grouped_deterministic / ours_grouped"] = ratio(
-            ms("ours_grouped_deterministic", p, "fwdbwd_ms"), ms("ours_grouped", p, "fwdbwd_ms"))
+            ms("ours_grouped_deterministic", p, "fwdbwd_ms"), ms("ours_grouped", p, "fwdbwd_ms")
+        )
         res[pkey(p)] = r
     hi, lo = max(P_DROPS), min(P_DROPS)
     res["dropout_overhead"] = {
-        m: {k: ratio(ms(m, hi, k), ms(m, lo, k)) for k in ("fwd_ms", "fwdbwd_ms")} for m in methods}
+        m: {k: ratio(ms(m, hi, k), ms(m, lo, k)) for k in ("fwd_ms", "fwdbwd_ms")} for m in methods
+    }
     res["dropout_overhead_note"] = f"time with dropout {hi:g} / time with {lo:g}"
     return res
 
@@ -385,13 +440,40 @@ def run_case(torch, harness, name, H, D, B, max_len, kind, warmup, iters, varlen
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, dout = (torch.randn(T, H, D, device="cuda", generator=g).to(dt) for _ in range(4))
     fwd_flops = 4.0 * H * D * float(sum(s * s for s in lengths))
-    res = {"heads": H, "head_dim": D, "batch": B, "lengths": kind, "tokens": T, "max_len": S,
-           "mean_len": float(np.mean(lengths)), "padded_tokens": B * S, "dtype": "bfloat16",
-           "fwd_gflop": fwd_flops / 1e9, "methods": {}}
-    c = types.SimpleNamespace(torch=torch, harness=harness, q=q, k=k, v=v, dout=dout, cu_np=cu_np,
-                              cu_t=torch.from_numpy(cu_np).cuda(), lengths=lengths, T=T, S=S, B=B, H=H, D=D,
-                              scale=1.0 / math.sqrt(D), equal=kind == "equal", varlen=varlen,
-                              aten_flash=aten_flash, check_errors={})
+    res = {
+        "heads": H,
+        "head_dim": D,
+        "batch": B,
+        "lengths": kind,
+        "tokens": T,
+        "max_len": S,
+        "mean_len": float(np.mean(lengths)),
+        "padded_tokens": B * S,
+        "dtype": "bfloat16",
+        "fwd_gflop": fwd_flops / 1e9,
+        "methods": {},
+    }
+    c = types.SimpleNamespace(
+        torch=torch,
+        harness=harness,
+        q=q,
+        k=k,
+        v=v,
+        dout=dout,
+        cu_np=cu_np,
+        cu_t=torch.from_numpy(cu_np).cuda(),
+        lengths=lengths,
+        T=T,
+        S=S,
+        B=B,
+        H=H,
+        D=D,
+        scale=1.0 / math.sqrt(D),
+        equal=kind == "equal",
+        varlen=varlen,
+        aten_flash=aten_flash,
+        check_errors={},
+    )
     res["check"] = check_against_peer(c)
     for method, (_, runs_on, make) in METHODS.items():
         if runs_on not in ("all", kind):
@@ -401,8 +483,12 @@ def run_case(torch, harness, name, H, D, B, max_len, kind, warmup, iters, varlen
             try:
                 f, fb = make(c, p)
                 f_ms, fb_ms = timeit(torch, f, warmup, iters), timeit(torch, fb, warmup, iters)
-                entry[pkey(p)] = {"fwd_ms": f_ms, "fwd_tflops": fwd_flops / f_ms / 1e9, "fwdbwd_ms": fb_ms,
-                                  "fwdbwd_tflops": 3.5 * fwd_flops / fb_ms / 1e9}
+                entry[pkey(p)] = {
+                    "fwd_ms": f_ms,
+                    "fwd_tflops": fwd_flops / f_ms / 1e9,
+                    "fwdbwd_ms": fb_ms,
+                    "fwdbwd_tflops": 3.5 * fwd_flops / fb_ms / 1e9,
+                }
             except Unsupported as e:
                 entry[pkey(p)] = {"unsupported": str(e)}
             except Exception as e:  # noqa: BLE001 - a peer that fails is recorded, not fatal
@@ -413,25 +499,30 @@ def run_case(torch, harness, name, H, D, B, max_len, kind, warmup, iters, varlen
 
 
 def print_case(name, res):
-    print(f"\n{name}: {res['batch']} x up to {res['max_len']} ({res['lengths']}), {res['heads']} heads, "
-          f"d={res['head_dim']}, {res['tokens']} tokens; check vs {res['check'].get('peer')}: "
-          f"{'ok' if res['check']['ok'] else 'FAILED'}")
+    print(
+        f"\n{name}: {res['batch']} x up to {res['max_len']} ({res['lengths']}), {res['heads']} heads, "
+        f"d={res['head_dim']}, {res['tokens']} tokens; check vs {res['check'].get('peer')}: "
+        f"{'ok' if res['check']['ok'] else 'FAILED'}"
+    )
     print(f"  {'method':30s}" + "".join(f" {pkey(p) + ' fwd / fwd+bwd ms (TFLOP/s)':>44s}" for p in P_DROPS))
     for m, entry in res["methods"].items():
         cells = []
         for p in P_DROPS:
             e = entry.get(pkey(p), {})
             if "fwd_ms" in e:
-                cells.append(f"{e['fwd_ms']:7.3f} / {e['fwdbwd_ms']:7.3f} ({e['fwd_tflops']:5.0f} / "
-                             f"{e['fwdbwd_tflops']:5.0f})")
+                cells.append(
+                    f"{e['fwd_ms']:7.3f} / {e['fwdbwd_ms']:7.3f} ({e['fwd_tflops']:5.0f} / {e['fwdbwd_tflops']:5.0f})"
+                )
             else:
                 cells.append(("n/a: " + e.get("unsupported", e.get("error", "?")))[:44])
         print(f"  {m:30s}" + "".join(f" {x:>44s}" for x in cells))
     for p in P_DROPS:
         r = res["ratios"][pkey(p)]
         x = r.get("fwdbwd_ms ours_grouped / strongest peer")
-        print(f"  {pkey(p)}: strongest peer {r['strongest_peer_fwdbwd']}, ours_grouped fwd+bwd / it = "
-              f"{'n/a' if x is None else f'{x:.2f}'}")
+        print(
+            f"  {pkey(p)}: strongest peer {r['strongest_peer_fwdbwd']}, ours_grouped fwd+bwd / it = "
+            f"{'n/a' if x is None else f'{x:.2f}'}"
+        )
     x = res["ratios"]["dropout_overhead"].get(OURS_DEFAULT, {}).get("fwdbwd_ms")
     print(f"  dropout overhead of ours_grouped (fwd+bwd): {'n/a' if x is None else f'{x:.2f}x'}", flush=True)
 
@@ -449,15 +540,20 @@ def targets(cases):
     hi = max(P_DROPS)
     return {
         "40x512 fwdbwd within 1.3x of the strongest peer, dropout 0": le(
-            get(ref, 0.0, "fwdbwd_ms ours_grouped / strongest peer"), 1.3),
+            get(ref, 0.0, "fwdbwd_ms ours_grouped / strongest peer"), 1.3
+        ),
         f"40x512 fwdbwd within 1.3x of the strongest peer, dropout {hi:g}": le(
-            get(ref, hi, "fwdbwd_ms ours_grouped / strongest peer"), 1.3),
+            get(ref, hi, "fwdbwd_ms ours_grouped / strongest peer"), 1.3
+        ),
         f"40x512 dropout {hi:g} costs at most +20% fwdbwd": le(
-            ref.get("dropout_overhead", {}).get(OURS_DEFAULT, {}).get("fwdbwd_ms"), 1.2),
+            ref.get("dropout_overhead", {}).get(OURS_DEFAULT, {}).get("fwdbwd_ms"), 1.2
+        ),
         f"ragged fwdbwd faster than padded sdpa, dropout {hi:g}": le(
-            get(ragged, hi, "fwdbwd_ms ours_grouped / best padded sdpa"), 1.0),
+            get(ragged, hi, "fwdbwd_ms ours_grouped / best padded sdpa"), 1.0
+        ),
         "ragged grouped no slower than ungrouped (2% noise allowance)": le(
-            get(ragged, 0.0, "fwdbwd_ms ours_grouped / ours_ungrouped"), 1.02),
+            get(ragged, 0.0, "fwdbwd_ms ours_grouped / ours_ungrouped"), 1.02
+        ),
     }
 
 
@@ -466,8 +562,11 @@ def main():
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=15)
-    ap.add_argument("--cases", default=",".join(c[0] for c in CASES),
-                    help="comma-separated subset of: " + ", ".join(c[0] for c in CASES))
+    ap.add_argument(
+        "--cases",
+        default=",".join(c[0] for c in CASES),
+        help="comma-separated subset of: " + ", ".join(c[0] for c in CASES),
+    )
     args = ap.parse_args()
     wanted = args.cases.split(",")
     unknown = sorted(set(wanted) - {c[0] for c in CASES})
@@ -479,19 +578,25 @@ def main():
     harness = load_harness(script)
     varlen, aten_flash = varlen_entry(torch), aten_flash_entry(torch)
     t0 = time.time()
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "cuda": torch.version.cuda, "harness": harness.path,
-              "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
-              "omp_num_threads": os.environ["OMP_NUM_THREADS"],
-              "flops": "useful only: forward 4*H*D*sum(s^2), forward+backward 3.5x that",
-              "varlen_attn": varlen[1] if varlen[0] is not None else {"missing": varlen[1]},
-              "flash_varlen_aten": "ok" if aten_flash[0] is not None else {"missing": aten_flash[1]},
-              "cases": {}}
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "harness": harness.path,
+        "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
+        "omp_num_threads": os.environ["OMP_NUM_THREADS"],
+        "flops": "useful only: forward 4*H*D*sum(s^2), forward+backward 3.5x that",
+        "varlen_attn": varlen[1] if varlen[0] is not None else {"missing": varlen[1]},
+        "flash_varlen_aten": "ok" if aten_flash[0] is not None else {"missing": aten_flash[1]},
+        "cases": {},
+    }
     for name, H, D, B, L, kind in CASES:
         if name not in wanted:
             continue
-        result["cases"][name] = run_case(torch, harness, name, H, D, B, L, kind, args.warmup, args.iters,
-                                         varlen, aten_flash)
+        result["cases"][name] = run_case(
+            torch, harness, name, H, D, B, L, kind, args.warmup, args.iters, varlen, aten_flash
+        )
         print_case(name, result["cases"][name])
     result["targets_bert_large_bf16_d64"] = targets(result["cases"])
     result["seconds"] = time.time() - t0
@@ -500,8 +605,10 @@ def main():
     print(json.dumps(result["targets_bert_large_bf16_d64"], indent=1))
     bad = sorted(n for n, c in result["cases"].items() if not c["check"]["ok"])
     if bad:
-        raise SystemExit(f"{script}: our kernels disagree with the peer, or no peer ran to check them, in "
-                         f"{', '.join(bad)} (see each case's 'check' in {args.out})")
+        raise SystemExit(
+            f"{script}: our kernels disagree with the peer, or no peer ran to check them, in "
+            f"{', '.join(bad)} (see each case's 'check' in {args.out})"
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ GB/s count the bytes a fused kernel must move at least (each tensor read or writ
 once; vectors and mean/rstd ignored), for both sides, so the ratio is a time ratio.
 Writes JSON (--out).
 """
+
 import argparse
 import json
 import os
@@ -59,8 +60,9 @@ def gelu_case(torch, harness, rows, cols, dt, warmup, iters):
         xt.grad = bt.grad = None
         torch.nn.functional.gelu(xt + bt).backward(dy)
 
-    return compare(torch, {"ours": (ours_f, ours_fb), "torch_unfused": (torch_f, torch_fb)},
-                   fwd_bytes, fb_bytes, warmup, iters)
+    return compare(
+        torch, {"ours": (ours_f, ours_fb), "torch_unfused": (torch_f, torch_fb)}, fwd_bytes, fb_bytes, warmup, iters
+    )
 
 
 def bdrln_case(torch, harness, rows, cols, dt, warmup, iters, residual_dt=None, ln_dt=None):
@@ -86,8 +88,22 @@ def bdrln_case(torch, harness, rows, cols, dt, warmup, iters, residual_dt=None, 
 
     def ours_fb():
         harness.bdrln_fwd(x, bias, res, w, b, y=y, mean=mean, rstd=rstd, **kw)
-        harness.bdrln_bwd(x, bias, res, w, mean, rstd, dy, dx=dx, dresidual=dres, dbias=db,
-                          dln_weight=dw, dln_bias=dlb, workspace=ws, **kw)
+        harness.bdrln_bwd(
+            x,
+            bias,
+            res,
+            w,
+            mean,
+            rstd,
+            dy,
+            dx=dx,
+            dresidual=dres,
+            dbias=db,
+            dln_weight=dw,
+            dln_bias=dlb,
+            workspace=ws,
+            **kw,
+        )
 
     leaves = [t.detach().clone().requires_grad_() for t in (x, bias, res, w, b)]
 
@@ -105,8 +121,9 @@ def bdrln_case(torch, harness, rows, cols, dt, warmup, iters, residual_dt=None, 
             t.grad = None
         torch_y().backward(dy)
 
-    return compare(torch, {"ours": (ours_f, ours_fb), "torch_unfused": (torch_f, torch_fb)},
-                   fwd_bytes, fb_bytes, warmup, iters)
+    return compare(
+        torch, {"ours": (ours_f, ours_fb), "torch_unfused": (torch_f, torch_fb)}, fwd_bytes, fb_bytes, warmup, iters
+    )
 
 
 def compare(torch, methods, fwd_bytes, fb_bytes, warmup, iters):
@@ -114,8 +131,12 @@ def compare(torch, methods, fwd_bytes, fb_bytes, warmup, iters):
     for name, (f, fb) in methods.items():
         try:
             f_ms, fb_ms = timeit(torch, f, warmup, iters), timeit(torch, fb, warmup, iters)
-            res[name] = {"fwd_ms": f_ms, "fwd_gbs": fwd_bytes / f_ms / 1e6,
-                         "fwdbwd_ms": fb_ms, "fwdbwd_gbs": fb_bytes / fb_ms / 1e6}
+            res[name] = {
+                "fwd_ms": f_ms,
+                "fwd_gbs": fwd_bytes / f_ms / 1e6,
+                "fwdbwd_ms": fb_ms,
+                "fwdbwd_gbs": fb_bytes / fb_ms / 1e6,
+            }
         except Exception as e:  # noqa: BLE001
             res[name] = {"error": f"{type(e).__name__}: {e}"}
     try:
@@ -138,20 +159,37 @@ def main():
 
     harness = pu_harness.load()
     t0 = time.time()
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "cuda": torch.version.cuda, "harness": harness.path,
-              "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
-              "bytes": "minimal traffic of a fused kernel (each [rows, cols] tensor once)", "cases": {}}
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "harness": harness.path,
+        "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
+        "bytes": "minimal traffic of a fused kernel (each [rows, cols] tensor once)",
+        "cases": {},
+    }
     for name, rows, hidden, inter in CASES:
         for dtype in ("bfloat16", "float16"):
             dt = getattr(torch, dtype)
             key = f"{name}/{dtype}"
             result["cases"][key] = {
-                "rows": rows, "hidden": hidden, "intermediate": inter,
+                "rows": rows,
+                "hidden": hidden,
+                "intermediate": inter,
                 "bias_gelu": gelu_case(torch, harness, rows, inter, dt, args.warmup, args.iters),
                 "bdrln": bdrln_case(torch, harness, rows, hidden, dt, args.warmup, args.iters),
-                "bdrln_amp_o1": bdrln_case(torch, harness, rows, hidden, dt, args.warmup, args.iters,
-                                           residual_dt=torch.float32, ln_dt=torch.float32),
+                "bdrln_amp_o1": bdrln_case(
+                    torch,
+                    harness,
+                    rows,
+                    hidden,
+                    dt,
+                    args.warmup,
+                    args.iters,
+                    residual_dt=torch.float32,
+                    ln_dt=torch.float32,
+                ),
             }
             print(json.dumps({key: result["cases"][key]}, indent=1), flush=True)
     result["seconds"] = time.time() - t0

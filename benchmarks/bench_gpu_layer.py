@@ -19,6 +19,7 @@ is compared with the padded one in fp32 on the real tokens (output, input and pa
 gradients, dropout 0); a disagreement is written to the JSON and the script exits 1
 without timing. Writes JSON (--out).
 """
+
 import argparse
 import json
 import math
@@ -114,8 +115,9 @@ def autograd_ops(torch, harness):
         def backward(ctx, dy):
             x, bias, residual, w, mean, rstd = ctx.saved_tensors
             p, seed = ctx.args
-            dx, dres, dbias, dw, db = harness.bdrln_bwd(x, bias, residual, w, mean, rstd, dy.contiguous(), dropout=p,
-                                                        epsilon=EPS, seed=seed)
+            dx, dres, dbias, dw, db = harness.bdrln_bwd(
+                x, bias, residual, w, mean, rstd, dy.contiguous(), dropout=p, epsilon=EPS, seed=seed
+            )
             return dx, dbias, dres, dw, db, None, None
 
     return Fmha, BiasGelu, Bdrln
@@ -199,9 +201,11 @@ def check_layer(torch, ops, lengths, hidden, heads, ffn):
     fp32 = {k: v.detach().float().requires_grad_() for k, v in mine.items()}
     low = {k: v.detach().clone().requires_grad_() for k, v in mine.items()}
     results = {}
-    for what, prm, run in (("ours", mine, lambda prm: run_packed(torch, ops, prm, batch, heads, 0.0, torch.bfloat16)),
-                           ("ref", fp32, lambda prm: run_padded(torch, prm, batch, heads, 0.0, torch.float32)),
-                           ("low", low, lambda prm: run_padded(torch, prm, batch, heads, 0.0, torch.bfloat16))):
+    for what, prm, run in (
+        ("ours", mine, lambda prm: run_packed(torch, ops, prm, batch, heads, 0.0, torch.bfloat16)),
+        ("ref", fp32, lambda prm: run_padded(torch, prm, batch, heads, 0.0, torch.float32)),
+        ("low", low, lambda prm: run_padded(torch, prm, batch, heads, 0.0, torch.bfloat16)),
+    ):
         y, x = run(prm)
         y, dx = y.detach(), x.grad
         if what != "ours":
@@ -236,8 +240,16 @@ def gemm_rate(torch, warmup, iters, n=8192):
 
 def time_model(torch, ops, name, hidden, heads, ffn, B, max_len, warmup, iters, gemm_tflops):
     lengths = realistic_lengths(B, max_len, seed=zlib.crc32(name.encode()))
-    res = {"hidden": hidden, "heads": heads, "ffn": ffn, "batch": B, "max_len": max_len, "tokens": sum(lengths),
-           "padded_tokens": B * max(lengths), "dtype": "bfloat16"}
+    res = {
+        "hidden": hidden,
+        "heads": heads,
+        "ffn": ffn,
+        "batch": B,
+        "max_len": max_len,
+        "tokens": sum(lengths),
+        "padded_tokens": B * max(lengths),
+        "dtype": "bfloat16",
+    }
     check_lengths = [s for s in lengths if s > 0][:CHECK_SEQS]
     res["check"] = check_layer(torch, ops, check_lengths, hidden, heads, ffn)
     if not res["check"]["ok"]:
@@ -254,6 +266,7 @@ def time_model(torch, ops, name, hidden, heads, ffn, B, max_len, warmup, iters, 
             t.grad = None
 
     for p in P_DROPS:
+
         def packed_fwd(p=p):
             with torch.no_grad():
                 packed_layer(torch, ops, prm, xp, batch.cu_np, heads, p, 7)
@@ -274,8 +287,13 @@ def time_model(torch, ops, name, hidden, heads, ffn, B, max_len, warmup, iters, 
         for side, f, fb in (("packed", packed_fwd, packed_fb), ("padded", padded_fwd, padded_fb)):
             f_ms, fb_ms = timeit(torch, f, warmup, iters), timeit(torch, fb, warmup, iters)
             tf = fb_flops / fb_ms / 1e9
-            r[side] = {"fwd_ms": f_ms, "fwdbwd_ms": fb_ms, "fwd_useful_tflops": fwd_flops / f_ms / 1e9,
-                       "fwdbwd_useful_tflops": tf, "fwdbwd_fraction_of_gemm_rate": tf / gemm_tflops}
+            r[side] = {
+                "fwd_ms": f_ms,
+                "fwdbwd_ms": fb_ms,
+                "fwd_useful_tflops": fwd_flops / f_ms / 1e9,
+                "fwdbwd_useful_tflops": tf,
+                "fwdbwd_fraction_of_gemm_rate": tf / gemm_tflops,
+            }
         share = res["tokens"] / res["padded_tokens"]
         r["ideal"] = {"fwd_ms": r["padded"]["fwd_ms"] * share, "fwdbwd_ms": r["padded"]["fwdbwd_ms"] * share}
         r["speedup_over_padded_fwdbwd"] = r["padded"]["fwdbwd_ms"] / r["packed"]["fwdbwd_ms"]
@@ -283,8 +301,9 @@ def time_model(torch, ops, name, hidden, heads, ffn, B, max_len, warmup, iters, 
         r["packed_over_ideal_fwdbwd"] = r["packed"]["fwdbwd_ms"] / r["ideal"]["fwdbwd_ms"]
         res[pkey(p)] = r
     hi, lo = max(P_DROPS), min(P_DROPS)
-    res["dropout_overhead_fwdbwd"] = {s: res[pkey(hi)][s]["fwdbwd_ms"] / res[pkey(lo)][s]["fwdbwd_ms"]
-                                      for s in ("packed", "padded")}
+    res["dropout_overhead_fwdbwd"] = {
+        s: res[pkey(hi)][s]["fwdbwd_ms"] / res[pkey(lo)][s]["fwdbwd_ms"] for s in ("packed", "padded")
+    }
     return res
 
 
@@ -295,11 +314,15 @@ def headline(models):
         if not r.get("check", {}).get("ok"):
             out[name] = {"check": "FAILED", "bad": r.get("check", {}).get("bad")}
             continue
-        out[name] = {pkey(p): {"speedup_over_padded": r[pkey(p)]["speedup_over_padded_fwdbwd"],
-                               "possible_speedup": r[pkey(p)]["possible_speedup"],
-                               "packed_useful_tflops": r[pkey(p)]["packed"]["fwdbwd_useful_tflops"],
-                               "packed_fraction_of_gemm_rate": r[pkey(p)]["packed"]["fwdbwd_fraction_of_gemm_rate"]}
-                     for p in P_DROPS}
+        out[name] = {
+            pkey(p): {
+                "speedup_over_padded": r[pkey(p)]["speedup_over_padded_fwdbwd"],
+                "possible_speedup": r[pkey(p)]["possible_speedup"],
+                "packed_useful_tflops": r[pkey(p)]["packed"]["fwdbwd_useful_tflops"],
+                "packed_fraction_of_gemm_rate": r[pkey(p)]["packed"]["fwdbwd_fraction_of_gemm_rate"],
+            }
+            for p in P_DROPS
+        }
         out[name]["dropout_overhead_fwdbwd"] = r["dropout_overhead_fwdbwd"]
     return out
 
@@ -309,8 +332,11 @@ def main():
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--models", default=",".join(m[0] for m in MODELS),
-                    help="comma-separated subset of: " + ", ".join(m[0] for m in MODELS))
+    ap.add_argument(
+        "--models",
+        default=",".join(m[0] for m in MODELS),
+        help="comma-separated subset of: " + ", ".join(m[0] for m in MODELS),
+    )
     args = ap.parse_args()
     wanted = args.models.split(",")
     unknown = sorted(set(wanted) - {m[0] for m in MODELS})
@@ -323,13 +349,19 @@ def main():
     ops = autograd_ops(torch, harness)
     t0 = time.time()
     gemm = gemm_rate(torch, args.warmup, args.iters)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "cuda": torch.version.cuda, "harness": harness.path,
-              "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
-              "omp_num_threads": os.environ["OMP_NUM_THREADS"],
-              "flops": "useful (real tokens): GEMMs 2*T*(4*h^2 + 2*h*f) and attention 4*h*sum(s^2) forward; "
-                       "forward+backward 3x the GEMMs and 3.5x the attention",
-              "gemm": gemm, "models": {}}
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "harness": harness.path,
+        "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
+        "omp_num_threads": os.environ["OMP_NUM_THREADS"],
+        "flops": "useful (real tokens): GEMMs 2*T*(4*h^2 + 2*h*f) and attention 4*h*sum(s^2) forward; "
+        "forward+backward 3x the GEMMs and 3.5x the attention",
+        "gemm": gemm,
+        "models": {},
+    }
     for name, hidden, heads, ffn, B, L in MODELS:
         if name not in wanted:
             continue
@@ -343,8 +375,10 @@ def main():
     print(json.dumps({"gemm_tflops": gemm["tflops"], "headline": result["headline"]}, indent=1))
     bad = {n: r["check"]["bad"] for n, r in result["models"].items() if not r["check"]["ok"]}
     if bad:
-        raise SystemExit(f"{script}: the packed layer disagrees with the padded fp32 one (not timed): {bad} "
-                         f"(see each model's 'check' in {args.out})")
+        raise SystemExit(
+            f"{script}: the packed layer disagrees with the padded fp32 one (not timed): {bad} "
+            f"(see each model's 'check' in {args.out})"
+        )
 
 
 if __name__ == "__main__":

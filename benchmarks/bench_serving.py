@@ -34,6 +34,7 @@ Writes ``benchmarks/results/serving_<kind>.json``; ``benchmarks/report.py`` rend
     python benchmarks/bench_serving.py                # make bench size: 3-4 minutes on 2 cores
     python benchmarks/bench_serving.py --quick --tiny # smoke run: small batches, a 2-layer random model
 """
+
 from __future__ import annotations
 
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
@@ -63,22 +64,45 @@ CORPORA = ("short reviews", "pre-training pairs")
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)
 # operator kinds of an inference forward (first match wins; lower-cased operator names); padded attention is
 # Paddle's matmul-softmax-matmul, so its two batched matmuls count as GEMM there
-KINDS = (("attention (fmha; padded: softmax)", ("fmha", "softmax")),
-         ("bias, residual, LayerNorm, GELU (unpadded: fused ops)", ("bias_gelu", "bias_dropout_residual_layer_norm",
-                                                                   "add", "layer_norm", "gelu", "dropout")),
-         ("GEMM (padded: with attention's batched matmuls)", ("matmul", "linear")),
-         ("embeddings", ("embedding",)),
-         ("layout & packing", ("gather", "scatter", "concat", "split", "slice", "reshape", "transpose", "squeeze",
-                               "unsqueeze", "stack", "flatten", "expand", "index_")),
-         ("other element-wise", ("scale", "cast", "full", "subtract", "multiply", "tanh", "cumsum", "assign", "where",
-                                 "equal")))
+KINDS = (
+    ("attention (fmha; padded: softmax)", ("fmha", "softmax")),
+    (
+        "bias, residual, LayerNorm, GELU (unpadded: fused ops)",
+        ("bias_gelu", "bias_dropout_residual_layer_norm", "add", "layer_norm", "gelu", "dropout"),
+    ),
+    ("GEMM (padded: with attention's batched matmuls)", ("matmul", "linear")),
+    ("embeddings", ("embedding",)),
+    (
+        "layout & packing",
+        (
+            "gather",
+            "scatter",
+            "concat",
+            "split",
+            "slice",
+            "reshape",
+            "transpose",
+            "squeeze",
+            "unsqueeze",
+            "stack",
+            "flatten",
+            "expand",
+            "index_",
+        ),
+    ),
+    (
+        "other element-wise",
+        ("scale", "cast", "full", "subtract", "multiply", "tanh", "cumsum", "assign", "where", "equal"),
+    ),
+)
 CLOSE = 1.15  # unpadded latency within 15 % of the ideal counts as close
 AGREE = 1e-4  # largest relative difference of the two sides' logits
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, one process each")
     ap.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--long-max-len", type=int, default=128, help="max tokens of a pre-training pair")
@@ -91,8 +115,11 @@ def parse_args(argv=None):
     ap.add_argument("--tiny", action="store_true", help="a 2-layer random-weight model with MiniLM's vocabulary")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 thread, batches 1 and 4, few calls")
     ap.add_argument("--keep-exports", default="", help="also keep the two exports in this folder")
-    ap.add_argument("--out", default=bench_util.kind_result_path("serving"),
-                    help="result file (benchmarks/results/serving_<kind>.json, kind from the CPU vendor)")
+    ap.add_argument(
+        "--out",
+        default=bench_util.kind_result_path("serving"),
+        help="result file (benchmarks/results/serving_<kind>.json, kind from the CPU vendor)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the batch draws and of the fresh head")
     ap.add_argument("--_worker", default="", help=argparse.SUPPRESS)  # internal: the work folder
     args = ap.parse_args(argv)
@@ -129,13 +156,16 @@ def _sequences(args, tokenizer):
     from paddle_unpad.data import corpora
 
     reviews = corpora.rotten_tomatoes("all")
-    keep = np.random.default_rng(args.seed).choice(len(reviews), size=min(len(reviews), 200 if args.quick else 2000),
-                                                    replace=False)  # a seeded sample: tokenising all takes long
+    keep = np.random.default_rng(args.seed).choice(
+        len(reviews), size=min(len(reviews), 200 if args.quick else 2000), replace=False
+    )  # a seeded sample: tokenising all takes long
     short = [tokenizer(reviews[i]["text"], max_length=128, truncation=True) for i in sorted(keep)]
     docs = corpora.political_speeches()[:12] if args.quick else None
     pairs = corpora.pretraining_samples(tokenizer, documents=docs, max_seq_len=args.long_max_len, seed=args.seed)
-    return {CORPORA[0]: [(e["input_ids"], e["token_type_ids"]) for e in short],
-            CORPORA[1]: [(s["input_ids"], s["token_type_ids"]) for s in pairs]}
+    return {
+        CORPORA[0]: [(e["input_ids"], e["token_type_ids"]) for e in short],
+        CORPORA[1]: [(s["input_ids"], s["token_type_ids"]) for s in pairs],
+    }
 
 
 def draw_batches(args, seqs):
@@ -144,8 +174,10 @@ def draw_batches(args, seqs):
     sizes = sorted(set(args.batches) | set(args.sweep_batches))
     out = {}
     for name, pool in seqs.items():
-        out[name] = {b: [[pool[i] for i in rng.choice(len(pool), size=b, replace=False)]
-                         for _ in range(args.max_repeats)] for b in sizes}
+        out[name] = {
+            b: [[pool[i] for i in rng.choice(len(pool), size=b, replace=False)] for _ in range(args.max_repeats)]
+            for b in sizes
+        }
     return out
 
 
@@ -174,8 +206,12 @@ def export_padded(model, prefix):
     import paddle
     from paddle.static import InputSpec
 
-    spec = [InputSpec([None, None], "int64", "input_ids"), InputSpec([None, None], "int64", "token_type_ids"), None,
-            InputSpec([None, None], "int64", "attention_mask")]
+    spec = [
+        InputSpec([None, None], "int64", "input_ids"),
+        InputSpec([None, None], "int64", "token_type_ids"),
+        None,
+        InputSpec([None, None], "int64", "attention_mask"),
+    ]
     paddle.jit.save(paddle.jit.to_static(model, input_spec=spec, full_graph=True), prefix)
     return prefix
 
@@ -192,9 +228,13 @@ def prepare(args, work):
     with open(os.path.join(work, "batches.json"), "w") as f:
         json.dump({name: {str(b): v for b, v in per.items()} for name, per in batches.items()}, f)
     cfg = stock.config
-    return {"model": "tiny random" if args.tiny else "all-MiniLM-L6-v2 + fresh 2-class head",
-            "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
-            "paddle": paddle.__version__}
+    return {
+        "model": "tiny random" if args.tiny else "all-MiniLM-L6-v2 + fresh 2-class head",
+        "layers": cfg.num_hidden_layers,
+        "hidden": cfg.hidden_size,
+        "heads": cfg.num_attention_heads,
+        "paddle": paddle.__version__,
+    }
 
 
 # ----------------------------------------------------------------------------- feeds and predictors
@@ -205,7 +245,7 @@ def padded_feeds(batch):
     ids = np.zeros((len(batch), S), np.int64)
     types, mask = np.zeros_like(ids), np.zeros_like(ids)
     for b, (i, t) in enumerate(batch):
-        ids[b, :len(i)], types[b, :len(t)], mask[b, :len(i)] = i, t, 1
+        ids[b, : len(i)], types[b, : len(t)], mask[b, : len(i)] = i, t, 1
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
 
 
@@ -257,7 +297,7 @@ def sweep(args, work, batches, threads, cache):
             for size in args.sweep_batches:
                 entry["by_batch"][str(size)] = per = {}
                 for name in CORPORA:
-                    times, diff = time_cell(preds, batches[name][size][:args.sweep_repeats], args.sweep_repeats)
+                    times, diff = time_cell(preds, batches[name][size][: args.sweep_repeats], args.sweep_repeats)
                     per[name] = {side: float(np.median(times[side]) * 1e3) for side in SIDES}
                     diffs.append(diff)
             entry["max_rel_diff"] = max(diffs)
@@ -266,9 +306,18 @@ def sweep(args, work, batches, threads, cache):
         except Exception as e:  # a setting Paddle refuses is a result, not a crash
             entry = {"refused": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
         out[config] = entry
-        print(f"  [{threads} thread(s)] {config}: " + (entry.get("refused") or "; ".join(
-            f"batch {b}: " + ", ".join(f"{n} " + "/".join(f"{per[n][s]:.1f}" for s in SIDES) + " ms" for n in CORPORA)
-            for b, per in entry["by_batch"].items())), flush=True)
+        print(
+            f"  [{threads} thread(s)] {config}: "
+            + (
+                entry.get("refused")
+                or "; ".join(
+                    f"batch {b}: "
+                    + ", ".join(f"{n} " + "/".join(f"{per[n][s]:.1f}" for s in SIDES) + " ms" for n in CORPORA)
+                    for b, per in entry["by_batch"].items()
+                )
+            ),
+            flush=True,
+        )
     return out
 
 
@@ -278,8 +327,11 @@ def best_configs(sweeps, sweep_batches):
     for size in sweep_batches:
         best[str(size)] = {}
         for side in SIDES:
-            ok = {c: sum(e["by_batch"][str(size)][n][side] for n in CORPORA) for c, e in sweeps.items()
-                  if "refused" not in e}
+            ok = {
+                c: sum(e["by_batch"][str(size)][n][side] for n in CORPORA)
+                for c, e in sweeps.items()
+                if "refused" not in e
+            }
             if not ok:
                 raise SystemExit(f"no Paddle Inference setting served the {side} export: {sweeps}")
             best[str(size)][side] = min(ok, key=ok.get)
@@ -296,20 +348,31 @@ def summarize(times, batch_list, size):
     """One cell's figures: per side p50/p99/mean ms and sequences/s; tokens; the ideal."""
     counts = [tokens(batch_list[k % len(batch_list)]) for k in range(len(times["padded"]))]
     real, padded = (sum(x) for x in zip(*counts))
-    out = {"batch": size, "calls": len(times["padded"]), "real_tokens": real, "padded_tokens": padded,
-           "real_over_padded": real / padded, "call_tokens": counts,
-           "calls_ms": {side: [round(t * 1e3, 3) for t in times[side]] for side in SIDES}}
+    out = {
+        "batch": size,
+        "calls": len(times["padded"]),
+        "real_tokens": real,
+        "padded_tokens": padded,
+        "real_over_padded": real / padded,
+        "call_tokens": counts,
+        "calls_ms": {side: [round(t * 1e3, 3) for t in times[side]] for side in SIDES},
+    }
     for side in SIDES:
         t = np.asarray(times[side]) * 1e3
-        out[side] = {"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99)),
-                     "best_ms": float(t.min()), "mean_ms": float(t.mean()),
-                     "seqs_per_s": float(size / (t.mean() / 1e3))}
+        out[side] = {
+            "p50_ms": float(np.percentile(t, 50)),
+            "p99_ms": float(np.percentile(t, 99)),
+            "best_ms": float(t.min()),
+            "mean_ms": float(t.mean()),
+            "seqs_per_s": float(size / (t.mean() / 1e3)),
+        }
     out["ideal_p50_ms"] = out["padded"]["p50_ms"] * out["real_over_padded"]
     out["unpadded_over_ideal"] = out["unpadded"]["p50_ms"] / out["ideal_p50_ms"]
     # per batch, the two sides' calls ran back to back: the median of their ratios is what load from other
     # processes (which comes and goes over seconds) disturbs least
-    out["unpadded_over_ideal_paired"] = float(np.median([u / (p * r / q) for u, p, (r, q) in
-                                                         zip(times["unpadded"], times["padded"], counts)]))
+    out["unpadded_over_ideal_paired"] = float(
+        np.median([u / (p * r / q) for u, p, (r, q) in zip(times["unpadded"], times["padded"], counts)])
+    )
     out["speedup_p50"] = out["padded"]["p50_ms"] / out["unpadded"]["p50_ms"]
     return out
 
@@ -343,12 +406,14 @@ def grid(args, batches, threads, best, cache):
 
 def _cell_line(c):
     u, p = c["unpadded"], c["padded"]
-    return (f"unpadded p50 {u['p50_ms']:.1f} p99 {u['p99_ms']:.1f} ms {u['seqs_per_s']:.1f} seq/s | padded p50 "
-            f"{p['p50_ms']:.1f} p99 {p['p99_ms']:.1f} ms {p['seqs_per_s']:.1f} seq/s | real/padded "
-            f"{c['real_over_padded']:.2f} ideal {c['ideal_p50_ms']:.1f} ms, unpadded/ideal "
-            f"{c['unpadded_over_ideal']:.2f} "
-            f"(paired: {c['unpadded_over_ideal_paired']:.2f})"
-            f" ({c['calls']} calls)")
+    return (
+        f"unpadded p50 {u['p50_ms']:.1f} p99 {u['p99_ms']:.1f} ms {u['seqs_per_s']:.1f} seq/s | padded p50 "
+        f"{p['p50_ms']:.1f} p99 {p['p99_ms']:.1f} ms {p['seqs_per_s']:.1f} seq/s | real/padded "
+        f"{c['real_over_padded']:.2f} ideal {c['ideal_p50_ms']:.1f} ms, unpadded/ideal "
+        f"{c['unpadded_over_ideal']:.2f} "
+        f"(paired: {c['unpadded_over_ideal_paired']:.2f})"
+        f" ({c['calls']} calls)"
+    )
 
 
 # ----------------------------------------------------------------------------- profile (dygraph)
@@ -357,7 +422,7 @@ def _cell_line(c):
 def kind_of(name):
     low = name.lower()
     if low.startswith(bench_e2e.SPAN_PREFIX):
-        return name[len(bench_e2e.SPAN_PREFIX):]
+        return name[len(bench_e2e.SPAN_PREFIX) :]
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other ops")
 
 
@@ -399,6 +464,7 @@ def profile(args, work, batches):
     from paddlenlp.transformers import BertForSequenceClassification
 
     import paddle_unpad as pu
+
     saved = os.path.join(work, "model")
     stock = BertForSequenceClassification.from_pretrained(saved)
     packed = pu.models.PackedInputs(pu.convert(BertForSequenceClassification.from_pretrained(saved)))
@@ -408,8 +474,10 @@ def profile(args, work, batches):
         batch = batches[name][size][0]
         pf = {k: paddle.to_tensor(v) for k, v in padded_feeds(batch).items()}
         uf = {k: paddle.to_tensor(v) for k, v in serve.pack([tuple(s) for s in batch]).items()}
-        runs = {"padded": lambda: stock(pf["input_ids"], pf["token_type_ids"], attention_mask=pf["attention_mask"]),
-                "unpadded": lambda: packed(uf["input_ids"], uf["cu_seqlens"], uf["token_type_ids"])}
+        runs = {
+            "padded": lambda: stock(pf["input_ids"], pf["token_type_ids"], attention_mask=pf["attention_mask"]),
+            "unpadded": lambda: packed(uf["input_ids"], uf["cu_seqlens"], uf["token_type_ids"]),
+        }
         entry = {"batch": size, "total_ms": {}}
         with paddle.no_grad():
             for side in SIDES:
@@ -430,8 +498,11 @@ def worker(args):
     cache = {}
     sweeps = sweep(args, work, batches, threads, cache)
     best = best_configs(sweeps, args.sweep_batches)
-    print(f"  [{threads} thread(s)] serving with: " + "; ".join(f"from batch {b}: " + ", ".join(
-        f"{s} {per[s]}" for s in SIDES) for b, per in best.items()), flush=True)
+    print(
+        f"  [{threads} thread(s)] serving with: "
+        + "; ".join(f"from batch {b}: " + ", ".join(f"{s} {per[s]}" for s in SIDES) for b, per in best.items()),
+        flush=True,
+    )
     res = {"threads": threads, "sweep": sweeps, "best": best, "cells": grid(args, batches, threads, best, cache)}
     if not args.no_profile:
         res["profile"] = profile(args, work, batches)
@@ -464,8 +535,10 @@ def run_thread_counts(args, argv, work):
 
 def print_profile(prof):
     for name, e in prof.items():
-        print(f"\nprofile (dygraph, Paddle's profiler), {name}, batch {e['batch']}, real/padded tokens "
-              f"{e['real_over_padded']:.2f}: exclusive ms per operator kind")
+        print(
+            f"\nprofile (dygraph, Paddle's profiler), {name}, batch {e['batch']}, real/padded tokens "
+            f"{e['real_over_padded']:.2f}: exclusive ms per operator kind"
+        )
         kinds = sorted(set(e["padded"]) | set(e["unpadded"]), key=lambda k: -e["padded"].get(k, 0.0))
         print(f"  {'':30s}{'padded':>10s}{'unpadded':>10s}{'ratio':>8s}")
         for k in kinds + ["total"]:
@@ -485,8 +558,11 @@ def main(argv=None):
     t0, load_start = time.time(), bench_util.load_average()
     with tempfile.TemporaryDirectory(prefix="pu_serving_") as work:
         model = prepare(args, work)
-        print(f"exports ready ({time.time() - t0:.0f} s): {model['model']}, {model['layers']} layers, hidden "
-              f"{model['hidden']}; thread counts {args.threads}, batches {args.batches}", flush=True)
+        print(
+            f"exports ready ({time.time() - t0:.0f} s): {model['model']}, {model['layers']} layers, hidden "
+            f"{model['hidden']}; thread counts {args.threads}, batches {args.batches}",
+            flush=True,
+        )
         runs = run_thread_counts(args, argv, work)
         if args.keep_exports:
             os.makedirs(args.keep_exports, exist_ok=True)
@@ -500,10 +576,16 @@ def main(argv=None):
     note = bench_util.load_note(*loads)
     if note:
         print(note)
-    result = {"config": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "model": model,
-              "command": "python benchmarks/bench_serving.py " + " ".join(argv), "close_within": CLOSE,
-              "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "runs": runs, "load_note": note,
-              "seconds": round(time.time() - t0, 1)}
+    result = {
+        "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "model": model,
+        "command": "python benchmarks/bench_serving.py " + " ".join(argv),
+        "close_within": CLOSE,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "runs": runs,
+        "load_note": note,
+        "seconds": round(time.time() - t0, 1),
+    }
     print(f"wrote {bench_util.write_result(args.out, result)} ({result['seconds']:.0f} s)")
 
 

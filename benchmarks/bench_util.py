@@ -3,6 +3,7 @@
 Importing this module loads neither Paddle nor the package (benchmark parents that only
 launch workers stay light); :func:`run_info` adds the Paddle side once Paddle is loaded.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -22,7 +23,9 @@ def _load_by_path(name):
     """A stdlib-only module of the package, without importing the package (and Paddle)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"_pu_{name}", os.path.join(ROOT, "paddle_unpad", *name.split("/")) + ".py")
+    spec = importlib.util.spec_from_file_location(
+        f"_pu_{name}", os.path.join(ROOT, "paddle_unpad", *name.split("/")) + ".py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -41,8 +44,10 @@ def load_note(*loads):
     processes shared the machine), else None."""
     seen = [x for x in loads if x is not None]
     if seen and max(seen) > (os.cpu_count() or 1) - 0.5:
-        return (f"note: 1-min load average up to {max(seen):.1f} on {os.cpu_count()} CPUs: other processes shared "
-                "the machine; absolute times are noisy (the sides were interleaved)")
+        return (
+            f"note: 1-min load average up to {max(seen):.1f} on {os.cpu_count()} CPUs: other processes shared "
+            "the machine; absolute times are noisy (the sides were interleaved)"
+        )
     return None
 
 
@@ -76,8 +81,7 @@ def thread_env(threads, env=None):
     """An environment that pins Paddle's, MKL's and OpenBLAS's thread pools and the plugin's
     kernels to ``threads`` (set before Paddle loads: the pools read it once)."""
     env = dict(os.environ if env is None else env)
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                 config.variable("NUM_THREADS").env):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", config.variable("NUM_THREADS").env):
         env[name] = str(int(threads))
     return env
 
@@ -130,6 +134,7 @@ def interleaved_times(fns, warmup, repeats, call=None):
 def make_step(model, opt, batch):
     """One training step of a PaddleNLP-style model (first output = loss): forward, backward,
     optimizer step; returns the loss."""
+
     def step():
         loss = model(**batch)[0]
         loss.backward()

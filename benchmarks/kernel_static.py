@@ -28,6 +28,7 @@ Needs nvcc, c++filt, and cuobjdump + nvdisasm (the CUDA 13.0 toolkit here has ne
 ``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``; found on PATH or in that
 package's folder). About 3 minutes per SM version on 2 cores.
 """
+
 import argparse
 import glob
 import json
@@ -62,22 +63,22 @@ ROOFLINE = {
     "clock_ghz": 1.755,
     "tensor_flop_per_clk_sm": 2048,
     "tensor_note": "mma.sync m16n8k16 (HMMA.16816, 4096 FLOP): assumed at half of Hopper's dense peak "
-                   "(989 TFLOP/s needs wgmma, which these kernels do not use): 2048 FLOP/clk/SM, A100's rate",
-    "fma_lanes_per_clk_sm": 128,   # FFMA, FMUL, FADD, F2FP, HFMA2 ...
-    "alu_lanes_per_clk_sm": 64,    # LOP3, ISETP, IADD3, SHF, PRMT, SEL, FSEL, FMNMX, FSETP, MOV ...
-    "imad_lanes_per_clk_sm": 64,   # IMAD*; IMAD.WIDE counts twice
-    "mufu_lanes_per_clk_sm": 16,   # MUFU.EX2 ...
-    "shfl_lanes_per_clk_sm": 32,   # SHFL, MOVM
+    "(989 TFLOP/s needs wgmma, which these kernels do not use): 2048 FLOP/clk/SM, A100's rate",
+    "fma_lanes_per_clk_sm": 128,  # FFMA, FMUL, FADD, F2FP, HFMA2 ...
+    "alu_lanes_per_clk_sm": 64,  # LOP3, ISETP, IADD3, SHF, PRMT, SEL, FSEL, FMNMX, FSETP, MOV ...
+    "imad_lanes_per_clk_sm": 64,  # IMAD*; IMAD.WIDE counts twice
+    "mufu_lanes_per_clk_sm": 16,  # MUFU.EX2 ...
+    "shfl_lanes_per_clk_sm": 32,  # SHFL, MOVM
     "issue_warp_instr_per_clk_sm": 4,
     "smem_bytes_per_clk_sm": 128,  # LDSM, LDS, STS, LDGSTS (cp.async) into shared memory
     "l2_atomic_bytes_per_s": 2.75e12,
     "l2_atomic_note": "RED.ADD.F32(x2) payload at half of H100's ~5.5 TB/s L2 bandwidth (the read-modify-write "
-                      "runs in the L2 slice); only the parts after a dQ tile's first are atomics",
+    "runs in the L2 slice); only the parts after a dQ tile's first are atomics",
     "dram_bytes_per_s": 3.35e12,
     "problem": {"batch": 40, "seqlen": 512, "heads": 16, "head_dim": 64, "dtype": "bf16"},
     "measured_h200": {
         "when": "2026-12-04, one H200, the kernels before the one-pass backward (three backward "
-                "kernels, 16-bit draws shared by 4-8 lanes)",
+        "kernels, 16-bit draws shared by 4-8 lanes)",
         "bert_large_40x512_us": {"forward": 216, "backward_delta": 25, "backward_dkdv": 588, "backward_dq": 350},
         "bert_large_40x512_dropout_0.1_us": {"forward": 533, "backward_dkdv": 1263, "backward_dq": 793},
         "fwd_bwd_ms": {"dropout_0": 1.19, "dropout_0.1": 2.50},
@@ -86,6 +87,7 @@ ROOFLINE = {
 
 
 # ------------------------------------------------------------------------------ tools
+
 
 def find_tool(name):
     path = shutil.which(name)
@@ -104,16 +106,20 @@ def tools():
     found = {name: find_tool(name) for name in ("nvcc", "cuobjdump", "nvdisasm", "c++filt")}
     missing = [n for n, p in found.items() if p is None]
     if missing:
-        raise RuntimeError(f"kernel_static: {', '.join(missing)} not found (nvcc from a CUDA toolkit; cuobjdump "
-                           "and nvdisasm: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+        raise RuntimeError(
+            f"kernel_static: {', '.join(missing)} not found (nvcc from a CUDA toolkit; cuobjdump "
+            "and nvdisasm: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
+        )
     return found
 
 
 # ------------------------------------------------------------------------------ build
 
+
 class Built(NamedTuple):
     """One unit compiled for every SM: nvcc's exit code and its output without ptxas's report
     (warnings, errors), the command, seconds, each SM's cubin and ptxas's report per kernel."""
+
     unit: str
     returncode: int
     output: str
@@ -134,7 +140,11 @@ def ptxas_report(text):
         m = re.search(r"Compiling entry function '(\S+)' for 'sm_(\d+)'", line)
         if m:
             cur = out.setdefault(int(m.group(2)), {})[m.group(1)] = {
-                "registers": 0, "spill_stores": 0, "spill_loads": 0, "smem_static": 0}
+                "registers": 0,
+                "spill_stores": 0,
+                "spill_loads": 0,
+                "smem_static": 0,
+            }
             continue
         if cur is None:
             continue
@@ -155,13 +165,34 @@ def build_unit(nvcc, unit, sms, out_dir):
     keep = os.path.join(out_dir, base)
     os.makedirs(keep, exist_ok=True)
     gencode = [f for sm in sms for f in ("-gencode", f"arch=compute_{sm},code=sm_{sm}")]
-    cmd = [nvcc, *NVCC_FLAGS, *STRICT_FLAGS, f"-I{os.path.join(ROOT, 'custom_ops')}", *gencode, "-Xptxas", "-v",
-           "-keep", "-keep-dir", keep, "-c", unit, "-o", os.path.join(keep, base + ".o")]
+    cmd = [
+        nvcc,
+        *NVCC_FLAGS,
+        *STRICT_FLAGS,
+        f"-I{os.path.join(ROOT, 'custom_ops')}",
+        *gencode,
+        "-Xptxas",
+        "-v",
+        "-keep",
+        "-keep-dir",
+        keep,
+        "-c",
+        unit,
+        "-o",
+        os.path.join(keep, base + ".o"),
+    ]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     output = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if not _is_ptxas_report(line))
-    return Built(unit, proc.returncode, output, " ".join(cmd), time.time() - t0,
-                 {sm: os.path.join(keep, f"{base}.compute_{sm}.cubin") for sm in sms}, ptxas_report(proc.stderr))
+    return Built(
+        unit,
+        proc.returncode,
+        output,
+        " ".join(cmd),
+        time.time() - t0,
+        {sm: os.path.join(keep, f"{base}.compute_{sm}.cubin") for sm in sms},
+        ptxas_report(proc.stderr),
+    )
 
 
 def build_all(nvcc, sms, out_dir, jobs):
@@ -196,6 +227,7 @@ def demangle(cxxfilt, names):
 
 # ------------------------------------------------------------------------------ what a kernel is
 
+
 def header_constant(name, header=os.path.join(CUDA_DIR, "fmha_params.cuh")):
     with open(header) as f:
         m = re.search(rf"constexpr int {name} = (\d+);", f.read())
@@ -209,9 +241,22 @@ def attention_rounds():
 def _targs(demangled):
     m = re.search(r"<(.*)>\(", demangled)
     args = [a.strip() for a in m.group(1).split(",")] if m else []
-    return [("bf16" if "bfloat16" in a else "fp16" if "half" in a else
-             True if a == "true" else False if a == "false" else int(a) if re.fullmatch(r"-?\d+", a) else a)
-            for a in args]
+    return [
+        (
+            "bf16"
+            if "bfloat16" in a
+            else "fp16"
+            if "half" in a
+            else True
+            if a == "true"
+            else False
+            if a == "false"
+            else int(a)
+            if re.fullmatch(r"-?\d+", a)
+            else a
+        )
+        for a in args
+    ]
 
 
 def kernel_meta(demangled):
@@ -222,34 +267,99 @@ def kernel_meta(demangled):
     a = _targs(demangled)
     if "fmha_fwd_kernel<" in demangled:
         dt, d, warps, drop = a
-        return {"kind": "fwd", "dtype": dt, "d": d, "warps": warps, "dropout": drop, "rows": 16 * warps,
-                "elems": 16 * header_constant("kFwdBlockN"), "gemms": 2,
-                "label": f"forward {16 * warps} rows"}
+        return {
+            "kind": "fwd",
+            "dtype": dt,
+            "d": d,
+            "warps": warps,
+            "dropout": drop,
+            "rows": 16 * warps,
+            "elems": 16 * header_constant("kFwdBlockN"),
+            "gemms": 2,
+            "label": f"forward {16 * warps} rows",
+        }
     if "fmha_bwd_kv_kernel<" in demangled:
         dt, d, warps, bm, kv_regs, drop, dq = a
-        return {"kind": "bwd_kv" if dq else "bwd_kv_det", "dtype": dt, "d": d, "warps": warps, "dropout": drop,
-                "block_m": bm, "keys": 16 * warps, "elems": bm * 16, "gemms": 5 if dq else 4, "dq_warps": 4,
-                "label": "backward, one pass" if dq else "backward (deterministic): dK, dV"}
+        return {
+            "kind": "bwd_kv" if dq else "bwd_kv_det",
+            "dtype": dt,
+            "d": d,
+            "warps": warps,
+            "dropout": drop,
+            "block_m": bm,
+            "keys": 16 * warps,
+            "elems": bm * 16,
+            "gemms": 5 if dq else 4,
+            "dq_warps": 4,
+            "label": "backward, one pass" if dq else "backward (deterministic): dK, dV",
+        }
     if "fmha_bwd_dq_kernel<" in demangled:
         dt, d, bn, q_regs, drop = a
-        return {"kind": "bwd_dq_det", "dtype": dt, "d": d, "warps": 4, "dropout": drop, "keys": bn,
-                "elems": 16 * bn, "gemms": 3, "label": "backward (deterministic): dQ"}
+        return {
+            "kind": "bwd_dq_det",
+            "dtype": dt,
+            "d": d,
+            "warps": 4,
+            "dropout": drop,
+            "keys": bn,
+            "elems": 16 * bn,
+            "gemms": 3,
+            "label": "backward (deterministic): dQ",
+        }
     if "fmha_bwd_prep_kernel<" in demangled or "fmha_bwd_dq_convert_kernel<" in demangled:
         dt, d = a[:2]
-        return {"kind": "prep" if "prep" in demangled else "convert", "dtype": dt, "d": d, "warps": 8,
-                "dropout": False, "elems": 0, "label": "backward prep" if "prep" in demangled else "dQ convert"}
+        return {
+            "kind": "prep" if "prep" in demangled else "convert",
+            "dtype": dt,
+            "d": d,
+            "warps": 8,
+            "dropout": False,
+            "elems": 0,
+            "label": "backward prep" if "prep" in demangled else "dQ convert",
+        }
     return None
 
 
 # ------------------------------------------------------------------------------ instruction costs
 
 _FMA = {"FFMA", "FMUL", "FADD", "F2FP", "HFMA2", "HMUL2", "HADD2", "FSWZADD", "F2F", "FRND"}
-_ALU = {"LOP3", "LOP", "ISETP", "IADD3", "IADD", "SHF", "SHL", "SHR", "PRMT", "SEL", "FSEL", "FMNMX", "FSETP",
-        "MOV", "LEA", "IABS", "IMNMX", "VIMNMX", "POPC", "FLO", "BREV", "PLOP3", "P2R", "R2P", "HMNMX2",
-        "HSETP2", "VIADD", "IMNMX", "CS2R", "I2IP"}
-_UNIFORM_OR_CONTROL = re.compile(r"^(U[A-Z0-9]+|S2UR|R2UR|BRA|BSYNC|BSSY|EXIT|BAR|NOP|WARPSYNC|DEPBAR|"
-                                 r"CALL|RET|YIELD|LDC|ULDC|S2R|MEMBAR|ERRBAR|CCTL|ACQBULK|BPT|PREEXIT|"
-                                 r"ELECT|ENDCOLLECTIVE|VOTEU|UCGABAR_ARV|UCGABAR_WAIT|FENCE|WARPGROUP)")
+_ALU = {
+    "LOP3",
+    "LOP",
+    "ISETP",
+    "IADD3",
+    "IADD",
+    "SHF",
+    "SHL",
+    "SHR",
+    "PRMT",
+    "SEL",
+    "FSEL",
+    "FMNMX",
+    "FSETP",
+    "MOV",
+    "LEA",
+    "IABS",
+    "IMNMX",
+    "VIMNMX",
+    "POPC",
+    "FLO",
+    "BREV",
+    "PLOP3",
+    "P2R",
+    "R2P",
+    "HMNMX2",
+    "HSETP2",
+    "VIADD",
+    "IMNMX",
+    "CS2R",
+    "I2IP",
+}
+_UNIFORM_OR_CONTROL = re.compile(
+    r"^(U[A-Z0-9]+|S2UR|R2UR|BRA|BSYNC|BSSY|EXIT|BAR|NOP|WARPSYNC|DEPBAR|"
+    r"CALL|RET|YIELD|LDC|ULDC|S2R|MEMBAR|ERRBAR|CCTL|ACQBULK|BPT|PREEXIT|"
+    r"ELECT|ENDCOLLECTIVE|VOTEU|UCGABAR_ARV|UCGABAR_WAIT|FENCE|WARPGROUP)"
+)
 _LDSM_BYTES = {"": 128, "2": 256, "4": 512}
 
 
@@ -326,7 +436,7 @@ def main_loop(instrs):
         if target >= addr or target not in index:
             continue
         lo = index[target]
-        hmma = sum(1 for _, _, o, _ in instrs[lo:i + 1] if o.startswith("HMMA"))
+        hmma = sum(1 for _, _, o, _ in instrs[lo : i + 1] if o.startswith("HMMA"))
         key = (hmma, i + 1 - lo)
         if best is None or key > best[0]:
             best = (key, lo, i)
@@ -349,8 +459,8 @@ def conditional_block(instrs, lo, hi):
         if t <= addr or t not in addr_index or addr_index[t] > hi + 1:
             continue
         j = addr_index[t]
-        reds = sum(1 for _, _, o, _ in instrs[i + 1:j] if o.split(".")[0] in ("RED", "ATOM", "REDG", "ATOMG"))
-        hmma = sum(1 for _, _, o, _ in instrs[i + 1:j] if o.startswith("HMMA"))
+        reds = sum(1 for _, _, o, _ in instrs[i + 1 : j] if o.split(".")[0] in ("RED", "ATOM", "REDG", "ATOMG"))
+        hmma = sum(1 for _, _, o, _ in instrs[i + 1 : j] if o.startswith("HMMA"))
         if reds and hmma and (best is None or j - i > best[1] - best[0]):
             best = (i + 1, j - 1)
     return best
@@ -391,8 +501,12 @@ def analyse(instrs, meta):
         if not in_cond:
             add(unconditional, cost(op, operands))
     elems = meta["elems"]
-    res["loop"] = {"instructions": hi + 1 - lo, "conditional_instructions": 0 if not cond else cond[1] + 1 - cond[0],
-                   "conditional_share": share, "per_iteration": per_iter}
+    res["loop"] = {
+        "instructions": hi + 1 - lo,
+        "conditional_instructions": 0 if not cond else cond[1] + 1 - cond[0],
+        "conditional_share": share,
+        "per_iteration": per_iter,
+    }
     philox_calls = philox_calls_per_iteration(per_iter)
     res["per_element"] = {
         "tensor_flop": per_iter.get("tensor", 0.0) * 32 / (32 * elems),  # one warp's FLOP over its elements
@@ -415,6 +529,7 @@ def analyse(instrs, meta):
 
 # ------------------------------------------------------------------------------ occupancy and roofline
 
+
 def occupancy(regs, smem_dyn, smem_static, threads):
     """Blocks per SM and occupancy on an H100 (64K registers, 228 KB shared memory of which a
     block may use 227 KB, 1 KB reserved per block, 64 warps, 32 blocks)."""
@@ -424,8 +539,11 @@ def occupancy(regs, smem_dyn, smem_static, threads):
     smem = smem_dyn + smem_static
     by_smem = (228 * 1024) // (smem + 1024) if smem else 32
     blocks = max(0, min(by_regs, by_smem, 32, 64 // warps))
-    return {"blocks_per_sm": blocks, "occupancy": blocks * warps / 64, "limited_by":
-            "registers" if blocks == by_regs else "shared memory" if blocks == by_smem else "warps"}
+    return {
+        "blocks_per_sm": blocks,
+        "occupancy": blocks * warps / 64,
+        "limited_by": "registers" if blocks == by_regs else "shared memory" if blocks == by_smem else "warps",
+    }
 
 
 def smem_bytes(meta):
@@ -447,10 +565,16 @@ def roofline_us(per_iter, iterations, warps_per_iter, dram_bytes, atomic_share=1
     atomic_share: the share of the loop's atomics that run (the rest are plain stores)."""
     clk = r["clock_ghz"] * 1e9 * r["sms"]  # SM-clocks per second
     n = iterations * warps_per_iter
-    rates = {"tensor": r["tensor_flop_per_clk_sm"], "fma": r["fma_lanes_per_clk_sm"],
-             "alu": r["alu_lanes_per_clk_sm"], "imad": r["imad_lanes_per_clk_sm"],
-             "mufu": r["mufu_lanes_per_clk_sm"], "shfl": r["shfl_lanes_per_clk_sm"],
-             "issue": r["issue_warp_instr_per_clk_sm"], "smem": r["smem_bytes_per_clk_sm"]}
+    rates = {
+        "tensor": r["tensor_flop_per_clk_sm"],
+        "fma": r["fma_lanes_per_clk_sm"],
+        "alu": r["alu_lanes_per_clk_sm"],
+        "imad": r["imad_lanes_per_clk_sm"],
+        "mufu": r["mufu_lanes_per_clk_sm"],
+        "shfl": r["shfl_lanes_per_clk_sm"],
+        "issue": r["issue_warp_instr_per_clk_sm"],
+        "smem": r["smem_bytes_per_clk_sm"],
+    }
     pipes = {k: per_iter.get(k, 0.0) * n / rate / clk * 1e6 for k, rate in rates.items()}
     pipes["l2_atomic"] = per_iter.get("l2_atomic", 0.0) * atomic_share * n / r["l2_atomic_bytes_per_s"] * 1e6
     pipes["dram"] = dram_bytes / r["dram_bytes_per_s"] * 1e6
@@ -472,8 +596,13 @@ def problem_estimates(kernels, r=ROOFLINE):
     def pick(kind, dropout, **want):
         for k in kernels:
             m = k["meta"]
-            if (m["kind"] == kind and m["d"] == D and m["dtype"] == pb["dtype"] and m["dropout"] == dropout
-                    and all(m.get(a) == v for a, v in want.items())):
+            if (
+                m["kind"] == kind
+                and m["d"] == D
+                and m["dtype"] == pb["dtype"]
+                and m["dropout"] == dropout
+                and all(m.get(a) == v for a, v in want.items())
+            ):
                 return k
         raise RuntimeError(f"kernel_static: no {kind} kernel for d={D} {pb['dtype']} dropout={dropout} {want}")
 
@@ -493,22 +622,30 @@ def problem_estimates(kernels, r=ROOFLINE):
         kv = pick("bwd_kv", dropout)
         m = kv["meta"]
         nkb = math.ceil(S / m["keys"])  # parts of a dQ tile: the first is stored, the others added
-        est["backward_one_pass"] = estimate(kv, m["keys"], m["block_m"], 4 * tensor + rows * 8 + 3 * tensor,
-                                            (nkb - 1) / nkb)
+        est["backward_one_pass"] = estimate(
+            kv, m["keys"], m["block_m"], 4 * tensor + rows * 8 + 3 * tensor, (nkb - 1) / nkb
+        )
         kvd = pick("bwd_kv_det", dropout)
         md = kvd["meta"]
         est["backward_det_kv"] = estimate(kvd, md["keys"], md["block_m"], 4 * tensor + rows * 8 + 2 * tensor)
         dq = pick("bwd_dq_det", dropout)
-        est["backward_det_dq"] = estimate(dq, header_constant("kBwdQueriesPerBlock"), dq["meta"]["keys"],
-                                          4 * tensor + rows * 8 + tensor)
+        est["backward_det_dq"] = estimate(
+            dq, header_constant("kBwdQueriesPerBlock"), dq["meta"]["keys"], 4 * tensor + rows * 8 + tensor
+        )
         t = {k: v["us"] for k, v in est.items()}
         bwd = t["prep"] + t["backward_one_pass"]
         bwd_det = t["prep_deterministic"] + t["backward_det_kv"] + t["backward_det_dq"]
         flop = 4 * B * S * S * H * D
         out["dropout_0.1" if dropout else "dropout_0"] = {
-            "kernels": est, "forward_us": t["forward"], "backward_us": bwd, "backward_deterministic_us": bwd_det,
-            "backward_over_forward": bwd / t["forward"], "deterministic_backward_over_forward": bwd_det / t["forward"],
-            "fwd_bwd_us": t["forward"] + bwd, "fwd_bwd_tflops": flop * 3.5 / ((t["forward"] + bwd) * 1e-6) / 1e12}
+            "kernels": est,
+            "forward_us": t["forward"],
+            "backward_us": bwd,
+            "backward_deterministic_us": bwd_det,
+            "backward_over_forward": bwd / t["forward"],
+            "deterministic_backward_over_forward": bwd_det / t["forward"],
+            "fwd_bwd_us": t["forward"] + bwd,
+            "fwd_bwd_tflops": flop * 3.5 / ((t["forward"] + bwd) * 1e-6) / 1e12,
+        }
     out["fwd_bwd_dropout_over_none"] = out["dropout_0.1"]["fwd_bwd_us"] / out["dropout_0"]["fwd_bwd_us"]
     return out
 
@@ -516,17 +653,25 @@ def problem_estimates(kernels, r=ROOFLINE):
 def checks(kernels, units, d=64, dtype="bf16"):
     """The numbers the kernels are held to (tests/test_kernel_static.py states the limits):
     per kernel kind at head size d and dtype, and over every kernel of every unit."""
+
     def sel(kind, dropout):
-        return [k for k in kernels if k["meta"]["kind"] == kind and k["meta"]["d"] == d
-                and k["meta"]["dtype"] == dtype and k["meta"]["dropout"] == dropout]
+        return [
+            k
+            for k in kernels
+            if k["meta"]["kind"] == kind
+            and k["meta"]["d"] == d
+            and k["meta"]["dtype"] == dtype
+            and k["meta"]["dropout"] == dropout
+        ]
 
     out = {"head_dim": d, "dtype": dtype, "kinds": {}}
     for kind in ("fwd", "bwd_kv", "bwd_kv_det", "bwd_dq_det"):
         on, off = sel(kind, True), sel(kind, False)
         out["kinds"][kind] = {
             "philox_calls_per_element": max(k["analysis"]["per_element"]["philox_calls"] for k in on),
-            "dropout_added_thread_instructions_per_element":
-                max(k["dropout_added_thread_instructions_per_element"] for k in on),
+            "dropout_added_thread_instructions_per_element": max(
+                k["dropout_added_thread_instructions_per_element"] for k in on
+            ),
             "registers_without_dropout": max(k["registers"] for k in off),
             "registers_with_dropout": max(k["registers"] for k in on),
             "blocks_per_sm": min(k["blocks_per_sm"] for k in on + off),
@@ -535,17 +680,21 @@ def checks(kernels, units, d=64, dtype="bf16"):
         }
     kinds = out["kinds"]
     out["backward_tensor_flop_per_element"] = kinds["bwd_kv"]["tensor_flop_per_element"]
-    out["deterministic_backward_tensor_flop_per_element"] = (kinds["bwd_kv_det"]["tensor_flop_per_element"]
-                                                             + kinds["bwd_dq_det"]["tensor_flop_per_element"])
+    out["deterministic_backward_tensor_flop_per_element"] = (
+        kinds["bwd_kv_det"]["tensor_flop_per_element"] + kinds["bwd_dq_det"]["tensor_flop_per_element"]
+    )
     out["deterministic_red_atom_instructions"] = sum(
-        k["analysis"]["whole"].get("atomic", 0) for k in kernels if k["meta"]["kind"] in ("bwd_kv_det", "bwd_dq_det"))
+        k["analysis"]["whole"].get("atomic", 0) for k in kernels if k["meta"]["kind"] in ("bwd_kv_det", "bwd_dq_det")
+    )
     out["philox_constants_without_dropout"] = sum(
-        k["analysis"]["whole"].get("philox_constant", 0) for k in kernels if not k["meta"]["dropout"])
+        k["analysis"]["whole"].get("philox_constant", 0) for k in kernels if not k["meta"]["dropout"]
+    )
     out["spill_bytes"] = sum(e.get("spill_stores", 0) + e.get("spill_loads", 0) for es in units.values() for e in es)
     return out
 
 
 # ------------------------------------------------------------------------------ main
+
 
 def run(sms, out_path, jobs, built=None):
     """Builds (or takes ``built``, from :func:`build_all` for these ``sms``), analyses, writes ``out_path``."""
@@ -560,9 +709,14 @@ def run(sms, out_path, jobs, built=None):
             raise RuntimeError(f"nvcc failed for {failed[0].unit}:\n{failed[0].output[-4000:]}")
         os.environ["PATH"] = os.pathsep.join([os.path.dirname(tl["nvdisasm"]), os.environ.get("PATH", "")])
         nvcc_version = subprocess.run([tl["nvcc"], "--version"], capture_output=True, text=True).stdout
-        result = {"command": "python benchmarks/kernel_static.py " + " ".join(f"--sm {s}" for s in sms),
-                  "when": time.strftime("%Y-%m-%d"), "nvcc": nvcc_version.strip().splitlines()[-1],
-                  "flags": NVCC_FLAGS + STRICT_FLAGS, "roofline_assumptions": ROOFLINE, "sms": {}}
+        result = {
+            "command": "python benchmarks/kernel_static.py " + " ".join(f"--sm {s}" for s in sms),
+            "when": time.strftime("%Y-%m-%d"),
+            "nvcc": nvcc_version.strip().splitlines()[-1],
+            "flags": NVCC_FLAGS + STRICT_FLAGS,
+            "roofline_assumptions": ROOFLINE,
+            "sms": {},
+        }
         for sm in sms:
             result["sms"][str(sm)] = _analyse_sm(tl, built, sm)
         result["seconds"] = round(time.time() - t0, 1)
@@ -586,8 +740,14 @@ def _analyse_sm(tl, built, sm):
             if meta is None:
                 continue
             pi = info.get(mangled, {})
-            k = {"name": names[mangled], "unit": os.path.basename(unit), "meta": meta, **pi,
-                 "smem_dynamic": smem_bytes(meta), "analysis": analyse(instrs, meta)}
+            k = {
+                "name": names[mangled],
+                "unit": os.path.basename(unit),
+                "meta": meta,
+                **pi,
+                "smem_dynamic": smem_bytes(meta),
+                "analysis": analyse(instrs, meta),
+            }
             k.update(occupancy(pi.get("registers", 0), k["smem_dynamic"], pi.get("smem_static", 0), meta["warps"] * 32))
             kernels.append(k)
     # what dropout adds to each main loop, per element
@@ -599,7 +759,8 @@ def _analyse_sm(tl, built, sm):
         if twin and "loop" in twin["analysis"]:
             a, b = k["analysis"]["per_element"], twin["analysis"]["per_element"]
             k["dropout_added_thread_instructions_per_element"] = (
-                a["unconditional_thread_instructions"] - b["unconditional_thread_instructions"])
+                a["unconditional_thread_instructions"] - b["unconditional_thread_instructions"]
+            )
     sm_res = {"units": all_units, "kernels": kernels, "checks": checks(kernels, all_units)}
     if sm == 90:
         sm_res["estimate"] = problem_estimates(kernels)
@@ -610,27 +771,45 @@ def summary_lines(result):
     lines = []
     for sm, r in result["sms"].items():
         lines.append(f"sm_{sm}:")
-        for k in sorted(r["kernels"], key=lambda k: (k["meta"]["kind"], k["meta"]["d"], k["meta"]["dtype"],
-                                                       k["meta"]["warps"], k["meta"]["dropout"])):
+        for k in sorted(
+            r["kernels"],
+            key=lambda k: (
+                k["meta"]["kind"],
+                k["meta"]["d"],
+                k["meta"]["dtype"],
+                k["meta"]["warps"],
+                k["meta"]["dropout"],
+            ),
+        ):
             m, a = k["meta"], k["analysis"]
             pe = a.get("per_element", {})
             lines.append(
                 f"  {m['kind']:<11} {m['dtype']} d={m['d']:<3} w={m['warps']} drop={int(m['dropout'])} "
                 f"regs={k.get('registers', 0):>3} spill={k.get('spill_stores', 0)}/{k.get('spill_loads', 0)} "
                 f"blocks/SM={k['blocks_per_sm']} "
-                + (f"HMMA/it={a['hmma_per_iteration']:.0f} flop/el={pe['tensor_flop']:.0f} "
-                   f"smemB/el={pe['smem_bytes']:.1f} instr/el={pe['thread_instructions']:.1f} "
-                   f"philox/el={pe['philox_calls']:.3f} "
-                   f"RED/it={a['red_per_iteration']:.1f}" if pe else "")
-                + (f" +drop/el={k['dropout_added_thread_instructions_per_element']:.2f}"
-                   if "dropout_added_thread_instructions_per_element" in k else ""))
+                + (
+                    f"HMMA/it={a['hmma_per_iteration']:.0f} flop/el={pe['tensor_flop']:.0f} "
+                    f"smemB/el={pe['smem_bytes']:.1f} instr/el={pe['thread_instructions']:.1f} "
+                    f"philox/el={pe['philox_calls']:.3f} "
+                    f"RED/it={a['red_per_iteration']:.1f}"
+                    if pe
+                    else ""
+                )
+                + (
+                    f" +drop/el={k['dropout_added_thread_instructions_per_element']:.2f}"
+                    if "dropout_added_thread_instructions_per_element" in k
+                    else ""
+                )
+            )
         if "estimate" in r:
             for case in ("dropout_0", "dropout_0.1"):
                 e = r["estimate"][case]
-                lines.append(f"  estimate {case}: fwd {e['forward_us']:.0f} us ({e['kernels']['forward']['bound']}), "
-                             f"bwd {e['backward_us']:.0f} us ({e['kernels']['backward_one_pass']['bound']}), "
-                             f"bwd/fwd {e['backward_over_forward']:.2f}, det bwd/fwd "
-                             f"{e['deterministic_backward_over_forward']:.2f}, {e['fwd_bwd_tflops']:.0f} TFLOP/s")
+                lines.append(
+                    f"  estimate {case}: fwd {e['forward_us']:.0f} us ({e['kernels']['forward']['bound']}), "
+                    f"bwd {e['backward_us']:.0f} us ({e['kernels']['backward_one_pass']['bound']}), "
+                    f"bwd/fwd {e['backward_over_forward']:.2f}, det bwd/fwd "
+                    f"{e['deterministic_backward_over_forward']:.2f}, {e['fwd_bwd_tflops']:.0f} TFLOP/s"
+                )
             lines.append(f"  fwd+bwd with dropout 0.1 over without: {r['estimate']['fwd_bwd_dropout_over_none']:.3f}")
     return lines
 

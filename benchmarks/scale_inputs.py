@@ -12,6 +12,7 @@ host in the benchmark's run:
 * ``planner_s`` -- ``balance.plan_dest`` for ``N`` ranks x 32 samples of BERT pre-training
   lengths, by ``N``.
 """
+
 import os
 import socket
 import statistics
@@ -67,9 +68,15 @@ def store_costs(clients=4, each=2000):
             client.get("k")
         quick = (time.perf_counter() - t) / 1000
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        procs = [subprocess.Popen([sys.executable, "-c", _CLIENT, str(port), str(i), str(clients), str(each)],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for i in range(clients)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _CLIENT, str(port), str(i), str(clients), str(each)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for i in range(clients)
+        ]
         for p in procs:
             if p.wait(timeout=300) != 0:
                 raise RuntimeError(f"a store client exited with {p.returncode}")
@@ -81,8 +88,12 @@ def store_costs(clients=4, each=2000):
             os.environ.pop("PADDLE_MASTER", None)
         else:
             os.environ["PADDLE_MASTER"] = old
-    return {"store_request_s": quick, "store_request_nagle_s": nagle, "store_server_s": server_s,
-            "store_clients": clients}
+    return {
+        "store_request_s": quick,
+        "store_request_nagle_s": nagle,
+        "store_server_s": server_s,
+        "store_clients": clients,
+    }
 
 
 def socket_costs(connects=300, pings=2000, bulk_mb=256):
@@ -154,8 +165,12 @@ def planner_costs(worlds, samples_per_rank=32, repeats=5):
             plan_dest(lengths)
             times.append(time.perf_counter() - t)
         out[str(n)] = statistics.median(times)
-    return {"planner_s": out, "planner_native": bool(native_available()),
-            "planner_lengths": f"bert_pretraining_lengths, {samples_per_rank} per rank", "np": np.__version__}
+    return {
+        "planner_s": out,
+        "planner_native": bool(native_available()),
+        "planner_lengths": f"bert_pretraining_lengths, {samples_per_rank} per rank",
+        "np": np.__version__,
+    }
 
 
 def measure(worlds, quick=False):

@@ -20,6 +20,7 @@ builds them); they are written out here so the demo needs no data package.
 Usage: ``python examples/demo_fmha.py [--threads N]`` (under a minute on 2 cores). Both sides
 run with the same thread count: ``--threads``, else ``OMP_NUM_THREADS`` when set, else 2.
 """
+
 import argparse
 import os
 import statistics
@@ -31,8 +32,9 @@ LENGTHS = [512, 241, 239, 512, 512, 512, 512, 512, 286, 315, 241, 215, 512, 512,
 
 def main():
     ap = argparse.ArgumentParser(description="packed vs padded attention demo")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="threads for both sides (default: OMP_NUM_THREADS when set, else 2)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="threads for both sides (default: OMP_NUM_THREADS when set, else 2)"
+    )
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
@@ -84,8 +86,10 @@ def main():
     print(f"batch: B={B}, S_max={S}, T={int(lengths.sum())} real tokens, H={H}, D={D}, threads={args.threads}")
     print(f"padding: {100 * (1 - lengths.sum() / (B * S)):.1f}% of the padded batch")
     print(f"fmha implementation: {'native' if pu.ops_available()['fmha']['cpu'] else 'plain-Paddle reference'}")
-    print(f"max |packed - padded| over real tokens: {diff.max():.2e} (max |out| {ref_max:.2f}) -> "
-          f"{'OK' if ok else 'MISMATCH'}")
+    print(
+        f"max |packed - padded| over real tokens: {diff.max():.2e} (max |out| {ref_max:.2f}) -> "
+        f"{'OK' if ok else 'MISMATCH'}"
+    )
 
     # ---- timing: forward, forward + backward (median of repeats, after one warm-up)
     cu, ms = cu_seqlens, max_seqlen
@@ -106,8 +110,10 @@ def main():
         [g.numpy() for g in paddle.grad([pu.fmha(*pk, cu, ms)], pk, grad_outputs=[dpk])]
 
     def padded_fwd_bwd():
-        [g.numpy() for g in paddle.grad([F.scaled_dot_product_attention(*pd, attn_mask=add_mask)], pd,
-                                        grad_outputs=[dpd])]
+        [
+            g.numpy()
+            for g in paddle.grad([F.scaled_dot_product_attention(*pd, attn_mask=add_mask)], pd, grad_outputs=[dpd])
+        ]
 
     def median(fn):
         fn()
@@ -145,12 +151,16 @@ def main():
     kernel = median(padded0_fwd) / median(packed0_fwd)
     padding_part = speedups["forward"] / kernel
     print(f"\nno padding ({B0} x {S} tokens, equal work): fmha forward is {kernel:.2f}x Paddle's padded attention")
-    print(f"forward speedup {speedups['forward']:.2f}x = {kernel:.2f}x (kernel, at equal work) "
-          f"x {padding_part:.2f}x (skipping padding; ideal {ideal:.2f}x)")
+    print(
+        f"forward speedup {speedups['forward']:.2f}x = {kernel:.2f}x (kernel, at equal work) "
+        f"x {padding_part:.2f}x (skipping padding; ideal {ideal:.2f}x)"
+    )
     if max(speedups.values()) > ideal:
-        print("The measured speedup exceeds the ideal ratio because the ideal counts only the work padding "
-              "adds, while on CPU Paddle's padded attention (matmul, softmax over the materialised "
-              "[B, H, S, S] probabilities, matmul) is also slower than fmha at equal work (the factor above).")
+        print(
+            "The measured speedup exceeds the ideal ratio because the ideal counts only the work padding "
+            "adds, while on CPU Paddle's padded attention (matmul, softmax over the materialised "
+            "[B, H, S, S] probabilities, matmul) is also slower than fmha at equal work (the factor above)."
+        )
     return 0 if ok else 1
 
 

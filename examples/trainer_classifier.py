@@ -21,6 +21,7 @@ tokens/s and learning rate per logged step) and ``loss.png``. ``--resume checkpo
 is refused, naming both: the data order cannot be replayed; ``--ignore_data_skip`` continues
 without replaying it).
 """
+
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import dataclasses
 import functools
@@ -35,10 +36,27 @@ from typing import List, Optional
 
 import numpy as np
 
-from example_util import (BUNDLED_MODEL, MODEL_HELP, Progress, StepHistory, check_data_args, check_max_seq_len,
-                          classifier_data, closing_line, encode_text, load_classifier, load_tokenizer, model_config,
-                          model_source, plot_or_skip, position_limit, quiet_logs, refuse_other_checkpoint,
-                          save_labels, steps)
+from example_util import (
+    BUNDLED_MODEL,
+    MODEL_HELP,
+    Progress,
+    StepHistory,
+    check_data_args,
+    check_max_seq_len,
+    classifier_data,
+    closing_line,
+    encode_text,
+    load_classifier,
+    load_tokenizer,
+    model_config,
+    model_source,
+    plot_or_skip,
+    position_limit,
+    quiet_logs,
+    refuse_other_checkpoint,
+    save_labels,
+    steps,
+)
 
 HISTORY, PLOT = "history.json", "loss.png"
 
@@ -57,13 +75,17 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    train_file: str = _arg("", "training rows: jsonl, csv or tsv with named columns (empty: the bundled Rotten "
-                               "Tomatoes snippets)")
+    train_file: str = _arg(
+        "", "training rows: jsonl, csv or tsv with named columns (empty: the bundled Rotten Tomatoes snippets)"
+    )
     eval_file: str = _arg("", "evaluation rows, labels as in --train-file (empty: no evaluation with --train-file)")
     text_column: str = _arg("text", "column of the text")
     text_pair_column: str = _arg("", "column of a second text (sentence pairs; empty: none)")
-    label_column: str = _arg("label", "column of the label: class ids (0, 1, ...) or names (numbered in sorted "
-                                      "order, the mapping saved as labels.json)")
+    label_column: str = _arg(
+        "label",
+        "column of the label: class ids (0, 1, ...) or names (numbered in sorted "
+        "order, the mapping saved as labels.json)",
+    )
     max_train: int = _arg(0, "use the first N training rows (0: all)")
     max_dev: int = _arg(0, "evaluate on the first N evaluation rows (0: all)")
 
@@ -83,8 +105,10 @@ def training_arguments_class():
 
     @dataclass
     class ExampleTrainingArguments(TrainingArguments):
-        output_dir: str = _arg("trainer_out", "checkpoints, the final model, history.json and loss.png go here "
-                                              "(empty: a temporary folder, nothing kept)")
+        output_dir: str = _arg(
+            "trainer_out",
+            "checkpoints, the final model, history.json and loss.png go here (empty: a temporary folder, nothing kept)",
+        )
         max_steps: int = _arg(50, "training steps (-1: --num_train_epochs decides)")
         per_device_train_batch_size: int = _arg(32, "training samples per rank and step")
         per_device_eval_batch_size: int = _arg(64, "evaluation samples per rank and batch")
@@ -95,8 +119,9 @@ def training_arguments_class():
         save_steps: int = _arg(25, "steps between checkpoints (--save_strategy steps)")
         save_total_limit: Optional[int] = _arg(2, "checkpoints kept (0: all)")
         disable_tqdm: Optional[bool] = _arg(True, "no tqdm progress bar (the example prints its own progress)")
-        report_to: Optional[List[str]] = field(default_factory=lambda: ["none"],
-                                               metadata={"help": "logging integrations (none: the example's history)"})
+        report_to: Optional[List[str]] = field(
+            default_factory=lambda: ["none"], metadata={"help": "logging integrations (none: the example's history)"}
+        )
 
     return ExampleTrainingArguments
 
@@ -109,8 +134,9 @@ def make_parser():
     answers to ``--a-b``."""
     from paddlenlp.trainer import PdArgumentParser
 
-    p = PdArgumentParser((ModelArguments, DataArguments, RunArguments, training_arguments_class()),
-                         description=__doc__.split("\n\n")[0])
+    p = PdArgumentParser(
+        (ModelArguments, DataArguments, RunArguments, training_arguments_class()), description=__doc__.split("\n\n")[0]
+    )
     for action in list(p._actions):
         for opt in list(action.option_strings):
             dashed = opt[:2] + opt[2:].replace("_", "-")
@@ -212,8 +238,9 @@ def history_callback(label, out_dir, counter, resume_dir, show_progress, title):
             if resume_dir and os.path.isfile(os.path.join(resume_dir, HISTORY)):
                 rows = StepHistory.load(os.path.join(resume_dir, HISTORY)).rows
                 self.history = StepHistory([r for r in rows if r["step"] <= state.global_step])
-            self.progress = Progress(state.max_steps, start=self.start,
-                                     enabled=show_progress and state.is_world_process_zero)
+            self.progress = Progress(
+                state.max_steps, start=self.start, enabled=show_progress and state.is_world_process_zero
+            )
             counter.take()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -226,8 +253,9 @@ def history_callback(label, out_dir, counter, resume_dir, show_progress, title):
                 tokens = int(t.numpy()[0])
             tok_s = tokens / max(now - self.t, 1e-9)
             self.t = now
-            self.history.add(step=state.global_step, loss=logs["loss"], tokens_per_s=tok_s,
-                             lr=logs.get("learning_rate"))
+            self.history.add(
+                step=state.global_step, loss=logs["loss"], tokens_per_s=tok_s, lr=logs.get("learning_rate")
+            )
 
             self._progress(state)
 
@@ -247,8 +275,9 @@ def history_callback(label, out_dir, counter, resume_dir, show_progress, title):
         def on_train_end(self, args, state, control, **kwargs):
             if state.is_world_process_zero and out_dir:
                 self.history.save(os.path.join(out_dir, HISTORY))
-                plot_or_skip(os.path.join(out_dir, PLOT), {label: self.history},
-                             f"{title}, PaddleNLP Trainer ({label})")
+                plot_or_skip(
+                    os.path.join(out_dir, PLOT), {label: self.history}, f"{title}, PaddleNLP Trainer ({label})"
+                )
 
     return HistoryCallback()
 
@@ -267,8 +296,9 @@ def training_arguments(args, out_dir):
     in ``out_dir`` (temporary) and saves no checkpoints."""
     from paddlenlp.trainer import TrainingArguments  # the stock class: checkpoints pickle it
 
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainingArguments)
-              if f.init and hasattr(args, f.name)}
+    values = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(TrainingArguments) if f.init and hasattr(args, f.name)
+    }
     values.update(output_dir=out_dir, save_total_limit=args.save_total_limit or None)
     if not args.output_dir:
         values["save_strategy"] = "no"
@@ -281,8 +311,11 @@ def accuracy(pred):
 
 def trainer_line(s, train_metrics, out_dir):
     """The line a run ends with: evaluation, speed, where it saved."""
-    metric = ("no evaluation (no --eval-file)" if s["eval_accuracy"] is None else
-              f"eval accuracy {s['eval_accuracy']:.4f}, eval loss {s['eval_loss']:.4f}")
+    metric = (
+        "no evaluation (no --eval-file)"
+        if s["eval_accuracy"] is None
+        else f"eval accuracy {s['eval_accuracy']:.4f}, eval loss {s['eval_loss']:.4f}"
+    )
     rate = train_metrics.get("train_samples_per_second", float("nan"))
     run = f"{'paddle_unpad' if s['unpad'] else 'stock'} Trainer, {steps(s['steps'])} on {s['world_size']} rank(s)"
     return closing_line(metric, f"{rate:.1f} samples/s, train loss {s['train_loss']:.4f}", run, out_dir)
@@ -300,8 +333,9 @@ def main(argv=None):
     # the model, its tokenizer, --max-seq-len and the data, checked before any work
     source = model_source(args.model_name_or_path)
     tokenizer = load_tokenizer(source)
-    check_max_seq_len(args.max_seq_len, tokenizer, position_limit(model_config(source)),
-                      pair=bool(args.text_pair_column))
+    check_max_seq_len(
+        args.max_seq_len, tokenizer, position_limit(model_config(source)), pair=bool(args.text_pair_column)
+    )
     train_rows, dev_rows, label_names = classifier_data(args)
     # the Trainer needs a folder; without --output-dir it works in a temporary one and saves nothing
     out_dir = args.output_dir or tempfile.mkdtemp(prefix="trainer_classifier_")
@@ -316,8 +350,15 @@ def main(argv=None):
     title = f"{source.name} on {os.path.basename(args.train_file) or 'Rotten Tomatoes'}"
     counter = TokenCounter()
     callback = history_callback(label, args.output_dir, counter, resume, not args.no_progress, title)
-    common = dict(model=model, args=training_arguments(args, out_dir), train_dataset=train,
-                  eval_dataset=dev or None, tokenizer=tokenizer, compute_metrics=accuracy, callbacks=[callback])
+    common = dict(
+        model=model,
+        args=training_arguments(args, out_dir),
+        train_dataset=train,
+        eval_dataset=dev or None,
+        tokenizer=tokenizer,
+        compute_metrics=accuracy,
+        callbacks=[callback],
+    )
     if args.no_unpad:
         trainer = Trainer(data_collator=DataCollatorWithPadding(tokenizer), **common)
     else:
@@ -329,10 +370,15 @@ def main(argv=None):
         if trainer.is_world_process_zero():
             save_labels(args.output_dir, label_names)
     metrics = trainer.evaluate() if dev else {}
-    summary = {"unpad": not args.no_unpad, "train_loss": float(result.training_loss),
-               "eval_loss": metrics.get("eval_loss"), "eval_accuracy": metrics.get("eval_accuracy"),
-               "steps": int(result.global_step), "world_size": int(paddle.distributed.get_world_size()),
-               "labels": label_names}
+    summary = {
+        "unpad": not args.no_unpad,
+        "train_loss": float(result.training_loss),
+        "eval_loss": metrics.get("eval_loss"),
+        "eval_accuracy": metrics.get("eval_accuracy"),
+        "steps": int(result.global_step),
+        "world_size": int(paddle.distributed.get_world_size()),
+        "labels": label_names,
+    }
     if trainer.is_world_process_zero():
         print(trainer_line(summary, result.metrics, args.output_dir), flush=True)
         if args.json_out:

@@ -15,6 +15,7 @@ Importing never needs compiled code: without the native operators every op runs 
 plain-Paddle reference and ``ops_available()`` says so. What the import does to the process
 is listed by ``info()``.
 """
+
 import zlib  # noqa: F401  (before paddle: paddle-gpu 2.6's libpaddle clashes with a zlib loaded after it)
 
 from . import _runtime
@@ -29,13 +30,31 @@ from .varlen import cu_seqlens_from_lengths, pad_input, unpad_input  # noqa: E40
 
 __version__ = "0.1.0"
 
-__all__ = ["fmha", "fmha_qkvpacked", "ops_available", "info", "host_info", "unpad_input", "pad_input",
-           "cu_seqlens_from_lengths", "balance", "config", "data", "ops", "varlen"]
+__all__ = [
+    "fmha",
+    "fmha_qkvpacked",
+    "ops_available",
+    "info",
+    "host_info",
+    "unpad_input",
+    "pad_input",
+    "cu_seqlens_from_lengths",
+    "balance",
+    "config",
+    "data",
+    "ops",
+    "varlen",
+]
 
 # name -> (module, attribute or None), imported when first read
-_ON_FIRST_USE = {"distributed": ("paddle_unpad.distributed", None), "fleet": ("paddle_unpad.fleet", None),
-                 "models": ("paddle_unpad.models", None), "trainer": ("paddle_unpad.trainer", None),
-                 "convert": ("paddle_unpad.models", "convert"), "revert": ("paddle_unpad.models", "revert")}
+_ON_FIRST_USE = {
+    "distributed": ("paddle_unpad.distributed", None),
+    "fleet": ("paddle_unpad.fleet", None),
+    "models": ("paddle_unpad.models", None),
+    "trainer": ("paddle_unpad.trainer", None),
+    "convert": ("paddle_unpad.models", "convert"),
+    "revert": ("paddle_unpad.models", "revert"),
+}
 
 
 def __getattr__(name):

@@ -23,6 +23,7 @@ is the table (docs/api.md lists it). Rules:
 This module imports only the standard library: the build (``setup.py``) reads it
 before the package exists.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -58,40 +59,84 @@ _GROUP_STORES_READ = "read when the plugin makes its first group or a paddle_unp
 _GROUP_STORES_OFF = "off: Paddle's groups share the job's store and can read each other's addresses; must be equal on every rank: compared across ranks there"
 _NODELAY_OFF = "off: each request can wait ~40 ms for a delayed ACK"
 
-VARIABLES = tuple(Variable(*v) for v in (
-    # run time: which operator library, and where
-    ("DISABLE_NATIVE", "flag", False, "run every op's plain-Paddle reference instead of the compiled operators"),
-    ("FORCE_JIT", "flag", False, "ignore an installed operator library and JIT-build one from the source checkout"),
-    ("JIT", "flag", True, "allow the JIT build from a source checkout when no installed library is found"),
-    ("CACHE", "path", "", "folder of JIT-built libraries (default ~/.cache/paddle_unpad)"),
-    # run time: kernels
-    ("NUM_THREADS", "int", 0, "threads of the CPU kernels (0: OMP_NUM_THREADS, else all cores)"),
-    ("CPU_ISA", "choice", "auto", "CPU kernel path: auto (widest the CPU has) or a narrower avx2/sse2",
-     ("auto", "avx512", "avx2", "sse2")),
-    ("FMHA_GROUPING", "flag", True, "default of fmha(grouping=None) on GPU: the grouped multi-stream launch"),
-    ("FMHA_STREAMS", "int", 4, "size of the CUDA stream pool of the grouped FMHA launch", (), "run", (1, 16)),
-    ("FMHA_DETERMINISTIC", "flag", False,
-     "default of fmha(deterministic=None) on GPU: the two-kernel backward without atomics, bitwise identical reruns (off: the one-pass backward, dQ added with float32 atomics)"),
-    ("MKL_DISPATCH", "choice", "auto",
-     "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels (MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it", ("auto", "off")),
-    ("HOST_MALLOC", "choice", "retain",
-     f"retain: on Linux with glibc, keep freed host memory for reuse instead of returning it to the kernel and faulting it in again every step ({_MALLOPT_AT}); off: glibc's defaults",
-     ("retain", "off")),
-    # run time: distributed
-    ("GLOO_GROUP_STORES", "flag", True,
-     f"give every gloo process group after the default one a rendezvous store of its own ({_GROUP_STORES_READ}; {_GROUP_STORES_OFF})",
-     (), "run", (0, None), True),
-    ("STORE_NODELAY", "flag", True,
-     f"send this process's requests to Paddle's TCP stores without Nagle's delay (TCP_NODELAY on its connections to the job's and the groups' stores; {_NODELAY_OFF})"),
-    # build time
-    ("SKIP_CUDA", "flag", False, "never compile the CUDA sources", (), "build"),
-    ("REQUIRE_CUDA", "flag", False, "fail the build unless the CUDA kernels are compiled (make setup PADDLE=gpu)",
-     (), "build"),
-    ("CUDA_ARCHS", "str", "80;90", "SM versions the CUDA kernels are compiled for (80 or newer)", (), "build"),
-    ("NATIVE_ARCH", "flag", False, "add -march=native to the CPU build (the default dispatches by ISA at run time)",
-     (), "build"),
-    ("BUILD_JOBS", "int", 0, "parallel compile jobs (0: one per CPU)", (), "build"),
-))
+VARIABLES = tuple(
+    Variable(*v)
+    for v in (
+        # run time: which operator library, and where
+        ("DISABLE_NATIVE", "flag", False, "run every op's plain-Paddle reference instead of the compiled operators"),
+        ("FORCE_JIT", "flag", False, "ignore an installed operator library and JIT-build one from the source checkout"),
+        ("JIT", "flag", True, "allow the JIT build from a source checkout when no installed library is found"),
+        ("CACHE", "path", "", "folder of JIT-built libraries (default ~/.cache/paddle_unpad)"),
+        # run time: kernels
+        ("NUM_THREADS", "int", 0, "threads of the CPU kernels (0: OMP_NUM_THREADS, else all cores)"),
+        (
+            "CPU_ISA",
+            "choice",
+            "auto",
+            "CPU kernel path: auto (widest the CPU has) or a narrower avx2/sse2",
+            ("auto", "avx512", "avx2", "sse2"),
+        ),
+        ("FMHA_GROUPING", "flag", True, "default of fmha(grouping=None) on GPU: the grouped multi-stream launch"),
+        ("FMHA_STREAMS", "int", 4, "size of the CUDA stream pool of the grouped FMHA launch", (), "run", (1, 16)),
+        (
+            "FMHA_DETERMINISTIC",
+            "flag",
+            False,
+            "default of fmha(deterministic=None) on GPU: the two-kernel backward without atomics, bitwise identical reruns (off: the one-pass backward, dQ added with float32 atomics)",
+        ),
+        (
+            "MKL_DISPATCH",
+            "choice",
+            "auto",
+            "auto: on a non-Intel x86 CPU, make Paddle's MKL use its AVX2/AVX-512 GEMM kernels (MKL_DEBUG_CPU_TYPE, set at import when unset); off: leave MKL as Paddle ships it",
+            ("auto", "off"),
+        ),
+        (
+            "HOST_MALLOC",
+            "choice",
+            "retain",
+            f"retain: on Linux with glibc, keep freed host memory for reuse instead of returning it to the kernel and faulting it in again every step ({_MALLOPT_AT}); off: glibc's defaults",
+            ("retain", "off"),
+        ),
+        # run time: distributed
+        (
+            "GLOO_GROUP_STORES",
+            "flag",
+            True,
+            f"give every gloo process group after the default one a rendezvous store of its own ({_GROUP_STORES_READ}; {_GROUP_STORES_OFF})",
+            (),
+            "run",
+            (0, None),
+            True,
+        ),
+        (
+            "STORE_NODELAY",
+            "flag",
+            True,
+            f"send this process's requests to Paddle's TCP stores without Nagle's delay (TCP_NODELAY on its connections to the job's and the groups' stores; {_NODELAY_OFF})",
+        ),
+        # build time
+        ("SKIP_CUDA", "flag", False, "never compile the CUDA sources", (), "build"),
+        (
+            "REQUIRE_CUDA",
+            "flag",
+            False,
+            "fail the build unless the CUDA kernels are compiled (make setup PADDLE=gpu)",
+            (),
+            "build",
+        ),
+        ("CUDA_ARCHS", "str", "80;90", "SM versions the CUDA kernels are compiled for (80 or newer)", (), "build"),
+        (
+            "NATIVE_ARCH",
+            "flag",
+            False,
+            "add -march=native to the CPU build (the default dispatches by ISA at run time)",
+            (),
+            "build",
+        ),
+        ("BUILD_JOBS", "int", 0, "parallel compile jobs (0: one per CPU)", (), "build"),
+    )
+)
 _BY_NAME = {v.name: v for v in VARIABLES}
 
 
@@ -101,9 +146,11 @@ class ConfigError(ValueError):
 
 def variable(name):
     try:
-        return _BY_NAME[name[len(PREFIX):] if name.startswith(PREFIX) else name]
+        return _BY_NAME[name[len(PREFIX) :] if name.startswith(PREFIX) else name]
     except KeyError:
-        raise KeyError(f"paddle_unpad.config: no configuration variable {name!r} (known: {', '.join(sorted(_BY_NAME))})") from None
+        raise KeyError(
+            f"paddle_unpad.config: no configuration variable {name!r} (known: {', '.join(sorted(_BY_NAME))})"
+        ) from None
 
 
 _warned_unknown = set()  # names already reported in this process
@@ -115,15 +162,18 @@ def warn_unknown(environ=None):
     misspelt name is otherwise ignored without a word), naming the closest known one.
     Returns the unknown names found."""
     env = os.environ if environ is None else environ
-    unknown = sorted(k for k in env if k.startswith(PREFIX) and k[len(PREFIX):] not in _BY_NAME)
+    unknown = sorted(k for k in env if k.startswith(PREFIX) and k[len(PREFIX) :] not in _BY_NAME)
     for name in unknown:
         if name in _warned_unknown:
             continue
         _warned_unknown.add(name)
-        close = difflib.get_close_matches(name[len(PREFIX):], list(_BY_NAME), n=1, cutoff=0.6)  # the prefix aside
+        close = difflib.get_close_matches(name[len(PREFIX) :], list(_BY_NAME), n=1, cutoff=0.6)  # the prefix aside
         hint = f"did you mean {PREFIX}{close[0]}?" if close else f"known: {', '.join(v.env for v in VARIABLES)}"
-        warnings.warn(f"paddle_unpad.config: {name} is not a paddle_unpad setting and is ignored ({hint})",
-                      UserWarning, stacklevel=3)
+        warnings.warn(
+            f"paddle_unpad.config: {name} is not a paddle_unpad setting and is ignored ({hint})",
+            UserWarning,
+            stacklevel=3,
+        )
     return unknown
 
 
@@ -146,7 +196,9 @@ def parse(var: Variable, text: str):
             return True
         if low in _FALSE:
             return False
-        raise ConfigError(f"paddle_unpad.config: {var.env}={text!r}: expected one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
+        raise ConfigError(
+            f"paddle_unpad.config: {var.env}={text!r}: expected one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}"
+        )
     if var.kind == "int":
         try:
             value = int(text)
@@ -174,7 +226,9 @@ def sm_versions(text: str):
 def _check_sm_versions(var, text):
     for a in sm_versions(text):
         if not a.isdigit() or int(a) < 80:
-            raise ConfigError(f"paddle_unpad.config: {var.env}={text!r}: {a!r} is not a supported SM version (need 80 or newer, e.g. '80;90')")
+            raise ConfigError(
+                f"paddle_unpad.config: {var.env}={text!r}: {a!r} is not a supported SM version (need 80 or newer, e.g. '80;90')"
+            )
 
 
 # text settings with a rule of their own

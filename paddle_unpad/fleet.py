@@ -20,6 +20,7 @@ the given keys into the defaults and rejects unknown keys.  With ``unpad = False
 plain ``fleet.DistributedStrategy`` or in a single process, :func:`distributed_loader`
 only packs each rank's own batches (no exchange).
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,13 +30,26 @@ from paddle.distributed import fleet as _fleet
 
 from ._runtime import host_malloc as _host_malloc
 from ._runtime import paddle_compat as _compat
-from .distributed import (BalancedLoader, ExchangeError, ExchangeTimeout, GradientAllReduce,  # noqa: F401
-                          GradientSyncError)
+from .distributed import (
+    BalancedLoader,
+    ExchangeError,
+    ExchangeTimeout,
+    GradientAllReduce,  # noqa: F401
+    GradientSyncError,
+)
 from .distributed import groups as _groups
 from .distributed import options as _options
 
-__all__ = ["DistributedStrategy", "distributed_loader", "DEFAULT_UNPAD_CONFIGS", "current_strategy",
-           "ExchangeError", "ExchangeTimeout", "GradientAllReduce", "GradientSyncError"]
+__all__ = [
+    "DistributedStrategy",
+    "distributed_loader",
+    "DEFAULT_UNPAD_CONFIGS",
+    "current_strategy",
+    "ExchangeError",
+    "ExchangeTimeout",
+    "GradientAllReduce",
+    "GradientSyncError",
+]
 
 #: keys of ``unpad_configs`` and their defaults (the table: :data:`paddle_unpad.distributed.options.OPTIONS`)
 DEFAULT_UNPAD_CONFIGS: Dict[str, Any] = dict(_options.DEFAULTS)
@@ -71,8 +85,9 @@ class DistributedStrategy(_fleet.DistributedStrategy):
     def unpad(self, flag: bool):
         if not isinstance(flag, bool):
             raise TypeError(f"paddle_unpad.fleet.DistributedStrategy: unpad must be True or False, got {flag!r}")
-        self._state()["configs"] = _options.resolve({"balance": flag}, "fleet.DistributedStrategy", "unpad_configs",
-                                                    base=self._state()["configs"])
+        self._state()["configs"] = _options.resolve(
+            {"balance": flag}, "fleet.DistributedStrategy", "unpad_configs", base=self._state()["configs"]
+        )
 
     @property
     def unpad_configs(self) -> Dict[str, Any]:
@@ -82,8 +97,9 @@ class DistributedStrategy(_fleet.DistributedStrategy):
 
     @unpad_configs.setter
     def unpad_configs(self, configs: Dict[str, Any]):
-        resolved = _options.resolve(configs, "fleet.DistributedStrategy", "unpad_configs",
-                                    base=self._state()["configs"])
+        resolved = _options.resolve(
+            configs, "fleet.DistributedStrategy", "unpad_configs", base=self._state()["configs"]
+        )
         # launched as one of N ranks: the number is known before fleet.init
         _options.check_counts_per_rank(resolved, "fleet.DistributedStrategy", _groups.launched_world(), "unpad_configs")
         self._state()["configs"] = resolved

@@ -32,6 +32,7 @@ Public API:
   otherwise. Construct them fresh like their parents, or convert existing layers in
   place with :func:`convert_encoder` (undo with :func:`revert_encoder`).
 """
+
 from __future__ import annotations
 
 import paddle
@@ -70,8 +71,9 @@ def bias_dropout_residual_layer_norm(x, bias, residual, ln_weight, ln_bias, drop
     by ``ops.bias_dropout_residual_layer_norm`` whatever dtypes AMP hands over (a half x with
     the float32 residual and LayerNorm parameters of O1, half ones of O2; see its rules)."""
     p = float(dropout) if training else 0.0
-    return _ops.bias_dropout_residual_layer_norm(x, bias, residual, ln_weight, ln_bias, dropout=p,
-                                                 epsilon=float(epsilon), training=bool(training))
+    return _ops.bias_dropout_residual_layer_norm(
+        x, bias, residual, ln_weight, ln_bias, dropout=p, epsilon=float(epsilon), training=bool(training)
+    )
 
 
 def qkv_weight_and_bias(self_attn):
@@ -89,14 +91,19 @@ def check_supported_layer(layer, where="encoder layer"):
     """Raise ``NotImplementedError`` naming the option when ``layer`` cannot run unpadded."""
     if not isinstance(layer, nn.TransformerEncoderLayer):
         raise NotImplementedError(
-            f"paddle_unpad: {where} is a {type(layer).__name__}, not a paddle.nn.TransformerEncoderLayer; only the standard PaddleNLP encoder can run unpadded")
+            f"paddle_unpad: {where} is a {type(layer).__name__}, not a paddle.nn.TransformerEncoderLayer; only the standard PaddleNLP encoder can run unpadded"
+        )
     if layer.normalize_before:
-        raise NotImplementedError(f"paddle_unpad: {where} has normalize_before=True (pre-LN); only the post-LN BERT layer is supported unpadded")
+        raise NotImplementedError(
+            f"paddle_unpad: {where} has normalize_before=True (pre-LN); only the post-LN BERT layer is supported unpadded"
+        )
     attn = layer.self_attn
     if attn.kdim != attn.embed_dim or attn.vdim != attn.embed_dim:
         raise NotImplementedError(f"paddle_unpad: {where}: self_attn.kdim/vdim differ from embed_dim")
     if attn.need_weights:
-        raise NotImplementedError(f"paddle_unpad: {where}: self_attn.need_weights=True (attention weights, i.e. output_attentions) cannot be produced unpadded")
+        raise NotImplementedError(
+            f"paddle_unpad: {where}: self_attn.need_weights=True (attention weights, i.e. output_attentions) cannot be produced unpadded"
+        )
 
 
 def encoder_layer_forward(layer, x, cu_seqlens, max_seqlen):
@@ -117,19 +124,36 @@ def encoder_layer_forward(layer, x, cu_seqlens, max_seqlen):
     # the one QKV GEMM, its bias added by the attention as it reads q, k and v
     qkv = paddle.matmul(x, w).reshape([-1, 3, heads, head_dim])
     bias = None if b is None else b.reshape([3, heads, head_dim])
-    ctx = _ops.fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=bias, dropout=float(attn.dropout or 0.0),
-                              training=bool(attn.training))
+    ctx = _ops.fmha_qkvpacked(
+        qkv, cu_seqlens, max_seqlen, bias=bias, dropout=float(attn.dropout or 0.0), training=bool(attn.training)
+    )
     ctx = ctx.reshape([-1, heads * head_dim])
     a = paddle.matmul(ctx, attn.out_proj.weight)
-    x = bias_dropout_residual_layer_norm(a, attn.out_proj.bias, x, layer.norm1.weight, layer.norm1.bias,
-                                         layer.dropout1.p, _compat.layer_norm_epsilon(layer.norm1), training)
+    x = bias_dropout_residual_layer_norm(
+        a,
+        attn.out_proj.bias,
+        x,
+        layer.norm1.weight,
+        layer.norm1.bias,
+        layer.dropout1.p,
+        _compat.layer_norm_epsilon(layer.norm1),
+        training,
+    )
     f = paddle.matmul(x, layer.linear1.weight)
     f = bias_act(f, layer.linear1.bias, layer.activation)
     if training and layer.dropout.p:
         f = F.dropout(f, p=layer.dropout.p, training=True, mode=layer.dropout.mode)
     o = paddle.matmul(f, layer.linear2.weight)
-    return bias_dropout_residual_layer_norm(o, layer.linear2.bias, x, layer.norm2.weight, layer.norm2.bias,
-                                            layer.dropout2.p, _compat.layer_norm_epsilon(layer.norm2), training)
+    return bias_dropout_residual_layer_norm(
+        o,
+        layer.linear2.bias,
+        x,
+        layer.norm2.weight,
+        layer.norm2.bias,
+        layer.dropout2.p,
+        _compat.layer_norm_epsilon(layer.norm2),
+        training,
+    )
 
 
 def encoder_forward(encoder, x, cu_seqlens, max_seqlen, output_hidden_states=False):
@@ -161,12 +185,13 @@ def encoder_forward(encoder, x, cu_seqlens, max_seqlen, output_hidden_states=Fal
 class _UnpadLayerMixin:
     """forward() of :class:`UnpadTransformerEncoderLayer` (also mixed into converted layers)."""
 
-    def forward(self, src, src_mask=None, cache=None, output_attentions=False, *, cu_seqlens=None,
-                max_seqlen=None):
+    def forward(self, src, src_mask=None, cache=None, output_attentions=False, *, cu_seqlens=None, max_seqlen=None):
         if cu_seqlens is None:
             return super().forward(src, src_mask=src_mask, cache=cache, output_attentions=output_attentions)
         if src_mask is not None or cache is not None or output_attentions:
-            raise NotImplementedError("paddle_unpad: with cu_seqlens, src_mask/cache/output_attentions are not supported (the sequences are given by cu_seqlens)")
+            raise NotImplementedError(
+                "paddle_unpad: with cu_seqlens, src_mask/cache/output_attentions are not supported (the sequences are given by cu_seqlens)"
+            )
         if max_seqlen is None:
             raise ValueError("paddle_unpad: max_seqlen (a Python int) is required with cu_seqlens")
         return encoder_layer_forward(self, src, cu_seqlens, max_seqlen)
@@ -175,13 +200,31 @@ class _UnpadLayerMixin:
 class _UnpadEncoderMixin:
     """forward() of :class:`UnpadTransformerEncoder` (also mixed into converted encoders)."""
 
-    def forward(self, src, src_mask=None, cache=None, output_attentions=False, output_hidden_states=False,
-                return_dict=False, *, cu_seqlens=None, max_seqlen=None):
+    def forward(
+        self,
+        src,
+        src_mask=None,
+        cache=None,
+        output_attentions=False,
+        output_hidden_states=False,
+        return_dict=False,
+        *,
+        cu_seqlens=None,
+        max_seqlen=None,
+    ):
         if cu_seqlens is None:
-            return super().forward(src, src_mask=src_mask, cache=cache, output_attentions=output_attentions,
-                                   output_hidden_states=output_hidden_states, return_dict=return_dict)
+            return super().forward(
+                src,
+                src_mask=src_mask,
+                cache=cache,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                return_dict=return_dict,
+            )
         if src_mask is not None or cache is not None or output_attentions:
-            raise NotImplementedError("paddle_unpad: with cu_seqlens, src_mask/cache/output_attentions are not supported (the sequences are given by cu_seqlens)")
+            raise NotImplementedError(
+                "paddle_unpad: with cu_seqlens, src_mask/cache/output_attentions are not supported (the sequences are given by cu_seqlens)"
+            )
         if max_seqlen is None:
             raise ValueError("paddle_unpad: max_seqlen (a Python int) is required with cu_seqlens")
         out, hidden = encoder_forward(self, src, cu_seqlens, max_seqlen, output_hidden_states)
@@ -229,9 +272,11 @@ def swap_class(obj, mixin, name=None):
     key = (mixin, cls, name)
     sub = _SWAP_CACHE.get(key)
     if sub is None:
-        sub = type(name or cls.__name__, (mixin, cls), {"__module__": cls.__module__,
-                                                         "__qualname__": name or cls.__qualname__,
-                                                         "_paddle_unpad_mixin": mixin})
+        sub = type(
+            name or cls.__name__,
+            (mixin, cls),
+            {"__module__": cls.__module__, "__qualname__": name or cls.__qualname__, "_paddle_unpad_mixin": mixin},
+        )
         _SWAP_CACHE[key] = sub
     object.__setattr__(obj, _ORIG_CLASS_ATTR, cls)
     obj.__class__ = sub
@@ -267,7 +312,9 @@ def convert_encoder(encoder):
     Raises ``NotImplementedError`` (naming the option) for layers that cannot run unpadded.
     """
     if not isinstance(encoder, nn.TransformerEncoder):
-        raise NotImplementedError(f"paddle_unpad: expected a paddle.nn.TransformerEncoder, got {type(encoder).__name__}")
+        raise NotImplementedError(
+            f"paddle_unpad: expected a paddle.nn.TransformerEncoder, got {type(encoder).__name__}"
+        )
     for i, layer in enumerate(encoder.layers):
         check_supported_layer(layer, f"encoder.layers[{i}]")
     _host_malloc.ensure("paddle_unpad.convert / convert_encoder")  # before the training steps it is for

@@ -38,8 +38,14 @@ from .distributed import options as _balance_options
 from .data import sample_list_collate
 from .data.collate import DEFAULT_TOKEN_FIELDS, LABEL_ALIASES, normalize_batch, rename_label_keys
 
-__all__ = ["UnpadTrainer", "PadCollator", "LABEL_ALIASES", "rename_label_keys", "checkpoint_world_size",
-           "check_resume_world_size"]
+__all__ = [
+    "UnpadTrainer",
+    "PadCollator",
+    "LABEL_ALIASES",
+    "rename_label_keys",
+    "checkpoint_world_size",
+    "check_resume_world_size",
+]
 
 
 # PaddleNLP (2.8 and 3.0) saves a checkpoint's random states as rng_state_<ranks>.pth (every
@@ -55,8 +61,11 @@ def checkpoint_world_size(folder):
         names = os.listdir(folder)
     except OSError:
         return None
-    found = [(os.path.getmtime(os.path.join(folder, n)), int(m.group(1) or 1))
-             for n, m in ((n, _RNG_STATE_FILE.fullmatch(n)) for n in names) if m]
+    found = [
+        (os.path.getmtime(os.path.join(folder, n)), int(m.group(1) or 1))
+        for n, m in ((n, _RNG_STATE_FILE.fullmatch(n)) for n in names)
+        if m
+    ]
     return max(found)[1] if found else None
 
 
@@ -79,11 +88,15 @@ def check_resume_world_size(folder, world, where="trainer.UnpadTrainer.train", t
         values, missing = _dist_groups.agree("trainer-resume", json.dumps(saved), limit)
         if missing:
             waited = max(limit, _dist_groups.AGREE_MIN_S)
-            raise RuntimeError(f"paddle_unpad.{where}: rank(s) {missing} did not start train(resume_from_checkpoint={folder!r}) within {waited:g} s: every rank must resume from the same checkpoint at the same point")
+            raise RuntimeError(
+                f"paddle_unpad.{where}: rank(s) {missing} did not start train(resume_from_checkpoint={folder!r}) within {waited:g} s: every rank must resume from the same checkpoint at the same point"
+            )
         seen = {json.loads(v) for v in values or []} - {None}
         saved = max(seen) if seen else saved
     if saved is not None and saved != world:
-        raise ValueError(f"paddle_unpad.{where}: the checkpoint {folder!r} was saved by {saved} rank(s), this run has {world}: {_NO_REPLAY}: resume on {saved} rank(s), or {_SKIP_REPLAY}")
+        raise ValueError(
+            f"paddle_unpad.{where}: the checkpoint {folder!r} was saved by {saved} rank(s), this run has {world}: {_NO_REPLAY}: resume on {saved} rank(s), or {_SKIP_REPLAY}"
+        )
 
 
 def train_collate(batch):
@@ -121,7 +134,9 @@ class PadCollator:
         B, S = len(samples), int(lengths.max()) if len(samples) else 0
         if self.pad_to is not None:
             if S > self.pad_to:
-                raise ValueError(f"paddle_unpad.trainer.PadCollator: a sample of length {S} is longer than pad_to={self.pad_to}")
+                raise ValueError(
+                    f"paddle_unpad.trainer.PadCollator: a sample of length {S} is longer than pad_to={self.pad_to}"
+                )
             S = self.pad_to
         out = {"attention_mask": np.zeros((B, S), np.int64)}
         for b, n in enumerate(lengths):
@@ -129,8 +144,7 @@ class PadCollator:
         for name in samples[0] if B else ():
             vals = [smp[name] for smp in samples]
             if name in DEFAULT_TOKEN_FIELDS and vals[0].ndim >= 1:
-                fill = self.pad_token_id if name == "input_ids" else (
-                    self.label_pad if "label" in name else 0)
+                fill = self.pad_token_id if name == "input_ids" else (self.label_pad if "label" in name else 0)
                 arr = np.full((B, S) + vals[0].shape[1:], fill, dtype=vals[0].dtype)
                 for b, v in enumerate(vals):
                     arr[b, : len(v)] = v
@@ -198,8 +212,9 @@ def _make_class():
                 max_seqlen = getattr(config, "max_position_embeddings", 512)
             cfg.setdefault("max_seqlen", max_seqlen)
             self._unpad_configs = _balance_options.resolve(cfg, "trainer.UnpadTrainer", "unpad_configs")  # fails here
-            _balance_options.check_counts_per_rank(self._unpad_configs, "trainer.UnpadTrainer",
-                                                   _groups.launched_world(), "unpad_configs")
+            _balance_options.check_counts_per_rank(
+                self._unpad_configs, "trainer.UnpadTrainer", _groups.launched_world(), "unpad_configs"
+            )
             if kwargs.get("data_collator") is None:  # eval / predict batches (see module doc)
                 pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
                 kwargs["data_collator"] = PadCollator(pad_token_id=pad_id)

@@ -14,6 +14,7 @@ All functions are plain Paddle and differentiable where it makes sense:
 ``unpad_input`` passes gradients to ``x``, ``pad_input`` to ``packed``.
 The helpers that build ``cu_seqlens`` from host-side lengths never read device memory.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -81,7 +82,9 @@ def unpad_input(x, attention_mask):
     _check_tensor("unpad_input", "x", x)
     _check_tensor("unpad_input", "attention_mask", attention_mask)
     if len(x.shape) < 2:
-        raise ValueError(f"paddle_unpad.unpad_input: x must have shape [batch, seqlen, ...] (rank >= 2), got shape {_shape(x)}")
+        raise ValueError(
+            f"paddle_unpad.unpad_input: x must have shape [batch, seqlen, ...] (rank >= 2), got shape {_shape(x)}"
+        )
     if len(attention_mask.shape) != 2:
         raise ValueError(
             f"paddle_unpad.unpad_input: attention_mask must have shape [batch, seqlen] (rank 2), got shape {_shape(attention_mask)}"
@@ -99,9 +102,7 @@ def unpad_input(x, attention_mask):
     seqlens = keep_i32.sum(axis=1, dtype="int32")  # [B]
     # indices of kept tokens in the flattened [B * S] batch, row-major (ascending)
     indices = paddle.nonzero(keep.flatten()).flatten()  # [T] int64
-    cu_seqlens = paddle.concat(
-        [paddle.zeros([1], dtype="int32"), paddle.cumsum(seqlens, axis=0).astype("int32")]
-    )
+    cu_seqlens = paddle.concat([paddle.zeros([1], dtype="int32"), paddle.cumsum(seqlens, axis=0).astype("int32")])
     if paddle.in_dynamic_mode():
         max_seqlen = int(seqlens.max()) if xs[0] > 0 else 0
     else:  # static graph: no value yet
@@ -139,7 +140,9 @@ def pad_input(packed, indices, batch_size, seqlen):
     batch_size = _check_nonneg_int("pad_input", "batch_size", batch_size)
     seqlen = _check_nonneg_int("pad_input", "seqlen", seqlen)
     if len(packed.shape) < 1:
-        raise ValueError(f"paddle_unpad.pad_input: packed must have shape [total_tokens, ...] (rank >= 1), got shape {_shape(packed)}")
+        raise ValueError(
+            f"paddle_unpad.pad_input: packed must have shape [total_tokens, ...] (rank >= 1), got shape {_shape(packed)}"
+        )
     if len(indices.shape) != 1:
         raise ValueError(f"paddle_unpad.pad_input: indices must be 1-D [total_tokens], got shape {_shape(indices)}")
     if indices.dtype not in (paddle.int64, paddle.int32):
@@ -171,12 +174,16 @@ def _check_pad_indices(idx, limit):
     bad = np.flatnonzero((idx < 0) | (idx >= limit))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"paddle_unpad.pad_input: indices[{i}] = {int(idx[i])} is out of range: positions must be in [0, batch_size * seqlen = {limit})")
+        raise ValueError(
+            f"paddle_unpad.pad_input: indices[{i}] = {int(idx[i])} is out of range: positions must be in [0, batch_size * seqlen = {limit})"
+        )
     order = np.argsort(idx, kind="stable")
     dup = np.flatnonzero(idx[order][1:] == idx[order][:-1])
     if dup.size:
         a, b = sorted((int(order[dup[0]]), int(order[dup[0] + 1])))
-        raise ValueError(f"paddle_unpad.pad_input: indices must be distinct, but indices[{a}] = indices[{b}] = {int(idx[a])}")
+        raise ValueError(
+            f"paddle_unpad.pad_input: indices must be distinct, but indices[{a}] = indices[{b}] = {int(idx[a])}"
+        )
 
 
 def cu_seqlens_host(lengths):
@@ -202,7 +209,9 @@ def _cu_seqlens(arr, fn):
     if arr.size and int(arr.max()) > _INT32_MAX:
         # checked before summing: a sum of such lengths can wrap around int64
         i = int(arr.argmax())
-        raise ValueError(f"paddle_unpad.{fn}: lengths[{i}] = {int(arr[i])} is more than int32 cu_seqlens can hold ({_INT32_MAX})")
+        raise ValueError(
+            f"paddle_unpad.{fn}: lengths[{i}] = {int(arr[i])} is more than int32 cu_seqlens can hold ({_INT32_MAX})"
+        )
     cu = np.zeros(arr.shape[0] + 1, dtype=np.int64)
     np.cumsum(arr, out=cu[1:])  # at most B * (2**31 - 1): no int64 overflow below 2**32 sequences
     if cu[-1] > _INT32_MAX:
@@ -266,12 +275,18 @@ def check_cu_seqlens(cu_seqlens, total, max_seqlen=None, *, who=".ops.fmha", tok
     bad = np.flatnonzero(lengths < 0)
     if bad.size:
         b = int(bad[0])
-        raise ValueError(f"paddle_unpad{who}: cu_seqlens must be non-decreasing, but cu_seqlens[{b + 1}] = {cu[b + 1]} < cu_seqlens[{b}] = {cu[b]}")
+        raise ValueError(
+            f"paddle_unpad{who}: cu_seqlens must be non-decreasing, but cu_seqlens[{b + 1}] = {cu[b + 1]} < cu_seqlens[{b}] = {cu[b]}"
+        )
     if cu[-1] != total:
-        raise ValueError(f"paddle_unpad{who}: cu_seqlens[-1] = {cu[-1]} must equal the number of packed tokens {tokens} = {total}")
+        raise ValueError(
+            f"paddle_unpad{who}: cu_seqlens[-1] = {cu[-1]} must equal the number of packed tokens {tokens} = {total}"
+        )
     longest = int(lengths.max()) if lengths.size else 0
     if max_seqlen is not None and longest > max_seqlen:
-        raise ValueError(f"paddle_unpad{who}: max_seqlen = {max_seqlen} is smaller than the longest sequence in cu_seqlens ({longest})")
+        raise ValueError(
+            f"paddle_unpad{who}: max_seqlen = {max_seqlen} is smaller than the longest sequence in cu_seqlens ({longest})"
+        )
     return longest
 
 
@@ -301,7 +316,9 @@ def check_no_empty_sequences(cu_seqlens, reader, *, who=""):
     empty = np.flatnonzero(cu[1:] == cu[:-1])
     if empty.size:
         b = int(empty[0])
-        raise ValueError(f"paddle_unpad{who}: sequence {b} of {cu.size - 1} is empty (cu_seqlens[{b}] == cu_seqlens[{b + 1}] == {int(cu[b])}): {reader} {_FIRST_TOKEN}")
+        raise ValueError(
+            f"paddle_unpad{who}: sequence {b} of {cu.size - 1} is empty (cu_seqlens[{b}] == cu_seqlens[{b + 1}] == {int(cu[b])}): {reader} {_FIRST_TOKEN}"
+        )
 
 
 def _lengths_array(lengths, fn):
@@ -317,7 +334,9 @@ def _lengths_array(lengths, fn):
     if isinstance(lengths, (list, tuple)):
         for i, v in enumerate(lengths):
             if isinstance(v, (list, tuple, np.ndarray, paddle.Tensor)):
-                raise ValueError(f"paddle_unpad.{fn}: lengths must be 1-D, got a nested sequence at lengths[{i}] = {v!r}")
+                raise ValueError(
+                    f"paddle_unpad.{fn}: lengths must be 1-D, got a nested sequence at lengths[{i}] = {v!r}"
+                )
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
                 raise TypeError(
                     f"paddle_unpad.{fn}: lengths must hold non-negative ints, got lengths[{i}] = {v!r} ({type(v).__name__})"
@@ -331,7 +350,9 @@ def _lengths_array(lengths, fn):
             if arr.size == 0:
                 arr = np.zeros(0, np.int64)
             else:
-                raise TypeError(f"paddle_unpad.{fn}: lengths must hold non-negative ints, got dtype {arr.dtype}: {arr!r}")
+                raise TypeError(
+                    f"paddle_unpad.{fn}: lengths must hold non-negative ints, got dtype {arr.dtype}: {arr!r}"
+                )
         if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
             raise ValueError(f"paddle_unpad.{fn}: lengths value {int(arr.max())} is too large")
         arr = arr.astype(np.int64)

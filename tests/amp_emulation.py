@@ -20,6 +20,7 @@ place), and the CPU build has no float16 / bfloat16 kernels for most ops. Inside
 Test infrastructure: the rules above are Paddle's, restated here only to drive CPU tensors;
 tests/test_amp_emulation.py checks them against what they must give.
 """
+
 import contextlib
 import sys
 
@@ -30,21 +31,46 @@ from paddle.base import core, framework
 HALF = (paddle.float16, paddle.bfloat16)
 FLOATS = HALF + (paddle.float32,)
 # phi op name -> the fluid name Paddle's AMP lists use (phi::TransToFluidOpName)
-FLUID_NAMES = {"matmul": "matmul_v2", "embedding": "lookup_table_v2", "mean": "reduce_mean", "sum": "reduce_sum",
-               "cross_entropy_with_softmax": "softmax_with_cross_entropy", "add": "elementwise_add",
-               "subtract": "elementwise_sub", "multiply": "elementwise_mul", "divide": "elementwise_div",
-               "maximum": "elementwise_max", "minimum": "elementwise_min", "elementwise_pow": "elementwise_pow"}
+FLUID_NAMES = {
+    "matmul": "matmul_v2",
+    "embedding": "lookup_table_v2",
+    "mean": "reduce_mean",
+    "sum": "reduce_sum",
+    "cross_entropy_with_softmax": "softmax_with_cross_entropy",
+    "add": "elementwise_add",
+    "subtract": "elementwise_sub",
+    "multiply": "elementwise_mul",
+    "divide": "elementwise_div",
+    "maximum": "elementwise_max",
+    "minimum": "elementwise_min",
+    "elementwise_pow": "elementwise_pow",
+}
 # ops AMP decides by, and casts, x only (their float32 statistics stay float32)
 ONLY_X = {"layer_norm": (1, 2), "batch_norm": (1, 2, 3, 4, 5), "sync_batch_norm": (1, 2, 3, 4, 5)}
 # `linear` is matmul + add in one call: the GEMM is on the white list and its bias follows
 AS_WHITE = {"linear"}
 NOT_WRAPPED = {"cast", "cast_"}
-TENSOR_OPERATORS = {"__add__": "add", "__radd__": "add", "__sub__": "subtract", "__rsub__": "subtract",
-                    "__mul__": "multiply", "__rmul__": "multiply", "__truediv__": "divide",
-                    "__rtruediv__": "divide", "__matmul__": "matmul", "__pow__": "elementwise_pow",
-                    "__rpow__": "elementwise_pow", "__neg__": "scale", "__getitem__": "slice",
-                    "__lt__": "less_than", "__le__": "less_equal", "__gt__": "greater_than",
-                    "__ge__": "greater_equal", "__eq__": "equal", "__ne__": "not_equal"}
+TENSOR_OPERATORS = {
+    "__add__": "add",
+    "__radd__": "add",
+    "__sub__": "subtract",
+    "__rsub__": "subtract",
+    "__mul__": "multiply",
+    "__rmul__": "multiply",
+    "__truediv__": "divide",
+    "__rtruediv__": "divide",
+    "__matmul__": "matmul",
+    "__pow__": "elementwise_pow",
+    "__rpow__": "elementwise_pow",
+    "__neg__": "scale",
+    "__getitem__": "slice",
+    "__lt__": "less_than",
+    "__le__": "less_equal",
+    "__gt__": "greater_than",
+    "__ge__": "greater_equal",
+    "__eq__": "equal",
+    "__ne__": "not_equal",
+}
 
 
 _RAW = {}  # the unwrapped paddle._C_ops functions, for this module's own use

@@ -7,6 +7,7 @@
   test is skipped locally (with the reason) but FAILS under CI (env ``CI`` = true/1/yes),
   so a broken build can never pass as a row of skips.
 """
+
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -71,6 +72,5 @@ def cuda_kernel_build(tmp_path_factory):
     jobs = int(os.environ.get("PADDLE_UNPAD_BUILD_JOBS", "0")) or (os.cpu_count() or 1)
     t0 = time.time()
     built = kernel_static.build_all(nvcc, sms, str(tmp_path_factory.mktemp("cuda_kernels")), jobs)
-    print(f"\nCUDA kernels built once for sm {sms}: {len(built)} units, {jobs} jobs, "
-          f"{time.time() - t0:.1f} s wall")
+    print(f"\nCUDA kernels built once for sm {sms}: {len(built)} units, {jobs} jobs, {time.time() - t0:.1f} s wall")
     return {"sms": sms, "built": built}

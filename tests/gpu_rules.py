@@ -18,6 +18,7 @@ Inside ``gpu_rules()``:
 ``calls`` records (op, dtypes of its tensor inputs) for every stand-in call, so a test can
 tell which kernel ran with what.
 """
+
 import contextlib
 import ctypes
 import os
@@ -43,9 +44,14 @@ _i64, _i32, _f32, _u64, _vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctyp
 def _typed(lib):
     problem = [_vp, _i64, _i64, _i64, _i64, _i32, _f32, _f32, _u64, _u64, _i32, _i32]
     gelu, ln = [_i64, _i64, _i32, _i32], [_i64, _i64, _i32, _i32, _i32, _f32, _f32, _u64, _u64, _i32]
-    for name, args in (("pu_fmha_fwd", problem + [_vp] * 6), ("pu_fmha_bwd", problem + [_i32] + [_vp] * 11),
-                       ("pu_bias_gelu_fwd", gelu + [_vp] * 4), ("pu_bias_gelu_bwd", gelu + [_vp] * 7),
-                       ("pu_bdrln_fwd", ln + [_vp] * 9), ("pu_bdrln_bwd", ln + [_vp] * 14)):
+    for name, args in (
+        ("pu_fmha_fwd", problem + [_vp] * 6),
+        ("pu_fmha_bwd", problem + [_i32] + [_vp] * 11),
+        ("pu_bias_gelu_fwd", gelu + [_vp] * 4),
+        ("pu_bias_gelu_bwd", gelu + [_vp] * 7),
+        ("pu_bdrln_fwd", ln + [_vp] * 9),
+        ("pu_bdrln_bwd", ln + [_vp] * 14),
+    ):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = _i32
     for name in ("pu_bias_gelu_bwd_workspace_bytes", "pu_bdrln_bwd_workspace_bytes"):
@@ -105,8 +111,20 @@ def _fmha_standin(k):
             cu_host = np.ascontiguousarray(cu.numpy().astype(np.int32))
             T, H, D = q.shape
             seed, offset = _rng(rng)
-            head = (cu_host.ctypes.data_as(_vp), len(cu_host) - 1, T, H, D, CODE[_dt(q)], scale, p, seed, offset,
-                    int(grouping), STREAMS)
+            head = (
+                cu_host.ctypes.data_as(_vp),
+                len(cu_host) - 1,
+                T,
+                H,
+                D,
+                CODE[_dt(q)],
+                scale,
+                p,
+                seed,
+                offset,
+                int(grouping),
+                STREAMS,
+            )
             bq, bk, bv = _in(q), _in(kk), _in(v)
             out, lse = Buffer((T, H, D), _dt(q), PAD), Buffer((T, H), "float32", PAD)
             k.check(k.lib.pu_fmha_fwd(*head, bq.ptr, bk.ptr, bv.ptr, out.ptr, lse.ptr, None), "fmha forward")
@@ -124,8 +142,12 @@ def _fmha_standin(k):
             bufs = [_in(t) for t in (q, kk, v, o, lse_saved, dout)]
             grads = [Buffer((T, H, D), _dt(q), PAD) for _ in range(3)]
             ws = _workspace(k.lib.pu_fmha_bwd_workspace_bytes(T, H, D, ctx.deterministic))
-            k.check(k.lib.pu_fmha_bwd(*ctx.head, ctx.deterministic, *(b.ptr for b in bufs), *(g.ptr for g in grads),
-                                      ws.ptr, None), "fmha backward")
+            k.check(
+                k.lib.pu_fmha_bwd(
+                    *ctx.head, ctx.deterministic, *(b.ptr for b in bufs), *(g.ptr for g in grads), ws.ptr, None
+                ),
+                "fmha backward",
+            )
             return tuple(_out(g, n) for g, n in zip(grads, ("dq", "dk", "dv"))) + (None,) * ctx.no_grads
 
     def call(q, kk, v, cu, rng, max_seqlen, scale, p, grouping, deterministic):
@@ -142,8 +164,9 @@ def _gelu_standin(k):
             rows, cols = _rows_cols(x)
             bx, bb = _in(x), _in(bias)
             y = Buffer(list(x.shape), _dt(x), PAD)
-            k.check(k.lib.pu_bias_gelu_fwd(rows, cols, CODE[_dt(x)], 0, bx.ptr, bb.ptr, y.ptr, None),
-                    "bias_gelu forward")
+            k.check(
+                k.lib.pu_bias_gelu_fwd(rows, cols, CODE[_dt(x)], 0, bx.ptr, bb.ptr, y.ptr, None), "bias_gelu forward"
+            )
             ctx.save_for_backward(x, bias)
             return _out(y, "y")
 
@@ -154,8 +177,12 @@ def _gelu_standin(k):
             bx, bb, bdy = _in(x), _in(bias), _in(dy)
             dx, db = Buffer(list(x.shape), _dt(x), PAD), Buffer([cols], _dt(bias), PAD)
             ws = _workspace(k.lib.pu_bias_gelu_bwd_workspace_bytes(rows, cols))
-            k.check(k.lib.pu_bias_gelu_bwd(rows, cols, CODE[_dt(x)], 0, bx.ptr, bb.ptr, bdy.ptr, dx.ptr, db.ptr,
-                                           ws.ptr, None), "bias_gelu backward")
+            k.check(
+                k.lib.pu_bias_gelu_bwd(
+                    rows, cols, CODE[_dt(x)], 0, bx.ptr, bb.ptr, bdy.ptr, dx.ptr, db.ptr, ws.ptr, None
+                ),
+                "bias_gelu backward",
+            )
             return _out(dx, "dx"), _out(db, "dbias")
 
     def call(x, bias):
@@ -175,8 +202,7 @@ def _bdrln_standin(k):
             ins = [_in(t) for t in (x, bias, residual, w, b)]
             y = Buffer(list(x.shape), _dt(residual), PAD)
             mean, rstd = Buffer([rows], "float32", PAD), Buffer([rows], "float32", PAD)
-            k.check(k.lib.pu_bdrln_fwd(*head, *(i.ptr for i in ins), y.ptr, mean.ptr, rstd.ptr, None),
-                    "bdrln forward")
+            k.check(k.lib.pu_bdrln_fwd(*head, *(i.ptr for i in ins), y.ptr, mean.ptr, rstd.ptr, None), "bdrln forward")
             m, r = _out(mean, "mean"), _out(rstd, "rstd")
             ctx.head, ctx.no_grads = head, int(rng is not None)
             ctx.save_for_backward(x, bias, residual, w, m, r)
@@ -188,11 +214,18 @@ def _bdrln_standin(k):
             x, bias, residual, w, m, r = ctx.saved_tensor()
             rows, cols = _rows_cols(x)
             ins = [_in(t) for t in (x, bias, residual, w, m, r, dy)]
-            outs = [Buffer(list(x.shape), _dt(x), PAD), Buffer(list(x.shape), _dt(residual), PAD),
-                    Buffer([cols], _dt(bias), PAD), Buffer([cols], _dt(w), PAD), Buffer([cols], _dt(w), PAD)]
+            outs = [
+                Buffer(list(x.shape), _dt(x), PAD),
+                Buffer(list(x.shape), _dt(residual), PAD),
+                Buffer([cols], _dt(bias), PAD),
+                Buffer([cols], _dt(w), PAD),
+                Buffer([cols], _dt(w), PAD),
+            ]
             ws = _workspace(k.lib.pu_bdrln_bwd_workspace_bytes(rows, cols))
-            k.check(k.lib.pu_bdrln_bwd(*ctx.head, *(i.ptr for i in ins), *(o.ptr for o in outs), ws.ptr, None),
-                    "bdrln backward")
+            k.check(
+                k.lib.pu_bdrln_bwd(*ctx.head, *(i.ptr for i in ins), *(o.ptr for o in outs), ws.ptr, None),
+                "bdrln backward",
+            )
             dx, dres, db, dw, dlb = (_out(o, n) for o, n in zip(outs, ("dx", "dresidual", "dbias", "dw", "db")))
             return (dx, db, dres, dw, dlb) + (None,) * ctx.no_grads
 
@@ -213,8 +246,11 @@ def gpu_rules(pytest):
     from paddle_unpad import ops
 
     k = _Kernels(_typed(emu_build.load(pytest)))
-    standins = {"pu_fmha": _fmha_standin(k), "pu_bias_gelu": _gelu_standin(k),
-                "pu_bias_dropout_residual_layer_norm": _bdrln_standin(k)}
+    standins = {
+        "pu_fmha": _fmha_standin(k),
+        "pu_bias_gelu": _gelu_standin(k),
+        "pu_bias_dropout_residual_layer_norm": _bdrln_standin(k),
+    }
 
     def op_function(name):
         assert name in standins, f"the GPU dispatch called {name}, which has no GPU kernel"
@@ -225,8 +261,11 @@ def gpu_rules(pytest):
 
         return call
 
-    saved = [(ops._call, "on_cpu", ops._call.on_cpu), (native, "has_cuda_kernels", native.has_cuda_kernels),
-             (compat, "custom_op_function", compat.custom_op_function)]
+    saved = [
+        (ops._call, "on_cpu", ops._call.on_cpu),
+        (native, "has_cuda_kernels", native.has_cuda_kernels),
+        (compat, "custom_op_function", compat.custom_op_function),
+    ]
     ops._call.on_cpu = lambda t: False
     native.has_cuda_kernels = lambda: True
     compat.custom_op_function = op_function
@@ -235,4 +274,3 @@ def gpu_rules(pytest):
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
-

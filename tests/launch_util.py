@@ -1,6 +1,7 @@
 """Running ``python -m paddle.distributed.launch`` from a test, bounded: on timeout the
 launcher and every process under it are killed (the launcher starts each worker in a
 session of its own, so killing the launcher alone would leave them running)."""
+
 import os
 import signal
 import socket
@@ -80,7 +81,15 @@ def worker_logs(log_dir):
 def launch_job(script_args, nproc, log_dir, timeout, cwd=ROOT, env=None):
     """``python -m paddle.distributed.launch --nproc_per_node nproc`` of ``script_args``,
     bounded (:func:`run_bounded`): ``(returncode, launcher output, worker_logs(log_dir))``."""
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
-           "--log_dir", str(log_dir), *script_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paddle.distributed.launch",
+        "--nproc_per_node",
+        str(nproc),
+        "--log_dir",
+        str(log_dir),
+        *script_args,
+    ]
     rc, out = run_bounded(cmd, timeout, cwd=cwd, env=job_env() if env is None else env)
     return rc, out, worker_logs(log_dir)

@@ -26,6 +26,7 @@ Dropout layout used by the FMHA kernels (and checked by ``dropout_keep_mask``), 
 
 The fused ops' row-wise layout (``rowwise_keep``) keeps a whole 32-bit word per element.
 """
+
 from __future__ import annotations
 
 import math

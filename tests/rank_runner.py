@@ -5,6 +5,7 @@ hides what they would have done). Bounded: every process is killed at the end.
 
 A worker prints ``RESULT {json}`` lines; :attr:`Rank.results` parses them.
 """
+
 import json
 import os
 import signal
@@ -15,22 +16,39 @@ import time
 
 from launch_util import ROOT, free_port
 
-ABORT_MARKS = ("terminate called", "SIGABRT", "Process abort signal", "Aborted (core dumped)",
-               "core dumped", "Segmentation fault", "SIGSEGV")
+ABORT_MARKS = (
+    "terminate called",
+    "SIGABRT",
+    "Process abort signal",
+    "Aborted (core dumped)",
+    "core dumped",
+    "Segmentation fault",
+    "SIGSEGV",
+)
 
 
 def rank_env(rank, world, master, endpoints, **extra):
     env = dict(os.environ)
-    env.update({
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-        "PYTHONUNBUFFERED": "1",
-        "PADDLE_MASTER": master,
-        "PADDLE_TRAINER_ID": str(rank), "PADDLE_GLOBAL_RANK": str(rank), "PADDLE_LOCAL_RANK": str(rank),
-        "PADDLE_RANK_IN_NODE": str(rank), "PADDLE_TRAINERS_NUM": str(world), "PADDLE_GLOBAL_SIZE": str(world),
-        "PADDLE_LOCAL_SIZE": str(world), "PADDLE_NNODES": "1", "PADDLE_DISTRI_BACKEND": "gloo",
-        "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints), "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
-    }, **extra)
+    env.update(
+        {
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+            "PYTHONUNBUFFERED": "1",
+            "PADDLE_MASTER": master,
+            "PADDLE_TRAINER_ID": str(rank),
+            "PADDLE_GLOBAL_RANK": str(rank),
+            "PADDLE_LOCAL_RANK": str(rank),
+            "PADDLE_RANK_IN_NODE": str(rank),
+            "PADDLE_TRAINERS_NUM": str(world),
+            "PADDLE_GLOBAL_SIZE": str(world),
+            "PADDLE_LOCAL_SIZE": str(world),
+            "PADDLE_NNODES": "1",
+            "PADDLE_DISTRI_BACKEND": "gloo",
+            "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
+            "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
+        },
+        **extra,
+    )
     return env
 
 
@@ -41,7 +59,7 @@ class Rank:
 
     @property
     def results(self):
-        return [json.loads(line[len("RESULT "):]) for line in self.out.splitlines() if line.startswith("RESULT ")]
+        return [json.loads(line[len("RESULT ") :]) for line in self.out.splitlines() if line.startswith("RESULT ")]
 
     def __repr__(self):
         return f"rank {self.rank}: rc={self.rc} after {self.exit_s}s\n{self.out[-4000:]}"
@@ -60,9 +78,14 @@ def run_ranks(worker, args, world, bound=75.0, kill_after_exit_of=None, env=None
         try:
             for r in range(world):
                 log = open(os.path.join(tmp, f"{r}.log"), "wb")
-                p = subprocess.Popen([sys.executable, worker, *args], cwd=ROOT,
-                                     env=rank_env(r, world, master, endpoints, **(env or {})), stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                p = subprocess.Popen(
+                    [sys.executable, worker, *args],
+                    cwd=ROOT,
+                    env=rank_env(r, world, master, endpoints, **(env or {})),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
                 ranks.append(Rank(r, p, log))
             while time.monotonic() - t0 < bound:
                 for rk in ranks:

@@ -2,6 +2,7 @@
 against the rules of Paddle's AMP as its documentation and lists state them (the op lists
 are read from paddle.amp.amp_lists, the expected dtypes below from those rules), and the
 half-precision compute against float32 math rounded once."""
+
 import numpy as np
 import paddle
 import paddle.nn.functional as F
@@ -22,13 +23,13 @@ def test_o1_white_list_runs_half_black_list_float32_others_promote(dtype):
     x, w = _t([4, 8]), _t([8, 8], seed=1)
     half = getattr(paddle, dtype)
     with emulated_amp(), paddle.amp.auto_cast(level="O1", dtype=dtype):
-        y = paddle.matmul(x, w)                      # white list
+        y = paddle.matmul(x, w)  # white list
         assert y.dtype == half
-        assert (y + x).dtype == paddle.float32       # gray, a float32 input: promoted
-        assert F.gelu(y).dtype == half               # gray, only half inputs
+        assert (y + x).dtype == paddle.float32  # gray, a float32 input: promoted
+        assert F.gelu(y).dtype == half  # gray, only half inputs
         assert F.layer_norm(y, [8]).dtype == paddle.float32  # black list in O1
         assert F.softmax(y).dtype == paddle.float32  # black list
-        assert F.linear(x, w).dtype == half          # the GEMM of a linear layer
+        assert F.linear(x, w).dtype == half  # the GEMM of a linear layer
         loss = F.cross_entropy(y, paddle.to_tensor([0, 1, 2, 3]))
         assert loss.dtype == paddle.float32
     loss.backward()
@@ -66,8 +67,9 @@ def test_half_ops_compute_in_float32_and_round_once(dtype):
         z = F.gelu(x)
     exact = paddle.matmul(x.astype("float32"), w.astype("float32")).astype(dtype)
     np.testing.assert_array_equal(y.astype("float32").numpy(), exact.astype("float32").numpy())
-    np.testing.assert_array_equal(z.astype("float32").numpy(),
-                                  F.gelu(x.astype("float32")).astype(dtype).astype("float32").numpy())
+    np.testing.assert_array_equal(
+        z.astype("float32").numpy(), F.gelu(x.astype("float32")).astype(dtype).astype("float32").numpy()
+    )
 
 
 def test_in_place_ops_write_back_and_grad_scaler_unscales():

@@ -4,6 +4,7 @@ A top-level module is named by its path in a row's *where* column; a module of a
 (``paddle_unpad/<pkg>/<name>.py``) by a row whose *where* names ``paddle_unpad/<pkg>/`` and
 whose text names ``<name>.py``. A subpackage's ``__init__.py`` is the package itself.
 """
+
 import os
 import re
 

@@ -1,4 +1,5 @@
 """Cost model and planner."""
+
 import re
 
 import numpy as np
@@ -16,8 +17,10 @@ def native_planner():
     if not balance.native_available():
         if in_ci():
             pytest.fail("the C++ planner paddle_unpad.balance._planner is not built (CI must build it)")
-        pytest.skip("C++ planner not built here (pip install --no-build-isolation -e .); "
-                    "the Python fallback is tested on its own")
+        pytest.skip(
+            "C++ planner not built here (pip install --no-build-isolation -e .); "
+            "the Python fallback is tested on its own"
+        )
     return True
 
 
@@ -46,7 +49,7 @@ def test_bert_cost_flops():
 
 def test_as_cost_fn_accepts_callables_and_names():
     s = np.array([0, 3, 3, 10])
-    np.testing.assert_allclose(balance.as_cost_fn(lambda n: n ** 1.5)(s), s ** 1.5)
+    np.testing.assert_allclose(balance.as_cost_fn(lambda n: n**1.5)(s), s**1.5)
     np.testing.assert_array_equal(balance.as_cost_fn("tokens")(s), s.astype(float))
     with pytest.raises(ValueError, match="finite"):
         balance.as_cost_fn(lambda n: -1.0)(s)
@@ -61,10 +64,10 @@ def test_callable_costs_are_called_once_per_distinct_length_on_both_paths():
 
     def cost(n):
         calls.append(n)
-        return n ** 1.5
+        return n**1.5
 
     small = np.array([[0, 3, 3, 10], [10, 3, 7, 7]])
-    big = np.array([2 ** 40, 3, 2 ** 40])  # beyond the lookup table: the sort-based path
+    big = np.array([2**40, 3, 2**40])  # beyond the lookup table: the sort-based path
     for s in (small, big):
         calls.clear()
         got = balance.as_cost_fn(cost)(s)
@@ -93,15 +96,19 @@ def test_calibrate_recovers_known_coefficients():
         clock[0] += 2 * (c_true + a_true * s + b_true * s * s) * (1 + next(noise))
         return 2
 
-    cm = balance.calibrate(step=step, lengths=(64, 128, 256, 384, 512), repeats=3, warmup=1,
-                           timer=lambda: clock[0])
+    cm = balance.calibrate(step=step, lengths=(64, 128, 256, 384, 512), repeats=3, warmup=1, timer=lambda: clock[0])
     assert abs(cm.a - a_true) / a_true < 0.1, cm
     assert abs(cm.b - b_true) / b_true < 0.1, cm
     assert cm.c == 0.0 and abs(cm.intercept - c_true) / c_true < 0.5
     assert len(cm.samples) == 5
     # a purely linear workload fits b = 0 (non-negative least squares)
-    lin = balance.calibrate(step=lambda s: clock.__setitem__(0, clock[0] + 1e-5 * s),
-                            lengths=(64, 256, 512), repeats=1, warmup=0, timer=lambda: clock[0])
+    lin = balance.calibrate(
+        step=lambda s: clock.__setitem__(0, clock[0] + 1e-5 * s),
+        lengths=(64, 256, 512),
+        repeats=1,
+        warmup=0,
+        timer=lambda: clock[0],
+    )
     assert lin.b < 1e-12 and abs(lin.a - 1e-5) < 1e-7
     with pytest.raises(ValueError):
         balance.calibrate()
@@ -230,15 +237,24 @@ def test_tol_is_one_rule_for_the_planner_and_the_exchange():
     from paddle_unpad import fleet
     from paddle_unpad.distributed import BalancedLoader
 
-    entries = {"balance.plan": lambda tol: balance.plan([[5, 4], [3, 2]], tol=tol),
-               "distributed.BalancedLoader": lambda tol: BalancedLoader([], tol=tol),
-               "fleet.DistributedStrategy": lambda tol: setattr(fleet.DistributedStrategy(), "unpad_configs",
-                                                                {"tol": tol})}
+    entries = {
+        "balance.plan": lambda tol: balance.plan([[5, 4], [3, 2]], tol=tol),
+        "distributed.BalancedLoader": lambda tol: BalancedLoader([], tol=tol),
+        "fleet.DistributedStrategy": lambda tol: setattr(fleet.DistributedStrategy(), "unpad_configs", {"tol": tol}),
+    }
     for where, give in entries.items():
-        for tol, error in ((None, TypeError), ("0.1", TypeError), (True, TypeError), (float("nan"), ValueError),
-                           (-1e-9, ValueError)):
-            with pytest.raises(error, match=rf"^paddle_unpad\.{re.escape(where)}: .*tol.* must be a finite number >= 0 "
-                                            rf"\(0: no early stop\), got {re.escape(repr(tol))}$"):
+        for tol, error in (
+            (None, TypeError),
+            ("0.1", TypeError),
+            (True, TypeError),
+            (float("nan"), ValueError),
+            (-1e-9, ValueError),
+        ):
+            with pytest.raises(
+                error,
+                match=rf"^paddle_unpad\.{re.escape(where)}: .*tol.* must be a finite number >= 0 "
+                rf"\(0: no early stop\), got {re.escape(repr(tol))}$",
+            ):
                 give(tol)
         for tol in (0, 0.25, np.float32(0.5), np.int64(1)):
             give(tol)  # accepted by every entry
@@ -275,14 +291,19 @@ def test_plan_is_deterministic_and_hash_stable():
     assert balance.plan_hash(p1) != balance.plan_hash(balance.no_balance(rows))
     # one hash of one plan, whichever form it is given in (what a balanced batch carries)
     dest, _ = balance.plan_dest(rows)
-    assert balance.plan_hash(p1) == balance.plan_hash(dest) < 2 ** 63
+    assert balance.plan_hash(p1) == balance.plan_hash(dest) < 2**63
     assert balance.plan_hash(balance.no_balance(rows)) == balance.plan_hash(
-        np.repeat(np.arange(len(rows)), [len(r) for r in rows]))
+        np.repeat(np.arange(len(rows)), [len(r) for r in rows])
+    )
     swapped = [list(x) for x in p1]
     swapped[0][0], swapped[1][0] = swapped[1][0], swapped[0][0]
     assert balance.plan_hash(swapped) != balance.plan_hash(p1)
-    for bad, why in (([[(0, 0), (0, 0)], []], "twice"), ([[(0, 1)], []], "leaves out a sample of rank 0"),
-                     ([[(2, 0)], []], "outside 2 ranks"), (np.zeros((2, 2), np.int32), "1-D integer dest")):
+    for bad, why in (
+        ([[(0, 0), (0, 0)], []], "twice"),
+        ([[(0, 1)], []], "leaves out a sample of rank 0"),
+        ([[(2, 0)], []], "outside 2 ranks"),
+        (np.zeros((2, 2), np.int32), "1-D integer dest"),
+    ):
         with pytest.raises(ValueError, match=why):
             balance.plan_hash(bad)
     # ties are broken by (rank, index): equal costs never depend on anything else
@@ -292,12 +313,11 @@ def test_plan_is_deterministic_and_hash_stable():
 
 def test_native_and_python_give_identical_plans(native_planner):
     rng = np.random.default_rng(3)
-    costs = [None, "tokens", lambda s: s ** 1.3 + 5, balance.bert_cost(384, num_layers=6)]
+    costs = [None, "tokens", lambda s: s**1.3 + 5, balance.bert_cost(384, num_layers=6)]
     for t in range(150):
         R = int(rng.integers(1, 14))
         if t % 3 == 0:  # many ties
-            rows = [rng.choice([512, 512, 512, 128, 7, 0], size=int(rng.integers(0, 10))).tolist()
-                    for _ in range(R)]
+            rows = [rng.choice([512, 512, 512, 128, 7, 0], size=int(rng.integers(0, 10))).tolist() for _ in range(R)]
         else:
             rows = [rng.integers(0, 1025, size=int(rng.integers(0, 25))).tolist() for _ in range(R)]
         kw = dict(cost=costs[t % 4], counts=("equal", "source")[t % 2], tol=(0.0, 1e-4, 1e-2)[t % 3])
@@ -390,5 +410,5 @@ def test_native_releases_the_gil(native_planner):
     cnt, flat = planner_mod._flatten(rows)
     q = planner_mod.quantize_costs(flat)
     tg = planner_mod.target_counts(cnt)
-    assert _runs_beside(lambda: planner_mod._native.plan_core(cnt, q, tg, -1, 10 ** 7))
-    assert _runs_beside(lambda: planner_mod._native.plan_lists(cnt, q, tg, -1, 10 ** 7))
+    assert _runs_beside(lambda: planner_mod._native.plan_core(cnt, q, tg, -1, 10**7))
+    assert _runs_beside(lambda: planner_mod._native.plan_lists(cnt, q, tg, -1, 10**7))

@@ -8,6 +8,7 @@ Every test runs once: ``import paddle_unpad`` gives each gloo group its own rend
 store, which removes the "Connection refused" that group creation used to hit now and
 then (tests/test_gloo_groups.py shows it and its cause), so a failed launch is a failure.
 """
+
 import os
 
 import pytest
@@ -31,8 +32,12 @@ def launch(tmp_path, nproc, scenario, timeout=150):
 
 
 def _checks(logs):
-    return {line.split("CHECK ", 1)[1].rsplit(" OK", 1)[0]
-            for t in logs.values() for line in t.splitlines() if "CHECK " in line and line.endswith(" OK")}
+    return {
+        line.split("CHECK ", 1)[1].rsplit(" OK", 1)[0]
+        for t in logs.values()
+        for line in t.splitlines()
+        if "CHECK " in line and line.endswith(" OK")
+    }
 
 
 TRAIN_CHECKS = {
@@ -63,16 +68,18 @@ def test_exchange_training_matches_single_process(tmp_path, nproc):
 def test_exchange_error_paths(tmp_path):
     logs = launch(tmp_path, 2, "errors")
     checks = _checks(logs)
-    for name in ["over-long sample: clear error naming sample id and rank",
-                 "empty sample: clear error naming sample id and rank",
-                 "raising rank sees its own exception",
-                 "different planner settings: clear error on every rank",
-                 "thread stopped after different planner settings",
-                 "the same cost spelled two ways is accepted",
-                 "peer of a raising rank fails with a clear error",
-                 "rank that stopped early shut its thread down",
-                 "peer of a rank that stopped early fails with a clear error",
-                 "the peer of a stalled rank fails within the timeout",
-                 "a stalled rank fails once it resumes",
-                 "thread stopped after the stall"]:
+    for name in [
+        "over-long sample: clear error naming sample id and rank",
+        "empty sample: clear error naming sample id and rank",
+        "raising rank sees its own exception",
+        "different planner settings: clear error on every rank",
+        "thread stopped after different planner settings",
+        "the same cost spelled two ways is accepted",
+        "peer of a raising rank fails with a clear error",
+        "rank that stopped early shut its thread down",
+        "peer of a rank that stopped early fails with a clear error",
+        "the peer of a stalled rank fails within the timeout",
+        "a stalled rank fails once it resumes",
+        "thread stopped after the stall",
+    ]:
         assert name in checks, name

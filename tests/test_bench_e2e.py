@@ -2,6 +2,7 @@
 
 Every derived figure is recomputed here from the per-step sample lengths the JSON records.
 """
+
 import json
 import os
 import subprocess
@@ -25,8 +26,14 @@ def quick_run(tmp_path_factory):
     pytest.importorskip("paddlenlp")
     out = tmp_path_factory.mktemp("e2e") / "e2e.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e.py"), "--quick", "--out", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e.py"), "--quick", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + "\n--- stderr:\n" + r.stderr[:8000]
     return json.loads(out.read_text()), r.stdout
 
@@ -45,11 +52,13 @@ def test_every_way_sees_the_same_samples(quick_run, native_ops):
     # the balancer moves samples between ranks but loses and duplicates none
     assert everything["unpadded_balanced"] == everything["unpadded"] == everything["padded_batch_max"]
     # the two balanced ways differ only in when the gradients are reduced: the same plan, step by step
-    assert [pr["lengths_per_step"] for pr in ways["unpadded_balanced"]["per_rank"]] == \
-           [pr["lengths_per_step"] for pr in ways["unpadded_balanced_after"]["per_rank"]]
+    assert [pr["lengths_per_step"] for pr in ways["unpadded_balanced"]["per_rank"]] == [
+        pr["lengths_per_step"] for pr in ways["unpadded_balanced_after"]["per_rank"]
+    ]
     for w in ("padded_max_len", "padded_batch_max", "unpadded"):  # without balancing: the same per rank
-        assert [pr["lengths_per_step"] for pr in ways[w]["per_rank"]] == \
-               [pr["lengths_per_step"] for pr in ways["unpadded"]["per_rank"]]
+        assert [pr["lengths_per_step"] for pr in ways[w]["per_rank"]] == [
+            pr["lengths_per_step"] for pr in ways["unpadded"]["per_rank"]
+        ]
     # same model in every way: eval loss on the first batch agrees
     losses = list(cfg["eval_loss_rank0"].values())
     assert max(losses) - min(losses) < 1e-4 * max(1.0, abs(losses[0]))
@@ -70,8 +79,11 @@ def test_derived_figures(quick_run, native_ops):
         useful = sum(3 * L * layer_flops(step, h, ffn) for pr in d["per_rank"] for step in pr["lengths_per_step"])
         mm = sum(cfg["matmul_gflops_per_rank"]) / len(cfg["matmul_gflops_per_rank"])
         assert abs(d["mfu"] - useful / (n * step_s) / 2 / (mm * 1e9)) < 1e-9
-        computed = sum(len(step) * (M if w == "padded_max_len" else max(step)) if w.startswith("padded") else sum(step)
-                       for pr in d["per_rank"] for step in pr["lengths_per_step"])
+        computed = sum(
+            len(step) * (M if w == "padded_max_len" else max(step)) if w.startswith("padded") else sum(step)
+            for pr in d["per_rank"]
+            for step in pr["lengths_per_step"]
+        )
         assert abs(d["padding_computed_pct"] - 100 * (1 - tokens / computed)) < 1e-9
         for pr in d["per_rank"]:
             parts = pr["fetch_ms"] + pr["compute_ms"] + pr["wait_ms"] + pr["comm_ms"] + pr["opt_ms"]

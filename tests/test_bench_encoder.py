@@ -1,4 +1,5 @@
 """Smoke test: benchmarks/bench_encoder.py --quick runs and writes a complete, consistent JSON."""
+
 import json
 import os
 import subprocess
@@ -15,8 +16,14 @@ SIDES = ("unpadded", "batch_max", "max_len")
 def _run(tmp_path, *extra):
     out = tmp_path / "encoder.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, SCRIPT, "--quick", "--threads", "1", "--out", str(out), *extra], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--threads", "1", "--out", str(out), *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return json.loads(out.read_text()), r.stdout
 
@@ -30,8 +37,11 @@ def _check_point(s, h, L):
     assert abs(s["padding_ratio"] - (1 - T / (B * S))) < 1e-12
     assert s["loss_rel_diff_eval"] < 1e-4  # both sides compute the same model
     real = 24 * T * h * h + 4 * h * sum(x * x for x in lengths)
-    padded = {"unpadded": real, "batch_max": 24 * B * S * h * h + 4 * h * B * S * S,
-              "max_len": 24 * B * M * h * h + 4 * h * B * M * M}
+    padded = {
+        "unpadded": real,
+        "batch_max": 24 * B * S * h * h + 4 * h * B * S * S,
+        "max_len": 24 * B * M * h * h + 4 * h * B * M * M,
+    }
     assert abs(s["ideal_vs_batch_max"] - padded["batch_max"] / real) < 1e-9 * padded["batch_max"] / real
     assert abs(s["ideal_vs_max_len"] - padded["max_len"] / real) < 1e-9 * padded["max_len"] / real
     for side in SIDES:
@@ -115,8 +125,12 @@ def test_bench_encoder_quick(tmp_path, native_ops):
 
     # the step-time fits, recomputed from the points of the sweep model at the sweep hidden size
     fit = res["fits"]
-    pts = [(k, p) for k in ("padding", "max_len", "hidden") for p in res["sweeps"][k]["points"]
-           if p["hidden"] == sw["hidden"]]
+    pts = [
+        (k, p)
+        for k in ("padding", "max_len", "hidden")
+        for p in res["sweeps"][k]["points"]
+        if p["hidden"] == sw["hidden"]
+    ]
     assert fit["points"] == [f"{k}/{p['name']}" for k, p in pts] and fit["n"] == len(pts) >= 5
     groups = [k for k, _ in pts]
     pts = [p for _, p in pts]
@@ -124,8 +138,9 @@ def test_bench_encoder_quick(tmp_path, native_ops):
         y = np.array([p["sides"][side]["ms"] for p in pts])
         assert fit[side]["ms"] == list(y)
         r2_real = _r2([[sum(p["lengths"]), sum(x * x for x in p["lengths"])] for p in pts], y)
-        r2_shape = _r2([[len(p["lengths"]) * max(p["lengths"]), len(p["lengths"]) * max(p["lengths"]) ** 2]
-                        for p in pts], y)
+        r2_shape = _r2(
+            [[len(p["lengths"]) * max(p["lengths"]), len(p["lengths"]) * max(p["lengths"]) ** 2] for p in pts], y
+        )
         assert abs(fit[side]["real_work"]["r2"] - r2_real) < 1e-6
         assert abs(fit[side]["padded_shape"]["r2"] - r2_shape) < 1e-6
         e = fit[side]["real_work"]
@@ -148,6 +163,7 @@ def test_bench_encoder_one_part(tmp_path, native_ops):
 
 
 def test_bench_encoder_bad_part():
-    r = subprocess.run([sys.executable, SCRIPT, "--sweeps", "padding,nope"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, SCRIPT, "--sweeps", "padding,nope"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and "nope" in r.stderr

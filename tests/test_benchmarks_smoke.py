@@ -1,5 +1,6 @@
 """Smoke tests: benchmarks/bench_attention.py, bench_fp32_attention.py and bench_exchange_scale.py run small and
 write complete JSON."""
+
 import json
 import math
 import os
@@ -17,9 +18,20 @@ def test_bench_attention_quick(tmp_path):
     out = tmp_path / "attention.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_attention.py"), "--quick", "--threads", "1",
-         "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "bench_attention.py"),
+            "--quick",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "== forward ==" in r.stdout and "== forward + backward ==" in r.stdout, r.stdout
@@ -85,8 +97,21 @@ def test_bench_attention_quick(tmp_path):
 def test_bench_gemm_quick(tmp_path):
     out = tmp_path / "gemm.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_gemm.py"), "--quick", "--no-probes",
-                        "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "bench_gemm.py"),
+            "--quick",
+            "--no-probes",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     res = json.loads(out.read_text())
     results = res["results"]
@@ -115,10 +140,31 @@ def test_bench_demo_seeds_smoke(tmp_path, report):
     differences are the accuracies' differences, and the report renders it."""
     out = tmp_path / "demo_seeds.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_demo_seeds.py"), "--seeds", "3",
-                        "--no-dropout-seeds", "3", "--steps", "2", "--max-train", "128", "--max-dev", "64",
-                        "--batch-size", "8", "--out", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "bench_demo_seeds.py"),
+            "--seeds",
+            "3",
+            "--no-dropout-seeds",
+            "3",
+            "--steps",
+            "2",
+            "--max-train",
+            "128",
+            "--max-dev",
+            "64",
+            "--batch-size",
+            "8",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     res = json.loads(out.read_text())
     assert [(p["seed"], p["dropout"]) for p in res["pairs"]] == [(3, 0.1), (3, 0.0)]
@@ -136,9 +182,22 @@ def test_bench_fp32_attention_quick(tmp_path):
     their definitions (bucketed between the real tokens' work and the batch maximum's), every side timed."""
     out = tmp_path / "fp32_attention.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_fp32_attention.py"), "--quick",
-                        "--threads", "1", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "bench_fp32_attention.py"),
+            "--quick",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     res = json.loads(out.read_text())
     assert len(res["distributions"]) == 2
@@ -158,9 +217,28 @@ def test_bench_exchange_scale_smoke(tmp_path):
     moved bytes accounted for, and a model row for each cluster size."""
     out = tmp_path / "scale.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_exchange_scale.py"), "--worlds",
-                        "2,3", "--designs", "allgather", "--nodes", "0", "--quick", "--timeout", "120",
-                        "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "bench_exchange_scale.py"),
+            "--worlds",
+            "2,3",
+            "--designs",
+            "allgather",
+            "--nodes",
+            "0",
+            "--quick",
+            "--timeout",
+            "120",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     res = json.loads(out.read_text())
     runs = res["runs"]

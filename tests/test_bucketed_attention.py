@@ -1,6 +1,7 @@
 """paddle_unpad.ops.bucketed_attention: the plain-Paddle attention fmha runs where no kernel fits
 (float32 on a GPU, head sizes the CUDA kernel lacks), against the float64 reference of
 tests/test_fmha.py, on the CPU (the same Paddle ops run on a GPU)."""
+
 import math
 
 import numpy as np
@@ -96,10 +97,14 @@ def test_fmha_takes_this_path_off_the_cpu_without_a_kernel(monkeypatch):
     monkeypatch.setattr(ops._call, "call_native", lambda *a: pytest.fail(f"a kernel was called: {a[0]}"))
     monkeypatch.setattr(_warn, "_shown", set())
     tq, tk, tv = (paddle.to_tensor(a, stop_gradient=False) for a in (q, k, v))
-    with pytest.warns(RuntimeWarning, match=r"fmha: the CUDA kernel takes float16 and bfloat16, not float32 "
-                                            r"\(AMP.*is the fast path\)"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"fmha: the CUDA kernel takes float16 and bfloat16, not float32 "
+        r"\(AMP.*is the fast path\)",
+    ):
         out = ops.fmha(tq, tk, tv, paddle.to_tensor(cu), 40)
     out.backward(paddle.to_tensor(dout))
-    for name, g, r in zip(("out", "dq", "dk", "dv"), (out.numpy(), tq.grad.numpy(), tk.grad.numpy(),
-                                                     tv.grad.numpy()), ref):
+    for name, g, r in zip(
+        ("out", "dq", "dk", "dv"), (out.numpy(), tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()), ref
+    ):
         assert_close(name, g, r)

@@ -3,6 +3,7 @@
 Each case runs in a fresh interpreter, outside the source tree where that matters, so
 that the in-tree package cannot mask a broken install.
 """
+
 import json
 import os
 import subprocess
@@ -29,9 +30,7 @@ def _probe(env_extra, cwd, pythonpath=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -39,9 +38,21 @@ def _probe(env_extra, cwd, pythonpath=None):
 def test_non_editable_install_finds_its_library(tmp_path):
     target = tmp_path / "site"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-q",
-         "--target", str(target), ROOT],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-build-isolation",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            ROOT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
         env=dict(os.environ, PADDLE_UNPAD_SKIP_CUDA="1"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -91,6 +102,5 @@ def test_missing_library_warns_once_and_reference_still_computes(tmp_path):
         "print('ok')\n"
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", PADDLE_UNPAD_FORCE_JIT="1", PADDLE_UNPAD_JIT="0")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr

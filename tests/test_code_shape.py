@@ -1,5 +1,6 @@
 """Where things live, held: every paddle.distributed collective in distributed/groups.py, the
 record of process changes reading no other module, GradientAllReduce short enough to read."""
+
 import ast
 import glob
 import os
@@ -7,7 +8,9 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "paddle_unpad")
-COLLECTIVE = re.compile(r"\bdist\.(irecv|isend|all_\w+|new_group|broadcast|barrier|send|recv|reduce\w*|scatter|gather)\(")
+COLLECTIVE = re.compile(
+    r"\bdist\.(irecv|isend|all_\w+|new_group|broadcast|barrier|send|recv|reduce\w*|scatter|gather)\("
+)
 
 
 def _sources():

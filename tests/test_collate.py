@@ -1,4 +1,5 @@
 """Packing collator (paddle_unpad.data)."""
+
 import numpy as np
 import paddle
 import pytest
@@ -10,12 +11,19 @@ pytestmark = pytest.mark.paddle_gpu_stage
 
 def _samples():
     return [
-        {"input_ids": np.array([5, 6, 7]), "labels": np.array([1, 2, 3]), "sample_id": 11,
-         "token_type_ids": np.array([0, 0, 1])},
-        {"input_ids": np.array([8]), "labels": np.array([4]), "sample_id": 12,
-         "token_type_ids": np.array([1])},
-        {"input_ids": np.array([9, 9]), "labels": np.array([5, 6]), "sample_id": 13,
-         "token_type_ids": np.array([0, 1])},
+        {
+            "input_ids": np.array([5, 6, 7]),
+            "labels": np.array([1, 2, 3]),
+            "sample_id": 11,
+            "token_type_ids": np.array([0, 0, 1]),
+        },
+        {"input_ids": np.array([8]), "labels": np.array([4]), "sample_id": 12, "token_type_ids": np.array([1])},
+        {
+            "input_ids": np.array([9, 9]),
+            "labels": np.array([5, 6]),
+            "sample_id": 13,
+            "token_type_ids": np.array([0, 1]),
+        },
     ]
 
 
@@ -33,15 +41,20 @@ def test_packs_a_list_of_samples():
 
 
 def test_per_sample_fields_defaults_and_padded_input():
-    smp = [{"input_ids": [3, 4], "labels": np.int64(1), "weight": np.float32(0.5)},
-           {"input_ids": [7, 7, 7], "labels": np.int64(0), "weight": np.float32(2.0)}]
+    smp = [
+        {"input_ids": [3, 4], "labels": np.int64(1), "weight": np.float32(0.5)},
+        {"input_ids": [7, 7, 7], "labels": np.int64(0), "weight": np.float32(2.0)},
+    ]
     b = PackingCollator(return_tensors="np")(smp)
     assert b["labels"].tolist() == [1, 0]  # a 0-d label is per sample
     assert b["weight"].dtype == np.float32 and b["weight"].tolist() == [0.5, 2.0]
     assert b["token_type_ids"].tolist() == [0] * 5 and b["position_ids"].tolist() == [0, 1, 0, 1, 2]
     assert b["sample_ids"].tolist() == [0, 1]  # positional ids when the samples have none
-    padded = {"input_ids": np.array([[3, 4, 0], [7, 7, 7]]), "attention_mask": np.array([[1, 1, 0], [1, 1, 1]]),
-              "labels": np.array([[1, 2, -100], [3, 4, 5]])}
+    padded = {
+        "input_ids": np.array([[3, 4, 0], [7, 7, 7]]),
+        "attention_mask": np.array([[1, 1, 0], [1, 1, 1]]),
+        "labels": np.array([[1, 2, -100], [3, 4, 5]]),
+    }
     b = PackingCollator(return_tensors="np", token_fields=("input_ids", "labels"))(padded)
     assert b["input_ids"].tolist() == [3, 4, 7, 7, 7] and b["labels"].tolist() == [1, 2, 3, 4, 5]
     assert b["cu_seqlens_host"].tolist() == [0, 2, 5]
@@ -49,8 +62,9 @@ def test_per_sample_fields_defaults_and_padded_input():
 
 def test_errors_name_the_sample_and_rank():
     with pytest.raises(SampleError, match="sample id 12 on rank 3 has 5 tokens, more than max_seqlen=4"):
-        PackingCollator(max_seqlen=4, rank=3)([{"input_ids": [1], "sample_id": 11},
-                                               {"input_ids": [1] * 5, "sample_id": 12}])
+        PackingCollator(max_seqlen=4, rank=3)(
+            [{"input_ids": [1], "sample_id": 11}, {"input_ids": [1] * 5, "sample_id": 12}]
+        )
     with pytest.raises(SampleError, match="sample id 7 on rank 0 is empty"):
         PackingCollator()([{"input_ids": [], "sample_id": 7}])
     with pytest.raises(SampleError, match="per-token field 'labels'"):
@@ -132,8 +146,13 @@ def test_every_sample_needs_the_batch_layout():
     with pytest.raises(SampleError, match=r"sample 1 \(id 1\).*field 'extra'.*shape \[3\].*shape \[2\]"):
         _pc([dict(ok, extra=np.zeros(2)), dict(ok, extra=np.zeros(3))])
     with pytest.raises(SampleError, match=r"field 'emb' is per-token, dtype float32, shape \[s, 4\].*\[s, 8\]"):
-        _pc([{"input_ids": np.array([1]), "emb": np.zeros((1, 8), np.float32)},
-             {"input_ids": np.array([1, 2]), "emb": np.zeros((2, 4), np.float32)}], token_fields=("input_ids", "emb"))
+        _pc(
+            [
+                {"input_ids": np.array([1]), "emb": np.zeros((1, 8), np.float32)},
+                {"input_ids": np.array([1, 2]), "emb": np.zeros((2, 4), np.float32)},
+            ],
+            token_fields=("input_ids", "emb"),
+        )
     with pytest.raises(SampleError, match=r"field 'labels'.*dtype float64.*dtype int64"):
         _pc([ok, dict(ok, labels=np.float64(1.0))])
 
@@ -145,8 +164,9 @@ def test_index_fields_must_hold_integers(field):
         _pc([smp])
 
 
-@pytest.mark.parametrize("bad, error", [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError),
-                                        ("512", TypeError)])
+@pytest.mark.parametrize(
+    "bad, error", [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError), ("512", TypeError)]
+)
 def test_max_seqlen_must_be_positive_or_none(bad, error):
     with pytest.raises(error, match=rf"max_seqlen must be a positive int or None.*{bad!r}"):
         PackingCollator(max_seqlen=bad)
@@ -178,18 +198,25 @@ def test_positional_ids_count_per_call():
         collate([{"input_ids": [1], "labels": np.int64(0)}, {"input_ids": [2]}])
 
 
-@pytest.mark.parametrize("key, value", [("sample_id", "abc"), ("sample_id", "7"), ("idx", 2.5), ("id", None),
-                                        ("id", [1, 2])])
+@pytest.mark.parametrize(
+    "key, value", [("sample_id", "abc"), ("sample_id", "7"), ("idx", 2.5), ("id", None), ("id", [1, 2])]
+)
 def test_id_fields_must_be_single_ints(key, value):
-    with pytest.raises(SampleError, match=rf"^paddle_unpad.data: sample 1 on rank 0: id field '{key}' must be a "
-                                          r"single int, got"):
+    with pytest.raises(
+        SampleError,
+        match=rf"^paddle_unpad.data: sample 1 on rank 0: id field '{key}' must be a "
+        r"single int, got",
+    ):
         _pc([{"input_ids": [1]}, {"input_ids": [2], key: value}])
 
 
 def test_text_fields_are_named():
     batch = [{"input_ids": [1, 2], "text": "a b"}, {"input_ids": [3], "text": "c"}]
-    with pytest.raises(SampleError, match=r"^paddle_unpad.data: sample 0 \(id 0\) on rank 0: field 'text' holds "
-                                          r"text \(dtype <U3\)"):
+    with pytest.raises(
+        SampleError,
+        match=r"^paddle_unpad.data: sample 0 \(id 0\) on rank 0: field 'text' holds "
+        r"text \(dtype <U3\)",
+    ):
         PackingCollator()(batch)
     with pytest.raises(SampleError, match=r"sample 0 \(id 7\) on rank 0: field 'labels' holds text"):
         PackingCollator()([{"input_ids": [1], "label": "pos", "sample_id": 7}])

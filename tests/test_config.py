@@ -1,4 +1,5 @@
 """paddle_unpad.config: every environment variable declared once, parsed by one rule, listed once."""
+
 import os
 import subprocess
 import sys
@@ -12,8 +13,19 @@ pytestmark = pytest.mark.paddle_gpu_stage
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("text, value", [("1", True), ("true", True), ("YES", True), (" on ", True),
-                                         ("0", False), ("False", False), ("no", False), ("OFF", False)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("1", True),
+        ("true", True),
+        ("YES", True),
+        (" on ", True),
+        ("0", False),
+        ("False", False),
+        ("no", False),
+        ("OFF", False),
+    ],
+)
 def test_flags_have_one_rule(text, value):
     assert config.get("FORCE_JIT", {"PADDLE_UNPAD_FORCE_JIT": text}) is value
     assert config.get("JIT", {"PADDLE_UNPAD_JIT": text}) is value
@@ -23,9 +35,14 @@ def test_unset_or_empty_is_the_default_and_bad_values_name_variable_and_value():
     for var in config.VARIABLES:
         assert config.get(var.name, {}) == var.default
         assert config.get(var.name, {var.env: "  "}) == var.default
-    cases = [("FORCE_JIT", "2", "expected one of"), ("BUILD_JOBS", "four", "whole number"),
-             ("NUM_THREADS", "-1", ">= 0"), ("FMHA_STREAMS", "17", "1-16"),
-             ("CPU_ISA", "avx1024", "auto, avx512, avx2, sse2"), ("MKL_DISPATCH", "maybe", "auto, off")]
+    cases = [
+        ("FORCE_JIT", "2", "expected one of"),
+        ("BUILD_JOBS", "four", "whole number"),
+        ("NUM_THREADS", "-1", ">= 0"),
+        ("FMHA_STREAMS", "17", "1-16"),
+        ("CPU_ISA", "avx1024", "auto, avx512, avx2, sse2"),
+        ("MKL_DISPATCH", "maybe", "auto, off"),
+    ]
     for name, bad, words in cases:
         env = config.variable(name).env
         with pytest.raises(config.ConfigError) as e:
@@ -133,8 +150,7 @@ def _mkl_dispatch():
 
 # where each run-time setting is first read: a bad value must raise there, not fall back
 READERS = {
-    **{name: _native_load for name in ("DISABLE_NATIVE", "FORCE_JIT", "JIT", "NUM_THREADS", "CPU_ISA",
-                                       "FMHA_STREAMS")},
+    **{name: _native_load for name in ("DISABLE_NATIVE", "FORCE_JIT", "JIT", "NUM_THREADS", "CPU_ISA", "FMHA_STREAMS")},
     "FMHA_GROUPING": lambda: ops.attention._grouping(None),
     "FMHA_DETERMINISTIC": lambda: ops.attention._deterministic(None),
     "MKL_DISPATCH": _mkl_dispatch,
@@ -190,8 +206,11 @@ def test_a_misspelt_variable_is_named_once_with_the_closest_setting(monkeypatch)
     with pytest.warns(UserWarning) as seen:
         assert config.get("GLOO_GROUP_STORES") is True  # the misspelt one does not count
     texts = [str(w.message) for w in seen if "paddle_unpad.config" in str(w.message)]
-    assert any("PADDLE_UNPAD_GLOO_GROUP_STORE is not a paddle_unpad setting" in t
-               and "did you mean PADDLE_UNPAD_GLOO_GROUP_STORES?" in t for t in texts), texts
+    assert any(
+        "PADDLE_UNPAD_GLOO_GROUP_STORE is not a paddle_unpad setting" in t
+        and "did you mean PADDLE_UNPAD_GLOO_GROUP_STORES?" in t
+        for t in texts
+    ), texts
     assert any("PADDLE_UNPAD_FLUX_CAPACITOR" in t and "known: PADDLE_UNPAD_DISABLE_NATIVE" in t for t in texts), texts
     import warnings
 
@@ -204,7 +223,10 @@ def test_a_misspelt_variable_is_named_once_with_the_closest_setting(monkeypatch)
 def test_settings_that_must_agree_across_ranks_are_declared_and_read_alike():
     assert [v.name for v in config.VARIABLES if v.agree] == ["GLOO_GROUP_STORES"]
     assert config.agreed_settings({}) == {"PADDLE_UNPAD_GLOO_GROUP_STORES": "on"}
-    assert config.agreed_settings({"PADDLE_UNPAD_GLOO_GROUP_STORES": "OFF"}) == {"PADDLE_UNPAD_GLOO_GROUP_STORES": "off"}
+    assert config.agreed_settings({"PADDLE_UNPAD_GLOO_GROUP_STORES": "OFF"}) == {
+        "PADDLE_UNPAD_GLOO_GROUP_STORES": "off"
+    }
     assert config.agreed_settings({"PADDLE_UNPAD_GLOO_GROUP_STORES": "maybe"}) == {
-        "PADDLE_UNPAD_GLOO_GROUP_STORES": "invalid 'maybe'"}  # compared too: every rank hears of it
+        "PADDLE_UNPAD_GLOO_GROUP_STORES": "invalid 'maybe'"
+    }  # compared too: every rank hears of it
     assert "| run time, equal on every rank |" in config.markdown_table()

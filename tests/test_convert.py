@@ -5,6 +5,7 @@ weights (the original PaddleNLP model is the reference; no number comes from the
 under test). Small random configs (hidden 64, 2 layers, 4 heads) and ragged batches
 whose lengths include 1 and the padded length.
 """
+
 import warnings
 
 import numpy as np
@@ -24,15 +25,38 @@ RTOL = 1e-5  # acceptance: outputs and gradients match to 1e-5 relative (fp32)
 LR = 1e-3
 
 FAMILIES = {
-    "bert": (T.BertConfig, {
-        "model": T.BertModel, "seqcls": T.BertForSequenceClassification, "tokcls": T.BertForTokenClassification,
-        "qa": T.BertForQuestionAnswering, "pretrain": T.BertForPretraining, "mlm": T.BertForMaskedLM}),
-    "ernie": (T.ErnieConfig, {
-        "model": T.ErnieModel, "seqcls": T.ErnieForSequenceClassification, "tokcls": T.ErnieForTokenClassification,
-        "qa": T.ErnieForQuestionAnswering, "pretrain": T.ErnieForPretraining, "mlm": T.ErnieForMaskedLM}),
-    "roberta": (T.RobertaConfig, {
-        "model": T.RobertaModel, "seqcls": T.RobertaForSequenceClassification,
-        "tokcls": T.RobertaForTokenClassification, "qa": T.RobertaForQuestionAnswering, "mlm": T.RobertaForMaskedLM}),
+    "bert": (
+        T.BertConfig,
+        {
+            "model": T.BertModel,
+            "seqcls": T.BertForSequenceClassification,
+            "tokcls": T.BertForTokenClassification,
+            "qa": T.BertForQuestionAnswering,
+            "pretrain": T.BertForPretraining,
+            "mlm": T.BertForMaskedLM,
+        },
+    ),
+    "ernie": (
+        T.ErnieConfig,
+        {
+            "model": T.ErnieModel,
+            "seqcls": T.ErnieForSequenceClassification,
+            "tokcls": T.ErnieForTokenClassification,
+            "qa": T.ErnieForQuestionAnswering,
+            "pretrain": T.ErnieForPretraining,
+            "mlm": T.ErnieForMaskedLM,
+        },
+    ),
+    "roberta": (
+        T.RobertaConfig,
+        {
+            "model": T.RobertaModel,
+            "seqcls": T.RobertaForSequenceClassification,
+            "tokcls": T.RobertaForTokenClassification,
+            "qa": T.RobertaForQuestionAnswering,
+            "mlm": T.RobertaForMaskedLM,
+        },
+    ),
 }
 CASES = [(fam, kind) for fam, (_, kinds) in FAMILIES.items() for kind in kinds]
 PAD = {"bert": 0, "ernie": 0, "roberta": 1}
@@ -40,10 +64,19 @@ PAD = {"bert": 0, "ernie": 0, "roberta": 1}
 
 def make_config(fam, dropout=0.0, **kw):
     cfg_cls = FAMILIES[fam][0]
-    args = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-                intermediate_size=128, max_position_embeddings=40, type_vocab_size=2,
-                hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, num_labels=3,
-                pad_token_id=PAD[fam])
+    args = dict(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=40,
+        type_vocab_size=2,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        num_labels=3,
+        pad_token_id=PAD[fam],
+    )
     if fam == "roberta":
         args.update(bos_token_id=0, eos_token_id=2, cls_token_id=0)
     args.update(kw)
@@ -72,7 +105,7 @@ def ragged_batch(fam, lengths=LENGTHS, seq=SEQ, seed=1):
     tt = np.zeros((B, seq), np.int64)
     for b, n in enumerate(lengths):
         ids[b, :n] = rng.integers(3, VOCAB, n)
-        tt[b, n // 2:n] = 1
+        tt[b, n // 2 : n] = 1
     mask = np.zeros((B, seq), np.int64)
     for b, n in enumerate(lengths):
         mask[b, :n] = 1
@@ -143,8 +176,10 @@ def rel_err(a, b):
 
 
 def grads_by_name(model):
-    return {n: (p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32))
-            for n, p in model.named_parameters()}
+    return {
+        n: (p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32))
+        for n, p in model.named_parameters()
+    }
 
 
 # Gradients that are mathematically zero: softmax is invariant to adding q.b_k to every score
@@ -203,9 +238,11 @@ def _loss_inputs(fam, kind, ids, mask, rng):
         return {"labels": paddle.to_tensor(lab)}
     if kind == "pretrain":
         pos = masked_positions_for(mask, rng)
-        return {"masked_positions": paddle.to_tensor(pos),
-                "labels": paddle.to_tensor(rng.integers(0, VOCAB, len(pos)).astype(np.int64)),
-                "next_sentence_label": paddle.to_tensor(rng.integers(0, 2, B).astype(np.int64))}
+        return {
+            "masked_positions": paddle.to_tensor(pos),
+            "labels": paddle.to_tensor(rng.integers(0, VOCAB, len(pos)).astype(np.int64)),
+            "next_sentence_label": paddle.to_tensor(rng.integers(0, 2, B).astype(np.int64)),
+        }
     if kind == "mlm":
         lab = np.full(ids.shape, -100, np.int64)
         for b in range(B):
@@ -221,8 +258,9 @@ def test_three_adamw_steps_match(fam, kind):
     rng = np.random.default_rng(5)
     extra = extra_inputs(fam, kind, mask, rng)
     labels = _loss_inputs(fam, kind, ids, mask, np.random.default_rng(6))
-    opts = [paddle.optimizer.AdamW(learning_rate=LR, parameters=m.parameters(), weight_decay=0.01)
-            for m in (ref, model)]
+    opts = [
+        paddle.optimizer.AdamW(learning_rate=LR, parameters=m.parameters(), weight_decay=0.01) for m in (ref, model)
+    ]
     for step in range(3):
         losses = []
         for m, opt in zip((ref, model), opts):
@@ -253,8 +291,15 @@ def test_three_adamw_steps_match(fam, kind):
 
 def test_losses_match_original():
     """With token_loss="stock" the model-computed losses equal the original's on the same padded batch."""
-    for fam, kind in [("bert", "seqcls"), ("bert", "tokcls"), ("bert", "pretrain"), ("ernie", "pretrain"),
-                      ("roberta", "seqcls"), ("roberta", "mlm"), ("bert", "mlm")]:
+    for fam, kind in [
+        ("bert", "seqcls"),
+        ("bert", "tokcls"),
+        ("bert", "pretrain"),
+        ("ernie", "pretrain"),
+        ("roberta", "seqcls"),
+        ("roberta", "mlm"),
+        ("bert", "mlm"),
+    ]:
         ref, model = make_pair(fam, kind, token_loss="stock")
         ids, tt, mask = ragged_batch(fam)
         labels = _loss_inputs(fam, kind, ids, mask, np.random.default_rng(11))
@@ -383,10 +428,13 @@ def test_fallback_option_warns_once_and_matches_original():
     assert rel_err(out1.numpy(), expected.numpy()) < RTOL and rel_err(out2.numpy(), expected.numpy()) < RTOL
 
 
-@pytest.mark.parametrize("kwargs,option", [
-    ({"output_attentions": True}, "output_attentions"),
-    ({"use_cache": True}, "use_cache"),
-])
+@pytest.mark.parametrize(
+    "kwargs,option",
+    [
+        ({"output_attentions": True}, "output_attentions"),
+        ({"use_cache": True}, "use_cache"),
+    ],
+)
 def test_unsupported_options_raise_naming_them(kwargs, option):
     ref, model = make_pair("bert", "model")
     ids, tt, mask = ragged_batch("bert")
@@ -461,8 +509,12 @@ def _with_empty(fam, where):
     lengths.insert(EMPTY_AT[where], 0)
     v = mask.astype(bool)
     cu, mx = pu.cu_seqlens_from_lengths(lengths)
-    packed = dict(token_type_ids=paddle.to_tensor(tt[v]), cu_seqlens=cu, max_seqlen=mx,
-                  cu_seqlens_host=np.cumsum([0] + lengths).astype(np.int32))
+    packed = dict(
+        token_type_ids=paddle.to_tensor(tt[v]),
+        cu_seqlens=cu,
+        max_seqlen=mx,
+        cu_seqlens_host=np.cumsum([0] + lengths).astype(np.int32),
+    )
     return ids, tt, mask, lengths, packed
 
 
@@ -478,10 +530,12 @@ def test_empty_sequence_refused_by_per_sequence_outputs(fam, kind, where):
     IndexError when last); with labels too, so no step trains on another sequence's row."""
     ref, model = make_pair(fam, kind)
     ids, tt, mask, lengths, packed = _with_empty(fam, where)
-    b, start = EMPTY_AT[where], sum(lengths[:EMPTY_AT[where]])
+    b, start = EMPTY_AT[where], sum(lengths[: EMPTY_AT[where]])
     extra = {"labels": paddle.to_tensor(np.zeros(len(lengths), np.int64))} if kind == "seqcls" else {}
-    msg = (rf"^paddle_unpad: sequence {b} of {len(lengths)} is empty \(cu_seqlens\[{b}\] == cu_seqlens\[{b + 1}\] "
-           rf"== {start}\): {type(model).__name__}'s .*first \(\[CLS\]\) token")
+    msg = (
+        rf"^paddle_unpad: sequence {b} of {len(lengths)} is empty \(cu_seqlens\[{b}\] == cu_seqlens\[{b + 1}\] "
+        rf"== {start}\): {type(model).__name__}'s .*first \(\[CLS\]\) token"
+    )
     with pytest.raises(ValueError, match=msg):
         model(paddle.to_tensor(ids[mask.astype(bool)]), **packed, **extra)
 
@@ -532,8 +586,11 @@ def test_static_graph_empty_sequence_rows_are_nan(tmp_path):
     from paddle.static import InputSpec
 
     ref, model = make_pair("bert", "seqcls")
-    static = paddle.jit.to_static(pu.models.PackedInputs(model), input_spec=[
-        InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens")], full_graph=True)
+    static = paddle.jit.to_static(
+        pu.models.PackedInputs(model),
+        input_spec=[InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens")],
+        full_graph=True,
+    )
     paddle.jit.save(static, str(tmp_path / "cls"))
     static = paddle.jit.load(str(tmp_path / "cls"))
     for where, b in EMPTY_AT.items():
@@ -567,8 +624,13 @@ def test_packed_collator_batch_matches_padded(fam):
     labels = np.array([0, 2, 1, 1])
     batch = PackingCollator(max_seqlen=SEQ)(_samples(ids, tt, mask, labels))
     out = model(**batch, return_dict=True)  # every key of the packed batch is accepted
-    expected = ref(paddle.to_tensor(ids), token_type_ids=paddle.to_tensor(tt), attention_mask=paddle.to_tensor(mask),
-                   labels=paddle.to_tensor(labels), return_dict=True)
+    expected = ref(
+        paddle.to_tensor(ids),
+        token_type_ids=paddle.to_tensor(tt),
+        attention_mask=paddle.to_tensor(mask),
+        labels=paddle.to_tensor(labels),
+        return_dict=True,
+    )
     assert rel_err(out.logits.numpy(), expected.logits.numpy()) < RTOL
     assert abs(float(out.loss) - float(expected.loss)) <= RTOL * abs(float(expected.loss))
 
@@ -581,11 +643,18 @@ def test_collator_label_key_reaches_the_model_as_labels():
     ref, model = make_pair("bert", "seqcls")
     ids, tt, mask = ragged_batch("bert")
     labels = np.array([2, 0, 1, 1])
-    samples = [{"input_ids": s["input_ids"], "token_type_ids": s["token_type_ids"], "label": np.int64(y)}
-               for s, y in zip(_samples(ids, tt, mask), labels)]
+    samples = [
+        {"input_ids": s["input_ids"], "token_type_ids": s["token_type_ids"], "label": np.int64(y)}
+        for s, y in zip(_samples(ids, tt, mask), labels)
+    ]
     out = model(**PackingCollator(max_seqlen=SEQ)(samples), return_dict=True)
-    expected = ref(paddle.to_tensor(ids), token_type_ids=paddle.to_tensor(tt), attention_mask=paddle.to_tensor(mask),
-                   labels=paddle.to_tensor(labels), return_dict=True)
+    expected = ref(
+        paddle.to_tensor(ids),
+        token_type_ids=paddle.to_tensor(tt),
+        attention_mask=paddle.to_tensor(mask),
+        labels=paddle.to_tensor(labels),
+        return_dict=True,
+    )
     assert abs(float(out.loss) - float(expected.loss)) <= RTOL * abs(float(expected.loss))
     with pytest.raises(TypeError, match=r"argument\(s\) label; the model's argument is 'labels'"):
         model(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), label=paddle.to_tensor(labels))
@@ -605,8 +674,9 @@ def _packed(fam, ids, tt, mask, **per_token):
     return batch
 
 
-@pytest.mark.parametrize("fam,kind", [("bert", "mlm"), ("bert", "pretrain"), ("ernie", "mlm"), ("ernie", "pretrain"),
-                                      ("roberta", "mlm")])
+@pytest.mark.parametrize(
+    "fam,kind", [("bert", "mlm"), ("bert", "pretrain"), ("ernie", "mlm"), ("ernie", "pretrain"), ("roberta", "mlm")]
+)
 def test_mlm_collator_batch_is_accepted(fam, kind):
     """model(**batch) on the packing collator's own masked-LM batch (masked_lm_labels per token ->
     masked_positions, masked_labels): the MLM head scores the masked rows only, and the loss is the
@@ -622,7 +692,7 @@ def test_mlm_collator_batch_is_accepted(fam, kind):
     nsl = rng.integers(0, 2, ids.shape[0]).astype(np.int64)
     samples = _samples(ids, tt, mask)
     for b, smp in enumerate(samples):
-        smp["masked_lm_labels"] = mlm[b, :len(smp["input_ids"])]
+        smp["masked_lm_labels"] = mlm[b, : len(smp["input_ids"])]
         if kind == "pretrain":
             smp["next_sentence_label"] = nsl[b]
     batch = PackingCollator(max_seqlen=SEQ)(samples)
@@ -658,8 +728,9 @@ def test_mlm_masked_labels_without_positions_is_refused():
     with pytest.raises(ValueError, match="masked_labels was given without masked_positions"):
         model(paddle.to_tensor(ids[v]), cu_seqlens=cu, max_seqlen=mx, masked_labels=paddle.to_tensor([3, 4]))
     with pytest.raises(TypeError, match="unexpected keyword argument.*masked_labels"):
-        make_pair("bert", "seqcls")[1](paddle.to_tensor(ids[v]), cu_seqlens=cu, max_seqlen=mx,
-                                       masked_labels=paddle.to_tensor([3, 4]))
+        make_pair("bert", "seqcls")[1](
+            paddle.to_tensor(ids[v]), cu_seqlens=cu, max_seqlen=mx, masked_labels=paddle.to_tensor([3, 4])
+        )
 
 
 def _ce_mean_over_labelled(logits, labels):
@@ -762,8 +833,13 @@ def test_packed_pretraining_masked_rows():
     packed_rows = np.searchsorted(valid_flat(mask), flat)
     cu, mx = pu.cu_seqlens_from_lengths(LENGTHS)
     v = mask.astype(bool)
-    scores, nsp = model(paddle.to_tensor(ids[v]), token_type_ids=paddle.to_tensor(tt[v]), cu_seqlens=cu,
-                        max_seqlen=mx, masked_positions=paddle.to_tensor(packed_rows))
+    scores, nsp = model(
+        paddle.to_tensor(ids[v]),
+        token_type_ids=paddle.to_tensor(tt[v]),
+        cu_seqlens=cu,
+        max_seqlen=mx,
+        masked_positions=paddle.to_tensor(packed_rows),
+    )
     e_scores, e_nsp = call(ref, "bert", "pretrain", ids, tt, mask, {"masked_positions": paddle.to_tensor(flat)})
     assert list(scores.shape) == [len(flat), VOCAB]
     assert rel_err(scores.numpy(), e_scores.numpy()) < RTOL and rel_err(nsp.numpy(), e_nsp.numpy()) < RTOL
@@ -950,8 +1026,15 @@ def test_to_static_jit_save_load(tmp_path):
     eager = model(x, attention_mask=m).numpy()
     assert rel_err(eager, ref(x, attention_mask=m).numpy()) < RTOL
     static = paddle.jit.to_static(
-        model, input_spec=[InputSpec([None, None], "int64", "input_ids"), None, None,
-                           InputSpec([None, None], "int64", "attention_mask")], full_graph=True)
+        model,
+        input_spec=[
+            InputSpec([None, None], "int64", "input_ids"),
+            None,
+            None,
+            InputSpec([None, None], "int64", "attention_mask"),
+        ],
+        full_graph=True,
+    )
     assert rel_err(static(x, None, None, m).numpy(), eager) < 1e-6
     path = str(tmp_path / "cls")
     paddle.jit.save(static, path)
@@ -959,8 +1042,13 @@ def test_to_static_jit_save_load(tmp_path):
     assert rel_err(loaded(x, m).numpy(), eager) < 1e-6
     # a different ragged batch through the same exported program
     ids2, tt2, mask2 = ragged_batch("bert", lengths=[3, 1, 11], seq=11, seed=4)
-    assert rel_err(loaded(paddle.to_tensor(ids2), paddle.to_tensor(mask2)).numpy(),
-                   ref(paddle.to_tensor(ids2), attention_mask=paddle.to_tensor(mask2)).numpy()) < RTOL
+    assert (
+        rel_err(
+            loaded(paddle.to_tensor(ids2), paddle.to_tensor(mask2)).numpy(),
+            ref(paddle.to_tensor(ids2), attention_mask=paddle.to_tensor(mask2)).numpy(),
+        )
+        < RTOL
+    )
 
 
 def test_to_static_packed_inputs(tmp_path):
@@ -972,8 +1060,11 @@ def test_to_static_packed_inputs(tmp_path):
     v = mask.astype(bool)
     expected = call(ref, "bert", "tokcls", ids, tt * 0, mask).numpy()[v]
     cu, _ = pu.cu_seqlens_from_lengths(LENGTHS)
-    static = paddle.jit.to_static(pu.models.PackedInputs(model), input_spec=[
-        InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens")], full_graph=True)
+    static = paddle.jit.to_static(
+        pu.models.PackedInputs(model),
+        input_spec=[InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens")],
+        full_graph=True,
+    )
     path = str(tmp_path / "tok")
     paddle.jit.save(static, path)
     out = paddle.jit.load(path)(paddle.to_tensor(ids[v]), cu).numpy()
@@ -1022,8 +1113,9 @@ def test_ernie_task_type_ids_and_inputs_embeds():
     ids, tt, mask = ragged_batch("ernie")
     task = (np.arange(ids.size).reshape(ids.shape) % 3).astype(np.int64)
     v = mask.astype(bool)
-    kw = dict(token_type_ids=paddle.to_tensor(tt), attention_mask=paddle.to_tensor(mask),
-              task_type_ids=paddle.to_tensor(task))
+    kw = dict(
+        token_type_ids=paddle.to_tensor(tt), attention_mask=paddle.to_tensor(mask), task_type_ids=paddle.to_tensor(task)
+    )
     a = model(paddle.to_tensor(ids), **kw)[0].numpy()
     b = ref(paddle.to_tensor(ids), **kw)[0].numpy()
     assert rel_err(a[v], b[v]) < RTOL

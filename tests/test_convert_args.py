@@ -1,5 +1,6 @@
 """paddle_unpad.convert: what it does with models it cannot convert, and converted models
 with packed inputs they cannot take."""
+
 import warnings
 
 import numpy as np
@@ -33,8 +34,14 @@ def test_not_a_bert_like_model_falls_back_with_one_warning():
 
 def test_gpt_model_falls_back_with_one_warning():
     T = pytest.importorskip("paddlenlp.transformers")
-    cfg = T.GPTConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                      intermediate_size=32, max_position_embeddings=32)
+    cfg = T.GPTConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    )
     model = T.GPTModel(cfg)
     out, ours = _fallback(model)
     assert out is model and type(model) is T.GPTModel
@@ -63,8 +70,14 @@ def test_non_layer_is_a_type_error(bad, on_unsupported):
 def test_converted_model_refuses_bad_cu_seqlens_in_the_words_of_fmha(cu, max_seqlen, words):
     """Packed inputs are checked once, before the embeddings, by the rules fmha applies."""
     T = pytest.importorskip("paddlenlp.transformers")
-    cfg = T.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                       intermediate_size=32, max_position_embeddings=16)
+    cfg = T.BertConfig(
+        vocab_size=32,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+    )
     model = pu.convert(T.BertModel(cfg))
     ids = paddle.to_tensor([1, 2, 3, 4, 5])
     with pytest.raises(ValueError) as ei:

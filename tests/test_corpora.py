@@ -1,4 +1,5 @@
 """Real-text readers and the BERT pre-training sample builder (paddle_unpad.data.corpora)."""
+
 import os
 
 import numpy as np
@@ -36,7 +37,11 @@ def test_rotten_tomatoes_refuses_bad_split():
 
 def test_split_sentences():
     assert corpora.split_sentences("Thank you.  It is great! Is it? 'Yes' he said.\nOK") == [
-        "Thank you.", "It is great!", "Is it?", "'Yes' he said.", "OK"
+        "Thank you.",
+        "It is great!",
+        "Is it?",
+        "'Yes' he said.",
+        "OK",
     ]
 
 

@@ -4,6 +4,7 @@ The rule (which value for which CPU) is checked on made-up CPUs; what happens in
 process (the variable set before MKL's first GEMM, MKL's own answer, the products still
 right, a user's choice and the opt-out respected, the warning when it is too late) is
 checked in fresh subprocesses on this host."""
+
 import json
 import os
 import subprocess
@@ -20,15 +21,18 @@ pytestmark = pytest.mark.paddle_gpu_stage
 AVX512 = set(cpu_gemm.AVX512_FLAGS) | set(cpu_gemm.AVX2_FLAGS)
 
 
-@pytest.mark.parametrize("vendor, flags, machine, value", [
-    ("GenuineIntel", AVX512, "x86_64", None),
-    ("AuthenticAMD", AVX512, "x86_64", "7"),
-    ("AuthenticAMD", {"avx2", "fma", "avx512f"}, "x86_64", "5"),  # AVX-512 F alone is not MKL's SKX set
-    ("HygonGenuine", {"avx2", "fma"}, "x86_64", "5"),
-    ("AuthenticAMD", {"avx", "sse4_2"}, "x86_64", None),
-    ("AuthenticAMD", AVX512, "aarch64", None),
-    (None, AVX512, "x86_64", None),
-])
+@pytest.mark.parametrize(
+    "vendor, flags, machine, value",
+    [
+        ("GenuineIntel", AVX512, "x86_64", None),
+        ("AuthenticAMD", AVX512, "x86_64", "7"),
+        ("AuthenticAMD", {"avx2", "fma", "avx512f"}, "x86_64", "5"),  # AVX-512 F alone is not MKL's SKX set
+        ("HygonGenuine", {"avx2", "fma"}, "x86_64", "5"),
+        ("AuthenticAMD", {"avx", "sse4_2"}, "x86_64", None),
+        ("AuthenticAMD", AVX512, "aarch64", None),
+        (None, AVX512, "x86_64", None),
+    ],
+)
 def test_choice_per_cpu(vendor, flags, machine, value):
     got, why = cpu_gemm.choose(vendor, flags, machine)
     assert got == value
@@ -45,15 +49,19 @@ def test_cpuinfo_is_read_from_the_first_cpu():
         vendor_id\t: Other
         flags\t\t: fpu
         """)
-    assert cpu_gemm.cpu_identity(text) == ("AuthenticAMD", "AMD EPYC 9J14 96-Core Processor", {"fpu", "sse2", "avx2",
-                                                                                               "fma"})
+    assert cpu_gemm.cpu_identity(text) == (
+        "AuthenticAMD",
+        "AMD EPYC 9J14 96-Core Processor",
+        {"fpu", "sse2", "avx2", "fma"},
+    )
 
 
 def _run(code, **env):
     full = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "PADDLE_UNPAD_MKL_DISPATCH")}
     full.update(env, OMP_NUM_THREADS="2")
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -76,7 +84,7 @@ def test_this_host_gets_its_widest_kernels_and_right_products():
     vendor, _, flags = cpu_gemm.cpu_identity()
     value, _ = cpu_gemm.choose(vendor, flags)
     got = _run(PRODUCT.format(prelude=""))
-    assert got["err"] < 10 * 384 ** 0.5 * 2.0 ** -23  # fp32 GEMM rounding, not a lower-precision path
+    assert got["err"] < 10 * 384**0.5 * 2.0**-23  # fp32 GEMM rounding, not a lower-precision path
     if value is None:
         assert got["action"] == "unchanged" and got["env"] is None
     else:

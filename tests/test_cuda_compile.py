@@ -15,6 +15,7 @@ Paddle glue only: #20012-D, which Paddle's own header ``paddle/common/dim.h`` tr
 Archs: ``PADDLE_UNPAD_CUDA_ARCHS`` (default "80;90", as the build). Sources compile in
 parallel (``PADDLE_UNPAD_BUILD_JOBS``, default all cores). Skips only when nvcc is absent.
 """
+
 import glob
 import os
 import re
@@ -33,8 +34,10 @@ sys.path.insert(0, ROOT)
 from paddle_unpad._runtime import build_config as cfg  # noqa: E402  (stdlib + lazy paddle only)
 
 NVCC = cfg.find_nvcc()
-pytestmark = [pytest.mark.build,
-              pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME, CUDA_PATH, PATH): CUDA compile check skipped")]
+pytestmark = [
+    pytest.mark.build,
+    pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME, CUDA_PATH, PATH): CUDA compile check skipped"),
+]
 
 FREE_GLOBS = ["harness/*.cu"]  # kernels/cuda/*.cu: the shared build (conftest's cuda_kernel_build)
 GLUE_GLOBS = ["paddle/*.cu"]
@@ -62,8 +65,12 @@ def _gencode():
 
 def _cuda_include():
     """The toolkit's include folder (nvcc may be a wrapper script outside the toolkit)."""
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
-             os.path.dirname(os.path.dirname(os.path.realpath(NVCC))), "/usr/local/cuda"]
+    homes = [
+        os.environ.get("CUDA_HOME"),
+        os.environ.get("CUDA_PATH"),
+        os.path.dirname(os.path.dirname(os.path.realpath(NVCC))),
+        "/usr/local/cuda",
+    ]
     for h in homes:
         if h and os.path.exists(os.path.join(h, "include", "cuda_runtime.h")):
             return os.path.join(h, "include")
@@ -89,8 +96,16 @@ def _commands(tmp):
         cxx = os.environ.get("CXX", "g++")
         for src in cc:
             cmds[_rel(src) + " [PADDLE_WITH_CUDA]"] = [
-                cxx, *cfg.cxx_flags(True), "-DPADDLE_NO_PYTHON", "-Werror", "-isystem", inc, "-isystem", os.path.join(inc, "cccl"),
-                "-fsyntax-only", src,
+                cxx,
+                *cfg.cxx_flags(True),
+                "-DPADDLE_NO_PYTHON",
+                "-Werror",
+                "-isystem",
+                inc,
+                "-isystem",
+                os.path.join(inc, "cccl"),
+                "-fsyntax-only",
+                src,
             ]
     return cmds
 
@@ -116,8 +131,7 @@ def compiled(cuda_kernel_build):
     assert cuda_kernel_build is not None, "nvcc was found here but not by the shared build"
     for b in cuda_kernel_build["built"].values():
         results[_rel(b.unit)] = (b.returncode, b.output, b.seconds, b.command)
-    print(f"\nCUDA compile check: {len(results)} units, archs {cfg.cuda_archs()}, {jobs} jobs, "
-          f"{wall:.1f} s wall")
+    print(f"\nCUDA compile check: {len(results)} units, archs {cfg.cuda_archs()}, {jobs} jobs, {wall:.1f} s wall")
     for name, (rc, _, secs, _) in sorted(results.items()):
         print(f"  {secs:6.1f} s  rc={rc}  {name}")
     return results

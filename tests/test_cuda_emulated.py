@@ -11,6 +11,7 @@ of the device math, speed and real concurrency are for tests/gpu on a GPU machin
 
 Skips locally when g++ or the CUDA headers are missing; fails under CI (CI=true) instead.
 """
+
 import ctypes
 import functools
 import os
@@ -42,8 +43,12 @@ def lib():
     lib = emu_build.load(pytest)
     i64, i32, f32, u64, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_uint64, ctypes.c_void_p
     gelu, ln = [i64, i64, i32, i32], [i64, i64, i32, i32, i32, f32, f32, u64, u64, i32]
-    for name, args in (("pu_bias_gelu_fwd", gelu + [vp] * 4), ("pu_bias_gelu_bwd", gelu + [vp] * 7),
-                       ("pu_bdrln_fwd", ln + [vp] * 9), ("pu_bdrln_bwd", ln + [vp] * 14)):
+    for name, args in (
+        ("pu_bias_gelu_fwd", gelu + [vp] * 4),
+        ("pu_bias_gelu_bwd", gelu + [vp] * 7),
+        ("pu_bdrln_fwd", ln + [vp] * 9),
+        ("pu_bdrln_bwd", ln + [vp] * 14),
+    ):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = i32
     for name in ("pu_bias_gelu_bwd_workspace_bytes", "pu_bdrln_bwd_workspace_bytes"):
@@ -74,9 +79,14 @@ def assert_close(dt, kind, what, got, ref):
 @functools.lru_cache(maxsize=None)
 def values(rows, cols, seed):
     rng = np.random.default_rng(seed)
-    return {"x": rng.standard_normal((rows, cols)) * 2, "residual": rng.standard_normal((rows, cols)),
-            "dy": rng.standard_normal((rows, cols)), "bias": rng.standard_normal(cols) * 0.5,
-            "ln_weight": 1 + rng.standard_normal(cols) * 0.2, "ln_bias": rng.standard_normal(cols) * 0.2}
+    return {
+        "x": rng.standard_normal((rows, cols)) * 2,
+        "residual": rng.standard_normal((rows, cols)),
+        "dy": rng.standard_normal((rows, cols)),
+        "bias": rng.standard_normal(cols) * 0.5,
+        "ln_weight": 1 + rng.standard_normal(cols) * 0.2,
+        "ln_bias": rng.standard_normal(cols) * 0.2,
+    }
 
 
 # ------------------------------------------------------------------------- runs
@@ -89,8 +99,11 @@ def run_gelu(lib, rows, cols, dt, path=0):
     ws = np.zeros(lib.pu_bias_gelu_bwd_workspace_bytes(rows, cols) // 4 + 1, np.float32)
     head = (rows, cols, CODE[dt], path)
     call(lib, lib.pu_bias_gelu_fwd(*head, x.ptr, bias.ptr, y.ptr, None), "bias_gelu forward")
-    call(lib, lib.pu_bias_gelu_bwd(*head, x.ptr, bias.ptr, dy.ptr, dx.ptr, dbias.ptr,
-                                   ctypes.c_void_p(ws.ctypes.data), None), "bias_gelu backward")
+    call(
+        lib,
+        lib.pu_bias_gelu_bwd(*head, x.ptr, bias.ptr, dy.ptr, dx.ptr, dbias.ptr, ctypes.c_void_p(ws.ctypes.data), None),
+        "bias_gelu backward",
+    )
     ref = cpu_tests.gelu_reference(v["x"][1], v["bias"][1], v["dy"][1])
     for name, buf, r in zip(("y", "dx", "dbias"), (y, dx, dbias), ref):
         buf.check(name)
@@ -117,16 +130,37 @@ def run_bdrln(lib, rows, cols, dt, p, path=0, seed=cpu_tests.SEED, offset=cpu_te
     mean, rstd = Buffer((rows,), "float32"), Buffer((rows,), "float32")
     ws = np.zeros(lib.pu_bdrln_bwd_workspace_bytes(rows, cols) // 4 + 1, np.float32)
     head = (rows, cols, CODE[dt], CODE[rdt], CODE[wdt], p, cpu_tests.EPS, seed & (2**64 - 1), offset, path)
-    call(lib, lib.pu_bdrln_fwd(*head, *(ins[k].ptr for k in ("x", "bias", "residual", "ln_weight", "ln_bias")),
-                               outs["y"].ptr, mean.ptr, rstd.ptr, None), "bdrln forward")
-    call(lib, lib.pu_bdrln_bwd(*head, *(ins[k].ptr for k in ("x", "bias", "residual", "ln_weight")), mean.ptr,
-                               rstd.ptr, ins["dy"].ptr,
-                               *(outs[k].ptr for k in ("dx", "dresidual", "dbias", "dln_weight", "dln_bias")),
-                               ctypes.c_void_p(ws.ctypes.data), None), "bdrln backward")
+    call(
+        lib,
+        lib.pu_bdrln_fwd(
+            *head,
+            *(ins[k].ptr for k in ("x", "bias", "residual", "ln_weight", "ln_bias")),
+            outs["y"].ptr,
+            mean.ptr,
+            rstd.ptr,
+            None,
+        ),
+        "bdrln forward",
+    )
+    call(
+        lib,
+        lib.pu_bdrln_bwd(
+            *head,
+            *(ins[k].ptr for k in ("x", "bias", "residual", "ln_weight")),
+            mean.ptr,
+            rstd.ptr,
+            ins["dy"].ptr,
+            *(outs[k].ptr for k in ("dx", "dresidual", "dbias", "dln_weight", "dln_bias")),
+            ctypes.c_void_p(ws.ctypes.data),
+            None,
+        ),
+        "bdrln backward",
+    )
     keep = philox_ref.rowwise_keep(seed, offset, p, rows, cols) if p > 0 else None
     f = {k: s[1] for k, s in v.items()}
-    y, dx, dbias, dres, dw, db = cpu_tests.ln_reference(f["x"], f["bias"], f["residual"], f["ln_weight"],
-                                                        f["ln_bias"], f["dy"], p, keep)
+    y, dx, dbias, dres, dw, db = cpu_tests.ln_reference(
+        f["x"], f["bias"], f["residual"], f["ln_weight"], f["ln_bias"], f["dy"], p, keep
+    )
     z = f["residual"] + (f["x"] + f["bias"]) * (keep / (1 - p) if p > 0 else 1.0)
     ref = {"y": y, "dx": dx, "dresidual": dres, "dbias": dbias, "dln_weight": dw, "dln_bias": db}
     for name, buf in outs.items():
@@ -178,8 +212,11 @@ def test_dropout_layout_with_a_high_seed(lib):
 # The combinations AMP hands over: half GEMM output with float32 LayerNorm parameters and a
 # half (O2, pure half stream) or float32 (O1, and O2 with promotion) residual; and the half
 # residual with half parameters of a fully cast model.
-AMP_COMBOS = [(dt, rdt, wdt) for dt in ("float16", "bfloat16")
-              for rdt, wdt in ((dt, "float32"), ("float32", "float32"), ("float32", dt))]
+AMP_COMBOS = [
+    (dt, rdt, wdt)
+    for dt in ("float16", "bfloat16")
+    for rdt, wdt in ((dt, "float32"), ("float32", "float32"), ("float32", dt))
+]
 
 
 @pytest.mark.parametrize("path", [0, ELEMENTWISE, WIDE])
@@ -202,8 +239,11 @@ def test_refusals_name_the_argument(lib):
     head = (4, 8, f32, f32, f32, 0.0, 0.0, 0, 0, 0)  # epsilon = 0
     assert lib.pu_bdrln_fwd(*head, *([None] * 8), None) != 0
     assert "epsilon" in lib.pu_harness_last_error().decode()
-    for rdt, wdt, word in ((bf16, f32, "residual dtype bfloat16"), (f16, bf16, "ln_weight/ln_bias dtype bfloat16"),
-                           (f16, 9, "ln_weight/ln_bias dtype code 9")):
+    for rdt, wdt, word in (
+        (bf16, f32, "residual dtype bfloat16"),
+        (f16, bf16, "ln_weight/ln_bias dtype bfloat16"),
+        (f16, 9, "ln_weight/ln_bias dtype code 9"),
+    ):
         assert lib.pu_bdrln_fwd(4, 8, f16, rdt, wdt, 0.0, 1e-5, 0, 0, 0, *([None] * 8), None) != 0
         assert word in lib.pu_harness_last_error().decode()
     assert lib.pu_bdrln_fwd(4, 8, f32, f16, f32, 0.0, 1e-5, 0, 0, 0, *([None] * 8), None) != 0

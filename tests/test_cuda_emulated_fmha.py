@@ -27,6 +27,7 @@ Not a GPU run: hardware precision (ex2.approx, the tensor cores' internal sums),
 between real warps, register limits and speed are for tests/gpu on a GPU machine.
 Locally skipped when the emulation cannot be built (no g++ / CUDA headers); fails under CI.
 """
+
 import ctypes
 import functools
 import math
@@ -97,8 +98,21 @@ def problem_values(lengths, heads, d, dt, seed=0):
     return tuple(to_storage(x, dt) for x in (q * 1.5, k * 1.5, v, dout))
 
 
-def run(lib, lengths, d, dt, p, grouping=True, streams=4, seed=SEED, offset=OFFSET, values=None, scale=None,
-        heads=HEADS, mode="one_pass"):
+def run(
+    lib,
+    lengths,
+    d,
+    dt,
+    p,
+    grouping=True,
+    streams=4,
+    seed=SEED,
+    offset=OFFSET,
+    values=None,
+    scale=None,
+    heads=HEADS,
+    mode="one_pass",
+):
     """Forward + backward through the harness; returns dict of float64 out, lse, dq, dk, dv
     (and the raw storage under "bits"), after checking every guard row."""
     cu = cu_of(lengths)
@@ -110,12 +124,25 @@ def run(lib, lengths, d, dt, p, grouping=True, streams=4, seed=SEED, offset=OFFS
     lse = Buffer((T, heads), "float32", PAD)
     ws = Buffer((max(lib.pu_fmha_bwd_workspace_bytes(T, heads, d, MODES[mode]) // 4, 1),), "float32", PAD)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    head = (cu.ctypes.data_as(ctypes.c_void_p), len(lengths), T, heads, d, CODE[dt], scale, p,
-            seed & (2**64 - 1), offset, int(grouping), streams)
+    head = (
+        cu.ctypes.data_as(ctypes.c_void_p),
+        len(lengths),
+        T,
+        heads,
+        d,
+        CODE[dt],
+        scale,
+        p,
+        seed & (2**64 - 1),
+        offset,
+        int(grouping),
+        streams,
+    )
     rc = lib.pu_fmha_fwd(*head, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, None)
     assert rc == 0, "forward: " + lib.pu_harness_last_error().decode()
-    rc = lib.pu_fmha_bwd(*head, MODES[mode], q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr,
-                         dv.ptr, ws.ptr, None)
+    rc = lib.pu_fmha_bwd(
+        *head, MODES[mode], q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr, dv.ptr, ws.ptr, None
+    )
     assert rc == 0, "backward: " + lib.pu_harness_last_error().decode()
     bufs = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
     for name, b in bufs.items():
@@ -165,8 +192,9 @@ def check_against_reference(res, lengths, d, dt, p, seed=SEED, offset=OFFSET, he
 # ------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("mode,p", [("one_pass", 0.0), ("one_pass", 0.1), ("one_pass", 0.5),
-                                    ("deterministic", 0.0), ("deterministic", 0.1)])
+@pytest.mark.parametrize(
+    "mode,p", [("one_pass", 0.0), ("one_pass", 0.1), ("one_pass", 0.5), ("deterministic", 0.0), ("deterministic", 0.1)]
+)
 @pytest.mark.parametrize("d", [32, 64, 128])
 @pytest.mark.parametrize("dt", list(CODE))
 def test_matches_float64_reference(lib, dt, d, p, mode):
@@ -197,11 +225,13 @@ def test_single_launch_gives_the_grouped_bits(lib, dt, d, mode, p=0.1):
     single = emulated(lib, LENGTHS, d, dt, p, grouping=False, mode=mode)
     for name in ("out", "lse", "dq", "dk", "dv"):
         if name == "dq" and mode == "one_pass":
-            testutil.assert_close(f"{dt}/D={d}/p={p}/dq grouped vs single", grouped["dq"], single["dq"],
-                                  TOL[dt]["grad"])
+            testutil.assert_close(
+                f"{dt}/D={d}/p={p}/dq grouped vs single", grouped["dq"], single["dq"], TOL[dt]["grad"]
+            )
             continue
-        np.testing.assert_array_equal(grouped["bits"][name], single["bits"][name],
-                                      err_msg=f"{name}: grouped and single launches differ")
+        np.testing.assert_array_equal(
+            grouped["bits"][name], single["bits"][name], err_msg=f"{name}: grouped and single launches differ"
+        )
 
 
 @pytest.mark.parametrize("p", [0.0, 0.1])
@@ -228,8 +258,9 @@ def test_deterministic_reruns_and_stream_counts_are_bitwise_identical(lib):
     one_stream = run(lib, LENGTHS, 64, "bfloat16", 0.1, streams=1, mode="deterministic")
     for name in ("out", "lse", "dq", "dk", "dv"):
         np.testing.assert_array_equal(first["bits"][name], again["bits"][name], err_msg=f"{name}: rerun differs")
-        np.testing.assert_array_equal(first["bits"][name], one_stream["bits"][name],
-                                      err_msg=f"{name}: 4 streams and 1 stream differ")
+        np.testing.assert_array_equal(
+            first["bits"][name], one_stream["bits"][name], err_msg=f"{name}: 4 streams and 1 stream differ"
+        )
 
 
 def _probe_values(lengths, heads, d, dt, dout_ones):
@@ -263,15 +294,36 @@ def test_dropout_mask_is_the_cpu_kernels(lib, native_ops, dt, seed, offset, mode
     lengths, H, D, p = (5, 0, 70, 128, 1), 2, 128, 0.3
     cu = cu_of(lengths)
     masks = philox_ref.dropout_keep_mask(seed, offset, p, cu, H)
-    res = run(lib, lengths, D, dt, p, seed=seed, offset=offset, values=_probe_values(lengths, H, D, dt, False),
-              scale=1.0, mode=mode)
-    ones = run(lib, lengths, D, dt, p, seed=seed, offset=offset, values=_probe_values(lengths, H, D, dt, True),
-               scale=1.0, mode=mode)
+    res = run(
+        lib,
+        lengths,
+        D,
+        dt,
+        p,
+        seed=seed,
+        offset=offset,
+        values=_probe_values(lengths, H, D, dt, False),
+        scale=1.0,
+        mode=mode,
+    )
+    ones = run(
+        lib,
+        lengths,
+        D,
+        dt,
+        p,
+        seed=seed,
+        offset=offset,
+        values=_probe_values(lengths, H, D, dt, True),
+        scale=1.0,
+        mode=mode,
+    )
 
     zeros, onehot = (x for _, x in _probe_values(lengths, H, D, dt, False)[1:3])
     f32 = [paddle.to_tensor(x.astype(np.float32), stop_gradient=False) for x in (zeros, zeros, onehot)]
-    cpu_out = paddle_unpad.fmha(*f32, paddle.to_tensor(cu), max(lengths), dropout=p, scale=1.0,
-                                rng_state=(seed, offset))
+    cpu_out = paddle_unpad.fmha(
+        *f32, paddle.to_tensor(cu), max(lengths), dropout=p, scale=1.0, rng_state=(seed, offset)
+    )
     cpu_out.backward(paddle.to_tensor(onehot.astype(np.float32)))
     cpu_out, cpu_dv = cpu_out.numpy(), f32[2].grad.numpy()
     for b, s in enumerate(lengths):
@@ -291,8 +343,9 @@ def test_dropout_mask_is_the_cpu_kernels(lib, native_ops, dt, seed, offset, mode
         ds_q = ones["dq"][rows, :, :s].transpose(1, 0, 2)  # [h, i, j] = dS[i, j]
         ds_k = ones["dk"][rows, :, :s].transpose(1, 2, 0)  # dk[j, h, i] -> [h, i, j]
         for name, ds in (("dQ", ds_q), ("dK", ds_k)):
-            np.testing.assert_array_equal((ds > 0) & mixed, masks[b] & mixed,
-                                          err_msg=f"dS mask of the {name} product vs philox_ref, sequence {b}")
+            np.testing.assert_array_equal(
+                (ds > 0) & mixed, masks[b] & mixed, err_msg=f"dS mask of the {name} product vs philox_ref, sequence {b}"
+            )
 
 
 @pytest.mark.parametrize("mode,bwd_flop,bwd_calls", [("one_pass", 10, 1), ("deterministic", 14, 2)])
@@ -313,12 +366,15 @@ def test_the_kernels_execute_one_philox_call_per_eight_elements(lib, mode, bwd_f
     out, dq, dk, dv = (Buffer((T, H, d), "bfloat16", PAD) for _ in range(4))
     lse = Buffer((T, H), "float32", PAD)
     ws = Buffer((lib.pu_fmha_bwd_workspace_bytes(T, H, d, MODES[mode]) // 4,), "float32", PAD)
-    head = (cu.ctypes.data_as(ctypes.c_void_p), len(lengths), T, H, d, CODE["bfloat16"], 0.125, 0.1, SEED, OFFSET,
-            1, 4)
+    head = (cu.ctypes.data_as(ctypes.c_void_p), len(lengths), T, H, d, CODE["bfloat16"], 0.125, 0.1, SEED, OFFSET, 1, 4)
     assert lib.pu_fmha_fwd(*head, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, None) == 0
     fwd = take_counters(lib)
-    assert lib.pu_fmha_bwd(*head, MODES[mode], q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr,
-                           dv.ptr, ws.ptr, None) == 0, lib.pu_harness_last_error().decode()
+    assert (
+        lib.pu_fmha_bwd(
+            *head, MODES[mode], q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dout.ptr, dq.ptr, dk.ptr, dv.ptr, ws.ptr, None
+        )
+        == 0
+    ), lib.pu_harness_last_error().decode()
     bwd = take_counters(lib)
     assert fwd["philox"] * 8 == elements, (fwd, elements)
     assert fwd["mma"] * 4096 == elements * 4 * d, (fwd, elements)
@@ -454,7 +510,11 @@ def test_a_misaligned_view_is_refused_by_name(lib, tensor):
         assert fwd != 0
     else:
         assert fwd == 0, lib.pu_harness_last_error().decode()
-        rc = lib.pu_fmha_bwd(*head, 0, *(p_[n] for n in ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv",
-                                                         "workspace")), None)
+        rc = lib.pu_fmha_bwd(
+            *head, 0, *(p_[n] for n in ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "workspace")), None
+        )
         assert rc != 0
-    assert lib.pu_harness_last_error().decode() == f"fmha: {tensor} must be 16-byte aligned on GPU (its data pointer is not)"
+    assert (
+        lib.pu_harness_last_error().decode()
+        == f"fmha: {tensor} must be 16-byte aligned on GPU (its data pointer is not)"
+    )

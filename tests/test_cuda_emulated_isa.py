@@ -10,6 +10,7 @@ another warp's ldmatrix of the same bytes with no __syncthreads between them) fa
 launch with a reason instead of hanging or passing.
 Locally skipped when the emulation cannot be built (no g++ / CUDA headers); fails under CI.
 """
+
 import ctypes
 import os
 import sys
@@ -88,8 +89,9 @@ def test_mma_m16n8k16_is_a_matrix_product(lib, dt, seed):
     d = np.full((32, 4), np.nan, np.float32)
     regs_a = np.ascontiguousarray(pack(a_bits[..., 0], a_bits[..., 1]))
     regs_b = np.ascontiguousarray(pack(b_bits[..., 0], b_bits[..., 1]))
-    assert lib.emu_probe_mma(DTYPES[dt], ptr(regs_a), ptr(regs_b), ptr(c), ptr(d)) == 0, \
+    assert lib.emu_probe_mma(DTYPES[dt], ptr(regs_a), ptr(regs_b), ptr(c), ptr(d)) == 0, (
         lib.emu_probe_last_error().decode()
+    )
     for (lane, e), rc in cd_pos.items():
         assert abs(d[lane, e] - D[rc]) <= 2e-6 * bound[rc], (lane, e, d[lane, e], D[rc])
 
@@ -101,8 +103,9 @@ def ldmatrix_case(seed, trans):
     image = rng.integers(0, 2**16, size=slots * 8, dtype=np.uint16)
     slot_of = rng.permutation(slots)[:32]  # lane 8i + r gives the address of row r of matrix i
     offsets = (slot_of * 8).astype(np.int32)
-    mats = np.stack([np.stack([image[offsets[8 * i + r] : offsets[8 * i + r] + 8] for r in range(8)])
-                     for i in range(4)])  # [4, 8, 8]
+    mats = np.stack(
+        [np.stack([image[offsets[8 * i + r] : offsets[8 * i + r] + 8] for r in range(8)]) for i in range(4)]
+    )  # [4, 8, 8]
     want = np.empty((32, 4), np.uint32)
     for lane in range(32):
         r, w = lane // 4, lane % 4
@@ -117,8 +120,9 @@ def ldmatrix_case(seed, trans):
 def test_ldmatrix_gives_each_lane_its_rows(lib, trans, seed):
     image, offsets, want = ldmatrix_case(seed, trans)
     out = np.zeros((32, 4), np.uint32)
-    assert lib.emu_probe_ldmatrix(ptr(image), image.size, ptr(offsets), int(trans), ptr(out)) == 0, \
+    assert lib.emu_probe_ldmatrix(ptr(image), image.size, ptr(offsets), int(trans), ptr(out)) == 0, (
         lib.emu_probe_last_error().decode()
+    )
     np.testing.assert_array_equal(out, want)
 
 
@@ -144,8 +148,9 @@ def test_cp_async_zero_fills_and_lands_at_its_wait(lib):
     valid[:2] = (0, 1)
     valid[32:34] = (0, 1)
     after1, after0 = np.zeros(64 * 8, np.uint16), np.zeros(64 * 8, np.uint16)
-    assert lib.emu_probe_cp_async(ptr(src), ptr(valid), ptr(after1), ptr(after0)) == 0, \
+    assert lib.emu_probe_cp_async(ptr(src), ptr(valid), ptr(after1), ptr(after0)) == 0, (
         lib.emu_probe_last_error().decode()
+    )
     copied = np.where(np.repeat(valid, 8) != 0, src, 0).astype(np.uint16)
     # wait_group 1: the first group (chunks 0..31) is complete; the newest may not be, and
     # the emulation completes nothing earlier than it must (shared memory starts as 0xffff).
@@ -155,8 +160,7 @@ def test_cp_async_zero_fills_and_lands_at_its_wait(lib):
 
 
 def test_ex2_approx_is_exp2_with_flush_to_zero(lib):
-    x = np.array([-np.inf, -1000, -149, -126.5, -126, -3.25, -1, 0, 0.5, 1, 10.75, 127, 128, np.nan],
-                 np.float32)
+    x = np.array([-np.inf, -1000, -149, -126.5, -126, -3.25, -1, 0, 0.5, 1, 10.75, 127, 128, np.nan], np.float32)
     y = np.zeros_like(x)
     assert lib.emu_probe_exp2(ptr(x), ptr(y), x.size) == 0
     with np.errstate(over="ignore"):

@@ -5,6 +5,7 @@ way out (no signal, no "terminate called"). Every rank is started directly
 (tests/rank_runner.py), so each one's own exit code and exit time are checked; each run is
 bounded. Scenarios: tests/dist/ranks_worker.py.
 """
+
 import os
 import signal
 
@@ -65,8 +66,9 @@ def test_ranks_with_fewer_or_no_batches_finish_and_nothing_is_lost():
 
 def test_models_that_differ_are_refused_on_every_rank():
     ranks = run("models_differ")
-    assert_named_error_everywhere(ranks, "GradientSyncError", "rank 0 has 4 trainable parameters, rank 2 6",
-                                  within=10.0)
+    assert_named_error_everywhere(
+        ranks, "GradientSyncError", "rank 0 has 4 trainable parameters, rank 2 6", within=10.0
+    )
 
 
 def test_a_second_all_reduce_on_one_model_is_refused_until_close():
@@ -85,8 +87,9 @@ def test_all_reduce_timeout_is_a_named_error_and_no_abort():
     code aborts the process). Every peer is alive, so each thread finishes the pass it holds and
     no rank waits for gloo's own timeout on its way out."""
     ranks = run("allreduce_timeout")
-    assert_named_error_everywhere(ranks, "GradientSyncError", "an earlier wait() failed",
-                                  "did not finish within 0.0001 s", "close()", within=3.0)
+    assert_named_error_everywhere(
+        ranks, "GradientSyncError", "an earlier wait() failed", "did not finish within 0.0001 s", "close()", within=3.0
+    )
     for rk in ranks:
         (first,) = [r["first"] for r in rk.results if "first" in r]
         assert "did not finish within 0.0001 s" in first, rk
@@ -104,8 +107,9 @@ def test_a_stopped_peer_in_the_all_reduce_is_a_named_error_and_the_others_exit()
 
 def test_a_rank_that_skips_a_step_is_a_named_error_on_every_rank():
     ranks = run("skipped_step")
-    assert_named_error_everywhere(ranks, "GradientSyncError", "different steps", "rank 0 step 1", "rank 1 step 2",
-                                  within=10.0)
+    assert_named_error_everywhere(
+        ranks, "GradientSyncError", "different steps", "rank 0 step 1", "rank 1 step 2", within=10.0
+    )
 
 
 def test_all_reduce_misuse_is_exact_or_refused_on_every_rank():
@@ -125,10 +129,12 @@ def test_all_reduce_misuse_is_exact_or_refused_on_every_rank():
             assert res["unproven"] == (2 if use in ("functional", "matmul") else 0), res  # reduced whole, each step
         assert got[("accumulation", "overlap=False")]["error"] < 1e-4, rk
         assert got[("rebuilt", None)]["error"] < 1e-4, rk
-        refused = {"accumulation": "gradient accumulation needs GradientAllReduce(overlap=False)",
-                   "unfrozen": "is trainable now (stop_gradient=False) on rank 0 but was frozen when",
-                   "frozen": "is frozen now (stop_gradient=True) on rank 0",
-                   "sparse list": "has a sparse (SelectedRows) gradient on rank 0"}
+        refused = {
+            "accumulation": "gradient accumulation needs GradientAllReduce(overlap=False)",
+            "unfrozen": "is trainable now (stop_gradient=False) on rank 0 but was frozen when",
+            "frozen": "is frozen now (stop_gradient=True) on rank 0",
+            "sparse list": "has a sparse (SelectedRows) gradient on rank 0",
+        }
         for (case, who), res in got.items():
             if case in refused and who != "overlap=False":
                 assert res["error"].startswith("GradientSyncError: paddle_unpad.distributed.GradientAllReduce: "), res
@@ -145,8 +151,9 @@ def test_an_exception_between_backward_and_wait_fails_the_peers_at_once():
     and every rank exits promptly."""
     ranks = run("allreduce_exception_before_wait")
     assert_named_error_everywhere([ranks[1]], "RuntimeError", "failed on purpose")
-    assert_named_error_everywhere([ranks[0]], "GradientSyncError", "rank(s) [1, 2] closed the all-reduce",
-                                  "not reduced on any rank", within=10.0)
+    assert_named_error_everywhere(
+        [ranks[0]], "GradientSyncError", "rank(s) [1, 2] closed the all-reduce", "not reduced on any rank", within=10.0
+    )
     assert_no_abort(ranks[2:])
     assert ranks[2].rc == 0 and ranks[2].results[-1]["closed_in"] < 5.0, ranks[2]
     for rk in ranks:
@@ -160,9 +167,13 @@ def test_a_model_changed_after_its_all_reduce_is_named_on_every_rank_and_so_is_r
     Paddle's TCP error. Each is now a named error, at once, on every rank concerned."""
     ranks = run_ranks(WORKER, ["allreduce_model_changes"], 2, bound=60)
     assert_no_abort(ranks)
-    names = {"head replaced": "'head.weight'", "head replaced on rank 0 only": "'head.weight'",
-             "sublayer added": "'extra.weight'", "weight re-assigned": "'body.weight'",
-             "embedding resized": "'emb.weight'"}
+    names = {
+        "head replaced": "'head.weight'",
+        "head replaced on rank 0 only": "'head.weight'",
+        "sublayer added": "'extra.weight'",
+        "weight re-assigned": "'body.weight'",
+        "embedding resized": "'emb.weight'",
+    }
     for rk in ranks:
         assert rk.rc == 0, rk
         got = {r["case"]: r for r in rk.results if "case" in r}
@@ -176,12 +187,16 @@ def test_a_model_changed_after_its_all_reduce_is_named_on_every_rank_and_so_is_r
         assert got["rebuilt after the change"]["error"] < 1e-5, rk
         outside = [r for r in rk.results if r.get("what") == "all-reduce over a group without this rank"]
         assert outside and outside[0]["refused"] is (rk.rank == 1), rk
-    assert "all-reduce (group=) over ranks [0] was built on rank 1, which is not one of them" in [
-        r for r in ranks[1].results if r.get("what") == "all-reduce over a group without this rank"][0]["msg"]
+    assert (
+        "all-reduce (group=) over ranks [0] was built on rank 1, which is not one of them"
+        in [r for r in ranks[1].results if r.get("what") == "all-reduce over a group without this rank"][0]["msg"]
+    )
     assert ranks[0].results[-1].get("leaving") is True, ranks[0]
     after = {r["what"]: r for r in ranks[1].results if "what" in r}
-    for what, exc, prefix in (("all-reduce after rank 0 left", "GradientSyncError", "distributed.GradientAllReduce"),
-                              ("loader after rank 0 left", "ExchangeError", "distributed: exchange")):
+    for what, exc, prefix in (
+        ("all-reduce after rank 0 left", "GradientSyncError", "distributed.GradientAllReduce"),
+        ("loader after rank 0 left", "ExchangeError", "distributed: exchange"),
+    ):
         r = after[what]
         assert r["refused"] and r["exc"] == exc and r["after"] < 5, (what, ranks[1])
         assert r["msg"].startswith(f"paddle_unpad.{prefix}: rank 0 has left the job"), (what, ranks[1])
@@ -217,8 +232,9 @@ def test_a_setting_that_must_agree_differs_on_one_rank_and_every_rank_is_told():
     rank blocked in fleet.init without a word. Now pu.fleet.DistributedStrategy() compares the
     settings through the job's store first."""
     ranks = run("settings_differ")
-    assert_named_error_everywhere(ranks, "ConfigError", "PADDLE_UNPAD_GLOO_GROUP_STORES: rank 0 on, rank 1 on, "
-                                  "rank 2 off", within=AGREE_MIN_S)
+    assert_named_error_everywhere(
+        ranks, "ConfigError", "PADDLE_UNPAD_GLOO_GROUP_STORES: rank 0 on, rank 1 on, rank 2 off", within=AGREE_MIN_S
+    )
     for rk in ranks:
         assert rk.exit_s < 30, rk
 
@@ -244,8 +260,9 @@ def test_break_and_del_stop_the_exchange_threads_and_exit_is_prompt():
 
 def test_balance_on_one_rank_only_is_refused_on_every_rank():
     ranks = run("balance_on_one_rank_only")
-    assert_named_error_everywhere(ranks, "ExchangeError", "different settings",
-                                  "balance: rank 0 True, rank 1 False, rank 2 True", within=10.0)
+    assert_named_error_everywhere(
+        ranks, "ExchangeError", "different settings", "balance: rank 0 True, rank 1 False, rank 2 True", within=10.0
+    )
 
 
 def test_a_rank_without_a_loader_is_named_within_the_timeout():
@@ -266,10 +283,12 @@ def test_arguments_are_refused_where_given_and_the_job_goes_on():
     timeout, and a string token_fields was read character by character."""
     ranks = run("bad_arguments")
     assert_no_abort(ranks)
-    want = {"all-reduce timeout": ("ValueError", "paddle_unpad.distributed.GradientAllReduce: timeout "),
-            "parameter listed twice": ("ValueError", "is listed twice"),
-            "loader timeout": ("ValueError", "paddle_unpad.fleet.distributed_loader: timeout "),
-            "token_fields string": ("TypeError", "token_fields must be a sequence of field names")}
+    want = {
+        "all-reduce timeout": ("ValueError", "paddle_unpad.distributed.GradientAllReduce: timeout "),
+        "parameter listed twice": ("ValueError", "is listed twice"),
+        "loader timeout": ("ValueError", "paddle_unpad.fleet.distributed_loader: timeout "),
+        "token_fields string": ("TypeError", "token_fields must be a sequence of field names"),
+    }
     for rk in ranks:
         assert rk.rc == 0, rk
         got = {r["what"]: r for r in rk.results if "what" in r}
@@ -286,12 +305,20 @@ def test_the_balanced_loaders_contract_holds_on_every_rank():
     was an IndexError. Each is now right, or refused by name on every rank at once."""
     ranks = run("loader_contract")
     assert_no_abort(ranks)
-    refused = {"before fleet.init": ("ExchangeError", "paddle_unpad.fleet.distributed_loader: built before the job "
-                                     "was initialized", "call fleet.init"),
-               "subset group": ("ValueError", "paddle_unpad.distributed.BalancedLoader: group must span every rank",
-                                "got a group over ranks [0, 1]"),
-               "len unknown on rank 1": ("TypeError", "len() is not known: the loader of rank(s) [1] has no len()"),
-               "iterate after close": ("ValueError", "iterating a closed loader")}
+    refused = {
+        "before fleet.init": (
+            "ExchangeError",
+            "paddle_unpad.fleet.distributed_loader: built before the job was initialized",
+            "call fleet.init",
+        ),
+        "subset group": (
+            "ValueError",
+            "paddle_unpad.distributed.BalancedLoader: group must span every rank",
+            "got a group over ranks [0, 1]",
+        ),
+        "len unknown on rank 1": ("TypeError", "len() is not known: the loader of rank(s) [1] has no len()"),
+        "iterate after close": ("ValueError", "iterating a closed loader"),
+    }
     for rk in ranks:
         assert rk.rc == 0, rk
         got = {r["what"]: r for r in rk.results if "what" in r}

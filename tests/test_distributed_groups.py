@@ -172,14 +172,20 @@ def test_a_store_that_cannot_be_reached_means_rank_0_has_left(monkeypatch):
 
     monkeypatch.setattr(workarounds, "job_store", lambda: _GoneStore())
     monkeypatch.setattr(groups, "job", lambda: (1, 2))
-    with pytest.raises(StoreHostLeft, match=r"^paddle_unpad\.distributed: rank 0 has left the job: the job's store, "
-                                            r"which rank 0's process serves, cannot be reached any more \(ValueError: "
-                                            r"\(InvalidArgument\) TCP receive error"):
+    with pytest.raises(
+        StoreHostLeft,
+        match=r"^paddle_unpad\.distributed: rank 0 has left the job: the job's store, "
+        r"which rank 0's process serves, cannot be reached any more \(ValueError: "
+        r"\(InvalidArgument\) TCP receive error",
+    ):
         groups.agree("x", "1", 1.0)
     assert groups.who_left([0, 1]).startswith("rank 0 has left the job")
     groups.mark_left()  # at exit with rank 0 gone: nothing to tell, no error
-    with pytest.raises(ValueError, match=r"^paddle_unpad\.distributed: the agreement on x over ranks \[0\] was built "
-                                         r"on rank 1, which is not one of them"):
+    with pytest.raises(
+        ValueError,
+        match=r"^paddle_unpad\.distributed: the agreement on x over ranks \[0\] was built "
+        r"on rank 1, which is not one of them",
+    ):
         groups.agree("x", "1", 1.0, ranks=[0])
 
 

@@ -2,6 +2,7 @@
 127.0.0.1:PORT --rank R``, Paddle 3.x's spelling; 2 ranks each), running balanced fine-tuning
 with the gradient all-reduce, give the same per-step losses and parameters, rank by rank, as
 one node of 4 ranks (tests/dist/nodes_worker.py)."""
+
 import json
 import os
 import signal
@@ -27,15 +28,23 @@ def _results(log_dirs):
         for name, text in worker_logs(d).items():
             for line in text.splitlines():
                 if line.startswith("RESULT "):
-                    res = json.loads(line[len("RESULT "):])
+                    res = json.loads(line[len("RESULT ") :])
                     out[res["rank"]] = res
     return out
 
 
 def _launch(args_list, log_dirs):
-    procs = [subprocess.Popen([sys.executable, "-m", "paddle.distributed.launch", *args, "--log_dir", str(d), WORKER],
-                              cwd=ROOT, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              start_new_session=True) for args, d in zip(args_list, log_dirs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "paddle.distributed.launch", *args, "--log_dir", str(d), WORKER],
+            cwd=ROOT,
+            env=job_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for args, d in zip(args_list, log_dirs)
+    ]
     rcs = []
     for p in procs:
         try:
@@ -53,8 +62,9 @@ def test_two_nodes_on_one_host_match_one_node_of_four(tmp_path):
     assert _launch([["--nproc_per_node", "4"]], one) == [0], worker_logs(one[0])
     master = f"127.0.0.1:{free_port()}"
     two = [tmp_path / "node0", tmp_path / "node1"]
-    rcs = _launch([["--master", master, "--nnodes", "2", "--rank", str(r), "--nproc_per_node", "2"] for r in (0, 1)],
-                  two)
+    rcs = _launch(
+        [["--master", master, "--nnodes", "2", "--rank", str(r), "--nproc_per_node", "2"] for r in (0, 1)], two
+    )
     assert rcs == [0, 0], (rcs, {str(d): worker_logs(d) for d in two})
     a, b = _results(one), _results(two)
     assert sorted(a) == sorted(b) == [0, 1, 2, 3], (a, b)
@@ -70,10 +80,31 @@ def test_missing_node_waits_before_any_worker_and_a_signal_ends_it(tmp_path):
     deadline of its own) before starting any worker; a TERM, as ``timeout N`` sends it,
     ends it at once, with nothing left running: the bound docs/distributed.md gives."""
     log_dir = tmp_path / "alone"
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--master", f"127.0.0.1:{free_port()}",
-           "--nnodes", "2", "--rank", "0", "--nproc_per_node", "1", "--log_dir", str(log_dir), WORKER]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         start_new_session=True, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "paddle.distributed.launch",
+        "--master",
+        f"127.0.0.1:{free_port()}",
+        "--nnodes",
+        "2",
+        "--rank",
+        "0",
+        "--nproc_per_node",
+        "1",
+        "--log_dir",
+        str(log_dir),
+        WORKER,
+    ]
+    p = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=job_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
     seen, t0 = [], time.monotonic()
     try:
         for line in p.stdout:  # the launcher says it waits, then keeps polling the master

@@ -8,6 +8,7 @@ backends and threads*), recorded on 2 CPU ranks by tests/dist/rules_worker.py th
   thread; a device collective from any other thread is refused.
 * In a CPU job: the all-reduce's collectives come from its communication thread, on gloo.
 """
+
 import os
 
 import pytest
@@ -36,8 +37,9 @@ def test_gpu_job_issues_every_nccl_collective_from_the_training_thread():
         assert device and all(r["backend"] == "nccl" and r["thread"] == "MainThread" for r in device), device
         assert res["same_device_order_on_every_rank"], res
         exchange = [r for r in rec if r["purpose"] == "sample exchange"]
-        assert exchange and all(r["backend"] == "gloo" and r["thread"].startswith("paddle_unpad-exchange")
-                                for r in exchange), exchange
+        assert exchange and all(
+            r["backend"] == "gloo" and r["thread"].startswith("paddle_unpad-exchange") for r in exchange
+        ), exchange
         # the all-reduce's host values (its step header) go over a gloo group of its own, from the training thread
         control = [r for r in host if r["purpose"] == "gradient all-reduce control"]
         assert control and all(r["backend"] == "gloo" and r["thread"] == "MainThread" for r in control), control
@@ -49,7 +51,8 @@ def test_cpu_job_reduces_on_a_gloo_group_from_its_communication_thread():
     for res in _results("cpu"):
         rec = res["record"]
         reduce_ops = [r for r in rec if r["purpose"] == "gradient all-reduce"]
-        assert reduce_ops and all(r["backend"] == "gloo" and r["thread"] == "paddle_unpad-grad-allreduce"
-                                  for r in reduce_ops), reduce_ops
+        assert reduce_ops and all(
+            r["backend"] == "gloo" and r["thread"] == "paddle_unpad-grad-allreduce" for r in reduce_ops
+        ), reduce_ops
         assert not [r for r in rec if r["backend"] == "nccl"]
         assert all(r["thread"].startswith("paddle_unpad-exchange") for r in rec if r["purpose"] == "sample exchange")

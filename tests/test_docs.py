@@ -25,6 +25,7 @@ code, other languages (text: output, diff: an edit) are not run.
 Nothing downloads: the environment is set offline for Hugging Face and pip, and the examples
 read their data and weights from installed packages.
 """
+
 import glob
 import os
 import re
@@ -84,8 +85,16 @@ def blocks(path):
             i += 1
             continue
         end = _closing(lines, i, path)
-        found.append(Block(path, i + 1, m.group(1), "\n".join(lines[i + 1:end]) + "\n", _label(lines, i),
-                           "\n".join(lines[prose_start:i])))
+        found.append(
+            Block(
+                path,
+                i + 1,
+                m.group(1),
+                "\n".join(lines[i + 1 : end]) + "\n",
+                _label(lines, i),
+                "\n".join(lines[prose_start:i]),
+            )
+        )
         i = prose_start = end + 1
     return found
 
@@ -134,16 +143,19 @@ def test_every_block_runs_or_says_why_not():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("lang,label,prose,code", [
-    ("", ("", ""), "", "x\n"),                                    # no language
-    ("bash", ("fragment", ""), "", "make demo\n"),                # a fragment without its reason
-    ("bash", ("needs", "tpu"), "on a TPU", "run\n"),               # an unknown need
-    ("bash", ("needs", "gpu"), "One machine:", "run --gpus 0\n"),  # the prose does not say so
-    ("python", ("slow", ""), "", "print(1)\n"),                    # python takes no tier label
-    ("text", ("fragment", "output"), "", "a table\n"),            # a label on a block that never runs
-    ("bash", ("", ""), "", "pip install .\n"),                    # would change the environment
-    ("bash", ("slow", ""), "", "make setup PADDLE=gpu\n"),
-])
+@pytest.mark.parametrize(
+    "lang,label,prose,code",
+    [
+        ("", ("", ""), "", "x\n"),  # no language
+        ("bash", ("fragment", ""), "", "make demo\n"),  # a fragment without its reason
+        ("bash", ("needs", "tpu"), "on a TPU", "run\n"),  # an unknown need
+        ("bash", ("needs", "gpu"), "One machine:", "run --gpus 0\n"),  # the prose does not say so
+        ("python", ("slow", ""), "", "print(1)\n"),  # python takes no tier label
+        ("text", ("fragment", "output"), "", "a table\n"),  # a label on a block that never runs
+        ("bash", ("", ""), "", "pip install .\n"),  # would change the environment
+        ("bash", ("slow", ""), "", "make setup PADDLE=gpu\n"),
+    ],
+)
 def test_label_rules_catch_mistakes(lang, label, prose, code):
     assert _label_problem(Block("x.md", 1, lang, code, label, prose))
 
@@ -169,8 +181,9 @@ def test_labels_are_read():
 def test_doc_page_python_runs(path, tmp_path):
     code = [b for b in blocks(path) if b.lang == "python" and b.runs]
     script = "".join(f"print('### block {i}', flush=True)\n{b.code}\n" for i, b in enumerate(code))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path), env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300
+    )
     if proc.returncode != 0:
         done = re.findall(r"### block (\d+)", proc.stdout)
         b = code[int(done[-1]) if done else 0]
@@ -183,7 +196,15 @@ def test_doc_shell_block_runs(block, tmp_path):
     for name in ("examples", "benchmarks"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     timeout = 240 if block.kind == "slow" else 60
-    proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.code], cwd=str(tmp_path), env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (f"{block.name} failed ({proc.returncode}):\n{block.code}\n--- stdout ---\n"
-                                  f"{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}")
+    proc = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", block.code],
+        cwd=str(tmp_path),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (
+        f"{block.name} failed ({proc.returncode}):\n{block.code}\n--- stdout ---\n"
+        f"{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+    )

@@ -5,6 +5,7 @@ every message starts with ``paddle_unpad.<name>: ``, naming what the caller used
 table walks the public API with wrong types and wrong values; the source walk checks every
 message the package writes as a literal.
 """
+
 import ast
 import glob
 import math
@@ -85,17 +86,21 @@ CASES = {
     "unpad_configs counts=[-1]": (lambda: _strategy_set("unpad_configs", {"counts": [-1]}), ValueError, S),
     "distributed_loader balance='no'": (lambda: pu.fleet.distributed_loader([], balance="no"), TypeError, D),
     "distributed_loader unknown key": (lambda: pu.fleet.distributed_loader([], prefech=2), ValueError, D),
-    "BalancedLoader token_fields str": (lambda: BalancedLoader([], token_fields="input_ids"), TypeError,
-                                        "distributed.BalancedLoader"),
-    "BalancedLoader prefetch=1.5": (lambda: BalancedLoader([], prefetch=1.5), TypeError,
-                                    "distributed.BalancedLoader"),
+    "BalancedLoader token_fields str": (
+        lambda: BalancedLoader([], token_fields="input_ids"),
+        TypeError,
+        "distributed.BalancedLoader",
+    ),
+    "BalancedLoader prefetch=1.5": (lambda: BalancedLoader([], prefetch=1.5), TypeError, "distributed.BalancedLoader"),
     "GradientAllReduce average=1": (lambda: GradientAllReduce(paddle.nn.Linear(2, 2), average=1), TypeError, F),
-    "GradientAllReduce bucket_mb=0": (lambda: GradientAllReduce(paddle.nn.Linear(2, 2), bucket_mb=0), ValueError,
-                                      F),
+    "GradientAllReduce bucket_mb=0": (lambda: GradientAllReduce(paddle.nn.Linear(2, 2), bucket_mb=0), ValueError, F),
     "GradientAllReduce item str": (lambda: GradientAllReduce(["weight"]), TypeError, F),
     "fmha cu_seqlens int64": (lambda: _fmha(cu_seqlens=paddle.to_tensor(np.array([0, 2, 6]))), TypeError, "ops.fmha"),
-    "fmha cu_seqlens 2-D": (lambda: _fmha(cu_seqlens=paddle.to_tensor(np.array([[0, 2, 6]], np.int32))),
-                            ValueError, "ops.fmha"),
+    "fmha cu_seqlens 2-D": (
+        lambda: _fmha(cu_seqlens=paddle.to_tensor(np.array([[0, 2, 6]], np.int32))),
+        ValueError,
+        "ops.fmha",
+    ),
     "fmha q numpy": (lambda: _fmha(q=np.ones([6, 2, 16], np.float32)), TypeError, "ops.fmha"),
     "fmha k float64": (lambda: _fmha(k=paddle.ones([6, 2, 16], "float64")), TypeError, "ops.fmha"),
     "fmha k shape": (lambda: _fmha(k=paddle.ones([6, 2, 8])), ValueError, "ops.fmha"),
@@ -106,17 +111,26 @@ CASES = {
     "fmha grouping 1": (lambda: _fmha(grouping=1), TypeError, "ops.fmha"),
     "fmha rng_state 3 ints": (lambda: _fmha(dropout=0.1, rng_state=(1, 2, 3)), ValueError, "ops"),
     "fmha rng_state str": (lambda: _fmha(dropout=0.1, rng_state="seed"), TypeError, "ops"),
-    "fmha_qkvpacked qkv 3-D": (lambda: pu.fmha_qkvpacked(paddle.ones([6, 3, 16]), _tensors()[1], 4), ValueError,
-                               "ops.fmha_qkvpacked"),
+    "fmha_qkvpacked qkv 3-D": (
+        lambda: pu.fmha_qkvpacked(paddle.ones([6, 3, 16]), _tensors()[1], 4),
+        ValueError,
+        "ops.fmha_qkvpacked",
+    ),
     "bias_gelu x int64": (lambda: _bias_gelu(x=paddle.ones([2, 8], "int64")), TypeError, "ops.bias_gelu"),
     "bias_gelu bias shape": (lambda: _bias_gelu(bias=paddle.ones([7])), ValueError, "ops.bias_gelu"),
     "bdrln epsilon 'a'": (lambda: _bdrln(epsilon="a"), TypeError, "ops.bias_dropout_residual_layer_norm"),
     "bdrln dropout 2.0": (lambda: _bdrln(dropout=2.0), ValueError, "ops.bias_dropout_residual_layer_norm"),
-    "bdrln residual shape": (lambda: _bdrln(residual=paddle.ones([3, 8])), ValueError,
-                             "ops.bias_dropout_residual_layer_norm"),
+    "bdrln residual shape": (
+        lambda: _bdrln(residual=paddle.ones([3, 8])),
+        ValueError,
+        "ops.bias_dropout_residual_layer_norm",
+    ),
     "unpad_input x numpy": (lambda: pu.unpad_input(np.ones((2, 3)), paddle.ones([2, 3])), TypeError, "unpad_input"),
-    "unpad_input mask 3-D": (lambda: pu.unpad_input(paddle.ones([2, 3]), paddle.ones([2, 3, 1])), ValueError,
-                             "unpad_input"),
+    "unpad_input mask 3-D": (
+        lambda: pu.unpad_input(paddle.ones([2, 3]), paddle.ones([2, 3, 1])),
+        ValueError,
+        "unpad_input",
+    ),
     "pad_input indices float32": (lambda: _pad_input(indices=paddle.ones([3])), TypeError, "pad_input"),
     "pad_input batch_size -1": (lambda: _pad_input(batch_size=-1), ValueError, "pad_input"),
     "pad_input seqlen 2.5": (lambda: _pad_input(seqlen=2.5), TypeError, "pad_input"),
@@ -130,16 +144,25 @@ CASES = {
     "CostModel a -1": (lambda: balance.CostModel(a=-1.0), ValueError, "balance.CostModel"),
     "PackingCollator max_seqlen 2.5": (lambda: PackingCollator(max_seqlen=2.5), TypeError, "data.PackingCollator"),
     "PackingCollator max_seqlen 0": (lambda: PackingCollator(max_seqlen=0), ValueError, "data.PackingCollator"),
-    "PackingCollator return_tensors": (lambda: PackingCollator(return_tensors="tf"), ValueError,
-                                       "data.PackingCollator"),
+    "PackingCollator return_tensors": (
+        lambda: PackingCollator(return_tensors="tf"),
+        ValueError,
+        "data.PackingCollator",
+    ),
     "PackingCollator batch str": (lambda: PackingCollator()("input_ids"), TypeError, "data"),
-    "PackingCollator empty sample": (lambda: PackingCollator()([{"input_ids": np.zeros(0, np.int64)}]), SampleError,
-                                     "data"),
+    "PackingCollator empty sample": (
+        lambda: PackingCollator()([{"input_ids": np.zeros(0, np.int64)}]),
+        SampleError,
+        "data",
+    ),
     "PadCollator pad_to 2.5": (lambda: PadCollator(pad_to=2.5), TypeError, "trainer.PadCollator"),
     "PadCollator pad_to 0": (lambda: PadCollator(pad_to=0), ValueError, "trainer.PadCollator"),
     "convert model str": (lambda: pu.convert("bert"), TypeError, "convert"),
-    "convert on_unsupported": (lambda: pu.convert(paddle.nn.Linear(2, 2), on_unsupported="skip"), ValueError,
-                               "convert"),
+    "convert on_unsupported": (
+        lambda: pu.convert(paddle.nn.Linear(2, 2), on_unsupported="skip"),
+        ValueError,
+        "convert",
+    ),
     "config FMHA_STREAMS x": (lambda: _config_get("FMHA_STREAMS", "x"), config.ConfigError, "config"),
     "config unknown variable": (lambda: config.variable("NO_SUCH_SETTING"), KeyError, "config"),
 }
@@ -176,11 +199,16 @@ def _is_exception_class(func):
 
 def _messages(path):
     tree = ast.parse(open(path, encoding="utf-8").read())
-    getattr_bodies = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
-                      for n in ast.walk(f)}  # AttributeError there follows Python's own wording
+    getattr_bodies = {
+        id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "__getattr__" for n in ast.walk(f)
+    }  # AttributeError there follows Python's own wording
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _is_exception_class(node.func) and node.args and id(node) not in \
-                getattr_bodies:
+        if (
+            isinstance(node, ast.Call)
+            and _is_exception_class(node.func)
+            and node.args
+            and id(node) not in getattr_bodies
+        ):
             head = _head(node.args[0])
             if head is not None:
                 yield node.lineno, head
@@ -210,8 +238,11 @@ def _implicit_concatenations(path):
     import tokenize
 
     with open(path, encoding="utf-8") as f:
-        toks = [t for t in tokenize.generate_tokens(io.StringIO(f.read()).readline)
-                if t.type not in (tokenize.NL, tokenize.COMMENT)]
+        toks = [
+            t
+            for t in tokenize.generate_tokens(io.StringIO(f.read()).readline)
+            if t.type not in (tokenize.NL, tokenize.COMMENT)
+        ]
     starts = {getattr(tokenize, "FSTRING_START", None), tokenize.STRING} - {None}
     ends = {getattr(tokenize, "FSTRING_END", None), tokenize.STRING} - {None}
     return [b.start[0] for a, b in zip(toks, toks[1:]) if a.type in ends and b.type in starts]
@@ -221,8 +252,10 @@ def _added_messages(path):
     """Message arguments built with ``+`` from a literal (a message split in pieces)."""
     tree = ast.parse(open(path, encoding="utf-8").read())
     for node in ast.walk(tree):
-        is_call = isinstance(node, ast.Call) and (_is_exception_class(node.func) or getattr(
-            node.func, "attr", getattr(node.func, "id", "")) in ("warn", "warn_once"))
+        is_call = isinstance(node, ast.Call) and (
+            _is_exception_class(node.func)
+            or getattr(node.func, "attr", getattr(node.func, "id", "")) in ("warn", "warn_once")
+        )
         if is_call and node.args and isinstance(node.args[0], ast.BinOp):
             parts = [n for n in ast.walk(node.args[0]) if isinstance(n, (ast.Constant, ast.JoinedStr))]
             if any(isinstance(n, ast.JoinedStr) or isinstance(n.value, str) for n in parts):
@@ -248,8 +281,10 @@ def test_every_message_in_the_package_is_one_literal_string():
 def test_the_one_literal_rule_sees_a_split_message(tmp_path):
     """The checks above find both ways of splitting a message."""
     f = tmp_path / "m.py"
-    f.write_text('def f(x):\n    raise ValueError("paddle_unpad.x: a message "\n                     f"in {x} pieces")\n'
-                 'def g(x):\n    raise ValueError("paddle_unpad.x: two " + str(x))\n')
+    f.write_text(
+        'def f(x):\n    raise ValueError("paddle_unpad.x: a message "\n                     f"in {x} pieces")\n'
+        'def g(x):\n    raise ValueError("paddle_unpad.x: two " + str(x))\n'
+    )
     assert _implicit_concatenations(str(f)) == [3]
     assert list(_added_messages(str(f))) == [5]
 
@@ -294,8 +329,11 @@ def _operator_name_problems(text, names, helpers=()):
     the public name of an op: one of `names` (the constants of op_names.h, which hold
     ``paddle_unpad.ops.<op>``), or the ``op`` a helper was handed. `helpers`: functions of other
     files that take ``const char* op``, with those of `text`."""
-    bad = [f"{name} = {value}" for name, value in re.findall(r"constexpr const char\* (k\w+) = (\"[^\"]*\")", text)
-           if not re.match(r'^"paddle_unpad\.ops\.\w+"$', value)]
+    bad = [
+        f"{name} = {value}"
+        for name, value in re.findall(r"constexpr const char\* (k\w+) = (\"[^\"]*\")", text)
+        if not re.match(r'^"paddle_unpad\.ops\.\w+"$', value)
+    ]
     named = set(names) | {"op"}
     for name, args in _cpp_calls(text, ["PD_CHECK", "PD_THROW"]):
         first = args[1 if name == "PD_CHECK" else 0] if len(args) > (name == "PD_CHECK") else ""
@@ -321,8 +359,10 @@ def _included_helpers(path, texts, seen=()):
 def test_the_operators_write_the_public_prefix_themselves():
     """Every check of the Paddle operators starts its message with the public op name, so that
     the Python side raises the operator's line as written (no rewrite of a prefix)."""
-    sources = sorted(glob.glob(os.path.join(ROOT, "custom_ops", "paddle", "*.c[cu]"))
-                     + glob.glob(os.path.join(ROOT, "custom_ops", "paddle", "*.h")))
+    sources = sorted(
+        glob.glob(os.path.join(ROOT, "custom_ops", "paddle", "*.c[cu]"))
+        + glob.glob(os.path.join(ROOT, "custom_ops", "paddle", "*.h"))
+    )
     texts = {os.path.relpath(p, ROOT): open(p, encoding="utf-8").read() for p in sources}
     checks = sum(len(list(_cpp_calls(t, ["PD_CHECK", "PD_THROW"]))) for t in texts.values())
     assert checks > 60, checks  # the walk reads the operators' checks
@@ -335,14 +375,21 @@ def test_the_operators_write_the_public_prefix_themselves():
 
 
 def test_the_operator_prefix_rule_sees_each_way_of_naming_an_op():
-    text = ('constexpr const char* kA = "bias_gelu";\n'
-            'void check_x(const char* op, const Tensor& x) { PD_CHECK(x.ok(), op, ": x"); }\n'
-            'void f() { PD_CHECK(a == b, "fmha: k shape ", g(a, b)); PD_THROW("paddle_unpad.ops.fmha: no");\n'
-            '  check_x("bias_gelu", x); PD_CHECK(c, kFmha, ": fine, (really)", x); PD_CHECK(d, why);\n'
-            '  check_x(kFmha, x); glue::fmha_problem(kOther, cu); }\n')
+    text = (
+        'constexpr const char* kA = "bias_gelu";\n'
+        'void check_x(const char* op, const Tensor& x) { PD_CHECK(x.ok(), op, ": x"); }\n'
+        'void f() { PD_CHECK(a == b, "fmha: k shape ", g(a, b)); PD_THROW("paddle_unpad.ops.fmha: no");\n'
+        '  check_x("bias_gelu", x); PD_CHECK(c, kFmha, ": fine, (really)", x); PD_CHECK(d, why);\n'
+        "  check_x(kFmha, x); glue::fmha_problem(kOther, cu); }\n"
+    )
     assert _operator_name_problems(text, ["kFmha"], ["fmha_problem"]) == [
-        'kA = "bias_gelu"', 'PD_CHECK("fmha: k shape "', 'PD_THROW("paddle_unpad.ops.fmha: no"', "PD_CHECK(why",
-        'check_x("bias_gelu"', "fmha_problem(kOther"]
+        'kA = "bias_gelu"',
+        'PD_CHECK("fmha: k shape "',
+        'PD_THROW("paddle_unpad.ops.fmha: no"',
+        "PD_CHECK(why",
+        'check_x("bias_gelu"',
+        "fmha_problem(kOther",
+    ]
 
 
 def test_an_operator_refusal_reaches_the_user_as_written(native_ops):

@@ -1,4 +1,5 @@
 """Smoke runs of the example scripts: a few steps each, under fleetrun with 2 CPU ranks."""
+
 import importlib
 import json
 import os
@@ -14,14 +15,30 @@ EX = os.path.join(ROOT, "examples")
 
 def launch(script, args, tmp_path, nproc=2, timeout=600):
     log_dir = tmp_path / f"log_{os.path.basename(script)}"
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
-           "--log_dir", str(log_dir), os.path.join(EX, script), *args]
-    proc = subprocess.run(cmd, cwd=str(tmp_path), env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          capture_output=True, text=True, timeout=timeout)
+    cmd = [
+        sys.executable,
+        "-m",
+        "paddle.distributed.launch",
+        "--nproc_per_node",
+        str(nproc),
+        "--log_dir",
+        str(log_dir),
+        os.path.join(EX, script),
+        *args,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=str(tmp_path),
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         logs = "".join(
             f"\n--- workerlog.{r}\n" + "".join(open(log_dir / f"workerlog.{r}", errors="replace").readlines()[-40:])
-            for r in range(nproc) if (log_dir / f"workerlog.{r}").exists()
+            for r in range(nproc)
+            if (log_dir / f"workerlog.{r}").exists()
         )
         pytest.fail(f"{script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}{logs}")
     return proc
@@ -38,8 +55,13 @@ def assert_loads_in_stock_paddlenlp(folder):
         "x = paddle.to_tensor([[101, 2023, 3185, 2001, 2307, 102]])\n"
         "print(m(x).shape)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0 and "[1, 2]" in proc.stdout, proc.stderr[-2000:]
 
 
@@ -59,8 +81,11 @@ def test_finetune_classifier_two_ranks_and_resume_on_the_stock_path(tmp_path):
     checkpoint: it trains step 3 only, on the same samples, to the same loss."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "summary.json"
     common = ["--max-train", "96", "--max-dev", "50", "--batch-size", "16", "--dropout", "0", "--no-progress"]
-    launch("finetune_classifier.py", common + ["--json-out", str(out), "--output-dir", str(ckpt),
-                                               "--save-steps", "2"], tmp_path)
+    launch(
+        "finetune_classifier.py",
+        common + ["--json-out", str(out), "--output-dir", str(ckpt), "--save-steps", "2"],
+        tmp_path,
+    )
     s = json.load(open(out))
     assert s["ranks"] == 2 and s["train_samples"] == 96 and s["dev_samples"] == 50
     assert s["steps"] == 3 and 0.0 <= s["dev_accuracy"] <= 1.0 and s["tokens_per_s"] > 0
@@ -71,8 +96,12 @@ def test_finetune_classifier_two_ranks_and_resume_on_the_stock_path(tmp_path):
     assert_loads_in_stock_paddlenlp(ckpt)
 
     stock, out2 = tmp_path / "stock", tmp_path / "stock.json"
-    launch("finetune_classifier.py", common + ["--json-out", str(out2), "--output-dir", str(stock), "--no-unpad",
-                                               "--resume", str(ckpt / "checkpoint-2")], tmp_path)
+    launch(
+        "finetune_classifier.py",
+        common
+        + ["--json-out", str(out2), "--output-dir", str(stock), "--no-unpad", "--resume", str(ckpt / "checkpoint-2")],
+        tmp_path,
+    )
     s2 = json.load(open(out2))
     assert s2["path"] == "padded (stock)" and s2["steps"] == 3 and s2["train_samples"] == 32, s2
     assert s2["dev_samples"] == 50 and 0.0 <= s2["dev_accuracy"] <= 1.0
@@ -84,8 +113,9 @@ def test_finetune_classifier_two_ranks_and_resume_on_the_stock_path(tmp_path):
 
 @pytest.mark.parametrize("script", ["finetune_classifier.py", "trainer_classifier.py"])
 def test_help_shows_every_default(script):
-    proc = subprocess.run([sys.executable, os.path.join(EX, script), "--help"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(EX, script), "--help"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     blocks = {}  # option line (every spelling) -> its help text
     for line in proc.stdout.splitlines():
@@ -95,15 +125,38 @@ def test_help_shows_every_default(script):
         elif blocks and line.startswith("    "):
             blocks[key] += " " + line.strip()
     spellings = {w.rstrip(",") for k in blocks for w in k.split() if w.startswith("--")}
-    assert {"--output-dir", "--resume", "--verbose", "--no-progress", "--model-name-or-path", "--train-file",
-            "--eval-file", "--text-column", "--label-column"} <= spellings, proc.stdout
+    assert {
+        "--output-dir",
+        "--resume",
+        "--verbose",
+        "--no-progress",
+        "--model-name-or-path",
+        "--train-file",
+        "--eval-file",
+        "--text-column",
+        "--label-column",
+    } <= spellings, proc.stdout
     assert all("(default:" in text for text in blocks.values()), [k for k, t in blocks.items() if "(default:" not in t]
 
 
 @pytest.mark.dist
 def test_pretrain_mlm_two_ranks_loss_falls_and_resumes_bit_exactly(tmp_path):
-    tiny = ["--steps", "12", "--max-docs", "24", "--max-seq-len", "128", "--batch-size", "8",
-            "--eval-samples", "16", "--eval-every", "6", "--save-every", "5"]
+    tiny = [
+        "--steps",
+        "12",
+        "--max-docs",
+        "24",
+        "--max-seq-len",
+        "128",
+        "--batch-size",
+        "8",
+        "--eval-samples",
+        "16",
+        "--eval-every",
+        "6",
+        "--save-every",
+        "5",
+    ]
     out, d = tmp_path / "pt.json", tmp_path / "run"
     proc = launch("pretrain_mlm.py", tiny + ["--json-out", str(out), "--output-dir", str(d)], tmp_path)
     s = json.load(open(out))
@@ -124,9 +177,20 @@ def test_pretrain_mlm_two_ranks_loss_falls_and_resumes_bit_exactly(tmp_path):
     # the last two steps again, from the checkpoint of step 10: bit for bit the same losses
     (tmp_path / "resume").mkdir()
     out2 = tmp_path / "resumed.json"
-    launch("pretrain_mlm.py", tiny + ["--json-out", str(out2), "--output-dir", str(tmp_path / "run2"),
-                                               "--resume", str(d / "checkpoint-10"), "--no-progress"],
-           tmp_path / "resume")
+    launch(
+        "pretrain_mlm.py",
+        tiny
+        + [
+            "--json-out",
+            str(out2),
+            "--output-dir",
+            str(tmp_path / "run2"),
+            "--resume",
+            str(d / "checkpoint-10"),
+            "--no-progress",
+        ],
+        tmp_path / "resume",
+    )
     r = json.load(open(out2))
     assert r["first_step"] == 11 and r["losses"] == s["losses"][10:], (r["losses"], s["losses"])
     assert r["evals"] == s["evals"]
@@ -164,15 +228,27 @@ def test_pretrain_mlm_no_weight_decay_selects_biases_and_layer_norms():
     from paddlenlp.transformers import BertConfig, BertForPretraining
 
     pm = _example_module("pretrain_mlm")
-    model = BertForPretraining(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                          intermediate_size=32, max_position_embeddings=32))
+    model = BertForPretraining(
+        BertConfig(
+            vocab_size=64,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=32,
+        )
+    )
     pu.convert(model)
     excluded = pm.no_weight_decay(model)
     got = {n for n, p in model.named_parameters() if excluded(p)}
     # in BERT the 1-D parameters are exactly the biases and the LayerNorm scales and shifts
     assert got == {n for n, p in model.named_parameters() if len(p.shape) == 1}
-    assert {"cls.predictions.decoder_bias", "bert.encoder.layers.1.norm2.weight",
-            "bert.embeddings.layer_norm.bias", "cls.predictions.layer_norm.weight"} <= got
+    assert {
+        "cls.predictions.decoder_bias",
+        "bert.encoder.layers.1.norm2.weight",
+        "bert.embeddings.layer_norm.bias",
+        "cls.predictions.layer_norm.weight",
+    } <= got
     # per layer 6 biases and 2 LayerNorms; embeddings' LayerNorm; pooler bias; MLM transform bias,
     # LayerNorm and decoder bias, NSP bias
     assert "bert.encoder.layers.0.linear1.weight" not in got and len(got) == 2 * (6 + 2 * 2) + 2 + 1 + 5
@@ -182,12 +258,36 @@ def test_pretrain_mlm_no_weight_decay_selects_biases_and_layer_norms():
 def test_pretrain_mlm_compare_stock_and_unpadded(tmp_path):
     """One process: stock PaddleNLP then the unpadded model, same samples and initial weights."""
     out = tmp_path / "cmp.json"
-    proc = subprocess.run([sys.executable, os.path.join(EX, "pretrain_mlm.py"), "--compare", "--steps", "3",
-                           "--max-docs", "12", "--max-seq-len", "128", "--batch-size", "4", "--eval-samples", "8",
-                           "--dropout", "0", "--hidden", "32", "--output-dir", str(tmp_path / "o"),
-                           "--json-out", str(out)],
-                          cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(EX, "pretrain_mlm.py"),
+            "--compare",
+            "--steps",
+            "3",
+            "--max-docs",
+            "12",
+            "--max-seq-len",
+            "128",
+            "--batch-size",
+            "4",
+            "--eval-samples",
+            "8",
+            "--dropout",
+            "0",
+            "--hidden",
+            "32",
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--json-out",
+            str(out),
+        ],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     d = json.load(open(out))
     st, up = d["stock"], d["unpadded"]
@@ -215,11 +315,29 @@ def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
     (of the slice's 4), on the same samples. The terminal gets a few lines, the table last; the
     launcher's and workers' output goes to the log folder, none to the working directory."""
     out, logs = tmp_path / "demo.json", tmp_path / "logs"
-    proc = subprocess.run([sys.executable, os.path.join(EX, "run_demo.py"), "--max-train", "128", "--batch-size",
-                           "16", "--time-budget", "0.001", "--max-dev", "32", "--json-out", str(out),
-                           "--log-dir", str(logs)],
-                          cwd=str(tmp_path), capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(EX, "run_demo.py"),
+            "--max-train",
+            "128",
+            "--batch-size",
+            "16",
+            "--time-budget",
+            "0.001",
+            "--max-dev",
+            "32",
+            "--json-out",
+            str(out),
+            "--log-dir",
+            str(logs),
+        ],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = (proc.stdout + proc.stderr).splitlines()
     assert len(lines) <= 40 and not proc.stderr, lines
@@ -228,8 +346,9 @@ def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
     d = json.load(open(out))
     pad, unp, plan = d["padded"], d["unpadded"], d["plan"]
     assert plan["steps"] == 1 and plan["slice"] == 32 and plan["probe_step_seconds"] > 0, plan
-    assert f"1 step each (what the 0.001 s budget holds at {plan['probe_step_seconds']:.2f} s a stock step" in \
-        proc.stdout, proc.stdout[-2000:]
+    assert (
+        f"1 step each (what the 0.001 s budget holds at {plan['probe_step_seconds']:.2f} s a stock step" in proc.stdout
+    ), proc.stdout[-2000:]
     assert lines[1].startswith("probe: ") and lines[2].startswith("stock (padded): 1 step, "), lines
     assert "host: " in proc.stdout and "LAUNCH" not in proc.stdout and "{" not in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.json", "logs"]  # no log/ left behind
@@ -243,13 +362,21 @@ def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
 
 @pytest.mark.slow
 def test_demo_fmha_runs_respects_threads_and_explains_its_speedup():
-    proc = subprocess.run([sys.executable, os.path.join(EX, "demo_fmha.py")], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(EX, "demo_fmha.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "-> OK" in out and "threads=1" in out, out  # the user's OMP_NUM_THREADS, not the demo's own
-    rows = [line.split() for line in out.splitlines()
-            if line.startswith(("forward ", "forward+backward ")) and line.endswith("x")]
+    rows = [
+        line.split()
+        for line in out.splitlines()
+        if line.startswith(("forward ", "forward+backward ")) and line.endswith("x")
+    ]
     assert len(rows) == 2, out
     speedups = [float(r[-2].rstrip("x")) for r in rows]
     ideal = float(rows[0][-1].rstrip("x"))
@@ -267,7 +394,11 @@ def test_progress_time_left_honours_the_time_budget():
     assert p.remaining_s(30) == 0.0
     assert eu.Progress(100, clock=lambda: 0.0, budget_s=600).remaining_s(50, now=70.0) == pytest.approx(70.0)
     assert eu.Progress.parse("step 7/21 loss 0.6, 300 tokens/s elapsed 1m02s, about 3h05m left") == (
-        7, 21, "loss 0.6, 300 tokens/s", 62.0)
+        7,
+        21,
+        "loss 0.6, 300 tokens/s",
+        62.0,
+    )
     assert eu.Progress.parse("step 3/3 elapsed 1h00m, done") == (3, 3, "", 3600.0)
     assert eu.Progress.parse("{") is None and eu.Progress.parse("step 1/4 loss 1") is None
 
@@ -296,8 +427,10 @@ def test_demo_shows_one_line_per_job():
     job.feed("step 10/100 loss 0.7 elapsed 20s, about 3m00s left\n")
     job.feed("{\n")
     job.close("10 steps")
-    assert term == ["\r\033[Kstock (padded): step 10/100 loss 0.7 elapsed 20s, about 40s left",
-                    "\r\033[Kstock (padded): 10 steps\n"]
+    assert term == [
+        "\r\033[Kstock (padded): step 10/100 loss 0.7 elapsed 20s, about 40s left",
+        "\r\033[Kstock (padded): 10 steps\n",
+    ]
     pipe = _Terminal(tty=False)
     job = rd.JobLine("paddle_unpad", 0.0, stream=pipe)
     job.feed("step 10/100 loss 0.7 elapsed 20s, about 3m00s left\n")
@@ -312,8 +445,13 @@ def test_example_util_history_progress_and_plot(tmp_path, capsys):
         h.add(step=i, loss=5.0 - i, tokens_per_s=100.0 + i, lr=1e-3 * i, mlm_acc=0.1 * i)
     h.save(tmp_path / "h.json")
     back = eu.StepHistory.load(tmp_path / "h.json")
-    assert back.rows == h.rows and back.rows[2] == {"step": 2, "loss": 3.0, "tokens_per_s": 102.0, "lr": 0.002,
-                                                    "mlm_acc": 0.2}
+    assert back.rows == h.rows and back.rows[2] == {
+        "step": 2,
+        "loss": 3.0,
+        "tokens_per_s": 102.0,
+        "lr": 0.002,
+        "mlm_acc": 0.2,
+    }
 
     now = [100.0]
     p = eu.Progress(10, every_s=30, clock=lambda: now[0])
@@ -330,7 +468,11 @@ def test_example_util_history_progress_and_plot(tmp_path, capsys):
     assert resumed.line(6).endswith("elapsed 1m00s, about 2m00s left")
     table = eu.comparison_table([("tokens/s", "t", "{:.0f}")], {"t": 100.0}, {"t": 250.0})
     assert table[0].split() == ["stock", "(padded)", "paddle_unpad", "ratio"] and table[1].split() == [
-        "tokens/s", "100", "250", "2.50"]
+        "tokens/s",
+        "100",
+        "250",
+        "2.50",
+    ]
     with pytest.raises(ValueError, match="total_steps"):
         eu.Progress(0)
 

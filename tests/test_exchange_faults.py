@@ -10,6 +10,7 @@ rank printed, how it exited and how long it took.  No rank may abort (SIGABRT,
 Each launch runs once (the plugin gives every gloo group its own rendezvous store, see
 tests/test_gloo_groups.py): a failed launch is a failure.
 """
+
 import json
 import os
 import time
@@ -82,8 +83,12 @@ def test_dataloader_with_workers_is_balanced_and_exits(tmp_path):
         assert [r["epoch"] for r in epochs] == [0, 1], t[-3000:]
         assert all(r["complete"] for r in epochs), epochs
         assert "ALL OK" in t
-    moved = [json.loads(line.split("RESULT ", 1)[1])["moved_in"] for t in logs for line in t.splitlines()
-             if "RESULT " in line and "moved_in" in line]
+    moved = [
+        json.loads(line.split("RESULT ", 1)[1])["moved_in"]
+        for t in logs
+        for line in t.splitlines()
+        if "RESULT " in line and "moved_in" in line
+    ]
     assert sum(moved) > 0, moved
     assert took < 90
 

@@ -6,6 +6,7 @@ calls no paddle_unpad function, so nothing but ``import paddle_unpad`` can have
 registered the custom operators the program contains. The reference is the unconverted
 PaddleNLP model with the same weights.
 """
+
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ T = pytest.importorskip("paddlenlp.transformers")
 
 LENGTHS = [5, 1, 9, 3]
 
-LOADER = r'''
+LOADER = r"""
 import json, sys
 import numpy as np
 import paddle
@@ -54,12 +55,21 @@ predictor.run()
 out["predictor"] = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
 np.savez(out_file, **out)
 print("loaded-ok")
-'''
+"""
 
 
 def _pair():
-    cfg = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-               max_position_embeddings=40, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = dict(
+        vocab_size=97,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=40,
+        num_labels=3,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     paddle.seed(0)
     ref = T.BertForSequenceClassification(T.BertConfig(**cfg))
     model = T.BertForSequenceClassification(T.BertConfig(**cfg))
@@ -87,8 +97,14 @@ def _load_in_fresh_process(tmp_path, prefix, feeds):
     out = tmp_path / "out.npz"
     script = tmp_path / "load.py"
     script.write_text(LOADER)
-    proc = subprocess.run([sys.executable, str(script), prefix, str(inputs), str(out)], cwd=str(tmp_path),
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), prefix, str(inputs), str(out)],
+        cwd=str(tmp_path),
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "loaded-ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
     return dict(np.load(out))
 
@@ -103,8 +119,11 @@ def test_packed_export_loads_in_fresh_process(tmp_path):
     ref, model = _pair()
     ids, mask = _batch()
     expected = ref(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask)).numpy()
-    static = paddle.jit.to_static(pu.models.PackedInputs(model), input_spec=[
-        InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens")], full_graph=True)
+    static = paddle.jit.to_static(
+        pu.models.PackedInputs(model),
+        input_spec=[InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens")],
+        full_graph=True,
+    )
     prefix = str(tmp_path / "packed")
     paddle.jit.save(static, prefix)
     cu = np.concatenate([[0], np.cumsum(LENGTHS)]).astype(np.int32)
@@ -120,9 +139,16 @@ def test_padded_export_loads_in_fresh_process(tmp_path):
     ref, model = _pair()
     ids, mask = _batch(seed=2)
     expected = ref(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask)).numpy()
-    static = paddle.jit.to_static(model, input_spec=[InputSpec([None, None], "int64", "input_ids"), None, None,
-                                                     InputSpec([None, None], "int64", "attention_mask")],
-                                  full_graph=True)
+    static = paddle.jit.to_static(
+        model,
+        input_spec=[
+            InputSpec([None, None], "int64", "input_ids"),
+            None,
+            None,
+            InputSpec([None, None], "int64", "attention_mask"),
+        ],
+        full_graph=True,
+    )
     prefix = str(tmp_path / "padded")
     paddle.jit.save(static, prefix)
     got = _load_in_fresh_process(tmp_path, prefix, {"input_ids": ids, "attention_mask": mask})

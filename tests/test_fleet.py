@@ -1,4 +1,5 @@
 """Fleet hook, single process: strategy fields and the pass-through loader."""
+
 import copy
 import re
 
@@ -24,8 +25,11 @@ def test_strategy_fields_merge_and_validate():
     s.unpad_configs = {"timeout": 5.0}  # merges, like hybrid_configs
     assert s.unpad_configs["prefetch"] == 3 and s.unpad_configs["cost"] == "tokens"
     assert s.unpad_configs["timeout"] == 5.0
-    with pytest.raises(ValueError, match=r"^paddle_unpad\.fleet\.DistributedStrategy: unpad_configs: unknown keys "
-                                         r"\['prefetc'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"^paddle_unpad\.fleet\.DistributedStrategy: unpad_configs: unknown keys "
+        r"\['prefetc'\]",
+    ):
         s.unpad_configs = {"prefetc": 3}
     with pytest.raises(ValueError):
         s.unpad_configs = {"prefetch": 0}
@@ -45,8 +49,13 @@ def test_single_process_loader_is_a_pass_through():
     s = pf.DistributedStrategy()
     s.unpad = True
     rng = np.random.default_rng(0)
-    batches = [[{"input_ids": rng.integers(1, 9, size=int(n)), "sample_id": 10 * t + k}
-                for k, n in enumerate(rng.integers(1, 20, size=4))] for t in range(3)]
+    batches = [
+        [
+            {"input_ids": rng.integers(1, 9, size=int(n)), "sample_id": 10 * t + k}
+            for k, n in enumerate(rng.integers(1, 20, size=4))
+        ]
+        for t in range(3)
+    ]
     dl = pf.distributed_loader(batches, strategy=s)
     assert not dl.distributed  # one process: no exchange, no thread
     got = list(dl)
@@ -65,11 +74,20 @@ def test_single_process_loader_is_a_pass_through():
         list(dl)
 
 
-@pytest.mark.parametrize("key,bad,error", [("timeout", float("nan"), ValueError), ("timeout", float("inf"), ValueError),
-                                           ("timeout", 0, ValueError), ("close_timeout", -1.0, ValueError),
-                                           ("prefetch", True, TypeError), ("prefetch", 0, ValueError),
-                                           ("max_seqlen", 0, ValueError), ("max_seqlen", 2.5, TypeError),
-                                           ("tol", float("nan"), ValueError)])
+@pytest.mark.parametrize(
+    "key,bad,error",
+    [
+        ("timeout", float("nan"), ValueError),
+        ("timeout", float("inf"), ValueError),
+        ("timeout", 0, ValueError),
+        ("close_timeout", -1.0, ValueError),
+        ("prefetch", True, TypeError),
+        ("prefetch", 0, ValueError),
+        ("max_seqlen", 0, ValueError),
+        ("max_seqlen", 2.5, TypeError),
+        ("tol", float("nan"), ValueError),
+    ],
+)
 def test_bad_settings_name_the_key_and_value(key, bad, error):
     s = pf.DistributedStrategy()
     with pytest.raises(error, match=rf"unpad_configs\['{key}'\].*{re.escape(repr(bad))}"):
@@ -79,17 +97,23 @@ def test_bad_settings_name_the_key_and_value(key, bad, error):
 
 
 def test_single_process_loader_checks_every_sample():
-    batch = [{"input_ids": np.ones(4, np.int64), "extra": np.int64(0)},
-             {"input_ids": np.ones(2, np.int64), "extra": np.full(3, -5)}]
+    batch = [
+        {"input_ids": np.ones(4, np.int64), "extra": np.int64(0)},
+        {"input_ids": np.ones(2, np.int64), "extra": np.full(3, -5)},
+    ]
     with pytest.raises(SampleError, match=r"sample 1 \(id 1\) on rank 0: field 'extra'.*shape \[3\].*shape \[\]"):
         list(pf.distributed_loader([batch]))
 
 
-@pytest.mark.parametrize("kw,error,pattern", [
-    ({"timeout": float("nan")}, ValueError, r"BalancedLoader: timeout must be a finite number.*nan"),
-    ({"close_timeout": float("inf")}, ValueError, r"BalancedLoader: close_timeout .*inf"),
-    ({"prefetch": 1.5}, TypeError, r"BalancedLoader: prefetch must be an int >= 1.*1\.5"),
-    ({"max_seqlen": 0}, ValueError, r"BalancedLoader: max_seqlen must be a positive int or None.*0")])
+@pytest.mark.parametrize(
+    "kw,error,pattern",
+    [
+        ({"timeout": float("nan")}, ValueError, r"BalancedLoader: timeout must be a finite number.*nan"),
+        ({"close_timeout": float("inf")}, ValueError, r"BalancedLoader: close_timeout .*inf"),
+        ({"prefetch": 1.5}, TypeError, r"BalancedLoader: prefetch must be an int >= 1.*1\.5"),
+        ({"max_seqlen": 0}, ValueError, r"BalancedLoader: max_seqlen must be a positive int or None.*0"),
+    ],
+)
 def test_balanced_loader_checks_its_arguments(kw, error, pattern):
     from paddle_unpad.distributed import BalancedLoader
 
@@ -107,8 +131,11 @@ def test_cost_names_are_the_same_everywhere(alias):
     assert pf.distributed_loader([], strategy=s).cost == alias
     assert BalancedLoader([], cost=alias).cost == alias
     assert as_cost_fn(alias)(np.array([3])).shape == (1,)
-    for where in (lambda: setattr(s, "unpad_configs", {"cost": "flop"}),
-                  lambda: pf.distributed_loader([], cost="flop"), lambda: BalancedLoader([], cost="flop")):
+    for where in (
+        lambda: setattr(s, "unpad_configs", {"cost": "flop"}),
+        lambda: pf.distributed_loader([], cost="flop"),
+        lambda: BalancedLoader([], cost="flop"),
+    ):
         with pytest.raises(ValueError, match=r"unknown cost 'flop'; use one of \['default', 'flops'"):
             where()
 
@@ -117,7 +144,9 @@ def test_options_are_checked_once_where_the_user_gives_them(monkeypatch):
     from paddle_unpad.distributed import BalancedLoader, options
 
     seen, real = [], options._check
-    monkeypatch.setattr(options, "_check", lambda k, v, where, arg: (seen.append((k, where)), real(k, v, where, arg))[1])
+    monkeypatch.setattr(
+        options, "_check", lambda k, v, where, arg: (seen.append((k, where)), real(k, v, where, arg))[1]
+    )
     s = pf.DistributedStrategy()
     s.unpad_configs = {"tol": 0.25, "counts": (0, 0)}
     assert seen == [("tol", "fleet.DistributedStrategy"), ("counts", "fleet.DistributedStrategy")]
@@ -139,8 +168,11 @@ def test_options_are_checked_once_where_the_user_gives_them(monkeypatch):
     seen.clear()
     again = BalancedLoader.from_options([], bl.options)
     assert seen == [] and again.options is bl.options and (again.tol, again.where) == (0.25, "fleet.distributed_loader")
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.distributed\.BalancedLoader\.from_options: options must be "
-                                        r"the exchange's options as .*resolve\(\) returns them, got \{'tol': 0\.1\}"):
+    with pytest.raises(
+        TypeError,
+        match=r"^paddle_unpad\.distributed\.BalancedLoader\.from_options: options must be "
+        r"the exchange's options as .*resolve\(\) returns them, got \{'tol': 0\.1\}",
+    ):
         BalancedLoader.from_options([], {"tol": 0.1})
 
 
@@ -149,8 +181,11 @@ def test_one_switch_name_for_the_exchange():
     assert pf.distributed_loader([], strategy=s, balance=False).options["balance"] is False
     with pytest.raises(ValueError, match=r"unknown keys \['enabled'\]"):
         pf.distributed_loader([], strategy=s, enabled=False)
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.fleet\.distributed_loader: balance must be True or False, "
-                                        r"got 'no'"):
+    with pytest.raises(
+        TypeError,
+        match=r"^paddle_unpad\.fleet\.distributed_loader: balance must be True or False, "
+        r"got 'no'",
+    ):
         pf.distributed_loader([], balance="no")
 
 
@@ -168,7 +203,9 @@ def test_a_timeout_beyond_what_threads_can_wait_is_refused_where_given():
 def test_token_fields_must_be_names(fields):
     from paddle_unpad.distributed import BalancedLoader
 
-    with pytest.raises(TypeError, match=r"token_fields must be a sequence of field names.*got " + re.escape(repr(fields))):
+    with pytest.raises(
+        TypeError, match=r"token_fields must be a sequence of field names.*got " + re.escape(repr(fields))
+    ):
         BalancedLoader([], token_fields=fields)
 
 

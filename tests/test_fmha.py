@@ -4,6 +4,7 @@ Everything is checked against the test's own padded reference: per sequence, flo
 ``softmax(q k^T * scale) [* keep / (1 - p)] @ v`` with analytic gradients; the dropout keep
 mask comes from tests/philox_ref.py (the counter layout the kernels must follow).
 """
+
 import functools
 import math
 import os
@@ -114,7 +115,7 @@ def grid_case(name):
 
 
 def _impl(name, request):
-    """"public": paddle_unpad.fmha with the native op (skip/fail via native_ops when missing);
+    """ "public": paddle_unpad.fmha with the native op (skip/fail via native_ops when missing);
     "reference": paddle_unpad.ops.fmha_reference."""
     if name == "public":
         request.getfixturevalue("native_ops")
@@ -153,14 +154,20 @@ def test_native_op_is_used(native_ops):
 # The kernels pick an ISA (avx512 / avx2 / sse2) once per process and split work over their
 # own thread pool: rerun the native checks in subprocesses for the other code paths and
 # thread counts. A path this CPU cannot run is skipped.
-_VARIANT_TESTS = ("test_native_op_is_used or (test_grid and public) or test_dropout_mask_layout_exact "
-                  "or test_sequences_are_isolated or test_nan or test_repeat or test_partial_gradients")
+_VARIANT_TESTS = (
+    "test_native_op_is_used or (test_grid and public) or test_dropout_mask_layout_exact "
+    "or test_sequences_are_isolated or test_nan or test_repeat or test_partial_gradients"
+)
 
 
 @pytest.mark.parametrize(
     "env",
-    [{"PADDLE_UNPAD_CPU_ISA": "avx2"}, {"PADDLE_UNPAD_CPU_ISA": "sse2"},
-     {"PADDLE_UNPAD_NUM_THREADS": "1"}, {"PADDLE_UNPAD_NUM_THREADS": "3"}],
+    [
+        {"PADDLE_UNPAD_CPU_ISA": "avx2"},
+        {"PADDLE_UNPAD_CPU_ISA": "sse2"},
+        {"PADDLE_UNPAD_NUM_THREADS": "1"},
+        {"PADDLE_UNPAD_NUM_THREADS": "3"},
+    ],
     ids=["avx2", "sse2", "threads1", "threads3"],
 )
 def test_native_variants(env, native_ops):
@@ -170,8 +177,14 @@ def test_native_variants(env, native_ops):
         pytest.skip("already inside a variant run")
     full_env = dict(os.environ, PU_TEST_VARIANT_CHILD="1", **env)
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", _VARIANT_TESTS]
-    r = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=600,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run(
+        cmd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     tail = (r.stdout + r.stderr)[-4000:]
     assert r.returncode == 0, f"native checks failed with {env}:\n{tail}"
     assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], tail
@@ -252,18 +265,18 @@ def test_nan_around_inputs_is_never_read(p):
     bufs, views = [], []
     for a in (q, k, v):
         buf = np.full((pad + T + pad, H + 1, D + 7), np.nan, dtype=np.float32)
-        buf[pad:pad + T, :H, :D] = a
+        buf[pad : pad + T, :H, :D] = a
         tb = paddle.to_tensor(buf, stop_gradient=False)
         bufs.append(tb)
-        views.append(tb[pad:pad + T, :H, :D])
+        views.append(tb[pad : pad + T, :H, :D])
     out = paddle_unpad.fmha(*views, paddle.to_tensor(cu), max(lengths), dropout=p, rng_state=(SEED, OFFSET))
     out.backward(paddle.to_tensor(dout))
     assert_close("out", out.numpy(), ref[0])
     for name, tb, r in zip(("dq", "dk", "dv"), bufs, ref[1:]):
         g = tb.grad.numpy()
-        assert_close(name, g[pad:pad + T, :H, :D], r)
+        assert_close(name, g[pad : pad + T, :H, :D], r)
         outside = g.copy()
-        outside[pad:pad + T, :H, :D] = 0.0
+        outside[pad : pad + T, :H, :D] = 0.0
         assert (outside == 0.0).all(), f"{name}: gradient leaked outside the view"
 
 
@@ -348,7 +361,7 @@ def test_dropout_mask_layout_exact(impl, p, request):
     for b, s in enumerate(lengths):
         if s == 0:
             continue
-        o = out[cu[b]:cu[b + 1]].transpose(1, 0, 2)  # [H, s, D]
+        o = out[cu[b] : cu[b + 1]].transpose(1, 0, 2)  # [H, s, D]
         assert (o[:, :, s:] == 0).all()
         got_keep = o[:, :, :s] != 0
         mism = np.argwhere(got_keep != keep[b])
@@ -391,7 +404,7 @@ def test_dropout_changes_output_and_rate_with_paddle_seed():
     assert not np.array_equal(drop, no_drop)
     n = dropped = 0
     for b, s in enumerate(lengths):
-        o = drop[cu[b]:cu[b + 1], :, :s]
+        o = drop[cu[b] : cu[b + 1], :, :s]
         dropped += int((o == 0).sum())
         n += o.size
     frac = dropped / n
@@ -504,13 +517,17 @@ ERRORS = {
     "grouping_int": (dict(grouping=1), ["grouping", "int"]),
     # finite as a Python float, inf as the kernels' float32: the output would be all NaN
     "scale_over_float32": (dict(scale=1e39), ["scale", "float32", "1e[+]?39"]),
-    "head_dim_0": (dict(D=0, q=paddle.ones([6, 2, 0]), k=paddle.ones([6, 2, 0]), v=paddle.ones([6, 2, 0])),
-                   ["head size", ">= 1"]),
+    "head_dim_0": (
+        dict(D=0, q=paddle.ones([6, 2, 0]), k=paddle.ones([6, 2, 0]), v=paddle.ones([6, 2, 0])),
+        ["head size", ">= 1"],
+    ),
     "max_seqlen_2_63": (dict(max_seqlen=2**63), ["max_seqlen", str(2**63)]),
     "rng_state_one_value": (dict(dropout=0.1, rng_state=(1,)), ["rng_state", r"\(1,\)"]),
     "rng_state_float": (dict(dropout=0.1, rng_state=(1.5, 2)), ["rng_state", r"1\.5"]),
-    "rng_state_tensor_shape": (dict(dropout=0.1, rng_state=paddle.to_tensor(np.array([1, 2, 3], np.int64))),
-                               ["rng_state", "3"]),
+    "rng_state_tensor_shape": (
+        dict(dropout=0.1, rng_state=paddle.to_tensor(np.array([1, 2, 3], np.int64))),
+        ["rng_state", "3"],
+    ),
 }
 
 
@@ -533,12 +550,21 @@ def test_head_dim_256_accepted():
 BAD_CU_SEQLENS = {
     "empty": ([], 4, "paddle_unpad.ops.fmha: cu_seqlens must have at least one element (0), got none"),
     "first": ([1, 2, 6], 4, "paddle_unpad.ops.fmha: cu_seqlens[0] must be 0, got 1"),
-    "decreasing": ([0, 4, 2, 6], 4,
-                   "paddle_unpad.ops.fmha: cu_seqlens must be non-decreasing, but cu_seqlens[2] = 2 < cu_seqlens[1] = 4"),
-    "last": ([0, 2, 5], 4,
-             "paddle_unpad.ops.fmha: cu_seqlens[-1] = 5 must equal the number of packed tokens q.shape[0] = 6"),
-    "max_seqlen": ([0, 2, 6], 3,
-                   "paddle_unpad.ops.fmha: max_seqlen = 3 is smaller than the longest sequence in cu_seqlens (4)"),
+    "decreasing": (
+        [0, 4, 2, 6],
+        4,
+        "paddle_unpad.ops.fmha: cu_seqlens must be non-decreasing, but cu_seqlens[2] = 2 < cu_seqlens[1] = 4",
+    ),
+    "last": (
+        [0, 2, 5],
+        4,
+        "paddle_unpad.ops.fmha: cu_seqlens[-1] = 5 must equal the number of packed tokens q.shape[0] = 6",
+    ),
+    "max_seqlen": (
+        [0, 2, 6],
+        3,
+        "paddle_unpad.ops.fmha: max_seqlen = 3 is smaller than the longest sequence in cu_seqlens (4)",
+    ),
 }
 
 
@@ -557,7 +583,9 @@ def test_bad_cu_seqlens_same_words_from_python_and_the_native_op(case, native_op
         paddle_unpad.fmha(q, q, q, cu_t, max_seqlen)
     assert str(public.value) == words
     with pytest.raises(Exception) as native:
-        paddle_unpad._runtime.paddle_compat.custom_op_function("pu_fmha")(q, q, q, cu_t, None, max_seqlen, 0.25, 0.0, True, False)
+        paddle_unpad._runtime.paddle_compat.custom_op_function("pu_fmha")(
+            q, q, q, cu_t, None, max_seqlen, 0.25, 0.0, True, False
+        )
     assert words.removeprefix("paddle_unpad.") in str(native.value), str(native.value)[-2000:]
 
 
@@ -577,13 +605,19 @@ def test_checks_read_the_support_table(monkeypatch):
     them. On a GPU the CUDA kernel's rules (FMHA_SUPPORT["gpu"]) decide between the kernel
     and the plain-Paddle bucketed attention, and the reason is given in the same words."""
     monkeypatch.setitem(ops.FMHA_SUPPORT["cpu"], "head_dim", range(1, 9))
-    with pytest.raises(ValueError, match=r"^paddle_unpad\.ops\.fmha: head size \(q.shape\[2\]\) 16 is not supported on "
-                                         r"CPU: supported are 1\.\.8$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^paddle_unpad\.ops\.fmha: head size \(q.shape\[2\]\) 16 is not supported on "
+        r"CPU: supported are 1\.\.8$",
+    ):
         _call()
     monkeypatch.undo()
     cu = paddle.to_tensor(np.array([0, 2, 6], np.int32))
-    f32, f16_48, f16 = paddle.ones([6, 2, 64]), paddle.ones([6, 2, 48], dtype="float16"), \
-        paddle.ones([6, 2, 64], dtype="float16")
+    f32, f16_48, f16 = (
+        paddle.ones([6, 2, 64]),
+        paddle.ones([6, 2, 48], dtype="float16"),
+        paddle.ones([6, 2, 64], dtype="float16"),
+    )
     monkeypatch.setattr(ops._call, "on_cpu", lambda t: False)  # as if q lived on a GPU
     monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: False)
     for q in (f32, f16_48, f16):
@@ -592,8 +626,9 @@ def test_checks_read_the_support_table(monkeypatch):
     monkeypatch.setattr(ops._native, "has_op", lambda name: True)
     monkeypatch.setattr(ops._native, "has_cuda_kernels", lambda: True)
     assert ops.attention._fmha_gpu_kernel_refusal(f16) is None
-    assert ops.attention._fmha_gpu_kernel_refusal(f32) == ("the CUDA kernel takes float16 and bfloat16, not float32 "
-                                                 "(AMP, e.g. paddle.amp.auto_cast(), is the fast path)")
+    assert ops.attention._fmha_gpu_kernel_refusal(f32) == (
+        "the CUDA kernel takes float16 and bfloat16, not float32 (AMP, e.g. paddle.amp.auto_cast(), is the fast path)"
+    )
     assert ops.attention._fmha_gpu_kernel_refusal(f16_48) == "the CUDA kernel takes head sizes 32, 64, 128, not 48"
     monkeypatch.setitem(ops.FMHA_SUPPORT["gpu"], "head_dim", (48,))
     assert ops.attention._fmha_gpu_kernel_refusal(f16_48) is None
@@ -616,8 +651,9 @@ def test_to_static_dropout_draws_a_fresh_state_per_run(native_ops, tmp_path):
     q, _, _, _, cu = make_inputs([40, 7], H, D, seed=3)
     a = fn(paddle.to_tensor(q), paddle.to_tensor(cu)).numpy()
     b = fn(paddle.to_tensor(q), paddle.to_tensor(cu)).numpy()
-    plain = paddle_unpad.fmha(paddle.to_tensor(q), paddle.to_tensor(q), paddle.to_tensor(q),
-                              paddle.to_tensor(cu), 40, dropout=0.0).numpy()
+    plain = paddle_unpad.fmha(
+        paddle.to_tensor(q), paddle.to_tensor(q), paddle.to_tensor(q), paddle.to_tensor(cu), 40, dropout=0.0
+    ).numpy()
     assert np.isfinite(a).all() and np.isfinite(b).all()
     assert not np.array_equal(a, b)
     assert not np.array_equal(a, plain)
@@ -631,5 +667,5 @@ def _zero_q_identity_v(lengths, H, D):
     q = np.zeros((T, H, D), np.float32)
     v = np.zeros((T, H, D), np.float32)
     for b, s in enumerate(lengths):
-        v[cu[b]:cu[b + 1], :, :s] = np.eye(s, dtype=np.float32)[:, None, :]
+        v[cu[b] : cu[b + 1], :, :s] = np.eye(s, dtype=np.float32)[:, None, :]
     return cu, q, v

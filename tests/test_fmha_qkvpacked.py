@@ -4,6 +4,7 @@ The native operator must give fmha's bits on q, k, v = unbind(qkv + bias) (outpu
 gradient of qkv), the bias gradient must be the column sum of the qkv gradient, and the
 plain-Paddle reference must agree within fmha's tolerance.
 """
+
 import numpy as np
 import paddle
 import pytest
@@ -92,7 +93,7 @@ def test_reruns_bitwise_and_no_leak_between_sequences(native_ops):
     poisoned = qkv.copy()
     poisoned[65:66] = np.nan  # the one-token sequence
     got = run_packed(cu, 128, poisoned, b, g, 0.1)
-    keep = np.r_[0:65, 66:sum(lengths)]
+    keep = np.r_[0:65, 66 : sum(lengths)]
     np.testing.assert_array_equal(got[0][keep], first[0][keep])
     np.testing.assert_array_equal(got[1][keep], first[1][keep])
     assert np.isnan(got[0][65]).all()
@@ -109,13 +110,23 @@ def test_without_the_native_operator_it_splits(native_ops, monkeypatch):
         np.testing.assert_array_equal(x, y)
 
 
-@pytest.mark.parametrize("qkv_shape, bias_shape, match", [
-    ([10, 2, 4], None,
-     r"^paddle_unpad\.ops\.fmha_qkvpacked: qkv must be 4-D \[total_tokens, 3, heads, head_dim\], got shape \[10, 2, 4\]"),
-    ([10, 2, 2, 4], None, r"^paddle_unpad\.ops\.fmha_qkvpacked: qkv must be 4-D .* got shape \[10, 2, 2, 4\]"),
-    ([10, 3, 2, 4], [3, 2, 5], r"^paddle_unpad\.ops\.fmha_qkvpacked: bias must have shape \[3, heads, head_dim\] = "
-                               r"\[3, 2, 4\], got \[3, 2, 5\]"),
-])
+@pytest.mark.parametrize(
+    "qkv_shape, bias_shape, match",
+    [
+        (
+            [10, 2, 4],
+            None,
+            r"^paddle_unpad\.ops\.fmha_qkvpacked: qkv must be 4-D \[total_tokens, 3, heads, head_dim\], got shape \[10, 2, 4\]",
+        ),
+        ([10, 2, 2, 4], None, r"^paddle_unpad\.ops\.fmha_qkvpacked: qkv must be 4-D .* got shape \[10, 2, 2, 4\]"),
+        (
+            [10, 3, 2, 4],
+            [3, 2, 5],
+            r"^paddle_unpad\.ops\.fmha_qkvpacked: bias must have shape \[3, heads, head_dim\] = "
+            r"\[3, 2, 4\], got \[3, 2, 5\]",
+        ),
+    ],
+)
 def test_bad_shapes_are_named(qkv_shape, bias_shape, match):
     cu = paddle.to_tensor(np.array([0, 10], np.int32))
     bias = None if bias_shape is None else paddle.zeros(bias_shape)
@@ -125,12 +136,17 @@ def test_bad_shapes_are_named(qkv_shape, bias_shape, match):
 
 def test_bad_bias_dtype_and_scalars_are_named():
     cu = paddle.to_tensor(np.array([0, 10], np.int32))
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.ops\.fmha_qkvpacked: bias dtype float64 differs from qkv dtype "
-                                         r"float32"):
+    with pytest.raises(
+        TypeError,
+        match=r"^paddle_unpad\.ops\.fmha_qkvpacked: bias dtype float64 differs from qkv dtype "
+        r"float32",
+    ):
         pu.fmha_qkvpacked(paddle.zeros([10, 3, 2, 4]), cu, 10, bias=paddle.zeros([3, 2, 4], dtype="float64"))
     with pytest.raises(ValueError, match=r"^paddle_unpad\.ops\.fmha_qkvpacked: dropout must be in \[0, 1\), got 1.5"):
         pu.fmha_qkvpacked(paddle.zeros([10, 3, 2, 4]), cu, 10, dropout=1.5)
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.ops\.fmha_qkvpacked: qkv must be a paddle.Tensor, got ndarray"):
+    with pytest.raises(
+        TypeError, match=r"^paddle_unpad\.ops\.fmha_qkvpacked: qkv must be a paddle.Tensor, got ndarray"
+    ):
         pu.fmha_qkvpacked(np.zeros([10, 3, 2, 4], np.float32), cu, 10)
 
 

@@ -1,5 +1,6 @@
 """The converted forwards are ordinary source (paddle_unpad/models/forwards_generated.py),
 written from the family tables; these tests keep the file, the tables and PaddleNLP in step."""
+
 import inspect
 
 import pytest
@@ -12,7 +13,8 @@ from paddle_unpad.models import bert, forwards, forwards_generated  # noqa: E402
 def test_committed_file_is_what_the_tables_render():
     # render() also refuses any table row whose parameters differ from the installed PaddleNLP forward
     assert forwards.GENERATED_PATH.read_text() == forwards.render(), (
-        "forwards_generated.py is stale: python -m paddle_unpad.models.forwards --write")
+        "forwards_generated.py is stale: python -m paddle_unpad.models.forwards --write"
+    )
 
 
 def test_a_changed_paddlenlp_forward_is_refused():

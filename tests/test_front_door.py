@@ -1,5 +1,6 @@
 """The package's front door: a short top level, ``from paddle_unpad import *`` that loads no
 training code, and the modules' old names still importable, each with a DeprecationWarning."""
+
 import glob
 import importlib
 import json
@@ -14,8 +15,14 @@ import paddle_unpad as pu
 from paddle_unpad._runtime import aliases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAINING = ("paddle_unpad.distributed", "paddle_unpad.fleet", "paddle_unpad.trainer", "paddle_unpad.models",
-            "paddlenlp", "paddle.distributed.fleet.meta_parallel")
+TRAINING = (
+    "paddle_unpad.distributed",
+    "paddle_unpad.fleet",
+    "paddle_unpad.trainer",
+    "paddle_unpad.models",
+    "paddlenlp",
+    "paddle.distributed.fleet.meta_parallel",
+)
 
 
 def test_top_level_holds_the_public_modules_only():
@@ -25,12 +32,19 @@ def test_top_level_holds_the_public_modules_only():
 
 
 def test_star_import_loads_no_training_code():
-    code = ("import sys, json\nimport paddle\nbefore = set(sys.modules)\nfrom paddle_unpad import *\n"
-            "import paddle_unpad\n"
-            "print(json.dumps({'new': sorted(set(sys.modules) - before), 'all': paddle_unpad.__all__,"
-            " 'bound': sorted(n for n in paddle_unpad.__all__ if n in globals())}))\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    code = (
+        "import sys, json\nimport paddle\nbefore = set(sys.modules)\nfrom paddle_unpad import *\n"
+        "import paddle_unpad\n"
+        "print(json.dumps({'new': sorted(set(sys.modules) - before), 'all': paddle_unpad.__all__,"
+        " 'bound': sorted(n for n in paddle_unpad.__all__ if n in globals())}))\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["bound"] == sorted(got["all"])

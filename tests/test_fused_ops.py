@@ -6,6 +6,7 @@ Everything is checked against the test's own float64 numpy reference with analyt
 gradients; the dropout keep mask comes from tests/philox_ref.py's Philox in the row-wise
 counter layout (counter = (j // 4, row, 0xffffffff, offset), word j % 4).
 """
+
 import functools
 import hashlib
 import math
@@ -39,8 +40,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="session")
 def fused_native():
     """Skip locally / fail in CI when the native fused ops are not loaded."""
-    return testutil.require_native(paddle_unpad.ops_available(), ("bias_gelu", "bias_dropout_residual_layer_norm"),
-                                   "fused")
+    return testutil.require_native(
+        paddle_unpad.ops_available(), ("bias_gelu", "bias_dropout_residual_layer_norm"), "fused"
+    )
 
 
 def _impl(name, request, op):
@@ -156,8 +158,13 @@ LN_NAMES = ("y", "dx", "dbias", "dresidual", "dln_weight", "dln_bias")
 
 
 # The plain-Paddle reference is checked on all but the two largest cases (keeps the file fast).
-GELU_GRID = [(T, h, impl) for T in TOKENS for h in HIDDEN for impl in ("native", "reference")
-             if impl == "native" or T * h <= 4096 * 384]
+GELU_GRID = [
+    (T, h, impl)
+    for T in TOKENS
+    for h in HIDDEN
+    for impl in ("native", "reference")
+    if impl == "native" or T * h <= 4096 * 384
+]
 
 
 @pytest.mark.parametrize("T,hidden,impl", GELU_GRID)
@@ -228,19 +235,27 @@ def test_matches_paddle_transformer_encoder_layer(fused_native):
     the attention sub-layer, matmuls and the two fused ops, gives the layer's output."""
     paddle.seed(3)
     H, heads, B, S = 64, 4, 3, 11
-    layer = paddle.nn.TransformerEncoderLayer(H, heads, 4 * H, dropout=0.0, activation="gelu",
-                                              attn_dropout=0.0, act_dropout=0.0, normalize_before=False)
+    layer = paddle.nn.TransformerEncoderLayer(
+        H, heads, 4 * H, dropout=0.0, activation="gelu", attn_dropout=0.0, act_dropout=0.0, normalize_before=False
+    )
     layer.norm1._epsilon = layer.norm2._epsilon = EPS
     layer.eval()
     src = paddle.to_tensor(np.random.default_rng(0).standard_normal((B, S, H)).astype(np.float32))
     want = layer(src).numpy()
     attn = layer.self_attn(src, src, src)  # includes out_proj's bias
     ob = layer.self_attn.out_proj.bias
-    h1 = ops.bias_dropout_residual_layer_norm(attn - ob, ob, src, layer.norm1.weight, layer.norm1.bias,
-                                              epsilon=layer.norm1._epsilon)
+    h1 = ops.bias_dropout_residual_layer_norm(
+        attn - ob, ob, src, layer.norm1.weight, layer.norm1.bias, epsilon=layer.norm1._epsilon
+    )
     h = ops.bias_gelu(paddle.matmul(h1, layer.linear1.weight), layer.linear1.bias)
-    out = ops.bias_dropout_residual_layer_norm(paddle.matmul(h, layer.linear2.weight), layer.linear2.bias, h1,
-                                               layer.norm2.weight, layer.norm2.bias, epsilon=layer.norm2._epsilon)
+    out = ops.bias_dropout_residual_layer_norm(
+        paddle.matmul(h, layer.linear2.weight),
+        layer.linear2.bias,
+        h1,
+        layer.norm2.weight,
+        layer.norm2.bias,
+        epsilon=layer.norm2._epsilon,
+    )
     assert_close("layer rebuilt from the fused ops", out.numpy(), want)
     # and the single block against paddle's own layer_norm
     x, bias, res, w, b, _ = ln_inputs(7, 384)
@@ -256,7 +271,9 @@ def test_none_vectors_and_training_false(fused_native):
     ones, zeros = np.ones(96, np.float32), np.zeros(96, np.float32)
     tx, tres = paddle.to_tensor(x), paddle.to_tensor(res)
     got = ops.bias_dropout_residual_layer_norm(tx, None, tres, None, None, dropout=0.5, training=False)
-    assert_close("None vectors, training=False", got.numpy(), ln_reference(x, zeros, res, ones, zeros, dy, 0.0, None)[0])
+    assert_close(
+        "None vectors, training=False", got.numpy(), ln_reference(x, zeros, res, ones, zeros, dy, 0.0, None)[0]
+    )
     assert_close("bias_gelu(x, None)", ops.bias_gelu(tx, None).numpy(), gelu_reference(x, zeros, dy)[0])
 
 
@@ -276,7 +293,9 @@ def test_dropout_mask_layout_exact(impl, p, request):
     kept = got[1].reshape(rows, F) != 0
     want = philox_ref.rowwise_keep(SEED, OFFSET, p, rows, F)
     mism = np.argwhere(kept != want)
-    assert mism.size == 0, f"{len(mism)} of {want.size} keep-mask elements differ, first [row, col] = {mism[:5].tolist()}"
+    assert mism.size == 0, (
+        f"{len(mism)} of {want.size} keep-mask elements differ, first [row, col] = {mism[:5].tolist()}"
+    )
     np.testing.assert_array_equal(want, paddle_unpad.ops.philox.rowwise_keep_mask(SEED, OFFSET, p, rows, F))
     frac = 1.0 - kept.mean()
     assert abs(frac - p) < 5 * math.sqrt(p * (1 - p) / kept.size), (frac, p)
@@ -337,15 +356,15 @@ def test_nan_around_inputs_is_never_read(p, fused_native):
 
     def matrix(a):
         buf = np.full((pad + T + pad, F + 7), np.nan, dtype=np.float32)
-        buf[pad:pad + T, :F] = a
+        buf[pad : pad + T, :F] = a
         tb = paddle.to_tensor(buf, stop_gradient=False)
-        return tb, tb[pad:pad + T, :F]
+        return tb, tb[pad : pad + T, :F]
 
     def vector(a):
         buf = np.full(F + 2 * pad, np.nan, dtype=np.float32)
-        buf[pad:pad + F] = a
+        buf[pad : pad + F] = a
         tb = paddle.to_tensor(buf, stop_gradient=False)
-        return tb, tb[pad:pad + F]
+        return tb, tb[pad : pad + F]
 
     _poison_allocator(4 * (T + 2 * pad) * (F + 7) * 4)
     bufs, views = zip(matrix(x), vector(bias), matrix(res), vector(w), vector(b))
@@ -356,13 +375,13 @@ def test_nan_around_inputs_is_never_read(p, fused_native):
     grads = {"x": ref[1], "bias": ref[2], "residual": ref[3], "ln_weight": ref[4], "ln_bias": ref[5]}
     for (name, r), tb in zip(grads.items(), bufs):
         g = tb.grad.numpy()
-        inside = g[pad:pad + T, :F] if g.ndim == 2 else g[pad:pad + F]
+        inside = g[pad : pad + T, :F] if g.ndim == 2 else g[pad : pad + F]
         assert_close(f"d{name}", inside, r)
         outside = g.copy()
         if g.ndim == 2:
-            outside[pad:pad + T, :F] = 0.0
+            outside[pad : pad + T, :F] = 0.0
         else:
-            outside[pad:pad + F] = 0.0
+            outside[pad : pad + F] = 0.0
         assert (outside == 0.0).all(), f"d{name}: gradient leaked outside the view"
 
     _poison_allocator(4 * (T + 2 * pad) * (F + 7) * 4)
@@ -371,9 +390,9 @@ def test_nan_around_inputs_is_never_read(p, fused_native):
     yg.backward(paddle.to_tensor(gdy))
     ref = gelu_reference(gx, gbias, gdy)
     assert_close("gelu y", yg.numpy(), ref[0])
-    assert_close("gelu dx", bx.grad.numpy()[pad:pad + T, :F], ref[1])
-    assert_close("gelu dbias", bb.grad.numpy()[pad:pad + F], ref[2])
-    assert np.count_nonzero(bx.grad.numpy()) == np.count_nonzero(bx.grad.numpy()[pad:pad + T, :F])
+    assert_close("gelu dx", bx.grad.numpy()[pad : pad + T, :F], ref[1])
+    assert_close("gelu dbias", bb.grad.numpy()[pad : pad + F], ref[2])
+    assert np.count_nonzero(bx.grad.numpy()) == np.count_nonzero(bx.grad.numpy()[pad : pad + T, :F])
 
 
 def test_nan_row_stays_in_its_row(fused_native):
@@ -489,8 +508,9 @@ def test_fused_isa_in_use(fused_native):
         assert got == "avx512"
 
 
-_VARIANT_TESTS = ("fused_isa_in_use or (grid and native and not 4096) or odd_shapes or mask_layout or nan "
-                  "or constant_row")
+_VARIANT_TESTS = (
+    "fused_isa_in_use or (grid and native and not 4096) or odd_shapes or mask_layout or nan or constant_row"
+)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "sse2"])
@@ -593,8 +613,16 @@ def test_to_static_save_load(tmp_path, fused_native):
         def forward(self, x):
             h = ops.bias_gelu(paddle.matmul(x, self.linear1.weight), self.linear1.bias)
             o = paddle.matmul(h, self.linear2.weight)
-            return ops.bias_dropout_residual_layer_norm(o, self.linear2.bias, x, self.norm.weight, self.norm.bias,
-                                                        dropout=0.1, epsilon=EPS, training=self.training)
+            return ops.bias_dropout_residual_layer_norm(
+                o,
+                self.linear2.bias,
+                x,
+                self.norm.weight,
+                self.norm.bias,
+                dropout=0.1,
+                epsilon=EPS,
+                training=self.training,
+            )
 
     paddle.seed(0)
     block = Block()
@@ -631,14 +659,16 @@ def test_to_static_training_backward(fused_native):
 
         def forward(self, x):
             h = ops.bias_gelu(paddle.matmul(x, self.lin.weight), self.lin.bias)
-            return ops.bias_dropout_residual_layer_norm(h, self.lin.bias, x, self.norm.weight, self.norm.bias,
-                                                        dropout=0.5, training=self.training)
+            return ops.bias_dropout_residual_layer_norm(
+                h, self.lin.bias, x, self.norm.weight, self.norm.bias, dropout=0.5, training=self.training
+            )
 
     paddle.seed(0)
     block = Block()
     block.train()
-    static_block = paddle.jit.to_static(block, input_spec=[paddle.static.InputSpec([None, H], "float32")],
-                                        full_graph=True)
+    static_block = paddle.jit.to_static(
+        block, input_spec=[paddle.static.InputSpec([None, H], "float32")], full_graph=True
+    )
     x = paddle.to_tensor(np.random.default_rng(1).standard_normal((40, H)).astype(np.float32))
     a = static_block(x)
     a.sum().backward()
@@ -658,8 +688,13 @@ def _gelu_call(x=None, bias=None):
 
 
 def _ln_call(**kw):
-    args = dict(x=paddle.ones([4, 8]), bias=paddle.ones([8]), residual=paddle.ones([4, 8]),
-                ln_weight=paddle.ones([8]), ln_bias=paddle.ones([8]))
+    args = dict(
+        x=paddle.ones([4, 8]),
+        bias=paddle.ones([8]),
+        residual=paddle.ones([4, 8]),
+        ln_weight=paddle.ones([8]),
+        ln_bias=paddle.ones([8]),
+    )
     opts = {k: kw.pop(k) for k in ("dropout", "epsilon", "rng_state") if k in kw}
     args.update(kw)
     return ops.bias_dropout_residual_layer_norm(**args, **opts)
@@ -667,28 +702,43 @@ def _ln_call(**kw):
 
 ERRORS = {
     "gelu_x_int": (lambda: _gelu_call(x=paddle.ones([4, 8], dtype="int32")), [r"bias_gelu", r"\bx\b", "int32"]),
-    "gelu_x_float64": (lambda: _gelu_call(x=paddle.ones([4, 8], dtype="float64"), bias=paddle.ones([8], "float64")),
-                       [r"\bx\b", "float64"]),
+    "gelu_x_float64": (
+        lambda: _gelu_call(x=paddle.ones([4, 8], dtype="float64"), bias=paddle.ones([8], "float64")),
+        [r"\bx\b", "float64"],
+    ),
     "gelu_x_0d": (lambda: _gelu_call(x=paddle.ones([])), [r"\bx\b", "dimension"]),
     "gelu_x_numpy": (lambda: _gelu_call(x=np.ones((4, 8), np.float32)), [r"\bx\b", "ndarray"]),
     "gelu_bias_len": (lambda: _gelu_call(bias=paddle.ones([9])), [r"\bbias\b", r"\[8\]", r"\[9\]"]),
     "gelu_bias_2d": (lambda: _gelu_call(bias=paddle.ones([1, 8])), [r"\bbias\b", r"\[1, 8\]"]),
     "gelu_bias_dtype": (lambda: _gelu_call(bias=paddle.ones([8], dtype="float64")), [r"\bbias\b", "float64"]),
     "ln_residual_shape": (lambda: _ln_call(residual=paddle.ones([5, 8])), [r"\bresidual\b", r"\[5, 8\]", r"\[4, 8\]"]),
-    "ln_residual_dtype": (lambda: _ln_call(residual=paddle.ones([4, 8], dtype="float64")), [r"\bresidual\b", "float64"]),
+    "ln_residual_dtype": (
+        lambda: _ln_call(residual=paddle.ones([4, 8], dtype="float64")),
+        [r"\bresidual\b", "float64"],
+    ),
     "ln_bias_len": (lambda: _ln_call(bias=paddle.ones([7])), [r"\bbias\b", r"\[7\]"]),
     "ln_weight_len": (lambda: _ln_call(ln_weight=paddle.ones([16])), [r"\bln_weight\b", r"\[16\]"]),
     "ln_bias_param_2d": (lambda: _ln_call(ln_bias=paddle.ones([2, 4])), [r"\bln_bias\b", r"\[2, 4\]"]),
     "ln_weight_dtype": (lambda: _ln_call(ln_weight=paddle.ones([8], dtype="float64")), [r"\bln_weight\b", "float64"]),
     "ln_x_int": (lambda: _ln_call(x=paddle.ones([4, 8], dtype="int64")), [r"\bx\b", "int64"]),
-    "ln_f_zero": (lambda: _ln_call(x=paddle.ones([4, 0]), residual=paddle.ones([4, 0]), bias=paddle.ones([0]),
-                                   ln_weight=paddle.ones([0]), ln_bias=paddle.ones([0])), [r"x\.shape\[-1\]", "0"]),
+    "ln_f_zero": (
+        lambda: _ln_call(
+            x=paddle.ones([4, 0]),
+            residual=paddle.ones([4, 0]),
+            bias=paddle.ones([0]),
+            ln_weight=paddle.ones([0]),
+            ln_bias=paddle.ones([0]),
+        ),
+        [r"x\.shape\[-1\]", "0"],
+    ),
     "ln_dropout_one": (lambda: _ln_call(dropout=1.0), ["dropout", r"1\.0"]),
     "ln_dropout_negative": (lambda: _ln_call(dropout=-0.1), ["dropout", r"-0\.1"]),
     "ln_epsilon_zero": (lambda: _ln_call(epsilon=0.0), ["epsilon", r"0\.0"]),
     "ln_epsilon_nan": (lambda: _ln_call(epsilon=float("nan")), ["epsilon", "nan"]),
-    "ln_rng_state_bad": (lambda: _ln_call(dropout=0.1, rng_state=paddle.to_tensor([1, 2, 3], dtype="int64")),
-                         ["rng_state", "3"]),
+    "ln_rng_state_bad": (
+        lambda: _ln_call(dropout=0.1, rng_state=paddle.to_tensor([1, 2, 3], dtype="int64")),
+        ["rng_state", "3"],
+    ),
 }
 
 
@@ -704,26 +754,91 @@ def test_input_errors(case, fused_native):
 
 # The C++ checks themselves (the Python checks above run first in normal use).
 NATIVE_ERRORS = {
-    "gelu_bias_len": ("pu_bias_gelu", lambda: (paddle.ones([4, 8]), paddle.ones([9])), ["bias_gelu:", r"\bbias\b", "9"]),
-    "gelu_bias_dtype": ("pu_bias_gelu", lambda: (paddle.ones([4, 8]), paddle.ones([8], "float64")),
-                        [r"\bbias\b", "float64"]),
-    "gelu_x_dtype": ("pu_bias_gelu", lambda: (paddle.ones([4, 8], "float64"), paddle.ones([8], "float64")),
-                     [r"\bx\b", "float64"]),
-    "ln_residual": ("pu_bias_dropout_residual_layer_norm",
-                    lambda: (paddle.ones([4, 8]), paddle.ones([8]), paddle.ones([3, 8]), paddle.ones([8]),
-                             paddle.ones([8]), None, 0.0, 1e-5), ["bias_dropout_residual_layer_norm:", "residual", "3, 8"]),
-    "ln_weight": ("pu_bias_dropout_residual_layer_norm",
-                  lambda: (paddle.ones([4, 8]), paddle.ones([8]), paddle.ones([4, 8]), paddle.ones([5]),
-                           paddle.ones([8]), None, 0.0, 1e-5), ["ln_weight", r"\[5\]"]),
-    "ln_dropout": ("pu_bias_dropout_residual_layer_norm",
-                   lambda: (paddle.ones([4, 8]), paddle.ones([8]), paddle.ones([4, 8]), paddle.ones([8]),
-                            paddle.ones([8]), None, 1.5, 1e-5), ["dropout", r"1\.5"]),
-    "ln_epsilon": ("pu_bias_dropout_residual_layer_norm",
-                   lambda: (paddle.ones([4, 8]), paddle.ones([8]), paddle.ones([4, 8]), paddle.ones([8]),
-                            paddle.ones([8]), None, 0.0, -1.0), ["epsilon", "-1"]),
-    "ln_no_rng": ("pu_bias_dropout_residual_layer_norm",
-                  lambda: (paddle.ones([4, 8]), paddle.ones([8]), paddle.ones([4, 8]), paddle.ones([8]),
-                           paddle.ones([8]), None, 0.1, 1e-5), ["rng_state"]),
+    "gelu_bias_len": (
+        "pu_bias_gelu",
+        lambda: (paddle.ones([4, 8]), paddle.ones([9])),
+        ["bias_gelu:", r"\bbias\b", "9"],
+    ),
+    "gelu_bias_dtype": (
+        "pu_bias_gelu",
+        lambda: (paddle.ones([4, 8]), paddle.ones([8], "float64")),
+        [r"\bbias\b", "float64"],
+    ),
+    "gelu_x_dtype": (
+        "pu_bias_gelu",
+        lambda: (paddle.ones([4, 8], "float64"), paddle.ones([8], "float64")),
+        [r"\bx\b", "float64"],
+    ),
+    "ln_residual": (
+        "pu_bias_dropout_residual_layer_norm",
+        lambda: (
+            paddle.ones([4, 8]),
+            paddle.ones([8]),
+            paddle.ones([3, 8]),
+            paddle.ones([8]),
+            paddle.ones([8]),
+            None,
+            0.0,
+            1e-5,
+        ),
+        ["bias_dropout_residual_layer_norm:", "residual", "3, 8"],
+    ),
+    "ln_weight": (
+        "pu_bias_dropout_residual_layer_norm",
+        lambda: (
+            paddle.ones([4, 8]),
+            paddle.ones([8]),
+            paddle.ones([4, 8]),
+            paddle.ones([5]),
+            paddle.ones([8]),
+            None,
+            0.0,
+            1e-5,
+        ),
+        ["ln_weight", r"\[5\]"],
+    ),
+    "ln_dropout": (
+        "pu_bias_dropout_residual_layer_norm",
+        lambda: (
+            paddle.ones([4, 8]),
+            paddle.ones([8]),
+            paddle.ones([4, 8]),
+            paddle.ones([8]),
+            paddle.ones([8]),
+            None,
+            1.5,
+            1e-5,
+        ),
+        ["dropout", r"1\.5"],
+    ),
+    "ln_epsilon": (
+        "pu_bias_dropout_residual_layer_norm",
+        lambda: (
+            paddle.ones([4, 8]),
+            paddle.ones([8]),
+            paddle.ones([4, 8]),
+            paddle.ones([8]),
+            paddle.ones([8]),
+            None,
+            0.0,
+            -1.0,
+        ),
+        ["epsilon", "-1"],
+    ),
+    "ln_no_rng": (
+        "pu_bias_dropout_residual_layer_norm",
+        lambda: (
+            paddle.ones([4, 8]),
+            paddle.ones([8]),
+            paddle.ones([4, 8]),
+            paddle.ones([8]),
+            paddle.ones([8]),
+            None,
+            0.1,
+            1e-5,
+        ),
+        ["rng_state"],
+    ),
 }
 
 
@@ -745,9 +860,22 @@ def test_bench_fused_ops_quick(tmp_path):
 
     out = tmp_path / "fused_ops.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_fused_ops.py"), "--quick",
-                        "--threads", "1", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "bench_fused_ops.py"),
+            "--quick",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "== forward ==" in r.stdout and "== forward + backward ==" in r.stdout, r.stdout
     res = json.loads(out.read_text())

@@ -8,6 +8,7 @@ its own store. The control, with that switched off, checks the cause rather than
 race (which a run can miss): Paddle's next group overwrites the default group's key
 (if a Paddle release stops sharing the keys, the control fails and the workaround can go).
 """
+
 import os
 
 import pytest
@@ -80,8 +81,10 @@ def test_a_group_over_some_ranks_does_not_shift_the_next_group_over_all():
     (outside,) = [r for r in ranks[2].results if r.get("what") == "all-reduce over a group without this rank"]
     # before: "ValueError: 2 is not in list" from inside the layouts' comparison
     assert outside["refused"] and outside["exc"] == "ValueError" and outside["after"] < 1.0, ranks[2]
-    assert outside["msg"].startswith("paddle_unpad.distributed.GradientAllReduce: the all-reduce (group=) over ranks "
-                                     "[0, 1] was built on rank 2, which is not one of them"), ranks[2]
+    assert outside["msg"].startswith(
+        "paddle_unpad.distributed.GradientAllReduce: the all-reduce (group=) over ranks "
+        "[0, 1] was built on rank 2, which is not one of them"
+    ), ranks[2]
     for rk in ranks:
         assert rk.rc == 0 and not [r for r in rk.results if "exc" in r and "what" not in r], rk
         assert rk.results[-1]["complete"], rk

@@ -13,6 +13,7 @@ plain-Paddle bucketed attention for float32).
 Not a GPU run: GEMMs run in float32 on the CPU and are rounded to the AMP dtype, as a GPU's
 half kernels round on store; the device's own accumulation order is not modelled.
 """
+
 import contextlib
 import math
 
@@ -27,8 +28,13 @@ from test_convert import _is_key_bias, _loss_inputs, call, make_pair, ragged_bat
 
 pytestmark = [pytest.mark.build, pytest.mark.usefixtures("native_ops")]
 
-MODES = {"fp32": (None, "float32"), "O1-fp16": ("O1", "float16"), "O1-bf16": ("O1", "bfloat16"),
-         "O2-fp16": ("O2", "float16"), "O2-bf16": ("O2", "bfloat16")}
+MODES = {
+    "fp32": (None, "float32"),
+    "O1-fp16": ("O1", "float16"),
+    "O1-bf16": ("O1", "bfloat16"),
+    "O2-fp16": ("O2", "float16"),
+    "O2-bf16": ("O2", "bfloat16"),
+}
 HEADS = 2  # hidden 64 / 2 heads = head size 32, a size the CUDA attention kernel has
 LR = 0.05
 # float16 training scales the loss (GradScaler; PaddleNLP's Trainer starts at 2^15) so that small
@@ -57,8 +63,11 @@ def _train(kind, level, dtype, calls):
             with amp:
                 loss = call(m, "bert", kind, ids, tt, mask, dict(labels, return_dict=True)).loss
             (loss * LOSS_SCALE[dtype]).backward()
-            grads = {n: p.grad.astype("float32").numpy() / LOSS_SCALE[dtype] for n, p in m.named_parameters()
-                     if p.grad is not None}
+            grads = {
+                n: p.grad.astype("float32").numpy() / LOSS_SCALE[dtype]
+                for n, p in m.named_parameters()
+                if p.grad is not None
+            }
             for p in m.parameters():
                 if p.grad is not None:
                     p.grad.set_value((p.grad.astype("float32") / LOSS_SCALE[dtype]).astype(p.grad.dtype))
@@ -112,17 +121,33 @@ def test_trains_in_every_gpu_mode_like_the_stock_model(mode, kind):
     assert ops.count("pu_bias_gelu") == layers, ops
 
 
-TRAINER_MODES = {"O1-fp16": ("O1", "float16"), "O1-bf16": ("O1", "bfloat16"), "O2-fp16": ("O2", "float16"),
-                 "O2-bf16": ("O2", "bfloat16")}
+TRAINER_MODES = {
+    "O1-fp16": ("O1", "float16"),
+    "O1-bf16": ("O1", "bfloat16"),
+    "O2-fp16": ("O2", "float16"),
+    "O2-bf16": ("O2", "bfloat16"),
+}
 
 
 def _trainer_losses(trainer_cls, model, dataset, tmp_path, level, dtype, **kw):
     from paddlenlp.trainer import TrainingArguments
 
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=STEPS, per_device_train_batch_size=len(dataset),
-                             learning_rate=1e-3, logging_steps=1, save_strategy="no", evaluation_strategy="no",
-                             seed=42, disable_tqdm=True, report_to=[], fp16=dtype == "float16",
-                             bf16=dtype == "bfloat16", fp16_opt_level=level, dataloader_drop_last=False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=STEPS,
+        per_device_train_batch_size=len(dataset),
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        evaluation_strategy="no",
+        seed=42,
+        disable_tqdm=True,
+        report_to=[],
+        fp16=dtype == "float16",
+        bf16=dtype == "bfloat16",
+        fp16_opt_level=level,
+        dataloader_drop_last=False,
+    )
     trainer = trainer_cls(model=model, args=args, train_dataset=dataset, **kw)
     trainer.train()
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -140,8 +165,10 @@ def test_unpad_trainer_in_amp_modes_like_the_stock_trainer(mode, tmp_path):
     level, dtype = TRAINER_MODES[mode]
     ids, tt, mask = ragged_batch("bert")
     rng = np.random.default_rng(8)
-    dataset = [{"input_ids": ids[b, :n].tolist(), "token_type_ids": tt[b, :n].tolist(),
-                "labels": int(rng.integers(0, 3))} for b, n in enumerate(mask.sum(1))]
+    dataset = [
+        {"input_ids": ids[b, :n].tolist(), "token_type_ids": tt[b, :n].tolist(), "labels": int(rng.integers(0, 3))}
+        for b, n in enumerate(mask.sum(1))
+    ]
     with amp_emulation.emulated_amp(), gpu_rules.gpu_rules(pytest) as calls:
         ref, model = make_pair("bert", "seqcls", token_loss="stock", num_attention_heads=HEADS)
         stock = _trainer_losses(Trainer, ref, dataset, tmp_path / "stock", level, dtype, data_collator=PadCollator())
@@ -158,6 +185,7 @@ def test_unpad_trainer_in_amp_modes_like_the_stock_trainer(mode, tmp_path):
 
 
 # ------------------------------------------------------------------------------ op by op
+
 
 def _leaf(a, dtype):
     t = paddle.to_tensor(np.asarray(a, np.float32)).astype(dtype)
@@ -178,8 +206,12 @@ def _close(name, got, ref, dtype, kind):
 
 # (x, residual, LayerNorm parameters) as AMP hands them over -> the dtypes the kernel gets
 # (the bias always takes x's) and y's dtype. A half residual next to a float32 x is cast up.
-LN_MIXES = {"O1": ("half", "float32", "float32"), "O2-fp16": ("half", "half", "float32"),
-            "O2-bf16": ("half", "half", "half"), "half-residual": ("float32", "half", "float32")}
+LN_MIXES = {
+    "O1": ("half", "float32", "float32"),
+    "O2-fp16": ("half", "half", "float32"),
+    "O2-bf16": ("half", "half", "half"),
+    "half-residual": ("float32", "half", "float32"),
+}
 
 
 @pytest.mark.parametrize("mix", list(LN_MIXES))
@@ -191,8 +223,11 @@ def test_fused_ops_take_amps_dtype_mixes(dtype, mix):
     x_dt, r_dt, w_dt = (dtype if d == "half" else d for d in LN_MIXES[mix])
     rng = np.random.default_rng(4)
     rows, cols = 9, 64
-    x, res, dy = _leaf(rng.standard_normal((rows, cols)), x_dt), _leaf(rng.standard_normal((rows, cols)), r_dt), \
-        rng.standard_normal((rows, cols))
+    x, res, dy = (
+        _leaf(rng.standard_normal((rows, cols)), x_dt),
+        _leaf(rng.standard_normal((rows, cols)), r_dt),
+        rng.standard_normal((rows, cols)),
+    )
     bias = _leaf(rng.standard_normal(cols) * 0.5, "float32")  # a float32 parameter, as under O1
     w, b = _leaf(1 + rng.standard_normal(cols) * 0.2, w_dt), _leaf(rng.standard_normal(cols) * 0.2, w_dt)
     with amp_emulation.emulated_amp(), gpu_rules.gpu_rules(pytest) as calls:
@@ -203,11 +238,17 @@ def test_fused_ops_take_amps_dtype_mixes(dtype, mix):
     assert calls == [(BDRLN, (x_dt, x_dt, y_dt, w_dt, w_dt)), ("pu_bias_gelu", (x_dt, x_dt))], calls
     (y.astype("float32") * paddle.to_tensor(dy.astype(np.float32))).sum().backward()
     xr, br = _f64(x), _f64(bias.astype(x_dt))  # the kernel saw the bias in x's dtype
-    ry, rdx, rdb, rdres, rdw, rdlb = ref_ops.ln_reference(xr, br, _f64(res.astype(y_dt)), _f64(w), _f64(b),
-                                                          _f64(paddle.to_tensor(dy).astype(y_dt)), 0.0, None)
+    ry, rdx, rdb, rdres, rdw, rdlb = ref_ops.ln_reference(
+        xr, br, _f64(res.astype(y_dt)), _f64(w), _f64(b), _f64(paddle.to_tensor(dy).astype(y_dt)), 0.0, None
+    )
     _close("y", y, ry, y_dt if y_dt != "float32" else x_dt, "out")
-    for name, t, r in (("dx", x, rdx), ("dresidual", res, rdres), ("dbias", bias, rdb), ("dln_weight", w, rdw),
-                       ("dln_bias", b, rdlb)):
+    for name, t, r in (
+        ("dx", x, rdx),
+        ("dresidual", res, rdres),
+        ("dbias", bias, rdb),
+        ("dln_weight", w, rdw),
+        ("dln_bias", b, rdlb),
+    ):
         assert t.grad.dtype == t.dtype, name  # each gradient in its parameter's own dtype
         _close(name, t.grad, r, dtype, "grad")
 
@@ -216,11 +257,17 @@ def test_float64_mixes_are_refused_naming_both():
     from paddle_unpad import ops
 
     x, v = paddle.ones([2, 8]), paddle.ones([8], dtype="float64")
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.ops\.bias_dropout_residual_layer_norm: ln_weight dtype "
-                                        r"float64 differs from x dtype float32 \(mixed dtypes are lined up"):
+    with pytest.raises(
+        TypeError,
+        match=r"^paddle_unpad\.ops\.bias_dropout_residual_layer_norm: ln_weight dtype "
+        r"float64 differs from x dtype float32 \(mixed dtypes are lined up",
+    ):
         ops.bias_dropout_residual_layer_norm(x, None, x, v, None)
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.ops\.bias_gelu: bias dtype float64 differs from x dtype "
-                                        r"float32"):
+    with pytest.raises(
+        TypeError,
+        match=r"^paddle_unpad\.ops\.bias_gelu: bias dtype float64 differs from x dtype "
+        r"float32",
+    ):
         ops.bias_gelu(x, v)
 
 
@@ -242,7 +289,11 @@ def test_half_attention_without_a_kernel_size_takes_the_bucketed_path(dtype):
         (out.astype("float32") * paddle.to_tensor(dout)).sum().backward()
     assert calls == [] and out.dtype == tq.dtype
     tol = FMHA_GPU_TOLERANCE[dtype]
-    for name, got, r, kind in (("out", out, ref[0], "out"), ("dq", tq.grad, ref[1], "grad"),
-                               ("dk", tk.grad, ref[2], "grad"), ("dv", tv.grad, ref[3], "grad")):
+    for name, got, r, kind in (
+        ("out", out, ref[0], "out"),
+        ("dq", tq.grad, ref[1], "grad"),
+        ("dk", tk.grad, ref[2], "grad"),
+        ("dv", tv.grad, ref[3], "grad"),
+    ):
         err = np.abs(_f64(got) - r).max() / np.abs(r).max()
         assert err <= tol[kind], f"{name}: {err:.2e}"

@@ -7,6 +7,7 @@ gradient bit for bit with the plain flat all-reduce over several steps: a conver
 is tied to the word embeddings (that table must be reduced whole), and a model with a
 layer only one rank uses (the other rank has no gradient for it).
 """
+
 import json
 import os
 import re
@@ -31,10 +32,27 @@ def _launch(tmp_path, *args, env=None, timeout=240):
     log_dir = tmp_path / "log"
     full = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     full.update(env or {})
-    rc, out = run_bounded([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
-                           "--log_dir", str(log_dir), WORKER, *args], timeout, env=full, cwd=ROOT)
-    logs = {r: (log_dir / f"workerlog.{r}").read_text(errors="replace") for r in (0, 1)
-            if (log_dir / f"workerlog.{r}").exists()}
+    rc, out = run_bounded(
+        [
+            sys.executable,
+            "-m",
+            "paddle.distributed.launch",
+            "--nproc_per_node",
+            "2",
+            "--log_dir",
+            str(log_dir),
+            WORKER,
+            *args,
+        ],
+        timeout,
+        env=full,
+        cwd=ROOT,
+    )
+    logs = {
+        r: (log_dir / f"workerlog.{r}").read_text(errors="replace")
+        for r in (0, 1)
+        if (log_dir / f"workerlog.{r}").exists()
+    }
     records = [json.loads(ln) for text in logs.values() for ln in text.splitlines() if ln.startswith("{")]
     return rc, out, logs, records
 
@@ -73,9 +91,12 @@ def test_single_process_is_a_no_op_and_arguments_are_checked():
     for bad in (-1, True, 1.0, "1"):
         with pytest.raises(TypeError, match=r"wait: step must be a non-negative int.*got " + re.escape(repr(bad))):
             sync.wait(step=bad)
-    for kw, word, error in ((dict(bucket_mb=0), "bucket_mb", ValueError), (dict(timeout=float("nan")), "timeout",
-                            ValueError), (dict(dense_fraction=1.5), "dense_fraction", ValueError),
-                            (dict(bucket_mb=True), "bucket_mb", TypeError)):
+    for kw, word, error in (
+        (dict(bucket_mb=0), "bucket_mb", ValueError),
+        (dict(timeout=float("nan")), "timeout", ValueError),
+        (dict(dense_fraction=1.5), "dense_fraction", ValueError),
+        (dict(bucket_mb=True), "bucket_mb", TypeError),
+    ):
         with pytest.raises(error, match=word):
             pu.fleet.GradientAllReduce(lin, **kw)
     frozen = paddle.nn.Linear(2, 2)
@@ -108,10 +129,14 @@ def test_one_live_all_reduce_per_parameter():
         second.wait()
 
 
-@pytest.mark.parametrize("kw,error,pattern", [
-    (dict(timeout=1e12), ValueError, r"timeout .*at most threading.TIMEOUT_MAX.*got 1000000000000\.0"),
-    (dict(overlap="yes"), TypeError, r"overlap must be True, False or None.*'yes'"),
-    (dict(average=1), TypeError, r"average must be True or False, got 1")])
+@pytest.mark.parametrize(
+    "kw,error,pattern",
+    [
+        (dict(timeout=1e12), ValueError, r"timeout .*at most threading.TIMEOUT_MAX.*got 1000000000000\.0"),
+        (dict(overlap="yes"), TypeError, r"overlap must be True, False or None.*'yes'"),
+        (dict(average=1), TypeError, r"average must be True or False, got 1"),
+    ],
+)
 def test_all_reduce_options_name_the_key_and_value(kw, error, pattern):
     with pytest.raises(error, match=r"^paddle_unpad\.distributed\.GradientAllReduce: " + pattern):
         pu.fleet.GradientAllReduce(paddle.nn.Linear(2, 2), **kw)
@@ -121,15 +146,21 @@ def test_built_before_the_job_is_initialized_is_refused(monkeypatch):
     from paddle_unpad.distributed import GradientSyncError
 
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "3")  # launched as one of 3 ranks, no fleet.init yet
-    with pytest.raises(GradientSyncError, match=r"^paddle_unpad\.distributed\.GradientAllReduce: built before the "
-                                                r"job was initialized: .* one of 3 ranks"):
+    with pytest.raises(
+        GradientSyncError,
+        match=r"^paddle_unpad\.distributed\.GradientAllReduce: built before the "
+        r"job was initialized: .* one of 3 ranks",
+    ):
         pu.fleet.GradientAllReduce(paddle.nn.Linear(2, 2))
 
 
 def test_a_sparse_embedding_is_refused_by_name():
     model = paddle.nn.Sequential(paddle.nn.Linear(2, 2), paddle.nn.Embedding(10, 2, sparse=True))
-    with pytest.raises(ValueError, match=rf"sparse embedding \(layer '1', nn.Embedding\(sparse=True\), weight "
-                                         rf"'{model[1].weight.name}'\).*sparse=False"):
+    with pytest.raises(
+        ValueError,
+        match=rf"sparse embedding \(layer '1', nn.Embedding\(sparse=True\), weight "
+        rf"'{model[1].weight.name}'\).*sparse=False",
+    ):
         pu.fleet.GradientAllReduce(model)
     model[1].weight.stop_gradient = True  # a frozen one is not reduced at all
     pu.fleet.GradientAllReduce(model).close()

@@ -1,4 +1,5 @@
 """paddle_unpad._runtime.host_malloc: freed host memory is kept for reuse, not faulted in again."""
+
 import json
 import os
 import platform
@@ -55,8 +56,11 @@ def test_retained_memory_is_reused_without_page_faults():
     # the 64 MiB tensor reuses freed heap memory: (almost) none of its 16384 pages fault
     assert kept["faults"] < kept["pages"] // 20, kept
     default = _probe(**{ENV: "off"})
-    assert default["info"] == {"action": "unchanged", "why": f"{ENV}=off",
-                               "when": "first use: UnpadTransformerEncoderLayer built"}
+    assert default["info"] == {
+        "action": "unchanged",
+        "why": f"{ENV}=off",
+        "when": "first use: UnpadTransformerEncoderLayer built",
+    }
     # glibc's default maps it fresh, and every page faults on the first write (fewer with
     # transparent huge pages, which fault 2 MiB at a time)
     assert default["faults"] > 8 * kept["faults"] + 20, (default, kept)
@@ -71,8 +75,11 @@ def test_nothing_changes_when_off_bad_or_tuned_by_the_user(monkeypatch):
             host_malloc.configure({ENV: "sometimes"})
         assert host_malloc.info() == {"action": "unchanged", "why": f"{ENV}=off", "when": None}
         host_malloc.configure({"MALLOC_TRIM_THRESHOLD_": "1000000"})
-        assert host_malloc.info() == {"action": "unchanged", "when": None,
-                                      "why": "malloc tuned by the user (MALLOC_TRIM_THRESHOLD_)"}
+        assert host_malloc.info() == {
+            "action": "unchanged",
+            "when": None,
+            "why": "malloc tuned by the user (MALLOC_TRIM_THRESHOLD_)",
+        }
         host_malloc.configure({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"})
         assert host_malloc.info()["why"] == "malloc tuned by the user (GLIBC_TUNABLES)"
         # an arena limit is not about returning memory: the setting still applies

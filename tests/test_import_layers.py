@@ -10,6 +10,7 @@ loads). An import inside a function runs on first use; every other one at import
   bottom up; a module is in the row whose *where* names its path or its folder). The only
   upward imports are the first-use ones in ``LAZY_UPWARD``, each with its reason.
 """
+
 import ast
 import os
 import re
@@ -18,15 +19,21 @@ from test_architecture_doc import PKG, ROOT, layer_rows
 
 # (importer, imported) -> why an import inside a function may reach a higher layer
 LAZY_UPWARD = {
-    ("paddle_unpad._runtime.aliases", "paddle_unpad.ops.philox"):
-        "the old name paddle_unpad.philox stays importable (with a DeprecationWarning); the module loads "
-        "only when a caller imports that name",
-    ("paddle_unpad._runtime.aliases", "paddle_unpad.ops.bucketed_attention"):
-        "the old name paddle_unpad.bucketed_attention stays importable (with a DeprecationWarning); the "
-        "module loads only when a caller imports that name",
-    ("paddle_unpad.balance", "paddle_unpad.distributed"):
-        "the exchange's old names under paddle_unpad.balance (BalancedLoader, ...) are forwarded, with a "
-        "DeprecationWarning, when a caller reads one; balance itself never loads the distributed layer",
+    (
+        "paddle_unpad._runtime.aliases",
+        "paddle_unpad.ops.philox",
+    ): "the old name paddle_unpad.philox stays importable (with a DeprecationWarning); the module loads "
+    "only when a caller imports that name",
+    (
+        "paddle_unpad._runtime.aliases",
+        "paddle_unpad.ops.bucketed_attention",
+    ): "the old name paddle_unpad.bucketed_attention stays importable (with a DeprecationWarning); the "
+    "module loads only when a caller imports that name",
+    (
+        "paddle_unpad.balance",
+        "paddle_unpad.distributed",
+    ): "the exchange's old names under paddle_unpad.balance (BalancedLoader, ...) are forwarded, with a "
+    "DeprecationWarning, when a caller reads one; balance itself never loads the distributed layer",
 }
 
 
@@ -48,7 +55,7 @@ def _resolve(importer, is_package, node, mods):
         return [a.name for a in node.names]
     if node.level:
         base = importer.split(".")
-        base = base[:len(base) - node.level + (1 if is_package else 0)]
+        base = base[: len(base) - node.level + (1 if is_package else 0)]
         prefix = ".".join(base + ([node.module] if node.module else []))
     else:
         prefix = node.module or ""
@@ -91,7 +98,7 @@ def find_cycle(edges):
         stack.append(node)
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = dfs(nxt)
                 if cycle:
@@ -166,8 +173,11 @@ def test_every_module_has_a_layer():
 
 def test_imports_go_down_the_layer_table_only():
     upward = upward_imports()
-    bad = [f"{src} ({src_layer}) imports {dst} ({dst_layer}){'' if now else ' in a function'}"
-           for src, src_layer, dst, dst_layer, now in upward if now or (src, dst) not in LAZY_UPWARD]
+    bad = [
+        f"{src} ({src_layer}) imports {dst} ({dst_layer}){'' if now else ' in a function'}"
+        for src, src_layer, dst, dst_layer, now in upward
+        if now or (src, dst) not in LAZY_UPWARD
+    ]
     assert not bad, "imports that climb docs/architecture.md's layer table:\n" + "\n".join(bad)
 
 

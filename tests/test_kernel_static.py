@@ -19,6 +19,7 @@ spills and cuobjdump's SASS. Here it runs on a fresh build and:
 Needs nvcc, c++filt, cuobjdump and nvdisasm (requirements/test.txt installs the last two
 from PyPI); skipped without them locally, failed under CI. About a minute on 2 cores after the build.
 """
+
 import json
 import os
 import sys
@@ -44,8 +45,12 @@ def fresh(tmp_path_factory, cuda_kernel_build):
         if testutil.in_ci():
             pytest.fail(f"CI=true: {e}")
         pytest.skip(str(e))
-    return kernel_static.run([int(s) for s in SMS], str(tmp_path_factory.mktemp("ks") / "kernel_static.json"),
-                             os.cpu_count() or 1, built=cuda_kernel_build["built"])
+    return kernel_static.run(
+        [int(s) for s in SMS],
+        str(tmp_path_factory.mktemp("ks") / "kernel_static.json"),
+        os.cpu_count() or 1,
+        built=cuda_kernel_build["built"],
+    )
 
 
 @pytest.mark.parametrize("sm", SMS)
@@ -60,8 +65,9 @@ def test_dropout_costs_whole_philox_calls(fresh, sm):
 @pytest.mark.parametrize("sm", SMS)
 def test_no_spills_and_the_dq_kernel_fits_three_blocks(fresh, sm):
     checks = fresh["sms"][sm]["checks"]
-    assert checks["spill_bytes"] == 0, [e for es in fresh["sms"][sm]["units"].values() for e in es
-                                         if e.get("spill_stores") or e.get("spill_loads")]
+    assert checks["spill_bytes"] == 0, [
+        e for es in fresh["sms"][sm]["units"].values() for e in es if e.get("spill_stores") or e.get("spill_loads")
+    ]
     assert checks["kinds"]["bwd_dq_det"]["registers_without_dropout"] <= 168, checks["kinds"]["bwd_dq_det"]
     for k in fresh["sms"][sm]["kernels"]:  # every backward kernel reports what it occupies
         if k["meta"]["kind"].startswith("bwd"):
@@ -88,11 +94,19 @@ def test_the_committed_record_is_this_build(fresh):
         committed = json.load(f)
 
     def key(r):
-        return {(sm, k["name"]): (k["registers"], k["spill_stores"], k["analysis"].get("loop", {}).get("instructions"))
-                for sm, res in r["sms"].items() for k in res["kernels"]}
+        return {
+            (sm, k["name"]): (k["registers"], k["spill_stores"], k["analysis"].get("loop", {}).get("instructions"))
+            for sm, res in r["sms"].items()
+            for k in res["kernels"]
+        }
 
     new, old = key(fresh), key(committed)
-    moved = sorted(f"sm_{sm} {name}: {old.get((sm, name))} -> {new.get((sm, name))}"
-                   for sm, name in set(new) | set(old) if old.get((sm, name)) != new.get((sm, name)))
-    assert not moved, ("the kernels changed since benchmarks/results/kernel_static.json was written: rerun "
-                       "python benchmarks/kernel_static.py and python benchmarks/report.py\n" + "\n".join(moved[:20]))
+    moved = sorted(
+        f"sm_{sm} {name}: {old.get((sm, name))} -> {new.get((sm, name))}"
+        for sm, name in set(new) | set(old)
+        if old.get((sm, name)) != new.get((sm, name))
+    )
+    assert not moved, (
+        "the kernels changed since benchmarks/results/kernel_static.json was written: rerun "
+        "python benchmarks/kernel_static.py and python benchmarks/report.py\n" + "\n".join(moved[:20])
+    )

@@ -4,6 +4,7 @@ The reference is Paddle's own (PaddleNLP-patched) padded TransformerEncoder run 
 padding mask; the unpadded layers must reuse its parameter objects and match it at real
 tokens, forward and backward.
 """
+
 import numpy as np
 import paddle
 import paddle.nn.functional as F
@@ -25,8 +26,17 @@ def rel_err(a, b):
     return float(np.abs(a - b).max(initial=0.0) / max(np.abs(b).max(initial=0.0), 1e-30))
 
 
-def make_encoder(hidden=64, heads=4, ffn=128, n=2, dropout=0.0, act="gelu", cls=paddle.nn.TransformerEncoder,
-                 layer_cls=paddle.nn.TransformerEncoderLayer, seed=0):
+def make_encoder(
+    hidden=64,
+    heads=4,
+    ffn=128,
+    n=2,
+    dropout=0.0,
+    act="gelu",
+    cls=paddle.nn.TransformerEncoder,
+    layer_cls=paddle.nn.TransformerEncoderLayer,
+    seed=0,
+):
     paddle.seed(seed)
     layer = layer_cls(hidden, heads, ffn, dropout=dropout, activation=act, attn_dropout=dropout, act_dropout=0)
     enc = cls(layer, n)
@@ -73,8 +83,10 @@ def test_encoder_matches_padded_reference(hidden, heads, act):
     assert rel_err(out_pk.numpy(), ref_rows) < RTOL
 
     grads = {}
-    for tag, out, idx in (("ref", out_ref.reshape([-1, hidden]), paddle.to_tensor(np.flatnonzero(valid))),
-                          ("pk", out_pk, None)):
+    for tag, out, idx in (
+        ("ref", out_ref.reshape([-1, hidden]), paddle.to_tensor(np.flatnonzero(valid))),
+        ("pk", out_pk, None),
+    ):
         rows = paddle.gather(out, idx) if idx is not None else out
         enc.clear_gradients()
         (rows * paddle.to_tensor(w)).sum().backward()
@@ -160,8 +172,9 @@ def test_unpad_encoder_classes_packed_and_padded():
     ref = reference_padded(enc_ref, paddle.to_tensor(x_np), mask)
     out = enc(paddle.to_tensor(x_np.reshape(-1, 64)[valid]), cu_seqlens=cu, max_seqlen=mx)
     assert rel_err(out.numpy(), ref.reshape([-1, 64]).numpy()[valid]) < RTOL
-    out_h, hidden = enc(paddle.to_tensor(x_np.reshape(-1, 64)[valid]), cu_seqlens=cu, max_seqlen=mx,
-                        output_hidden_states=True)
+    out_h, hidden = enc(
+        paddle.to_tensor(x_np.reshape(-1, 64)[valid]), cu_seqlens=cu, max_seqlen=mx, output_hidden_states=True
+    )
     assert len(hidden) == 3
     # without cu_seqlens: the padded parent forward, unchanged
     padded = reference_padded(enc, paddle.to_tensor(x_np), mask)
@@ -190,8 +203,7 @@ def test_convert_encoder_in_place_and_revert():
 
 def test_unsupported_layers_are_refused():
     paddle.seed(0)
-    pre_ln = paddle.nn.TransformerEncoder(
-        paddle.nn.TransformerEncoderLayer(64, 4, 128, normalize_before=True), 1)
+    pre_ln = paddle.nn.TransformerEncoder(paddle.nn.TransformerEncoderLayer(64, 4, 128, normalize_before=True), 1)
     with pytest.raises(NotImplementedError, match="normalize_before"):
         layers.convert_encoder(pre_ln)
     enc = make_encoder(n=1)

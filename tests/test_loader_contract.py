@@ -2,6 +2,7 @@
 ``len()`` says, and the named errors of loaders it cannot use (Paddle's default collate, a
 packed batch, a launched rank before ``fleet.init``, a closed loader). The same contract on 3
 ranks: tests/test_distributed_faults.py (scenario ``loader_contract``)."""
+
 import threading
 
 import numpy as np
@@ -55,8 +56,11 @@ def test_a_taken_batch_shares_no_memory_with_the_loader():
 def test_len_is_the_loaders_and_named_when_unknown():
     assert len(pf.distributed_loader(ReusingLoader(5))) == 5
     dl = pf.distributed_loader(iter([[{"input_ids": np.ones(2, np.int64)}]]))
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.fleet\.distributed_loader: len\(\) is not known: the "
-                                        r"loader has no len\(\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"^paddle_unpad\.fleet\.distributed_loader: len\(\) is not known: the "
+        r"loader has no len\(\)",
+    ):
         len(dl)
     assert len(list(dl)) == 1  # list() asks len() for a hint: an unknown length does not stop it
 
@@ -109,20 +113,31 @@ def test_a_dataset_error_under_the_default_collate_stays_the_datasets():
 
 def test_a_packing_collator_in_the_dataloader_names_the_fix():
     batches = [pu.data.PackingCollator(return_tensors="np")([VariedLengths()[i] for i in range(3)])]
-    with pytest.raises(TypeError, match=r"^paddle_unpad\.data: the batch is already packed .*"
-                                        r"collate_fn=pu\.data\.sample_list_collate"):
+    with pytest.raises(
+        TypeError,
+        match=r"^paddle_unpad\.data: the batch is already packed .*"
+        r"collate_fn=pu\.data\.sample_list_collate",
+    ):
         list(pf.distributed_loader(batches))
-    with pytest.raises(TypeError, match=r"needs lists of samples.*collate_fn=pu\.data\.sample_list_collate.*keys "
-                                        r"\['input_ids'\]"):
+    with pytest.raises(
+        TypeError,
+        match=r"needs lists of samples.*collate_fn=pu\.data\.sample_list_collate.*keys "
+        r"\['input_ids'\]",
+    ):
         list(pf.distributed_loader([{"input_ids": np.ones((2, 3), np.int64)}]))
 
 
 def test_a_launched_rank_before_fleet_init_is_refused(monkeypatch):
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "3")
-    for build, name in ((lambda: pf.distributed_loader([]), "fleet.distributed_loader"),
-                        (lambda: pu.distributed.BalancedLoader([]), "distributed.BalancedLoader")):
-        with pytest.raises(pf.ExchangeError, match=rf"^paddle_unpad\.{name}: built before the job was initialized.*"
-                                                   r"of 3 ranks.*call fleet\.init"):
+    for build, name in (
+        (lambda: pf.distributed_loader([]), "fleet.distributed_loader"),
+        (lambda: pu.distributed.BalancedLoader([]), "distributed.BalancedLoader"),
+    ):
+        with pytest.raises(
+            pf.ExchangeError,
+            match=rf"^paddle_unpad\.{name}: built before the job was initialized.*"
+            r"of 3 ranks.*call fleet\.init",
+        ):
             build()
 
 
@@ -142,18 +157,27 @@ def test_counts_of_the_wrong_length_are_refused_where_they_are_given(monkeypatch
     from paddle_unpad.distributed import options
 
     assert check_counts([3, 5], ranks=2) == [3, 5] and check_counts("equal", ranks=2) == "equal"
-    with pytest.raises(ValueError, match=r"^paddle_unpad\.balance\.plan: counts must hold one count per rank \(2 ranks "
-                                         r"in this job\), got 1: \[4\]$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^paddle_unpad\.balance\.plan: counts must hold one count per rank \(2 ranks "
+        r"in this job\), got 1: \[4\]$",
+    ):
         check_counts([4], ranks=2)
-    with pytest.raises(ValueError, match=r"^paddle_unpad\.fleet\.distributed_loader: counts must hold one count per "
-                                         r"rank \(3 ranks in this job\), got 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"^paddle_unpad\.fleet\.distributed_loader: counts must hold one count per "
+        r"rank \(3 ranks in this job\), got 2",
+    ):
         options.check_counts_per_rank({"counts": [1, 2]}, "fleet.distributed_loader", 3)
     options.check_counts_per_rank({"counts": [1, 2]}, "fleet.distributed_loader", 1)  # one process: unused
     assert len(pf.distributed_loader(ReusingLoader(2), counts=[4])) == 2
     strategy = pf.DistributedStrategy()
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")  # launched as one of 2 ranks, before fleet.init
-    with pytest.raises(ValueError, match=r"^paddle_unpad\.fleet\.DistributedStrategy: unpad_configs\['counts'\] must "
-                                         r"hold one count per rank \(2 ranks in this job\), got 1: \[4\]$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^paddle_unpad\.fleet\.DistributedStrategy: unpad_configs\['counts'\] must "
+        r"hold one count per rank \(2 ranks in this job\), got 1: \[4\]$",
+    ):
         strategy.unpad_configs = {"counts": [4]}
     strategy.unpad_configs = {"counts": [4, 4]}
     assert strategy.unpad_configs["counts"] == [4, 4]

@@ -3,6 +3,7 @@ PaddleNLP BertModel by paddle_unpad.models.load_hf_bert, tokenised by PaddleNLP'
 on the shipped vocab.txt. The converted model's mean-pooled sentence embeddings must equal the
 original's, and must rank related sentences above unrelated ones.
 """
+
 import json
 import os
 
@@ -23,20 +24,28 @@ except FileNotFoundError as e:  # pragma: no cover
 
 # (anchor, related, unrelated): mixed lengths, from 4 to 46 tokens
 TRIPLES = [
-    ("A man is playing a guitar on stage.",
-     "A musician performs a song on his guitar in front of an audience.",
-     "The central bank raised interest rates by a quarter of a point."),
-    ("The cat sleeps on the warm windowsill.",
-     "A kitten is napping in the sun by the window.",
-     "Engineers finished the new bridge across the river ahead of schedule."),
-    ("How do I reset my password?",
-     "I forgot my login password and need to change it.",
-     "Penguins live mostly in the southern hemisphere."),
-    ("Heavy rain caused flooding in several coastal towns overnight, and emergency crews spent the "
-     "morning pumping water out of basements while residents waited for the roads to reopen and the "
-     "power company tried to restore electricity to thousands of homes.",
-     "Storms flooded seaside villages and left many houses without power.",
-     "She baked a chocolate cake for her grandmother's birthday."),
+    (
+        "A man is playing a guitar on stage.",
+        "A musician performs a song on his guitar in front of an audience.",
+        "The central bank raised interest rates by a quarter of a point.",
+    ),
+    (
+        "The cat sleeps on the warm windowsill.",
+        "A kitten is napping in the sun by the window.",
+        "Engineers finished the new bridge across the river ahead of schedule.",
+    ),
+    (
+        "How do I reset my password?",
+        "I forgot my login password and need to change it.",
+        "Penguins live mostly in the southern hemisphere.",
+    ),
+    (
+        "Heavy rain caused flooding in several coastal towns overnight, and emergency crews spent the "
+        "morning pumping water out of basements while residents waited for the roads to reopen and the "
+        "power company tried to restore electricity to thousands of homes.",
+        "Storms flooded seaside villages and left many houses without power.",
+        "She baked a chocolate cake for her grandmother's birthday.",
+    ),
     ("Hi.", "Hello!", "Quarterly revenue exceeded analyst expectations."),
 ]
 
@@ -61,8 +70,8 @@ def _batch(tokenizer, sentences):
     ids = np.zeros((len(enc), S), np.int64)
     mask = np.zeros((len(enc), S), np.int64)
     for b, e in enumerate(enc):
-        ids[b, :len(e)] = e
-        mask[b, :len(e)] = 1
+        ids[b, : len(e)] = e
+        mask[b, : len(e)] = 1
     return ids, mask
 
 
@@ -76,10 +85,12 @@ def test_loader_maps_names_and_transposes():
 
     hf = load_file(os.path.join(MODEL_DIR, "model.safetensors"))
     sd = hf_bert_to_paddle_state_dict(hf)
-    np.testing.assert_array_equal(sd["encoder.layers.3.self_attn.q_proj.weight"],
-                                  hf["encoder.layer.3.attention.self.query.weight"].T)
-    np.testing.assert_array_equal(sd["encoder.layers.0.linear1.weight"],
-                                  hf["encoder.layer.0.intermediate.dense.weight"].T)
+    np.testing.assert_array_equal(
+        sd["encoder.layers.3.self_attn.q_proj.weight"], hf["encoder.layer.3.attention.self.query.weight"].T
+    )
+    np.testing.assert_array_equal(
+        sd["encoder.layers.0.linear1.weight"], hf["encoder.layer.0.intermediate.dense.weight"].T
+    )
     np.testing.assert_array_equal(sd["embeddings.layer_norm.weight"], hf["embeddings.LayerNorm.weight"])
     np.testing.assert_array_equal(sd["encoder.layers.5.norm2.bias"], hf["encoder.layer.5.output.LayerNorm.bias"])
     assert "embeddings.position_ids" not in sd
@@ -110,7 +121,7 @@ def test_sentence_embeddings_match_original(tokenizer, models):
         batch = PackingCollator(max_seqlen=512)([{"input_ids": ids[b, :n]} for b, n in enumerate(lengths)])
         packed = converted(**batch)[0].numpy()
     cu = batch["cu_seqlens_host"]
-    e_packed = np.stack([packed[cu[b]:cu[b + 1]].mean(0) for b in range(len(lengths))])
+    e_packed = np.stack([packed[cu[b] : cu[b + 1]].mean(0) for b in range(len(lengths))])
     for e in (e_new, e_none, e_packed):
         assert np.abs(e - e_ref).max() < 1e-5
 

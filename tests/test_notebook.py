@@ -1,5 +1,6 @@
 """examples/notebooks/finetune.ipynb runs headless, top to bottom, on a tiny slice, and is
 stored without paths of the machine that last ran it."""
+
 import json
 import os
 import re
@@ -27,8 +28,10 @@ def test_committed_notebook_holds_no_machine_paths():
     with open(NB, encoding="utf-8") as f:
         text = _text_of(json.load(f))
     found = sorted({line.strip() for line in text.splitlines() if MACHINE_PATH.search(line)})
-    assert not found, ("examples/notebooks/finetune.ipynb carries absolute paths (drop those outputs, e.g. "
-                       "stderr warnings from site-packages):\n" + "\n".join(found[:10]))
+    assert not found, (
+        "examples/notebooks/finetune.ipynb carries absolute paths (drop those outputs, e.g. "
+        "stderr warnings from site-packages):\n" + "\n".join(found[:10])
+    )
 
 
 @pytest.mark.slow

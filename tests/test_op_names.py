@@ -1,6 +1,7 @@
 """The custom operators' names are listed once per language and the two lists agree:
 custom_ops/paddle/op_names.h (registered names, the public names the messages start with)
 and paddle_unpad/ops/_names.py (what the Python side calls and looks for)."""
+
 import ast
 import glob
 import os
@@ -65,9 +66,13 @@ def test_no_op_name_is_spelled_outside_the_two_tables():
     assert not cpp, f"a literal public name outside custom_ops/paddle/op_names.h: {cpp}"
     table = os.path.join(ROOT, "paddle_unpad", "ops", "_names.py")
     pattern = re.compile(r"""["']pu_\w""")
-    py = [f"{os.path.relpath(p, ROOT)}:{i}" for p in glob.glob(os.path.join(ROOT, "paddle_unpad", "**", "*.py"),
-                                                               recursive=True) if p != table
-          for i, line in enumerate(_read(p).splitlines(), 1) if pattern.search(line)]
+    py = [
+        f"{os.path.relpath(p, ROOT)}:{i}"
+        for p in glob.glob(os.path.join(ROOT, "paddle_unpad", "**", "*.py"), recursive=True)
+        if p != table
+        for i, line in enumerate(_read(p).splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not py, f"a registered name outside paddle_unpad/ops/_names.py: {py}"
 
 

@@ -1,6 +1,7 @@
 """The version shim and the build's view of Paddle and CUDA: the same answers on every
 supported Paddle (2.6.x, 3.x; CPU and GPU builds), CUDA found the way Paddle users expect,
 and a GPU build that can never pass as a CPU-only one."""
+
 import os
 import stat
 import subprocess
@@ -41,7 +42,7 @@ def test_untested_paddle_warns_once_at_import(monkeypatch):
 
 
 def test_protobuf_that_breaks_paddle_26_fleet_is_named():
-    assert "install \"protobuf<7\"" in compat.protobuf_problem((2, 6), "7.36.2")
+    assert 'install "protobuf<7"' in compat.protobuf_problem((2, 6), "7.36.2")
     assert compat.protobuf_problem((2, 6), "6.33.6") is None
     assert compat.protobuf_problem((3, 3), "7.36.2") is None
     # and the running pair is one that works (the set-up pins it)
@@ -63,8 +64,13 @@ def test_missing_paddlenlp_is_one_sentence_naming_the_versions(monkeypatch):
     with pytest.raises(ImportError) as e:
         compat.require_paddlenlp()
     said = str(e.value)
-    assert said.startswith("paddle_unpad: convert, the model families and UnpadTrainer need PaddleNLP 2.8.1 or 3.0 "
-                           '(pip install "paddlenlp>=2.8.1,<3.1"') and "\n" not in said
+    assert (
+        said.startswith(
+            "paddle_unpad: convert, the model families and UnpadTrainer need PaddleNLP 2.8.1 or 3.0 "
+            '(pip install "paddlenlp>=2.8.1,<3.1"'
+        )
+        and "\n" not in said
+    )
     assert "importing paddlenlp.transformers failed: " in said
 
 
@@ -92,8 +98,6 @@ def test_default_generator_is_the_one_paddle_seed_sets():
     a = compat.default_generator(paddle.CPUPlace()).random()
     paddle.seed(1234)
     assert compat.default_generator(paddle.CPUPlace()).random() == a
-
-
 
 
 def test_strided_inputs_are_read_as_their_logical_values(native_ops, rng):
@@ -201,10 +205,12 @@ def test_build_says_in_one_line_when_cuda_paddle_gets_cpu_kernels_only(tmp_path)
     """Paddle with CUDA but no toolkit: one line on stderr, CPU kernels built (no silent half-build)."""
     if not paddle.is_compiled_with_cuda():
         pytest.skip(f"Paddle {paddle.__version__} is a CPU build: the message is for CUDA builds of Paddle")
-    code = ("import zlib, sys; sys.path.insert(0, %r)\n"
-            "from paddle_unpad import _build_config as cfg\n"
-            "cfg.find_cuda = lambda: None\n"
-            "print(cfg.cuda_plan())\n") % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import zlib, sys; sys.path.insert(0, %r)\n"
+        "from paddle_unpad import _build_config as cfg\n"
+        "cfg.find_cuda = lambda: None\n"
+        "print(cfg.cuda_plan())\n"
+    ) % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("PADDLE_UNPAD_REQUIRE_CUDA", None)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)

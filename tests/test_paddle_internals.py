@@ -13,6 +13,7 @@ The walk reads every other module of the package and refuses:
   Paddle object: ``layer._epsilon``, ``model._layers``);
 * ``getattr``/``hasattr``/``setattr``/``delattr`` and ``__dict__`` lookups by such a name.
 """
+
 import ast
 import os
 
@@ -21,8 +22,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "paddle_unpad")
 ALLOWED = {os.path.join("_runtime", "paddle_compat.py"), os.path.join("distributed", "workarounds.py")}
-PRIVATE_MODULES = ("paddle.base", "paddle.fluid", "paddle.framework.core", "paddle.distributed.collective",
-                   "paddle._C_ops", "paddle.utils.cpp_extension.extension_utils")
+PRIVATE_MODULES = (
+    "paddle.base",
+    "paddle.fluid",
+    "paddle.framework.core",
+    "paddle.distributed.collective",
+    "paddle._C_ops",
+    "paddle.utils.cpp_extension.extension_utils",
+)
 OURS_PREFIX = "_paddle_unpad"  # marker attributes the plugin sets on Paddle objects
 
 
@@ -36,8 +43,11 @@ def _sources():
 
 
 def _is_private(name):
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__")) \
+    return (
+        name.startswith("_")
+        and not (name.startswith("__") and name.endswith("__"))
         and not name.startswith(OURS_PREFIX)
+    )
 
 
 def _own_names(trees):
@@ -85,8 +95,12 @@ def problems(path, tree, own):
             for a in node.names:
                 if _under_private_module(a.name):
                     flag(node, f"import {a.name}")
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                and node.module.split(".")[0] == "paddle":
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.level == 0
+            and node.module.split(".")[0] == "paddle"
+        ):
             for a in node.names:
                 if _under_private_module(f"{node.module}.{a.name}") or _is_private(a.name):
                     flag(node, f"from {node.module} import {a.name}")
@@ -99,26 +113,42 @@ def problems(path, tree, own):
         elif isinstance(node, ast.Call):
             fn = node.func
             name = fn.id if isinstance(fn, ast.Name) else None
-            is_dict_get = isinstance(fn, ast.Attribute) and fn.attr in ("get", "pop", "setdefault") \
-                and isinstance(fn.value, ast.Attribute) and fn.value.attr == "__dict__"
+            is_dict_get = (
+                isinstance(fn, ast.Attribute)
+                and fn.attr in ("get", "pop", "setdefault")
+                and isinstance(fn.value, ast.Attribute)
+                and fn.value.attr == "__dict__"
+            )
             if name in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2:
                 key = node.args[1]
             elif is_dict_get and node.args:
                 key = node.args[0]
             else:
                 continue
-            if isinstance(key, ast.Constant) and isinstance(key.value, str) and _is_private(key.value) \
-                    and key.value not in own:
+            if (
+                isinstance(key, ast.Constant)
+                and isinstance(key.value, str)
+                and _is_private(key.value)
+                and key.value not in own
+            ):
                 flag(node, f"{name or '__dict__.' + fn.attr}(..., {key.value!r})")
-        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
-                and node.value.attr == "__dict__":
+        elif (
+            isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__"
+        ):
             key = node.slice
-            if isinstance(key, ast.Constant) and isinstance(key.value, str) and _is_private(key.value) \
-                    and key.value not in own:
+            if (
+                isinstance(key, ast.Constant)
+                and isinstance(key.value, str)
+                and _is_private(key.value)
+                and key.value not in own
+            ):
                 flag(node, f"__dict__[{key.value!r}]")
     # one report per chain: paddle.base.core.X is reported as its private module only
-    return [(where, what) for where, what in dict.fromkeys(found)
-            if not any(w == where and what.startswith(s + ".") for w, s in found)]
+    return [
+        (where, what)
+        for where, what in dict.fromkeys(found)
+        if not any(w == where and what.startswith(s + ".") for w, s in found)
+    ]
 
 
 SOURCES = list(_sources())
@@ -127,31 +157,45 @@ OWN = _own_names(tree for _, tree in SOURCES)
 
 def test_only_the_compat_and_workaround_modules_touch_paddle_internals():
     assert {p for p, _ in SOURCES} >= ALLOWED, "the allowed modules moved: update ALLOWED and their docstrings"
-    found = [f"{where}: {what}" for path, tree in SOURCES if path not in ALLOWED for where, what in problems(path, tree, OWN)]
-    assert not found, "Paddle internals outside paddle_unpad/_runtime/paddle_compat.py and distributed/workarounds.py (add a helper to _runtime/paddle_compat.py):\n" + "\n".join(found)
+    found = [
+        f"{where}: {what}" for path, tree in SOURCES if path not in ALLOWED for where, what in problems(path, tree, OWN)
+    ]
+    assert not found, (
+        "Paddle internals outside paddle_unpad/_runtime/paddle_compat.py and distributed/workarounds.py (add a helper to _runtime/paddle_compat.py):\n"
+        + "\n".join(found)
+    )
 
 
-@pytest.mark.parametrize("code, what", [
-    ("import paddle.base.core as core", "import paddle.base.core"),
-    ("from paddle.distributed import collective", "from paddle.distributed import collective"),
-    ("from paddle.framework import _current_expected_place", "from paddle.framework import _current_expected_place"),
-    ("x = paddle.framework.core.set_num_threads", "paddle.framework.core"),
-    ("eps = layer._epsilon", "._epsilon"),
-    ("inner = getattr(model, '_layers', None)", "getattr(..., '_layers')"),
-    ("subs = layer.__dict__.get('_sub_layers', {})", "__dict__.get(..., '_sub_layers')"),
-    ("v = obj.__dict__['_parameters']", "__dict__['_parameters']"),
-])
+@pytest.mark.parametrize(
+    "code, what",
+    [
+        ("import paddle.base.core as core", "import paddle.base.core"),
+        ("from paddle.distributed import collective", "from paddle.distributed import collective"),
+        (
+            "from paddle.framework import _current_expected_place",
+            "from paddle.framework import _current_expected_place",
+        ),
+        ("x = paddle.framework.core.set_num_threads", "paddle.framework.core"),
+        ("eps = layer._epsilon", "._epsilon"),
+        ("inner = getattr(model, '_layers', None)", "getattr(..., '_layers')"),
+        ("subs = layer.__dict__.get('_sub_layers', {})", "__dict__.get(..., '_sub_layers')"),
+        ("v = obj.__dict__['_parameters']", "__dict__['_parameters']"),
+    ],
+)
 def test_the_walk_sees_each_kind_of_use(code, what):
     found = problems("example.py", ast.parse(code), OWN)
     assert [w for _, w in found] == [what], found
 
 
-@pytest.mark.parametrize("code", [
-    "import paddle.distributed as dist",
-    "self._lock = None; x = self._lock",
-    "setattr(fn, '_paddle_unpad_original', f)",
-    "n = obj.__len__()",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import paddle.distributed as dist",
+        "self._lock = None; x = self._lock",
+        "setattr(fn, '_paddle_unpad_original', f)",
+        "n = obj.__len__()",
+    ],
+)
 def test_the_walk_lets_public_and_own_names_pass(code):
     own = OWN | {"_lock"}
     assert problems("example.py", ast.parse(code), own) == []

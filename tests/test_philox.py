@@ -1,4 +1,5 @@
 """Tests of the test suite's Philox reference (tests/philox_ref.py) and of the package's own."""
+
 import importlib
 
 import numpy as np

@@ -1,4 +1,5 @@
 """benchmarks/report.py keeps one result per host kind and judges each kind against its own targets."""
+
 import json
 import os
 import sys
@@ -13,14 +14,25 @@ def _write(tmp_path, name, vendor, date, **body):
 
 def _e2e(mfu, speedup, ideal, comm):
     # the verdicts as bench_e2e and bench_attention record them, by their documented targets
-    return {"acceptance": {"mfu_balanced": mfu, "balanced_speedup_vs_batch_max": speedup,
-                           "ideal_vs_batch_max": ideal, "exposed_comm_share_balanced": comm,
-                           "exposed_comm_at_most_5pct": comm <= 0.05}}
+    return {
+        "acceptance": {
+            "mfu_balanced": mfu,
+            "balanced_speedup_vs_batch_max": speedup,
+            "ideal_vs_batch_max": ideal,
+            "exposed_comm_share_balanced": comm,
+            "exposed_comm_at_most_5pct": comm <= 0.05,
+        }
+    }
 
 
 def _fmha(hd, p, fwd, fwd_bwd):
-    return {"head_dim": hd, "dropout": p, "fwd": {"of_matmul": fwd}, "fwd_bwd": {"of_matmul": fwd_bwd},
-            "meets_target": min(fwd, fwd_bwd) >= 0.55}
+    return {
+        "head_dim": hd,
+        "dropout": p,
+        "fwd": {"of_matmul": fwd},
+        "fwd_bwd": {"of_matmul": fwd_bwd},
+        "meets_target": min(fwd, fwd_bwd) >= 0.55,
+    }
 
 
 def _row(text, label):
@@ -33,10 +45,20 @@ def test_each_kind_is_judged_against_its_own_target(report, tmp_path):
     # the same MFU, 55%, is above the AMD target (50%) and below the Intel one (60%)
     _write(tmp_path, "e2e_amd.json", "AuthenticAMD", "2026-01-02 10:00 UTC", **_e2e(0.55, 2.0, 1.6, 0.01))
     _write(tmp_path, "e2e_intel.json", "GenuineIntel", "2026-01-01 10:00 UTC", **_e2e(0.55, 1.5, 1.6, 0.07))
-    _write(tmp_path, "attention_intel.json", "GenuineIntel", "2026-01-01 10:00 UTC",
-           head_sizes=[_fmha(32, 0.1, 0.56, 0.54), _fmha(64, 0.1, 0.60, 0.70)])
-    _write(tmp_path, "balance_amd.json", "AuthenticAMD", "2026-01-02 10:00 UTC",
-           planner_ms={"1024x64 native numpy": 4.0, "1024x64 native numpy, callable cost": 11.0})
+    _write(
+        tmp_path,
+        "attention_intel.json",
+        "GenuineIntel",
+        "2026-01-01 10:00 UTC",
+        head_sizes=[_fmha(32, 0.1, 0.56, 0.54), _fmha(64, 0.1, 0.60, 0.70)],
+    )
+    _write(
+        tmp_path,
+        "balance_amd.json",
+        "AuthenticAMD",
+        "2026-01-02 10:00 UTC",
+        planner_ms={"1024x64 native numpy": 4.0, "1024x64 native numpy, callable cost": 11.0},
+    )
     text = "\n".join(report.targets())
     assert "| target | AMD host | Intel host |" in text
     mfu = _row(text, "end-to-end MFU")

@@ -1,6 +1,7 @@
 """Serving an unpadded export: benchmarks/bench_serving.py in its smoke size (both predictors answer the
 same batches alike, every cell timed on both sides, the report renders it) and examples/serve.py answering
 texts from the export that run kept."""
+
 import io
 import json
 import os
@@ -14,7 +15,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDES = ("unpadded", "padded")
 
 
-
 def _env():
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
@@ -24,9 +24,23 @@ def quick_run(tmp_path_factory):
     """(result JSON, folder of the two exports) of one ``bench_serving.py --quick --tiny`` run."""
     tmp = tmp_path_factory.mktemp("serving")
     out, exports = tmp / "serving_test.json", tmp / "exports"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_serving.py"), "--quick", "--tiny",
-                        "--out", str(out), "--keep-exports", str(exports)],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "bench_serving.py"),
+            "--quick",
+            "--tiny",
+            "--out",
+            str(out),
+            "--keep-exports",
+            str(exports),
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return json.loads(out.read_text()), exports
 
@@ -46,7 +60,8 @@ def test_bench_serving_quick(quick_run, report, tmp_path):
             assert best[side] == min(working, key=lambda c: sum(v[side] for v in working[c].values()))
     cells = run["cells"]
     assert sorted({(c["distribution"], c["batch"]) for c in cells}) == sorted(
-        (d, b) for d in ("short reviews", "pre-training pairs") for b in (1, 4))
+        (d, b) for d in ("short reviews", "pre-training pairs") for b in (1, 4)
+    )
     for c in cells:
         assert c["max_rel_diff"] < 1e-4, c  # the unpadded and the padded predictor answer the same batch alike
         assert c["settings"] == run["best"][str(c["batch"])]
@@ -102,16 +117,30 @@ def test_serve_answers_texts_from_stdin(quick_run, monkeypatch, capsys):
 def test_serve_without_a_tokenizer_next_to_the_export_says_so(tmp_path):
     for f in ("m.json", "m.pdiparams"):
         (tmp_path / f).write_text("")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "serve.py"), "--export", str(tmp_path / "m"),
-                        "x"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "serve.py"), "--export", str(tmp_path / "m"), "x"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         f"--export {str(tmp_path / 'm')!r}: no tokenizer next to the export (tokenizer_config.json or vocab.txt in "
-        f"{tmp_path}); give --tokenizer (a tokenizer folder, vocab.txt or PaddleNLP name)"], r.stderr
+        f"{tmp_path}); give --tokenizer (a tokenizer folder, vocab.txt or PaddleNLP name)"
+    ], r.stderr
 
 
 def test_serve_refuses_bad_arguments():
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "serve.py"), "--max-seq-len", "1", "x"],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "serve.py"), "--max-seq-len", "1", "x"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         "--max-seq-len 1 is below the 3 tokens an input needs (the special tokens and one token of text): give at "
-        "least 3"], r.stderr
+        "least 3"
+    ], r.stderr

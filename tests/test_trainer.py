@@ -1,5 +1,6 @@
 """PaddleNLP Trainer integration: paddle_unpad.trainer.UnpadTrainer (examples/trainer_classifier.py,
 tests/dist/trainer_resume_worker.py)."""
+
 import json
 import os
 import shutil
@@ -20,8 +21,9 @@ ARGS = ["--max-train", "96", "--max-dev", "40", "--batch-size", "16"]
 
 
 def _run(cmd, tmp_path, log_dir=None):
-    proc = subprocess.run(cmd, cwd=str(tmp_path), env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        cmd, cwd=str(tmp_path), env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600
+    )
     if proc.returncode != 0:
         logs = ""
         if log_dir is not None:
@@ -37,8 +39,19 @@ def test_unpad_trainer_matches_stock_trainer_without_dropout(tmp_path):
     out = {}
     for mode in ("unpad", "stock"):
         js = tmp_path / f"{mode}.json"
-        cmd = [sys.executable, SCRIPT, *ARGS, "--max-steps", "3", "--dropout", "0", "--output-dir",
-               str(tmp_path / mode), "--json-out", str(js)] + (["--no-unpad"] if mode == "stock" else [])
+        cmd = [
+            sys.executable,
+            SCRIPT,
+            *ARGS,
+            "--max-steps",
+            "3",
+            "--dropout",
+            "0",
+            "--output-dir",
+            str(tmp_path / mode),
+            "--json-out",
+            str(js),
+        ] + (["--no-unpad"] if mode == "stock" else [])
         _run(cmd, tmp_path)
         out[mode] = json.load(open(js))
     u, s = out["unpad"], out["stock"]
@@ -56,8 +69,25 @@ def test_unpad_trainer_two_ranks(tmp_path):
 
     js, out = tmp_path / "ddp.json", tmp_path / "out"
     log_dir = str(tmp_path / "log")
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", log_dir,
-           SCRIPT, *ARGS, "--max-steps", "3", "--save-steps", "2", "--output-dir", str(out), "--json-out", str(js)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paddle.distributed.launch",
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        log_dir,
+        SCRIPT,
+        *ARGS,
+        "--max-steps",
+        "3",
+        "--save-steps",
+        "2",
+        "--output-dir",
+        str(out),
+        "--json-out",
+        str(js),
+    ]
     _run(cmd, tmp_path, log_dir)
     s = json.load(open(js))
     assert s["unpad"] is True and s["world_size"] == 2 and s["steps"] == 3
@@ -74,8 +104,10 @@ def test_pad_collator_pads_to_batch_max_or_pad_to():
 
     from paddle_unpad.trainer import PadCollator
 
-    samples = [{"input_ids": np.array([5, 6, 7]), "token_type_ids": np.array([0, 0, 1]), "labels": np.int64(1)},
-               {"input_ids": np.array([8]), "token_type_ids": np.array([0]), "labels": np.int64(0)}]
+    samples = [
+        {"input_ids": np.array([5, 6, 7]), "token_type_ids": np.array([0, 0, 1]), "labels": np.int64(1)},
+        {"input_ids": np.array([8]), "token_type_ids": np.array([0]), "labels": np.int64(0)},
+    ]
     b = PadCollator()(samples)
     assert b["input_ids"].numpy().tolist() == [[5, 6, 7], [8, 0, 0]]
     assert b["attention_mask"].numpy().tolist() == [[1, 1, 1], [1, 0, 0]]
@@ -112,8 +144,10 @@ def test_resume_on_two_ranks_matches_uninterrupted_run(tmp_path):
     import paddle
 
     if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() == 0:
-        pytest.skip("a CUDA build of Paddle on a machine without a GPU: PaddleNLP's checkpoint "
-                    "restores one CUDA RNG state per GPU and refuses to resume here")
+        pytest.skip(
+            "a CUDA build of Paddle on a machine without a GPU: PaddleNLP's checkpoint "
+            "restores one CUDA RNG state per GPU and refuses to resume here"
+        )
     full = _worker(tmp_path, "full", ["--max-steps", "10"], nproc=2)
     ckpt = tmp_path / "out_full" / "checkpoint-6"
     assert ckpt.is_dir(), sorted(os.listdir(tmp_path / "out_full"))
@@ -129,8 +163,13 @@ def test_resume_on_two_ranks_matches_uninterrupted_run(tmp_path):
     three = tmp_path / "checkpoint-of-3"
     shutil.copytree(ckpt, three)
     (three / "rng_state_2.pth").rename(three / "rng_state_3.pth")
-    rc, out, logs = launch_job([WORKER, str(tmp_path / "out_3"), str(tmp_path / "of3"), "--resume", str(three)], 2,
-                               tmp_path / "log_of3", 300, cwd=str(tmp_path))
+    rc, out, logs = launch_job(
+        [WORKER, str(tmp_path / "out_3"), str(tmp_path / "of3"), "--resume", str(three)],
+        2,
+        tmp_path / "log_of3",
+        300,
+        cwd=str(tmp_path),
+    )
     assert rc not in (0, "timeout"), out[-3000:]
     for r in (0, 1):
         assert "was saved by 3 rank(s), this run has 2" in logs[f"workerlog.{r}"], logs[f"workerlog.{r}"][-3000:]
@@ -153,8 +192,11 @@ def test_a_checkpoints_number_of_ranks_is_read_and_checked(tmp_path, monkeypatch
     os.utime(ckpt / "rng_state.pth", (1, 1))
     (ckpt / "rng_state_4.pth").write_bytes(b"")  # saved again, later, by 4 ranks
     assert checkpoint_world_size(str(ckpt)) == 4
-    with pytest.raises(ValueError, match=r"^paddle_unpad\.trainer\.UnpadTrainer\.train: the checkpoint '.*checkpoint-6' "
-                                         r"was saved by 4 rank\(s\), this run has 1: .*resume on 4 rank\(s\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^paddle_unpad\.trainer\.UnpadTrainer\.train: the checkpoint '.*checkpoint-6' "
+        r"was saved by 4 rank\(s\), this run has 1: .*resume on 4 rank\(s\)",
+    ):
         check_resume_world_size(str(ckpt), 1)
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     try:
@@ -208,14 +250,28 @@ def test_bad_balancer_options_fail_when_the_trainer_is_built(tmp_path, monkeypat
 
     from paddle_unpad.trainer import UnpadTrainer
 
-    model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1,
-                                                     num_attention_heads=2, intermediate_size=32, num_labels=2))
+    model = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            num_labels=2,
+        )
+    )
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
-    for bad, words in (({"prefetch": 0}, r"UnpadTrainer: unpad_configs\['prefetch'\] must be an int >= 1, got 0"),
-                       ({"cost": "flop"}, r"unknown cost 'flop'"), ({"enabled": False}, r"unknown keys \['enabled'\]")):
+    for bad, words in (
+        ({"prefetch": 0}, r"UnpadTrainer: unpad_configs\['prefetch'\] must be an int >= 1, got 0"),
+        ({"cost": "flop"}, r"unknown cost 'flop'"),
+        ({"enabled": False}, r"unknown keys \['enabled'\]"),
+    ):
         with pytest.raises(ValueError, match=words):
             UnpadTrainer(model, args=args, unpad_configs=bad)
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")  # launched as one of 2 ranks: a list needs 2 counts
-    with pytest.raises(ValueError, match=r"UnpadTrainer: unpad_configs\['counts'\] must hold one count per rank "
-                                         r"\(2 ranks in this job\), got 1: \[4\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"UnpadTrainer: unpad_configs\['counts'\] must hold one count per rank "
+        r"\(2 ranks in this job\), got 1: \[4\]",
+    ):
         UnpadTrainer(model, args=args, unpad_configs={"counts": [4]})

@@ -1,4 +1,5 @@
 """Tests of paddle_unpad.varlen: unpad_input / pad_input / cu_seqlens helpers."""
+
 import numpy as np
 import paddle
 import pytest
@@ -138,8 +139,14 @@ def _check_empty_batch(x):
 
 
 def test_host_lengths_variants():
-    for lengths in ([3, 1], (3, 1), np.array([3, 1], dtype=np.int32), np.array([3, 1], dtype=np.uint16),
-                    [np.int64(3), np.int32(1)], paddle.to_tensor([3, 1])):
+    for lengths in (
+        [3, 1],
+        (3, 1),
+        np.array([3, 1], dtype=np.int32),
+        np.array([3, 1], dtype=np.uint16),
+        [np.int64(3), np.int32(1)],
+        paddle.to_tensor([3, 1]),
+    ):
         cu, m = cu_seqlens_from_lengths(lengths)
         assert cu.numpy().tolist() == [0, 3, 4] and m == 3 and isinstance(m, int)
     cu, _ = cu_seqlens_from_lengths([2, 2], place="cpu")
@@ -235,9 +242,11 @@ def test_pad_errors():
 def test_pad_index_range_and_duplicates(dtype):
     """An index of -1 would wrap to the last row; a repeated one would overwrite a token."""
     packed = paddle.to_tensor(np.arange(6, dtype=np.float32).reshape(3, 2))
-    cases = [([0, 1, -1], r"indices\[2\] = -1 is out of range.*\[0, batch_size \* seqlen = 6\)"),
-             ([0, 6, 1], r"indices\[1\] = 6 is out of range"),
-             ([4, 1, 4], r"indices must be distinct, but indices\[0\] = indices\[2\] = 4")]
+    cases = [
+        ([0, 1, -1], r"indices\[2\] = -1 is out of range.*\[0, batch_size \* seqlen = 6\)"),
+        ([0, 6, 1], r"indices\[1\] = 6 is out of range"),
+        ([4, 1, 4], r"indices must be distinct, but indices\[0\] = indices\[2\] = 4"),
+    ]
     for idx, pattern in cases:
         with pytest.raises(ValueError, match=pattern):
             pad_input(packed, paddle.to_tensor(np.array(idx, dtype=dtype)), 2, 3)
@@ -284,9 +293,11 @@ def test_cu_seqlens_from_lengths_does_not_read_device():
 # ---------------------------------------------------------------- check_cu_seqlens
 
 
-@pytest.mark.parametrize("cu", [[0], [0, 0], [0, 3, 3, 7], np.array([0, 3, 7], np.int32),
-                                paddle.to_tensor(np.array([0, 3, 7], np.int32))],
-                         ids=["no_sequences", "one_empty", "with_empty", "numpy", "cpu_tensor"])
+@pytest.mark.parametrize(
+    "cu",
+    [[0], [0, 0], [0, 3, 3, 7], np.array([0, 3, 7], np.int32), paddle.to_tensor(np.array([0, 3, 7], np.int32))],
+    ids=["no_sequences", "one_empty", "with_empty", "numpy", "cpu_tensor"],
+)
 def test_check_cu_seqlens_accepts_and_returns_the_longest(cu):
     total = int(np.asarray(cu.numpy() if isinstance(cu, paddle.Tensor) else cu)[-1])
     longest = check_cu_seqlens(cu, total, 4)
@@ -323,9 +334,12 @@ def test_check_no_empty_sequences_names_the_first_empty_one(lengths, b):
         cu.append(cu[-1] + n)
     at = sum(lengths[:b])
     for form in (cu, np.array(cu, np.int32), cu_seqlens_from_lengths(lengths)[0]):
-        with pytest.raises(ValueError, match=rf"^paddle_unpad: sequence {b} of {len(lengths)} is empty "
-                                             rf"\(cu_seqlens\[{b}\] == cu_seqlens\[{b + 1}\] == {at}\): the pooler "
-                                             r"needs at least the first \(\[CLS\]\) token"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^paddle_unpad: sequence {b} of {len(lengths)} is empty "
+            rf"\(cu_seqlens\[{b}\] == cu_seqlens\[{b + 1}\] == {at}\): the pooler "
+            r"needs at least the first \(\[CLS\]\) token",
+        ):
             check_no_empty_sequences(form, "the pooler")
 
 

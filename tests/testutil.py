@@ -1,5 +1,6 @@
 """Small helpers shared by test modules (importable by name; conftest.py is not, since
 tests/gpu has a conftest of its own)."""
+
 import os
 
 
@@ -51,8 +52,10 @@ def require_native(ops_available, names, what):
 
     ok = all(ops_available.get(op, {}).get("cpu", False) for op in names)
     if not ok:
-        msg = (f"native {what} CPU op(s) not loaded (ops_available() = {ops_available}); "
-               "build them with `pip install --no-build-isolation -e .` (or `make setup`)")
+        msg = (
+            f"native {what} CPU op(s) not loaded (ops_available() = {ops_available}); "
+            "build them with `pip install --no-build-isolation -e .` (or `make setup`)"
+        )
         if in_ci():
             pytest.fail("CI=true: " + msg)
         pytest.skip(msg)

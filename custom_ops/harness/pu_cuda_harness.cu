@@ -33,9 +33,8 @@ int from_cuda(cudaError_t e, const char* what) {
 }
 
 paddle_unpad::cuda::FmhaCudaProblem problem(const int32_t* cu, int64_t batch, int64_t total,
-                                            int64_t heads, int64_t head_dim, int dtype,
-                                            float scale, float dropout, uint64_t seed,
-                                            uint64_t offset) {
+                                            int64_t heads, int64_t head_dim, int dtype, float scale,
+                                            float dropout, uint64_t seed, uint64_t offset) {
   paddle_unpad::cuda::FmhaCudaProblem p;
   p.cu_seqlens = cu;
   p.batch = batch;
@@ -68,9 +67,8 @@ paddle_unpad::cuda::BiasGeluCudaProblem gelu_problem(int64_t rows, int64_t cols,
 }
 
 paddle_unpad::cuda::BdrlnCudaProblem bdrln_problem(int64_t rows, int64_t cols, int dtype,
-                                                   int residual_dtype, int ln_dtype,
-                                                   float dropout, float epsilon, uint64_t seed,
-                                                   uint64_t offset) {
+                                                   int residual_dtype, int ln_dtype, float dropout,
+                                                   float epsilon, uint64_t seed, uint64_t offset) {
   paddle_unpad::cuda::BdrlnCudaProblem p;
   p.rows = rows;
   p.cols = cols;
@@ -95,7 +93,9 @@ paddle_unpad::cuda::FmhaLaunchOptions options(int grouping, int num_streams) {
 
 extern "C" {
 
-int pu_harness_abi_version() { return 4; }  // 2: fused ops; 3: bdrln's three dtypes; 4: fmha bwd mode
+int pu_harness_abi_version() {
+  return 4;
+}  // 2: fused ops; 3: bdrln's three dtypes; 4: fmha bwd mode
 
 const char* pu_harness_last_error() { return g_last_error.c_str(); }
 
@@ -103,8 +103,8 @@ int pu_fmha_fwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, in
                 int64_t head_dim, int dtype, float scale, float dropout, uint64_t seed,
                 uint64_t offset, int grouping, int num_streams, const void* q, const void* k,
                 const void* v, void* out, float* lse, void* stream) {
-  const auto p = problem(cu_seqlens_host, batch, total, heads, head_dim, dtype, scale, dropout,
-                         seed, offset);
+  const auto p =
+      problem(cu_seqlens_host, batch, total, heads, head_dim, dtype, scale, dropout, seed, offset);
   const std::string why = paddle_unpad::cuda::fmha_cuda_unsupported(p);
   if (!why.empty()) return fail("fmha: " + why);
   const void* ptrs[] = {q, k, v, out, lse};
@@ -125,10 +125,10 @@ int64_t pu_fmha_bwd_workspace_bytes(int64_t total, int64_t heads, int64_t head_d
 int pu_fmha_bwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, int64_t heads,
                 int64_t head_dim, int dtype, float scale, float dropout, uint64_t seed,
                 uint64_t offset, int grouping, int num_streams, int deterministic, const void* q,
-                const void* k, const void* v, const void* out, const float* lse, const void* dout, void* dq,
-                void* dk, void* dv, void* workspace, void* stream) {
-  const auto p = problem(cu_seqlens_host, batch, total, heads, head_dim, dtype, scale, dropout,
-                         seed, offset);
+                const void* k, const void* v, const void* out, const float* lse, const void* dout,
+                void* dq, void* dk, void* dv, void* workspace, void* stream) {
+  const auto p =
+      problem(cu_seqlens_host, batch, total, heads, head_dim, dtype, scale, dropout, seed, offset);
   const std::string why = paddle_unpad::cuda::fmha_cuda_unsupported(p);
   if (!why.empty()) return fail("fmha: " + why);
   const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv, workspace};
@@ -137,8 +137,8 @@ int pu_fmha_bwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, in
   if (!mis.empty()) return fail("fmha: " + mis);
   paddle_unpad::cuda::FmhaLaunchOptions opt = options(grouping, num_streams);
   opt.deterministic = deterministic != 0;
-  return from_cuda(paddle_unpad::cuda::fmha_cuda_bwd(p, opt, q, k, v, out, lse, dout, dq, dk, dv, workspace,
-                                                     static_cast<cudaStream_t>(stream)),
+  return from_cuda(paddle_unpad::cuda::fmha_cuda_bwd(p, opt, q, k, v, out, lse, dout, dq, dk, dv,
+                                                     workspace, static_cast<cudaStream_t>(stream)),
                    "fmha backward");
 }
 
@@ -149,9 +149,8 @@ int pu_bias_gelu_fwd(int64_t rows, int64_t cols, int dtype, int path, const void
   const auto p = gelu_problem(rows, cols, dtype);
   const std::string why = paddle_unpad::cuda::bias_gelu_cuda_unsupported(p);
   if (!why.empty()) return fail("bias_gelu: " + why);
-  return from_cuda(paddle_unpad::cuda::bias_gelu_cuda_fwd(p, x, bias, y,
-                                                          static_cast<cudaStream_t>(stream),
-                                                          fused_options(path)),
+  return from_cuda(paddle_unpad::cuda::bias_gelu_cuda_fwd(
+                       p, x, bias, y, static_cast<cudaStream_t>(stream), fused_options(path)),
                    "bias_gelu forward");
 }
 
@@ -177,14 +176,14 @@ int pu_bdrln_fwd(int64_t rows, int64_t cols, int dtype, int residual_dtype, int 
                  float dropout, float epsilon, uint64_t seed, uint64_t offset, int path,
                  const void* x, const void* bias, const void* residual, const void* ln_weight,
                  const void* ln_bias, void* y, float* mean, float* rstd, void* stream) {
-  const auto p = bdrln_problem(rows, cols, dtype, residual_dtype, ln_dtype, dropout, epsilon, seed,
-                               offset);
+  const auto p =
+      bdrln_problem(rows, cols, dtype, residual_dtype, ln_dtype, dropout, epsilon, seed, offset);
   const std::string why = paddle_unpad::cuda::bdrln_cuda_unsupported(p);
   if (!why.empty()) return fail("bias_dropout_residual_layer_norm: " + why);
-  return from_cuda(paddle_unpad::cuda::bdrln_cuda_fwd(p, x, bias, residual, ln_weight, ln_bias, y,
-                                                      mean, rstd, static_cast<cudaStream_t>(stream),
-                                                      fused_options(path)),
-                   "bias_dropout_residual_layer_norm forward");
+  return from_cuda(
+      paddle_unpad::cuda::bdrln_cuda_fwd(p, x, bias, residual, ln_weight, ln_bias, y, mean, rstd,
+                                         static_cast<cudaStream_t>(stream), fused_options(path)),
+      "bias_dropout_residual_layer_norm forward");
 }
 
 int64_t pu_bdrln_bwd_workspace_bytes(int64_t rows, int64_t cols) {
@@ -196,16 +195,15 @@ int pu_bdrln_bwd(int64_t rows, int64_t cols, int dtype, int residual_dtype, int 
                  const void* x, const void* bias, const void* residual, const void* ln_weight,
                  const float* mean, const float* rstd, const void* dy, void* dx, void* dresidual,
                  void* dbias, void* dln_weight, void* dln_bias, void* workspace, void* stream) {
-  const auto p = bdrln_problem(rows, cols, dtype, residual_dtype, ln_dtype, dropout, epsilon, seed,
-                               offset);
+  const auto p =
+      bdrln_problem(rows, cols, dtype, residual_dtype, ln_dtype, dropout, epsilon, seed, offset);
   const std::string why = paddle_unpad::cuda::bdrln_cuda_unsupported(p);
   if (!why.empty()) return fail("bias_dropout_residual_layer_norm: " + why);
-  return from_cuda(paddle_unpad::cuda::bdrln_cuda_bwd(p, x, bias, residual, ln_weight, mean, rstd,
-                                                      dy, dx, dresidual, dbias, dln_weight,
-                                                      dln_bias, workspace,
-                                                      static_cast<cudaStream_t>(stream),
-                                                      fused_options(path)),
-                   "bias_dropout_residual_layer_norm backward");
+  return from_cuda(
+      paddle_unpad::cuda::bdrln_cuda_bwd(p, x, bias, residual, ln_weight, mean, rstd, dy, dx,
+                                         dresidual, dbias, dln_weight, dln_bias, workspace,
+                                         static_cast<cudaStream_t>(stream), fused_options(path)),
+      "bias_dropout_residual_layer_norm backward");
 }
 
 }  // extern "C"

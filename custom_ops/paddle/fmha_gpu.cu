@@ -71,25 +71,24 @@ void FmhaForwardGpu(const FmhaProblem& p, bool grouping, const Tensor& q, const 
   const Tensor qc = dense(q), kc = dense(k), vc = dense(v);
   check_aligned({qc.data(), kc.data(), vc.data(), out->data(), lse->data()},
                 {"q", "k", "v", "out", "lse"});
-  const cudaError_t e =
-      cuda::fmha_cuda_fwd(c, launch_options(grouping), qc.data(), kc.data(),
-                          vc.data(), out->data(), lse->data<float>(), q.stream());
+  const cudaError_t e = cuda::fmha_cuda_fwd(c, launch_options(grouping), qc.data(), kc.data(),
+                                            vc.data(), out->data(), lse->data<float>(), q.stream());
   PD_CHECK(e == cudaSuccess, kFmha, ": CUDA forward launch failed: ", cudaGetErrorName(e), ": ",
            cudaGetErrorString(e));
 }
 
 void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, bool deterministic, const Tensor& q,
-                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                     Tensor* dq, Tensor* dk, Tensor* dv) {
+                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                     const Tensor& dout, Tensor* dq, Tensor* dk, Tensor* dv) {
   const cuda::FmhaCudaProblem c = to_cuda_problem(p, q);
   if (p.total == 0) return;
   PD_CHECK(dout.dtype() == q.dtype(), kFmha, ": grad of out has dtype ", dout.dtype(),
            ", expected ", q.dtype());
   const Tensor qc = dense(q), kc = dense(k), vc = dense(v), oc = dense(out), lc = dense(lse),
                g = dense(dout);
-  const int64_t ws_floats =
-      static_cast<int64_t>(cuda::fmha_cuda_bwd_workspace_bytes(p.total, p.heads, p.head_dim, deterministic) /
-                           sizeof(float));
+  const int64_t ws_floats = static_cast<int64_t>(
+      cuda::fmha_cuda_bwd_workspace_bytes(p.total, p.heads, p.head_dim, deterministic) /
+      sizeof(float));
   Tensor ws = paddle::empty({ws_floats}, DataType::FLOAT32, q.place());
   check_aligned({qc.data(), kc.data(), vc.data(), oc.data(), lc.data(), g.data(), dq->data(),
                  dk->data(), dv->data(), ws.data()},

@@ -16,10 +16,11 @@ void FmhaForwardGpu(const FmhaProblem& p, bool grouping, const paddle::Tensor& q
 
 // Fills dq, dk, dv [T, H, D], already allocated on q's GPU. deterministic: the op's
 // attribute (the two-kernel backward, bitwise on reruns, or the one-pass backward).
-void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, bool deterministic, const paddle::Tensor& q,
-                     const paddle::Tensor& k, const paddle::Tensor& v, const paddle::Tensor& out,
-                     const paddle::Tensor& lse, const paddle::Tensor& dout, paddle::Tensor* dq,
-                     paddle::Tensor* dk, paddle::Tensor* dv);
+void FmhaBackwardGpu(const FmhaProblem& p, bool grouping, bool deterministic,
+                     const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
+                     const paddle::Tensor& out, const paddle::Tensor& lse,
+                     const paddle::Tensor& dout, paddle::Tensor* dq, paddle::Tensor* dk,
+                     paddle::Tensor* dv);
 
 }  // namespace paddle_unpad
 #endif

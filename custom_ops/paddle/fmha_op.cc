@@ -32,18 +32,22 @@ using paddle_unpad::glue::shape_str;
 paddle_unpad::FmhaProblem check_and_describe(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& cu, int64_t max_seqlen, float scale,
                                              float dropout) {
-  PD_CHECK(q.shape().size() == 3, kFmha, ": q must be 3-D [total_tokens, heads, head_dim], got shape ",
-           shape_str(q.shape()));
-  PD_CHECK(k.shape() == q.shape(), kFmha, ": k shape ", shape_str(k.shape()), " differs from q shape ",
-           shape_str(q.shape()));
-  PD_CHECK(v.shape() == q.shape(), kFmha, ": v shape ", shape_str(v.shape()), " differs from q shape ",
-           shape_str(q.shape()));
-  PD_CHECK(k.dtype() == q.dtype(), kFmha, ": k dtype ", k.dtype(), " differs from q dtype ", q.dtype());
-  PD_CHECK(v.dtype() == q.dtype(), kFmha, ": v dtype ", v.dtype(), " differs from q dtype ", q.dtype());
-  PD_CHECK(k.place() == q.place(), kFmha, ": k is on ", place_name(k), " but q is on ", place_name(q));
-  PD_CHECK(v.place() == q.place(), kFmha, ": v is on ", place_name(v), " but q is on ", place_name(q));
-  return paddle_unpad::glue::fmha_problem(kFmha, cu, q.shape()[0], q.shape()[1], q.shape()[2], max_seqlen,
-                                           scale, dropout);
+  PD_CHECK(q.shape().size() == 3, kFmha,
+           ": q must be 3-D [total_tokens, heads, head_dim], got shape ", shape_str(q.shape()));
+  PD_CHECK(k.shape() == q.shape(), kFmha, ": k shape ", shape_str(k.shape()),
+           " differs from q shape ", shape_str(q.shape()));
+  PD_CHECK(v.shape() == q.shape(), kFmha, ": v shape ", shape_str(v.shape()),
+           " differs from q shape ", shape_str(q.shape()));
+  PD_CHECK(k.dtype() == q.dtype(), kFmha, ": k dtype ", k.dtype(), " differs from q dtype ",
+           q.dtype());
+  PD_CHECK(v.dtype() == q.dtype(), kFmha, ": v dtype ", v.dtype(), " differs from q dtype ",
+           q.dtype());
+  PD_CHECK(k.place() == q.place(), kFmha, ": k is on ", place_name(k), " but q is on ",
+           place_name(q));
+  PD_CHECK(v.place() == q.place(), kFmha, ": v is on ", place_name(v), " but q is on ",
+           place_name(q));
+  return paddle_unpad::glue::fmha_problem(kFmha, cu, q.shape()[0], q.shape()[1], q.shape()[2],
+                                          max_seqlen, scale, dropout);
 }
 
 void check_cpu_dtype_and_support(const Tensor& q, const paddle_unpad::FmhaProblem& p) {
@@ -54,8 +58,8 @@ void check_cpu_dtype_and_support(const Tensor& q, const paddle_unpad::FmhaProble
 }
 
 std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
-                                const paddle::optional<Tensor>& rng, int64_t max_seqlen, float scale,
-                                float dropout, bool grouping, bool deterministic) {
+                                const paddle::optional<Tensor>& rng, int64_t max_seqlen,
+                                float scale, float dropout, bool grouping, bool deterministic) {
   static_cast<void>(deterministic);  // a backward setting
   auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
   read_rng_state(kFmha, rng, &p);
@@ -78,10 +82,11 @@ std::vector<Tensor> FmhaForward(const Tensor& q, const Tensor& k, const Tensor& 
   return {out, lse};
 }
 
-std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
-                                 const paddle::optional<Tensor>& rng, const Tensor& out,
-                                 const Tensor& lse, const Tensor& dout, int64_t max_seqlen,
-                                 float scale, float dropout, bool grouping, bool deterministic) {
+std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& cu, const paddle::optional<Tensor>& rng,
+                                 const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                 int64_t max_seqlen, float scale, float dropout, bool grouping,
+                                 bool deterministic) {
   auto p = check_and_describe(q, k, v, cu, max_seqlen, scale, dropout);
   read_rng_state(kFmha, rng, &p);
   PD_CHECK(dout.shape() == q.shape(), kFmha, ": grad of out has shape ", shape_str(dout.shape()),
@@ -99,7 +104,8 @@ std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor&
                                dq.data<float>(), dk.data<float>(), dv.data<float>());
 #if defined(PADDLE_WITH_CUDA)
   } else if (q.is_gpu()) {
-    paddle_unpad::FmhaBackwardGpu(p, grouping, deterministic, q, k, v, out, lse, dout, &dq, &dk, &dv);
+    paddle_unpad::FmhaBackwardGpu(p, grouping, deterministic, q, k, v, out, lse, dout, &dq, &dk,
+                                  &dv);
 #endif
   } else {
     PD_THROW(kFmha, ": no kernel for tensors on ", place_name(q),
@@ -108,11 +114,9 @@ std::vector<Tensor> FmhaBackward(const Tensor& q, const Tensor& k, const Tensor&
   return {dq, dk, dv};
 }
 
-std::vector<std::vector<int64_t>> FmhaInferShape(const std::vector<int64_t>& q,
-                                                 const std::vector<int64_t>& k,
-                                                 const std::vector<int64_t>& v,
-                                                 const std::vector<int64_t>& cu,
-                                                 const paddle::optional<std::vector<int64_t>>& rng) {
+std::vector<std::vector<int64_t>> FmhaInferShape(
+    const std::vector<int64_t>& q, const std::vector<int64_t>& k, const std::vector<int64_t>& v,
+    const std::vector<int64_t>& cu, const paddle::optional<std::vector<int64_t>>& rng) {
   return {q, {q[0], q[1]}};
 }
 
@@ -140,7 +144,8 @@ std::vector<DataType> FmhaGradInferDtype(DataType q, DataType k, DataType v, Dat
 PU_BUILD_OP(PU_OP_FMHA)
     .Inputs({"Q", "K", "V", "CuSeqlens", paddle::Optional("RngState")})
     .Outputs({"Out", "Lse"})
-    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool", "deterministic: bool"})
+    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool",
+            "deterministic: bool"})
     .SetKernelFn(PD_KERNEL(FmhaForward))
     .SetInferShapeFn(PD_INFER_SHAPE(FmhaInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(FmhaInferDtype));
@@ -149,7 +154,8 @@ PU_BUILD_GRAD_OP(PU_OP_FMHA)
     .Inputs({"Q", "K", "V", "CuSeqlens", paddle::Optional("RngState"), "Out", "Lse",
              paddle::Grad("Out")})
     .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
-    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool", "deterministic: bool"})
+    .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool",
+            "deterministic: bool"})
     .SetKernelFn(PD_KERNEL(FmhaBackward))
     .SetInferShapeFn(PD_INFER_SHAPE(FmhaGradInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(FmhaGradInferDtype));

@@ -13,12 +13,17 @@ namespace glue {
 
 // The problem of `total` tokens of `heads` x `head_dim`, after the checks of the scalar
 // arguments and of cu_seqlens' values (read here, where the kernels read them).
-inline FmhaProblem fmha_problem(const char* op, const paddle::Tensor& cu, int64_t total, int64_t heads,
-                                int64_t head_dim, int64_t max_seqlen, float scale, float dropout) {
-  PD_CHECK(cu.dtype() == paddle::DataType::INT32, op, ": cu_seqlens must be int32, got ", cu.dtype());
-  PD_CHECK(cu.shape().size() == 1, op, ": cu_seqlens must be 1-D [batch + 1], got shape ", shape_str(cu.shape()));
-  PD_CHECK(cu.is_cpu(), op, ": cu_seqlens must be on the CPU (a host copy; the kernels read it "
-           "without a device sync), got a tensor on ", place_name(cu));
+inline FmhaProblem fmha_problem(const char* op, const paddle::Tensor& cu, int64_t total,
+                                int64_t heads, int64_t head_dim, int64_t max_seqlen, float scale,
+                                float dropout) {
+  PD_CHECK(cu.dtype() == paddle::DataType::INT32, op, ": cu_seqlens must be int32, got ",
+           cu.dtype());
+  PD_CHECK(cu.shape().size() == 1, op, ": cu_seqlens must be 1-D [batch + 1], got shape ",
+           shape_str(cu.shape()));
+  PD_CHECK(cu.is_cpu(), op,
+           ": cu_seqlens must be on the CPU (a host copy; the kernels read it "
+           "without a device sync), got a tensor on ",
+           place_name(cu));
   PD_CHECK(max_seqlen >= 0, op, ": max_seqlen must be >= 0, got ", max_seqlen);
   PD_CHECK(dropout >= 0.0f && dropout < 1.0f, op, ": dropout must be in [0, 1), got ", dropout);
   PD_CHECK(scale == scale, op, ": scale must be a number, got NaN");
@@ -38,7 +43,8 @@ inline FmhaProblem fmha_problem(const char* op, const paddle::Tensor& cu, int64_
 }
 
 // Seed and offset of the dropout mask from rng_state ([seed, offset] int64), when dropout > 0.
-inline void read_rng_state(const char* op, const paddle::optional<paddle::Tensor>& rng, FmhaProblem* p) {
+inline void read_rng_state(const char* op, const paddle::optional<paddle::Tensor>& rng,
+                           FmhaProblem* p) {
   if (p->dropout <= 0.0f) return;
   PD_CHECK(rng.is_initialized(), op, ": dropout = ", p->dropout,
            " needs rng_state ([seed, offset] int64), got none");
@@ -46,8 +52,8 @@ inline void read_rng_state(const char* op, const paddle::optional<paddle::Tensor
   // paddle.randint) is read back once here.
   const paddle::Tensor r = rng->is_cpu() ? *rng : rng->copy_to(paddle::CPUPlace(), true);
   PD_CHECK(r.dtype() == paddle::DataType::INT64 && r.numel() == 2, op,
-           ": rng_state must be int64 with 2 elements [seed, offset], got dtype ", r.dtype(), " with ",
-           r.numel(), " elements");
+           ": rng_state must be int64 with 2 elements [seed, offset], got dtype ", r.dtype(),
+           " with ", r.numel(), " elements");
   p->seed = static_cast<uint64_t>(r.data<int64_t>()[0]);
   p->offset = static_cast<uint64_t>(r.data<int64_t>()[1]);
 }

@@ -30,21 +30,22 @@ using paddle_unpad::glue::shape_str;
 paddle_unpad::FmhaProblem describe(const Tensor& qkv, const Tensor& bias, const Tensor& cu,
                                    const paddle::optional<Tensor>& rng, int64_t max_seqlen,
                                    float scale, float dropout) {
-  PD_CHECK(qkv.shape().size() == 4 && qkv.shape()[1] == 3,
-           kFmhaQkvpacked, ": qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape ",
+  PD_CHECK(qkv.shape().size() == 4 && qkv.shape()[1] == 3, kFmhaQkvpacked,
+           ": qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape ",
            shape_str(qkv.shape()));
   PD_CHECK(bias.shape() == std::vector<int64_t>({3, qkv.shape()[2], qkv.shape()[3]}),
-           kFmhaQkvpacked, ": bias must have shape [3, heads, head_dim] = [3, ", qkv.shape()[2], ", ",
-           qkv.shape()[3], "], got ", shape_str(bias.shape()));
+           kFmhaQkvpacked, ": bias must have shape [3, heads, head_dim] = [3, ", qkv.shape()[2],
+           ", ", qkv.shape()[3], "], got ", shape_str(bias.shape()));
   PD_CHECK(qkv.is_cpu(), kFmhaQkvpacked, ": the native kernel runs on the CPU, qkv is on ",
            place_name(qkv), " (", kFmhaQkvpacked, " splits qkv for fmha there)");
-  PD_CHECK(bias.is_cpu(), kFmhaQkvpacked, ": bias is on ", place_name(bias), " but qkv is on the CPU");
+  PD_CHECK(bias.is_cpu(), kFmhaQkvpacked, ": bias is on ", place_name(bias),
+           " but qkv is on the CPU");
   PD_CHECK(qkv.dtype() == DataType::FLOAT32, kFmhaQkvpacked, ": qkv dtype ", qkv.dtype(),
            " is not supported on CPU (supported: float32)");
   PD_CHECK(bias.dtype() == qkv.dtype(), kFmhaQkvpacked, ": bias dtype ", bias.dtype(),
            " differs from qkv dtype ", qkv.dtype());
-  auto p = paddle_unpad::glue::fmha_problem(kFmhaQkvpacked, cu, qkv.shape()[0], qkv.shape()[2], qkv.shape()[3],
-                                            max_seqlen, scale, dropout);
+  auto p = paddle_unpad::glue::fmha_problem(kFmhaQkvpacked, cu, qkv.shape()[0], qkv.shape()[2],
+                                            qkv.shape()[3], max_seqlen, scale, dropout);
   p.qkv_stride = 3 * p.heads * p.head_dim;
   const std::string unsupported = paddle_unpad::fmha_cpu_unsupported(p);
   PD_CHECK(unsupported.empty(), kFmhaQkvpacked, ": ", unsupported);
@@ -80,8 +81,8 @@ std::vector<Tensor> FmhaQkvBackward(const Tensor& qkv, const Tensor& bias, const
                                     const Tensor& lse, const Tensor& dout, int64_t max_seqlen,
                                     float scale, float dropout) {
   auto p = describe(qkv, bias, cu, rng, max_seqlen, scale, dropout);
-  PD_CHECK(dout.shape() == out.shape(), kFmhaQkvpacked, ": grad of out has shape ", shape_str(dout.shape()),
-           ", expected ", shape_str(out.shape()));
+  PD_CHECK(dout.shape() == out.shape(), kFmhaQkvpacked, ": grad of out has shape ",
+           shape_str(dout.shape()), ", expected ", shape_str(out.shape()));
   const Tensor x = dense(qkv), b = dense(bias), g = dense(dout);
   set_biases(&p, b.data<float>());
   Tensor dqkv = paddle::empty(qkv.shape(), qkv.dtype(), qkv.place());
@@ -89,16 +90,15 @@ std::vector<Tensor> FmhaQkvBackward(const Tensor& qkv, const Tensor& bias, const
   const float* q = x.data<float>();
   float* d = dqkv.data<float>();
   const int64_t hd = p.heads * p.head_dim;
-  paddle_unpad::fmha_bwd_cpu(p, q, q + hd, q + 2 * hd, out.data<float>(), lse.data<float>(), g.data<float>(), d,
-                             d + hd, d + 2 * hd);
+  paddle_unpad::fmha_bwd_cpu(p, q, q + hd, q + 2 * hd, out.data<float>(), lse.data<float>(),
+                             g.data<float>(), d, d + hd, d + 2 * hd);
   paddle_unpad::column_sums_cpu(p.total, 3 * hd, d, dbias.data<float>());
   return {dqkv, dbias};
 }
 
-std::vector<std::vector<int64_t>> FmhaQkvInferShape(const std::vector<int64_t>& qkv,
-                                                    const std::vector<int64_t>& bias,
-                                                    const std::vector<int64_t>& cu,
-                                                    const paddle::optional<std::vector<int64_t>>& rng) {
+std::vector<std::vector<int64_t>> FmhaQkvInferShape(
+    const std::vector<int64_t>& qkv, const std::vector<int64_t>& bias,
+    const std::vector<int64_t>& cu, const paddle::optional<std::vector<int64_t>>& rng) {
   return {{qkv[0], qkv[2], qkv[3]}, {qkv[0], qkv[2]}};
 }
 
@@ -108,9 +108,10 @@ std::vector<DataType> FmhaQkvInferDtype(DataType qkv, DataType bias, DataType cu
 }
 
 std::vector<std::vector<int64_t>> FmhaQkvGradInferShape(
-    const std::vector<int64_t>& qkv, const std::vector<int64_t>& bias, const std::vector<int64_t>& cu,
-    const paddle::optional<std::vector<int64_t>>& rng, const std::vector<int64_t>& out,
-    const std::vector<int64_t>& lse, const std::vector<int64_t>& dout) {
+    const std::vector<int64_t>& qkv, const std::vector<int64_t>& bias,
+    const std::vector<int64_t>& cu, const paddle::optional<std::vector<int64_t>>& rng,
+    const std::vector<int64_t>& out, const std::vector<int64_t>& lse,
+    const std::vector<int64_t>& dout) {
   return {qkv, bias};
 }
 
@@ -131,7 +132,8 @@ PU_BUILD_OP(PU_OP_FMHA_QKVPACKED)
     .SetInferDtypeFn(PD_INFER_DTYPE(FmhaQkvInferDtype));
 
 PU_BUILD_GRAD_OP(PU_OP_FMHA_QKVPACKED)
-    .Inputs({"QKV", "Bias", "CuSeqlens", paddle::Optional("RngState"), "Out", "Lse", paddle::Grad("Out")})
+    .Inputs({"QKV", "Bias", "CuSeqlens", paddle::Optional("RngState"), "Out", "Lse",
+             paddle::Grad("Out")})
     .Outputs({paddle::Grad("QKV"), paddle::Grad("Bias")})
     .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float"})
     .SetKernelFn(PD_KERNEL(FmhaQkvBackward))

@@ -13,16 +13,16 @@
 namespace paddle_unpad {
 namespace {
 
-using paddle::DataType;
-using paddle::Tensor;
 using glue::dense;
 using glue::kBdrln;
 using glue::kBiasGelu;
+using paddle::DataType;
+using paddle::Tensor;
 
 cuda::DType gpu_dtype(const char* op, const Tensor& x, const char* name = "x") {
   const DataType t = x.dtype();
-  PD_CHECK(t == DataType::FLOAT16 || t == DataType::BFLOAT16 || t == DataType::FLOAT32, op,
-           ": ", name, " dtype ", t, " is not supported on GPU (supported: float16, bfloat16, float32)");
+  PD_CHECK(t == DataType::FLOAT16 || t == DataType::BFLOAT16 || t == DataType::FLOAT32, op, ": ",
+           name, " dtype ", t, " is not supported on GPU (supported: float16, bfloat16, float32)");
   if (t == DataType::FLOAT16) return cuda::DType::kFloat16;
   return t == DataType::BFLOAT16 ? cuda::DType::kBFloat16 : cuda::DType::kFloat32;
 }
@@ -39,7 +39,8 @@ void check_launch(const char* op, const char* pass, cudaError_t e) {
 }
 
 void check_grad_dtype(const char* op, const Tensor& dy, const Tensor& x) {
-  PD_CHECK(dy.dtype() == x.dtype(), op, ": grad of y has dtype ", dy.dtype(), ", expected ", x.dtype());
+  PD_CHECK(dy.dtype() == x.dtype(), op, ": grad of y has dtype ", dy.dtype(), ", expected ",
+           x.dtype());
 }
 
 Tensor workspace(size_t bytes, const Tensor& x) {
@@ -89,8 +90,8 @@ void BiasGeluBackwardGpu(const Tensor& x, const Tensor& bias, const Tensor& dy, 
   const Tensor xc = dense(x), bc = dense(bias), g = dense(dy);
   Tensor ws = workspace(cuda::bias_gelu_cuda_bwd_workspace_bytes(c.rows, c.cols), x);
   check_launch(kBiasGelu, "backward",
-               cuda::bias_gelu_cuda_bwd(c, xc.data(), bc.data(), g.data(), dx->data(), dbias->data(),
-                                        ws.data(), x.stream()));
+               cuda::bias_gelu_cuda_bwd(c, xc.data(), bc.data(), g.data(), dx->data(),
+                                        dbias->data(), ws.data(), x.stream()));
 }
 
 void BdrlnForwardGpu(const BdrlnProblem& p, const Tensor& x, const Tensor& bias,
@@ -99,9 +100,10 @@ void BdrlnForwardGpu(const BdrlnProblem& p, const Tensor& x, const Tensor& bias,
   const cuda::BdrlnCudaProblem c = ln_problem(p, x, residual, ln_weight);
   const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
                lbc = dense(ln_bias);
-  check_launch(kBdrln, "forward",
-               cuda::bdrln_cuda_fwd(c, xc.data(), bc.data(), rc.data(), wc.data(), lbc.data(), y->data(),
-                                    mean->data<float>(), rstd->data<float>(), x.stream()));
+  check_launch(
+      kBdrln, "forward",
+      cuda::bdrln_cuda_fwd(c, xc.data(), bc.data(), rc.data(), wc.data(), lbc.data(), y->data(),
+                           mean->data<float>(), rstd->data<float>(), x.stream()));
 }
 
 void BdrlnBackwardGpu(const BdrlnProblem& p, const Tensor& x, const Tensor& bias,
@@ -115,11 +117,11 @@ void BdrlnBackwardGpu(const BdrlnProblem& p, const Tensor& x, const Tensor& bias
   const Tensor xc = dense(x), bc = dense(bias), rc = dense(residual), wc = dense(ln_weight),
                mc = dense(mean), sc = dense(rstd), g = dense(dy);
   Tensor ws = workspace(cuda::bdrln_cuda_bwd_workspace_bytes(c.rows, c.cols), x);
-  check_launch(kBdrln, "backward",
-               cuda::bdrln_cuda_bwd(c, xc.data(), bc.data(), rc.data(), wc.data(), mc.data<float>(),
-                                    sc.data<float>(), g.data(), dx->data(), dresidual->data(),
-                                    dbias->data(), dln_weight->data(), dln_bias->data(), ws.data(),
-                                    x.stream()));
+  check_launch(
+      kBdrln, "backward",
+      cuda::bdrln_cuda_bwd(c, xc.data(), bc.data(), rc.data(), wc.data(), mc.data<float>(),
+                           sc.data<float>(), g.data(), dx->data(), dresidual->data(), dbias->data(),
+                           dln_weight->data(), dln_bias->data(), ws.data(), x.stream()));
 }
 
 }  // namespace paddle_unpad

@@ -60,7 +60,8 @@ void check_vector(const char* op, const char* name, const Tensor& t, const Tenso
 }
 
 void check_x(const char* op, const Tensor& x) {
-  PD_CHECK(x.shape().size() >= 1, op, ": x must have at least 1 dimension [..., F], got a 0-D tensor");
+  PD_CHECK(x.shape().size() >= 1, op,
+           ": x must have at least 1 dimension [..., F], got a 0-D tensor");
 }
 
 void check_cpu_float32(const char* op, const Tensor& x) {
@@ -85,7 +86,9 @@ int64_t rows_of(const Tensor& x) {
 }
 
 // The gradient of a tensor when y does not reach the loss (dy uninitialised): zeros.
-Tensor zero_grad_like(const Tensor& t) { return paddle::full(t.shape(), 0.0, t.dtype(), t.place()); }
+Tensor zero_grad_like(const Tensor& t) {
+  return paddle::full(t.shape(), 0.0, t.dtype(), t.place());
+}
 
 // ------------------------------------------------------------------------------ bias_gelu
 
@@ -112,15 +115,17 @@ std::vector<Tensor> BiasGeluBackward(const Tensor& x, const Tensor& bias, const 
   check_x(kBiasGelu, x);
   check_vector(kBiasGelu, "bias", bias, x);
   if (x.is_cpu()) check_cpu_float32(kBiasGelu, x);
-  if (!dy.initialized()) return {zero_grad_like(x), zero_grad_like(bias)};  // y does not reach the loss
+  if (!dy.initialized())
+    return {zero_grad_like(x), zero_grad_like(bias)};  // y does not reach the loss
   PD_CHECK(dy.shape() == x.shape(), kBiasGelu, ": grad of y has shape ", shape_str(dy.shape()),
            ", expected ", shape_str(x.shape()));
   Tensor dx = paddle::empty(x.shape(), x.dtype(), x.place());
   Tensor dbias = paddle::empty(bias.shape(), bias.dtype(), bias.place());
   if (x.is_cpu()) {
     const Tensor xc = dense(x), bc = dense(bias), g = dense(dy);
-    paddle_unpad::bias_gelu_bwd_cpu(rows_of(x), x.shape().back(), xc.data<float>(), bc.data<float>(),
-                                    g.data<float>(), dx.data<float>(), dbias.data<float>());
+    paddle_unpad::bias_gelu_bwd_cpu(rows_of(x), x.shape().back(), xc.data<float>(),
+                                    bc.data<float>(), g.data<float>(), dx.data<float>(),
+                                    dbias.data<float>());
 #if defined(PADDLE_WITH_CUDA)
   } else if (x.is_gpu()) {
     paddle_unpad::BiasGeluBackwardGpu(x, bias, dy, &dx, &dbias);
@@ -165,8 +170,8 @@ paddle_unpad::BdrlnProblem check_and_describe_ln(const Tensor& x, const Tensor& 
   check_vector(kBdrln, "ln_bias", ln_bias, x, true);
   PD_CHECK(ln_bias.dtype() == ln_weight.dtype(), kBdrln, ": ln_bias dtype ", ln_bias.dtype(),
            " differs from ln_weight dtype ", ln_weight.dtype());
-  PD_CHECK(x.shape().back() >= 1, kBdrln, ": the normalised size x.shape[-1] must be at least 1, got ",
-           x.shape().back());
+  PD_CHECK(x.shape().back() >= 1, kBdrln,
+           ": the normalised size x.shape[-1] must be at least 1, got ", x.shape().back());
   PD_CHECK(dropout >= 0.0f && dropout < 1.0f, kBdrln, ": dropout must be in [0, 1), got ", dropout);
   PD_CHECK(epsilon > 0.0f && std::isfinite(epsilon), kBdrln,
            ": epsilon must be a finite number > 0, got ", epsilon);
@@ -186,8 +191,8 @@ void read_rng_state(const paddle::optional<Tensor>& rng, paddle_unpad::BdrlnProb
   // paddle.randint on a GPU) is read back once here.
   const Tensor r = rng->is_cpu() ? *rng : rng->copy_to(paddle::CPUPlace(), true);
   PD_CHECK(r.dtype() == DataType::INT64 && r.numel() == 2, kBdrln,
-           ": rng_state must be int64 with 2 elements [seed, offset], got dtype ", r.dtype(), " with ",
-           r.numel(), " elements");
+           ": rng_state must be int64 with 2 elements [seed, offset], got dtype ", r.dtype(),
+           " with ", r.numel(), " elements");
   p->seed = static_cast<uint64_t>(r.data<int64_t>()[0]);
   p->offset = static_cast<uint64_t>(r.data<int64_t>()[1]);
 }
@@ -205,10 +210,12 @@ void check_ln_cpu(const Tensor& x, const Tensor& residual, const Tensor& ln_weig
 
 std::vector<Tensor> BdrlnForward(const Tensor& x, const Tensor& bias, const Tensor& residual,
                                  const Tensor& ln_weight, const Tensor& ln_bias,
-                                 const paddle::optional<Tensor>& rng, float dropout, float epsilon) {
+                                 const paddle::optional<Tensor>& rng, float dropout,
+                                 float epsilon) {
   auto p = check_and_describe_ln(x, bias, residual, ln_weight, ln_bias, dropout, epsilon);
   read_rng_state(rng, &p);
-  Tensor y = paddle::empty(x.shape(), residual.dtype(), x.place());  // AMP: the residual stream's dtype
+  Tensor y =
+      paddle::empty(x.shape(), residual.dtype(), x.place());  // AMP: the residual stream's dtype
   Tensor mean = paddle::empty({p.rows}, DataType::FLOAT32, x.place());
   Tensor rstd = paddle::empty({p.rows}, DataType::FLOAT32, x.place());
   if (x.is_cpu()) {
@@ -237,8 +244,8 @@ std::vector<Tensor> BdrlnBackward(const Tensor& x, const Tensor& bias, const Ten
   read_rng_state(rng, &p);
   if (x.is_cpu()) check_ln_cpu(x, residual, ln_weight, p);
   if (!dy.initialized())  // y does not reach the loss
-    return {zero_grad_like(x), zero_grad_like(bias), zero_grad_like(residual), zero_grad_like(ln_weight),
-            zero_grad_like(ln_weight)};
+    return {zero_grad_like(x), zero_grad_like(bias), zero_grad_like(residual),
+            zero_grad_like(ln_weight), zero_grad_like(ln_weight)};
   PD_CHECK(dy.shape() == x.shape(), kBdrln, ": grad of y has shape ", shape_str(dy.shape()),
            ", expected ", shape_str(x.shape()));
   PD_CHECK(mean.numel() == p.rows && rstd.numel() == p.rows, kBdrln, ": saved mean/rstd have ",
@@ -299,9 +306,8 @@ std::vector<std::vector<int64_t>> BdrlnGradInferShape(
 }
 
 std::vector<DataType> BdrlnGradInferDtype(DataType x, DataType bias, DataType residual,
-                                          DataType ln_weight,
-                                          const paddle::optional<DataType>& rng, DataType mean,
-                                          DataType rstd, DataType dy) {
+                                          DataType ln_weight, const paddle::optional<DataType>& rng,
+                                          DataType mean, DataType rstd, DataType dy) {
   return {x, bias, residual, ln_weight, ln_weight};
 }
 

@@ -37,8 +37,7 @@ py::array_t<int32_t> plan_core(I64Array counts, I64Array q, I64Array targets, in
 
 // Same planning, but returns the plan as Python objects: list over destination ranks of
 // lists of (source_rank, source_index) tuples, each sorted by (source rank, index).
-py::list plan_lists(I64Array counts, I64Array q, I64Array targets, int64_t thr,
-                    int64_t max_swaps) {
+py::list plan_lists(I64Array counts, I64Array q, I64Array targets, int64_t thr, int64_t max_swaps) {
   py::array_t<int32_t> dest_arr = plan_core(counts, q, targets, thr, max_swaps);
   const int64_t R = counts.shape(0), N = q.shape(0);
   const int64_t* c = counts.data();

@@ -18,17 +18,14 @@ namespace planner {
 struct Item {
   int64_t cost;
   int64_t idx;  // flat index == (source rank, source index) order
-  bool operator<(const Item& o) const {
-    return cost < o.cost || (cost == o.cost && idx < o.idx);
-  }
+  bool operator<(const Item& o) const { return cost < o.cost || (cost == o.cost && idx < o.idx); }
 };
 
 // counts[R]: samples per source rank; q[N]: integer costs in (rank, index) order;
 // targets[R]: samples per destination rank (sum == N); thr < 0: no tolerance stop.
 // Writes dest[N] (destination rank of each sample); returns the number of swaps.
 inline int64_t plan_core(const int64_t* counts, int64_t R, const int64_t* q, int64_t N,
-                         const int64_t* targets, int64_t thr, int64_t max_swaps,
-                         int32_t* dest) {
+                         const int64_t* targets, int64_t thr, int64_t max_swaps, int32_t* dest) {
   std::vector<int64_t> starts(R + 1, 0);
   for (int64_t r = 0; r < R; ++r) starts[r + 1] = starts[r] + counts[r];
   if (starts[R] != N) throw std::invalid_argument("plan_core: sum(counts) != N");
@@ -87,11 +84,16 @@ inline int64_t plan_core(const int64_t* counts, int64_t R, const int64_t* q, int
         if (0 < d && d < D) {
           const int64_t e = (2 * d - D) < 0 ? D - 2 * d : 2 * d - D;
           if (best < 0 || e < best) {
-            best = e; bi = i; bj = j;
+            best = e;
+            bi = i;
+            bj = j;
             if (e == 0) break;
           }
         }
-        if (2 * d < D) ++i; else ++j;
+        if (2 * d < D)
+          ++i;
+        else
+          ++j;
       }
       if (best < 0) continue;
       const Item x = a[bi], y = b[bj];

@@ -1,6 +1,7 @@
 """Old module names that keep working: the modules moved into ``paddle_unpad.ops`` and
 ``paddle_unpad._runtime``; importing or reading one by its old name gives the module itself
 and a DeprecationWarning naming where it lives now."""
+
 import importlib
 import importlib.abc
 import importlib.util
@@ -28,8 +29,11 @@ _PUBLIC_INSTEAD = {
 
 def _warn(old, stacklevel):
     instead = f"; use {_PUBLIC_INSTEAD[old]}" if old in _PUBLIC_INSTEAD else ""
-    warnings.warn(f"paddle_unpad.{old} moved to {MOVED[old]} and will be removed in a later release{instead}",
-                  DeprecationWarning, stacklevel=stacklevel)
+    warnings.warn(
+        f"paddle_unpad.{old} moved to {MOVED[old]} and will be removed in a later release{instead}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def resolve(old, stacklevel=4):

@@ -4,6 +4,7 @@ Used by ``setup.py`` (install) and by ``paddle_unpad._runtime.native`` (JIT fall
 source checkout), so both builds are the same build. Only the standard library and
 paddle are imported here; the module must not import the rest of the package.
 """
+
 import glob
 import hashlib
 import os
@@ -52,8 +53,10 @@ def library_stem():
 def find_installed_library(folder):
     """The library in ``folder`` built for the running Paddle, or None (libraries built for
     another Paddle are left alone: registering them would abort the process)."""
-    found = sorted(glob.glob(os.path.join(folder, library_stem() + ".*so")) +
-                   glob.glob(os.path.join(folder, library_stem() + ".so")))
+    found = sorted(
+        glob.glob(os.path.join(folder, library_stem() + ".*so"))
+        + glob.glob(os.path.join(folder, library_stem() + ".so"))
+    )
     return found[0] if found else None
 
 
@@ -66,11 +69,7 @@ def ops_sources(with_cuda, root=CUSTOM_OPS):
 
 
 def headers(root=CUSTOM_OPS):
-    return sorted(
-        p
-        for ext in ("h", "cuh")
-        for p in glob.glob(os.path.join(root, "**", f"*.{ext}"), recursive=True)
-    )
+    return sorted(p for ext in ("h", "cuh") for p in glob.glob(os.path.join(root, "**", f"*.{ext}"), recursive=True))
 
 
 class CudaToolkit(NamedTuple):
@@ -85,8 +84,13 @@ def _ask_nvcc(nvcc, found_by):
     include and library folders it passes on. ``realpath(nvcc)`` is not enough: ``nvcc``
     on PATH may be a wrapper script outside the toolkit."""
     try:
-        proc = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+        proc = subprocess.run(
+            [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     incs, libs = [], []
@@ -103,8 +107,7 @@ def _ask_nvcc(nvcc, found_by):
                 elif w.startswith("-L") and len(w) > 2:
                     libs.append(w[2:])
     incs = [os.path.normpath(d) for d in incs if os.path.isdir(d)]
-    libs = [os.path.normpath(d) for d in libs
-            if os.path.isdir(d) and glob.glob(os.path.join(d, "libcudart.so*"))]
+    libs = [os.path.normpath(d) for d in libs if os.path.isdir(d) and glob.glob(os.path.join(d, "libcudart.so*"))]
     if not any(os.path.exists(os.path.join(d, "cuda_runtime.h")) for d in incs) or not libs:
         return None
     return CudaToolkit(nvcc, tuple(dict.fromkeys(incs)), tuple(dict.fromkeys(libs)), found_by)
@@ -129,10 +132,14 @@ def find_cuda():
         if home:
             nvcc = _nvcc_in(home)
             if nvcc is None:
-                raise RuntimeError(f"paddle_unpad: {var}={home!r} has no bin/nvcc: point it at a CUDA toolkit, or unset it")
+                raise RuntimeError(
+                    f"paddle_unpad: {var}={home!r} has no bin/nvcc: point it at a CUDA toolkit, or unset it"
+                )
             found = _ask_nvcc(nvcc, f"${var}")
             if found is None:
-                raise RuntimeError(f"paddle_unpad: {var}={home!r}: {nvcc} does not report the CUDA headers and libcudart")
+                raise RuntimeError(
+                    f"paddle_unpad: {var}={home!r}: {nvcc} does not report the CUDA headers and libcudart"
+                )
             return found
     home = compat.paddle_cuda_home()
     if home and _nvcc_in(home) and os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
@@ -162,9 +169,11 @@ def cuda_plan():
     elif not paddle.is_compiled_with_cuda():
         reason = f"Paddle {paddle.__version__} is a CPU build"
     elif find_cuda() is None:
-        reason = (f"Paddle {paddle.__version__} has CUDA, but no CUDA toolkit was found ($CUDA_HOME, $CUDA_PATH, paddle.utils.cpp_extension, nvcc on PATH); set CUDA_HOME to build the CUDA kernels")
+        reason = f"Paddle {paddle.__version__} has CUDA, but no CUDA toolkit was found ($CUDA_HOME, $CUDA_PATH, paddle.utils.cpp_extension, nvcc on PATH); set CUDA_HOME to build the CUDA kernels"
     if reason and config.get("REQUIRE_CUDA"):
-        raise RuntimeError(f"paddle_unpad: {config.variable('REQUIRE_CUDA').env} is set but the CUDA kernels cannot be built: {reason}")
+        raise RuntimeError(
+            f"paddle_unpad: {config.variable('REQUIRE_CUDA').env} is set but the CUDA kernels cannot be built: {reason}"
+        )
     return reason is None, reason
 
 

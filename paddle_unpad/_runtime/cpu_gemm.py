@@ -19,6 +19,7 @@ The kernels compute the same products (results agree to fp32 rounding; checked i
 Paddle loads MKL lazily, at its first GEMM: a process that multiplied matrices before
 importing ``paddle_unpad`` keeps the generic kernels, and gets one warning saying so.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -75,8 +76,13 @@ def configure():
     A bad ``MKL_DISPATCH`` value raises ``config.ConfigError`` naming it (at import). Reported to
     ``paddle_unpad.info()``."""
     _configure()
-    process_changes.record("MKL_DEBUG_CPU_TYPE", applied=_state["action"] == "set", reason=_state["why"],
-                           value=_state["value"], mkl_kernels=lambda: info()["mkl_kernels"])
+    process_changes.record(
+        "MKL_DEBUG_CPU_TYPE",
+        applied=_state["action"] == "set",
+        reason=_state["why"],
+        value=_state["value"],
+        mkl_kernels=lambda: info()["mkl_kernels"],
+    )
 
 
 def _configure():

@@ -1,11 +1,24 @@
 """The host CPU, read from /proc/cpuinfo (standard library only: benchmark parents that must not
 load Paddle read this file directly)."""
+
 import os
 import platform
 
 # flags worth recording: what the kernels (ours, MKL's, oneDNN's) choose between
-NOTABLE_FLAGS = ("avx", "fma", "avx2", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16",
-                 "avx512_vnni", "amx_tile", "amx_bf16")
+NOTABLE_FLAGS = (
+    "avx",
+    "fma",
+    "avx2",
+    "avx512f",
+    "avx512cd",
+    "avx512bw",
+    "avx512dq",
+    "avx512vl",
+    "avx512_bf16",
+    "avx512_vnni",
+    "amx_tile",
+    "amx_bf16",
+)
 
 
 def cpu_identity(cpuinfo_text=None):
@@ -33,5 +46,10 @@ def cpu_identity(cpuinfo_text=None):
 def describe():
     """The host as a dict for result files: CPU model and vendor, cores, notable ISA flags."""
     vendor, model, flags = cpu_identity()
-    return {"cpu_model": model, "cpu_vendor": vendor, "cores": os.cpu_count(), "machine": platform.machine(),
-            "cpu_flags": [f for f in NOTABLE_FLAGS if f in flags]}
+    return {
+        "cpu_model": model,
+        "cpu_vendor": vendor,
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "cpu_flags": [f for f in NOTABLE_FLAGS if f in flags],
+    }

@@ -30,6 +30,7 @@ when the user has tuned these parts of glibc's malloc already (``MALLOC_MMAP_MAX
 ``GLIBC_TUNABLES``), or where the C library is not glibc.
 :func:`info` says what was done and why.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -45,8 +46,12 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 # the environment through which a user tunes glibc's malloc (read by glibc at start-up)
 USER_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
-USER_TUNABLES = ("glibc.malloc.mmap_max", "glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold",
-                 "glibc.malloc.top_pad")
+USER_TUNABLES = (
+    "glibc.malloc.mmap_max",
+    "glibc.malloc.mmap_threshold",
+    "glibc.malloc.trim_threshold",
+    "glibc.malloc.top_pad",
+)
 
 _state = {"action": None, "why": None, "when": None}
 
@@ -102,8 +107,10 @@ def _configure(environ, when):
         return
     # mallopt returns 1 on success, 0 on error
     ok = libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, -1) == 1
-    _state.update(action="retain" if ok else "unchanged",
-                  why=f"{why}: mallopt(M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)" + ("" if ok else " refused"))
+    _state.update(
+        action="retain" if ok else "unchanged",
+        why=f"{why}: mallopt(M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)" + ("" if ok else " refused"),
+    )
 
 
 def info():

@@ -20,6 +20,7 @@ by ``paddle.jit.save`` that contains them is then loadable by ``paddle.jit.load`
 resolves every op of a loaded program when it first runs it, and an unregistered custom
 op fails there with an unhelpful ``kernel output args (0) defs`` error).
 """
+
 import ctypes
 import os
 import sys
@@ -140,8 +141,14 @@ def load_at_import():
 
 
 def _report():
-    process_changes.record("operator library", applied=_state["path"] is not None, path=_state["path"],
-                           ops=list(_state["ops"]), isa=_state["isa"], error=_state["error"])
+    process_changes.record(
+        "operator library",
+        applied=_state["path"] is not None,
+        path=_state["path"],
+        ops=list(_state["ops"]),
+        isa=_state["isa"],
+        error=_state["error"],
+    )
 
 
 def has_op(name):

@@ -10,6 +10,7 @@ are the one other place that deals with Paddle's internals, through the helpers 
 This module imports only paddle and the standard library (``_build_config`` uses it
 at build time, before the package exists).
 """
+
 import contextlib
 import functools
 import re
@@ -58,12 +59,12 @@ def protobuf_problem(paddle_version=None, protobuf_version=None):
             return None
     major = re.match(r"(\d+)", protobuf_version)
     if paddle_version < (3, 0) and major and int(major.group(1)) >= 7:
-        return (f"Paddle {'.'.join(map(str, paddle_version))} with protobuf {protobuf_version}: fleet's DistributedStrategy fails (hybrid_configs: no attribute 'label'); install \"protobuf<7\"")
+        return f"Paddle {'.'.join(map(str, paddle_version))} with protobuf {protobuf_version}: fleet's DistributedStrategy fails (hybrid_configs: no attribute 'label'); install \"protobuf<7\""
     return None
 
 
 _checked_paddlenlp = []
-_PADDLENLP_INSTALL = "pip install \"paddlenlp>=2.8.1,<3.1\", or paddle_unpad's extra: pip install --no-build-isolation \".[paddlenlp]\" in its checkout"
+_PADDLENLP_INSTALL = 'pip install "paddlenlp>=2.8.1,<3.1", or paddle_unpad\'s extra: pip install --no-build-isolation ".[paddlenlp]" in its checkout'
 
 
 def require_paddlenlp():
@@ -73,7 +74,9 @@ def require_paddlenlp():
     try:
         import paddlenlp.transformers  # noqa: F401
     except ImportError as e:
-        raise ImportError(f"paddle_unpad: convert, the model families and UnpadTrainer need PaddleNLP 2.8.1 or 3.0 ({_PADDLENLP_INSTALL}), and importing paddlenlp.transformers failed: {e}") from None
+        raise ImportError(
+            f"paddle_unpad: convert, the model families and UnpadTrainer need PaddleNLP 2.8.1 or 3.0 ({_PADDLENLP_INSTALL}), and importing paddlenlp.transformers failed: {e}"
+        ) from None
     check_paddlenlp_version()
 
 
@@ -110,8 +113,11 @@ def mean_cross_entropy_divides_by_all_rows():
     if not paddle.in_dynamic_mode():
         return PADDLE_VERSION >= (3, 0)
     with paddle.no_grad():
-        v = float(paddle.nn.functional.cross_entropy(
-            paddle.zeros([2, 2]), paddle.to_tensor([0, -100], dtype="int64"), ignore_index=-100))
+        v = float(
+            paddle.nn.functional.cross_entropy(
+                paddle.zeros([2, 2]), paddle.to_tensor([0, -100], dtype="int64"), ignore_index=-100
+            )
+        )
     return abs(v - math.log(2.0) / 2) < 1e-4
 
 
@@ -175,8 +181,10 @@ _LEGACY_STATIC_GRAD_WORKAROUND = PADDLE_VERSION < (3, 0)
 
 
 def _differentiable_copy(a):
-    if getattr(a, "stop_gradient", False) and hasattr(a, "dtype") and a.dtype in (
-        paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64
+    if (
+        getattr(a, "stop_gradient", False)
+        and hasattr(a, "dtype")
+        and a.dtype in (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
     ):
         a = paddle.assign(a)
         a.stop_gradient = False

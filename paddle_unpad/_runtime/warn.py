@@ -5,6 +5,7 @@ reads differently) is shown the first time its ``key`` is met. The category says
 of news it is: ``RuntimeWarning`` for a slower path the run takes, ``UserWarning`` for an
 output that differs from the original model's. Imports only the standard library.
 """
+
 import warnings
 
 _shown = set()

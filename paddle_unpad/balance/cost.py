@@ -10,6 +10,7 @@ The planner accepts a :class:`CostModel`, :class:`TokenCost`, or any callable
 ``length -> float``.  Only ratios matter to it: a model in FLOPs and one in seconds give
 the same plan when they are proportional.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,8 +70,9 @@ class TokenCost(CostModel):
         super().__init__(1.0, 0.0, 0.0, name="tokens")
 
 
-def bert_cost(hidden_size: int = 1024, intermediate_size: Optional[int] = None,
-              num_layers: int = 24, training: bool = True) -> CostModel:
+def bert_cost(
+    hidden_size: int = 1024, intermediate_size: Optional[int] = None, num_layers: int = 24, training: bool = True
+) -> CostModel:
     """FLOP-count cost model of a BERT-like encoder layer stack.
 
     Per layer and token, the GEMMs do ``4*h*h + 2*h*i`` multiply-adds (QKV, output
@@ -85,8 +87,7 @@ def bert_cost(hidden_size: int = 1024, intermediate_size: Optional[int] = None,
     if h <= 0 or i <= 0 or num_layers <= 0:
         raise ValueError("paddle_unpad.balance.bert_cost: hidden_size, intermediate_size and num_layers must be > 0")
     k = (6.0 if training else 2.0) * num_layers
-    return CostModel(a=k * (4 * h * h + 2 * h * i), b=k * 2 * h, c=0.0,
-                     name=f"bert(h={h},i={i},L={num_layers})")
+    return CostModel(a=k * (4 * h * h + 2 * h * i), b=k * 2 * h, c=0.0, name=f"bert(h={h},i={i},L={num_layers})")
 
 
 #: the cost model used when ``cost=None``: BERT-large FLOPs (linear + quadratic)
@@ -94,8 +95,13 @@ DEFAULT_COST = bert_cost()
 
 
 #: the cost models that have a name (and their aliases)
-COST_NAMES = {"quadratic": DEFAULT_COST, "flops": DEFAULT_COST, "default": DEFAULT_COST,
-              "tokens": TokenCost(), "token": TokenCost()}
+COST_NAMES = {
+    "quadratic": DEFAULT_COST,
+    "flops": DEFAULT_COST,
+    "default": DEFAULT_COST,
+    "tokens": TokenCost(),
+    "token": TokenCost(),
+}
 
 
 def check_cost(cost, name="cost", where="balance.as_cost_fn"):
@@ -106,8 +112,12 @@ def check_cost(cost, name="cost", where="balance.as_cost_fn"):
     if isinstance(cost, str):
         if cost in COST_NAMES:
             return cost
-        raise ValueError(f"paddle_unpad.{where}: {name}: unknown cost {cost!r}; use one of {sorted(COST_NAMES)}, a CostModel or a callable length -> cost")
-    raise TypeError(f"paddle_unpad.{where}: {name} must be None, a cost name, a CostModel or a callable length -> cost, got {type(cost).__name__}")
+        raise ValueError(
+            f"paddle_unpad.{where}: {name}: unknown cost {cost!r}; use one of {sorted(COST_NAMES)}, a CostModel or a callable length -> cost"
+        )
+    raise TypeError(
+        f"paddle_unpad.{where}: {name} must be None, a cost name, a CostModel or a callable length -> cost, got {type(cost).__name__}"
+    )
 
 
 def as_cost_fn(cost, where="balance.as_cost_fn") -> Callable[[np.ndarray], np.ndarray]:
@@ -120,6 +130,7 @@ def as_cost_fn(cost, where="balance.as_cost_fn") -> Callable[[np.ndarray], np.nd
         return COST_NAMES[cost].costs
     if isinstance(cost, CostModel):
         return cost.costs
+
     # a callable (check_cost refused everything else)
     def fn(lengths):
         # one Python call per distinct length; a lookup table indexed by length when
@@ -135,6 +146,7 @@ def as_cost_fn(cost, where="balance.as_cost_fn") -> Callable[[np.ndarray], np.nd
             return table[lengths]
         uniq, inv = np.unique(lengths, return_inverse=True)
         return _call_each(cost, uniq)[inv.reshape(lengths.shape)]
+
     return fn
 
 
@@ -172,11 +184,18 @@ def _fit(lengths: np.ndarray, times: np.ndarray):
     return vals.get("a", 0.0), vals.get("b", 0.0), vals.get("c", 0.0), (best[0] if best else float("nan"))
 
 
-def calibrate(model=None, lengths: Sequence[int] = (32, 64, 128, 192, 256, 384, 512),
-              tokens_per_call: int = 2048, repeats: int = 3, warmup: int = 1,
-              backward: bool = True, step: Optional[Callable[[int], None]] = None,
-              vocab_size: int = 100, keep_intercept: bool = False,
-              timer: Callable[[], float] = time.perf_counter) -> CostModel:
+def calibrate(
+    model=None,
+    lengths: Sequence[int] = (32, 64, 128, 192, 256, 384, 512),
+    tokens_per_call: int = 2048,
+    repeats: int = 3,
+    warmup: int = 1,
+    backward: bool = True,
+    step: Optional[Callable[[int], None]] = None,
+    vocab_size: int = 100,
+    keep_intercept: bool = False,
+    timer: Callable[[], float] = time.perf_counter,
+) -> CostModel:
     """Fit ``a`` and ``b`` of :class:`CostModel` from a short timing run on this device.
 
     Either pass ``model`` (a ``paddle.nn.Layer`` taking ``input_ids [n, s]`` int64, like

@@ -26,6 +26,7 @@ work on the same integer costs, so they return the same plan bit for bit):
 Sort-and-deal (the paper's and NVIDIA's method) and "no balancing" are here as well,
 for comparison (:func:`sort_and_deal`, :func:`no_balance`).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -59,7 +60,7 @@ except Exception:  # pragma: no cover - depends on the build
 
 Plan = List[List[Tuple[int, int]]]
 
-_QSCALE = float(2 ** 40)
+_QSCALE = float(2**40)
 
 #: default stopping tolerance of the swap descent (max/mean - 1)
 DEFAULT_TOL = 1e-4
@@ -70,7 +71,7 @@ def native_available() -> bool:
     return _native is not None
 
 
-_MAX_EXACT = 2 ** 53  # lengths are read as float64 first (to refuse fractions): exact below this
+_MAX_EXACT = 2**53  # lengths are read as float64 first (to refuse fractions): exact below this
 
 
 def _bad_length(flat, counts, why):
@@ -79,25 +80,33 @@ def _bad_length(flat, counts, why):
     i = k - int(np.sum(counts[:r]))
     v = flat[k]
     text = repr(int(v)) if np.isfinite(v) and float(v).is_integer() else repr(float(v))
-    return ValueError(f"paddle_unpad.balance.plan: sample lengths must be non-negative integers, got lengths_per_rank[{r}][{i}] = {text}")
+    return ValueError(
+        f"paddle_unpad.balance.plan: sample lengths must be non-negative integers, got lengths_per_rank[{r}][{i}] = {text}"
+    )
 
 
 def _flatten(lengths_per_rank) -> Tuple[np.ndarray, np.ndarray]:
     if isinstance(lengths_per_rank, np.ndarray):
         arr = lengths_per_rank
         if arr.ndim != 2:
-            raise ValueError(f"paddle_unpad.balance.plan: a numpy lengths_per_rank must be 2-D [ranks, samples per rank], got shape {list(arr.shape)}")
+            raise ValueError(
+                f"paddle_unpad.balance.plan: a numpy lengths_per_rank must be 2-D [ranks, samples per rank], got shape {list(arr.shape)}"
+            )
         if arr.shape[0] == 0:
             raise ValueError("paddle_unpad.balance.plan: lengths_per_rank is empty (need at least one rank)")
         counts = np.full(arr.shape[0], arr.shape[1], dtype=np.int64)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(f"paddle_unpad.balance.plan: sample lengths must be integers, got a numpy array of dtype {arr.dtype}")
+            raise TypeError(
+                f"paddle_unpad.balance.plan: sample lengths must be integers, got a numpy array of dtype {arr.dtype}"
+            )
         flat = arr.astype(np.int64).reshape(-1)
         if np.any(flat < 0):
             raise _bad_length(flat, counts, flat < 0)
         return counts, flat
     if isinstance(lengths_per_rank, (str, bytes)) or not hasattr(lengths_per_rank, "__iter__"):
-        raise TypeError(f"paddle_unpad.balance.plan: lengths_per_rank must be a list over ranks of lists of sample lengths, got {type(lengths_per_rank).__name__}")
+        raise TypeError(
+            f"paddle_unpad.balance.plan: lengths_per_rank must be a list over ranks of lists of sample lengths, got {type(lengths_per_rank).__name__}"
+        )
     rows = lengths_per_rank if isinstance(lengths_per_rank, (list, tuple)) else list(lengths_per_rank)
     if len(rows) == 0:
         raise ValueError("paddle_unpad.balance.plan: lengths_per_rank is empty (need at least one rank)")
@@ -105,9 +114,13 @@ def _flatten(lengths_per_rank) -> Tuple[np.ndarray, np.ndarray]:
         if isinstance(row, np.ndarray):
             if row.ndim != 1 or (row.size and not np.issubdtype(row.dtype, np.integer)):
                 error = ValueError if row.ndim != 1 else TypeError
-                raise error(f"paddle_unpad.balance.plan: lengths_per_rank[{r}] must be a 1-D array of integer lengths, got shape {list(row.shape)}, dtype {row.dtype}")
+                raise error(
+                    f"paddle_unpad.balance.plan: lengths_per_rank[{r}] must be a 1-D array of integer lengths, got shape {list(row.shape)}, dtype {row.dtype}"
+                )
         elif isinstance(row, (str, bytes)) or not hasattr(row, "__len__"):
-            raise TypeError(f"paddle_unpad.balance.plan: lengths_per_rank[{r}] must be a list of sample lengths, got {type(row).__name__}")
+            raise TypeError(
+                f"paddle_unpad.balance.plan: lengths_per_rank[{r}] must be a list of sample lengths, got {type(row).__name__}"
+            )
     counts_l = [len(r) for r in rows]
     counts = np.array(counts_l, dtype=np.int64)
     if all(isinstance(row, np.ndarray) for row in rows):  # integer rows (checked above): no per-element read
@@ -160,13 +173,16 @@ def check_counts(mode, name: str = "counts", where: str = "balance.plan", ranks:
             raise ValueError(f"paddle_unpad.{where}: {name} must be {COUNTS_RULE}, got {mode!r}")
         return mode
     items = mode.tolist() if isinstance(mode, np.ndarray) and mode.ndim == 1 else mode
-    if (not isinstance(items, (list, tuple))
-            or not all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in items)):
+    if not isinstance(items, (list, tuple)) or not all(
+        isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in items
+    ):
         raise TypeError(f"paddle_unpad.{where}: {name} must be {COUNTS_RULE}, got {mode!r}")
     if any(c < 0 for c in items):
         raise ValueError(f"paddle_unpad.{where}: {name} must be {COUNTS_RULE}, got {mode!r}")
     if ranks is not None and len(items) != ranks:
-        raise ValueError(f"paddle_unpad.{where}: {name} must hold one count per rank ({ranks} ranks in this job), got {len(items)}: {mode!r}")
+        raise ValueError(
+            f"paddle_unpad.{where}: {name} must hold one count per rank ({ranks} ranks in this job), got {len(items)}: {mode!r}"
+        )
     return [int(c) for c in items]
 
 
@@ -186,7 +202,9 @@ def target_counts(counts: Sequence[int], mode: Union[str, Sequence[int], None] =
         return counts.copy()
     t = np.asarray(mode, dtype=np.int64)
     if len(t) != R or int(t.sum()) != N:
-        raise ValueError(f"paddle_unpad.balance.plan: explicit counts {mode} must be {R} non-negative ints summing to {N}")
+        raise ValueError(
+            f"paddle_unpad.balance.plan: explicit counts {mode} must be {R} non-negative ints summing to {N}"
+        )
     return t
 
 
@@ -215,8 +233,9 @@ def _tol_threshold(q: np.ndarray, tol: float) -> int:
 # ----------------------------------------------------------------------------------------
 # Pure-Python core (mirror of custom_ops/planner/planner.cc; keep the two in step)
 # ----------------------------------------------------------------------------------------
-def _plan_core_py(counts: np.ndarray, q: np.ndarray, targets: np.ndarray, thr: int,
-                  max_swaps: int) -> Tuple[np.ndarray, int]:
+def _plan_core_py(
+    counts: np.ndarray, q: np.ndarray, targets: np.ndarray, thr: int, max_swaps: int
+) -> Tuple[np.ndarray, int]:
     R = len(counts)
     N = int(counts.sum())
     starts = np.zeros(R + 1, dtype=np.int64)
@@ -236,7 +255,7 @@ def _plan_core_py(counts: np.ndarray, q: np.ndarray, targets: np.ndarray, thr: i
     for r in range(R):
         need = int(targets[r]) - len(members[r])
         if need > 0:
-            members[r].extend(pool[p:p + need])
+            members[r].extend(pool[p : p + need])
             p += need
 
     # per-rank lists sorted by (cost, flat index): flat index order == (src rank, src index)
@@ -322,13 +341,24 @@ def _prepare(lengths_per_rank, cost, counts, tol, max_swaps, backend):
     if backend == "native" and _native is None:
         raise RuntimeError("paddle_unpad.balance.plan: the C++ planner (paddle_unpad.balance._planner) is not built")
     use_native = backend == "native" or (backend == "auto" and _native is not None)
-    args = (np.ascontiguousarray(cnt, dtype=np.int64), np.ascontiguousarray(q, dtype=np.int64),
-            np.ascontiguousarray(targets, dtype=np.int64), int(thr), int(max_swaps))
+    args = (
+        np.ascontiguousarray(cnt, dtype=np.int64),
+        np.ascontiguousarray(q, dtype=np.int64),
+        np.ascontiguousarray(targets, dtype=np.int64),
+        int(thr),
+        int(max_swaps),
+    )
     return use_native, args
 
 
-def plan_dest(lengths_per_rank, cost=None, counts="equal", tol: float = DEFAULT_TOL,
-              max_swaps: Optional[int] = None, backend: str = "auto"):
+def plan_dest(
+    lengths_per_rank,
+    cost=None,
+    counts="equal",
+    tol: float = DEFAULT_TOL,
+    max_swaps: Optional[int] = None,
+    backend: str = "auto",
+):
     """Like :func:`plan`, but returns ``(dest, counts_per_source)``: ``dest[i]`` is the
     destination rank of the i-th sample in (source rank, source index) order (int32)."""
     use_native, args = _prepare(lengths_per_rank, cost, counts, tol, max_swaps, backend)
@@ -352,11 +382,17 @@ def _dest_to_plan(dest: np.ndarray, cnt: np.ndarray, R: int) -> Plan:
     bounds = np.zeros(R + 1, dtype=np.int64)
     np.cumsum(np.bincount(dest, minlength=R), out=bounds[1:])
     b = bounds.tolist()
-    return [pairs[b[d]:b[d + 1]] for d in range(R)]
+    return [pairs[b[d] : b[d + 1]] for d in range(R)]
 
 
-def plan(lengths_per_rank, cost=None, counts="equal", tol: float = DEFAULT_TOL,
-         max_swaps: Optional[int] = None, backend: str = "auto") -> Plan:
+def plan(
+    lengths_per_rank,
+    cost=None,
+    counts="equal",
+    tol: float = DEFAULT_TOL,
+    max_swaps: Optional[int] = None,
+    backend: str = "auto",
+) -> Plan:
     """Balance one global batch across ranks.
 
     Args:
@@ -445,7 +481,9 @@ def plan_hash(plan_) -> int:
     ``batch["plan_hash"]`` is this hash of its step's plan."""
     dest = plan_ if isinstance(plan_, np.ndarray) else _plan_to_dest(plan_)
     if dest.ndim != 1 or not np.issubdtype(dest.dtype, np.integer):
-        raise ValueError(f"paddle_unpad.balance.plan_hash: plan_ as an array must be plan_dest's 1-D integer dest, got shape {list(dest.shape)} dtype {dest.dtype}")
+        raise ValueError(
+            f"paddle_unpad.balance.plan_hash: plan_ as an array must be plan_dest's 1-D integer dest, got shape {list(dest.shape)} dtype {dest.dtype}"
+        )
     h = hashlib.blake2b(np.ascontiguousarray(dest, dtype=np.int32).tobytes(), digest_size=8).digest()
     return int.from_bytes(h, "little") & ((1 << 63) - 1)
 
@@ -456,7 +494,9 @@ def _plan_to_dest(plan_: Plan) -> np.ndarray:
     cnt = np.zeros(len(plan_), dtype=np.int64)
     for r, k, _ in pairs:
         if not 0 <= r < len(plan_) or k < 0:
-            raise ValueError(f"paddle_unpad.balance.plan_hash: plan_ names sample ({r}, {k}), outside {len(plan_)} ranks")
+            raise ValueError(
+                f"paddle_unpad.balance.plan_hash: plan_ names sample ({r}, {k}), outside {len(plan_)} ranks"
+            )
         cnt[r] = max(cnt[r], k + 1)
     starts = np.concatenate([[0], np.cumsum(cnt)[:-1]])
     dest = np.full(int(cnt.sum()), -1, dtype=np.int32)
@@ -466,5 +506,7 @@ def _plan_to_dest(plan_: Plan) -> np.ndarray:
         dest[starts[r] + k] = d
     if np.any(dest < 0):
         r = int(np.searchsorted(starts, int(np.argmax(dest < 0)), side="right") - 1)
-        raise ValueError(f"paddle_unpad.balance.plan_hash: plan_ leaves out a sample of rank {r} (a plan sends every sample once)")
+        raise ValueError(
+            f"paddle_unpad.balance.plan_hash: plan_ leaves out a sample of rank {r} (a plan sends every sample once)"
+        )
     return dest

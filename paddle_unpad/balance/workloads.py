@@ -18,6 +18,7 @@ shorter samples from document ends and short targets (mean ~390 tokens at max 51
 the shape of the MLPerf Wikipedia set (arXiv 2208.08124 / NVIDIA's packing paper report a
 mean near 400 tokens of 512 for it).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,7 @@ import numpy as np
 __all__ = ["bert_pretraining_lengths", "global_batches"]
 
 
-def bert_pretraining_lengths(n: int, max_len: int = 512, seed: int = 0,
-                             short_seq_prob: float = 0.1) -> np.ndarray:
+def bert_pretraining_lengths(n: int, max_len: int = 512, seed: int = 0, short_seq_prob: float = 0.1) -> np.ndarray:
     """``n`` sample lengths (int64, each in ``[4, max_len]``), see the module docstring."""
     if max_len < 8:
         raise ValueError(f"paddle_unpad.balance.bert_pretraining_lengths: max_len must be >= 8, got {max_len!r}")
@@ -55,8 +55,7 @@ def bert_pretraining_lengths(n: int, max_len: int = 512, seed: int = 0,
     return arr
 
 
-def global_batches(num_batches: int, ranks: int, per_rank: int, max_len: int = 512,
-                   seed: int = 0):
+def global_batches(num_batches: int, ranks: int, per_rank: int, max_len: int = 512, seed: int = 0):
     """``num_batches`` global batches, each a list over ranks of per-rank length lists."""
     total = num_batches * ranks * per_rank
     pool = bert_pretraining_lengths(total, max_len=max_len, seed=seed)

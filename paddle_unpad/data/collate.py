@@ -42,23 +42,48 @@ integers.  Any other batch, empty (length-0) samples and samples longer than
 ``max_seqlen`` raise :class:`SampleError` (a ``ValueError``) naming the sample's index in
 its batch, its id, the rank and the field.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["PackingCollator", "pack_samples", "normalize_batch", "to_paddle", "sample_list_collate",
-           "DEFAULT_TOKEN_FIELDS", "BATCH_BOOKKEEPING_KEYS", "SampleError", "check_max_seqlen", "LABEL_ALIASES",
-           "rename_label_keys"]
+__all__ = [
+    "PackingCollator",
+    "pack_samples",
+    "normalize_batch",
+    "to_paddle",
+    "sample_list_collate",
+    "DEFAULT_TOKEN_FIELDS",
+    "BATCH_BOOKKEEPING_KEYS",
+    "SampleError",
+    "check_max_seqlen",
+    "LABEL_ALIASES",
+    "rename_label_keys",
+]
 
-DEFAULT_TOKEN_FIELDS = ("input_ids", "token_type_ids", "position_ids", "labels",
-                        "masked_lm_labels", "mlm_labels", "special_tokens_mask")
+DEFAULT_TOKEN_FIELDS = (
+    "input_ids",
+    "token_type_ids",
+    "position_ids",
+    "labels",
+    "masked_lm_labels",
+    "mlm_labels",
+    "special_tokens_mask",
+)
 _ID_KEYS = ("sample_id", "id", "idx")
 _HOST_KEYS = ("cu_seqlens_host", "seqlens_host", "sample_ids")
 #: keys of a packed batch that describe it rather than feed the model (models ignore them)
-BATCH_BOOKKEEPING_KEYS = ("seqlens_host", "sample_ids", "num_samples", "global_num_samples", "step",
-                          "plan_hash", "moved_in")
+BATCH_BOOKKEEPING_KEYS = (
+    "seqlens_host",
+    "sample_ids",
+    "num_samples",
+    "global_num_samples",
+    "step",
+    "plan_hash",
+    "moved_in",
+)
 #: per-token MLM labels (negative = not masked) from which masked rows are listed
 MLM_LABEL_FIELDS = ("masked_lm_labels", "mlm_labels")
 #: fields that are token indices: packed as int64, so they must hold integers
@@ -84,8 +109,10 @@ def sample_list_collate(batch):
     out = []
     for k, smp in enumerate(batch):
         if isinstance(smp, Mapping):
-            smp = {n: (v if isinstance(v, np.ndarray) or hasattr(v, "numpy") else np.asarray(v))
-                   for n, v in rename_label_keys(smp, f"sample {k} of the DataLoader batch").items()}
+            smp = {
+                n: (v if isinstance(v, np.ndarray) or hasattr(v, "numpy") else np.asarray(v))
+                for n, v in rename_label_keys(smp, f"sample {k} of the DataLoader batch").items()
+            }
         out.append(smp)
     return out
 
@@ -125,7 +152,9 @@ def rename_label_keys(sample, where="a sample"):
         return sample
     given = [k for k in LABEL_ALIASES if sample.get(k) is not None]
     if given and sample.get("labels") is not None:
-        raise SampleError(f"paddle_unpad.data: {where} has both 'labels' and {given[0]!r}; PaddleNLP's collators rename {given[0]!r} to 'labels', so keep only one of them")
+        raise SampleError(
+            f"paddle_unpad.data: {where} has both 'labels' and {given[0]!r}; PaddleNLP's collators rename {given[0]!r} to 'labels', so keep only one of them"
+        )
     out = {k: v for k, v in sample.items() if k not in LABEL_ALIASES}
     for alias in given:
         out["labels"] = sample[alias]
@@ -181,17 +210,27 @@ def _check_same_layout(samples, lengths, sids, rank, token_fields):
         where = f"sample {k} (id {sids[k]}) on rank {rank}"
         for name in ref:
             if name not in smp:
-                raise SampleError(f"paddle_unpad.data: {where} has no field {name!r}, which {first} of the same batch has: every sample of a batch needs the same fields")
+                raise SampleError(
+                    f"paddle_unpad.data: {where} has no field {name!r}, which {first} of the same batch has: every sample of a batch needs the same fields"
+                )
         for name, arr in smp.items():
             if name not in ref:
-                raise SampleError(f"paddle_unpad.data: {where} has a field {name!r} that {first} of the same batch lacks: every sample of a batch needs the same fields")
+                raise SampleError(
+                    f"paddle_unpad.data: {where} has a field {name!r} that {first} of the same batch lacks: every sample of a batch needs the same fields"
+                )
             got = _layout(name, arr, token_fields)
             if got != ref[name]:
-                raise SampleError(f"paddle_unpad.data: {where}: field {name!r} is {_describe(got)}, but in {first} of the same batch it is {_describe(ref[name])}; {_SAME_LAYOUT}")
+                raise SampleError(
+                    f"paddle_unpad.data: {where}: field {name!r} is {_describe(got)}, but in {first} of the same batch it is {_describe(ref[name])}; {_SAME_LAYOUT}"
+                )
 
 
-def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
-                    ) -> Tuple[List[Dict[str, np.ndarray]], np.ndarray, np.ndarray]:
+def normalize_batch(
+    batch,
+    rank: int = 0,
+    step: int = 0,
+    token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
+) -> Tuple[List[Dict[str, np.ndarray]], np.ndarray, np.ndarray]:
     """Turn what a user's DataLoader yields into ``(samples, lengths, ids)``.
 
     ``batch`` is a list of sample dicts, or a dict of padded arrays ``[B, S, ...]`` with an
@@ -201,11 +240,15 @@ def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[
     if isinstance(batch, Mapping):
         batch = _split_padded(batch, token_fields)
     if not isinstance(batch, (list, tuple)):
-        raise TypeError(f"paddle_unpad.data: a batch must be a list of sample dicts (use collate_fn=pu.data.sample_list_collate) or a dict of padded arrays with an attention_mask; got {type(batch).__name__}")
+        raise TypeError(
+            f"paddle_unpad.data: a batch must be a list of sample dicts (use collate_fn=pu.data.sample_list_collate) or a dict of padded arrays with an attention_mask; got {type(batch).__name__}"
+        )
     samples, lengths, ids = [], [], []
     for k, smp in enumerate(batch):
         if not isinstance(smp, Mapping):
-            raise TypeError(f"paddle_unpad.data: sample {k} on rank {rank} is a {type(smp).__name__}, expected a dict with at least 'input_ids'")
+            raise TypeError(
+                f"paddle_unpad.data: sample {k} on rank {rank} is a {type(smp).__name__}, expected a dict with at least 'input_ids'"
+            )
         sid = _sid(smp, (rank << 40) | ((step & 0xFFFFF) << 20) | k)
         if "input_ids" not in smp:
             raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank} has no 'input_ids'")
@@ -219,20 +262,28 @@ def normalize_batch(batch, rank: int = 0, step: int = 0, token_fields: Sequence[
             arr = _to_numpy(v)
             if _is_token_field(name, arr, token_fields) and mask is not None:
                 if arr.shape[0] != mask.shape[0]:
-                    raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: field {name!r} has {arr.shape[0]} positions but attention_mask has {mask.shape[0]}")
+                    raise SampleError(
+                        f"paddle_unpad.data: sample id {sid} on rank {rank}: field {name!r} has {arr.shape[0]} positions but attention_mask has {mask.shape[0]}"
+                    )
                 arr = arr[mask]
             # (np.ascontiguousarray would turn a 0-d label into shape [1])
             out[name] = arr if arr.flags.c_contiguous else arr.copy(order="C")
         ids_arr = out["input_ids"]
         if ids_arr.ndim != 1:
-            raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: input_ids must be 1-D, got shape {ids_arr.shape}")
+            raise SampleError(
+                f"paddle_unpad.data: sample id {sid} on rank {rank}: input_ids must be 1-D, got shape {ids_arr.shape}"
+            )
         s = int(ids_arr.shape[0])
         for name, arr in out.items():
             if _is_token_field(name, arr, token_fields) and arr.shape[0] != s:
-                raise SampleError(f"paddle_unpad.data: sample id {sid} on rank {rank}: per-token field {name!r} has {arr.shape[0]} entries, input_ids has {s}")
+                raise SampleError(
+                    f"paddle_unpad.data: sample id {sid} on rank {rank}: per-token field {name!r} has {arr.shape[0]} entries, input_ids has {s}"
+                )
             if name in _INTEGER_FIELDS and arr.size and not np.issubdtype(arr.dtype, np.integer):
                 # packed as int64: a float id would be truncated without a word
-                raise SampleError(f"paddle_unpad.data: sample {k} (id {sid}) on rank {rank}: field {name!r} must hold integers, got dtype {arr.dtype}")
+                raise SampleError(
+                    f"paddle_unpad.data: sample {k} (id {sid}) on rank {rank}: field {name!r} must hold integers, got dtype {arr.dtype}"
+                )
         samples.append(out)
         lengths.append(s)
         ids.append(sid)
@@ -244,8 +295,12 @@ def _split_padded(batch, token_fields):
     if "attention_mask" not in batch or "input_ids" not in batch:
         keys = sorted(map(str, batch))
         if "cu_seqlens" in batch or "cu_seqlens_host" in batch:  # a PackingCollator as the DataLoader's collate_fn
-            raise TypeError(f"paddle_unpad.data: the batch is already packed (keys {keys}); {_NEEDS_LISTS}, and packs after balancing: {_LIST_COLLATE}")
-        raise TypeError(f"paddle_unpad.data: a batch must be a list of sample dicts -- {_NEEDS_LISTS}: {_LIST_COLLATE} -- or a dict of padded 'input_ids' and 'attention_mask' [B, S]; got a dict with keys {keys}")
+            raise TypeError(
+                f"paddle_unpad.data: the batch is already packed (keys {keys}); {_NEEDS_LISTS}, and packs after balancing: {_LIST_COLLATE}"
+            )
+        raise TypeError(
+            f"paddle_unpad.data: a batch must be a list of sample dicts -- {_NEEDS_LISTS}: {_LIST_COLLATE} -- or a dict of padded 'input_ids' and 'attention_mask' [B, S]; got a dict with keys {keys}"
+        )
     arrs = {k: _to_numpy(v) for k, v in batch.items()}
     B = arrs["input_ids"].shape[0]
     out = []
@@ -268,9 +323,14 @@ def check_lengths(lengths, ids, rank: int, max_seqlen: Optional[int]):
         raise SampleError(f"paddle_unpad.data: sample id {int(ids[k])} on rank {rank} {why}")
 
 
-def pack_samples(samples: List[Dict[str, np.ndarray]], lengths, ids,
-                 token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
-                 global_num_samples: Optional[int] = None, schema=None) -> Dict[str, object]:
+def pack_samples(
+    samples: List[Dict[str, np.ndarray]],
+    lengths,
+    ids,
+    token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
+    global_num_samples: Optional[int] = None,
+    schema=None,
+) -> Dict[str, object]:
     """Pack normalised samples into numpy arrays (see the module docstring).
 
     ``schema`` (tuple of ``(name, 't'|'s', dtype str, shape tail)``) only matters for an
@@ -283,17 +343,20 @@ def pack_samples(samples: List[Dict[str, np.ndarray]], lengths, ids,
     T = int(cu[-1])
     out: Dict[str, object] = {}
     if B == 0:
-        for name, _kind, dt, tail in (schema or (("input_ids", "t", "<i8", ()),)):
+        for name, _kind, dt, tail in schema or (("input_ids", "t", "<i8", ()),):
             out[name] = np.zeros((0,) + tuple(tail), dtype=dt)
-    for name in (list(samples[0].keys()) if B else []):
+    for name in list(samples[0].keys()) if B else []:
         vals = [smp[name] for smp in samples]
         if _is_token_field(name, vals[0], token_fields):
             out[name] = np.concatenate(vals, axis=0) if B > 1 else vals[0]
         else:
             out[name] = np.stack(vals, axis=0)
     if "position_ids" not in out:
-        out["position_ids"] = (np.arange(T, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
-                               if T else np.zeros(0, dtype=np.int64))
+        out["position_ids"] = (
+            np.arange(T, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+            if T
+            else np.zeros(0, dtype=np.int64)
+        )
     if "token_type_ids" not in out:
         out["token_type_ids"] = np.zeros(T, dtype=np.int64)
     for name in ("input_ids", "position_ids", "token_type_ids"):
@@ -338,10 +401,18 @@ class PackingCollator:
     errors, so every call's ids start at 0.
     """
 
-    def __init__(self, max_seqlen: Optional[int] = 512, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
-                 return_tensors: str = "pd", place=None, rank: int = 0):
+    def __init__(
+        self,
+        max_seqlen: Optional[int] = 512,
+        token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
+        return_tensors: str = "pd",
+        place=None,
+        rank: int = 0,
+    ):
         if return_tensors not in ("pd", "np"):
-            raise ValueError(f"paddle_unpad.data.PackingCollator: return_tensors must be 'pd' or 'np', got {return_tensors!r}")
+            raise ValueError(
+                f"paddle_unpad.data.PackingCollator: return_tensors must be 'pd' or 'np', got {return_tensors!r}"
+            )
         self.max_seqlen = check_max_seqlen(max_seqlen, "max_seqlen", "data.PackingCollator")
         self.token_fields = tuple(token_fields)
         self.return_tensors = return_tensors
@@ -379,4 +450,6 @@ def _check_tensor_dtypes(samples, ids, rank):
         for name, arr in smp.items():
             if arr.dtype.kind in "USOV":
                 what = "text" if arr.dtype.kind in "US" else "Python objects"
-                raise SampleError(f"paddle_unpad.data: sample {k} (id {int(ids[k])}) on rank {rank}: field {name!r} holds {what} (dtype {arr.dtype}), {_NOT_A_TENSOR}")
+                raise SampleError(
+                    f"paddle_unpad.data: sample {k} (id {int(ids[k])}) on rank {rank}: field {name!r} holds {what} (dtype {arr.dtype}), {_NOT_A_TENSOR}"
+                )

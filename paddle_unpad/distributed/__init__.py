@@ -18,10 +18,17 @@
 The planning math lives in :mod:`paddle_unpad.balance`; :mod:`paddle_unpad.fleet` is the
 public hook. See docs/distributed.md.
 """
+
 from .errors import ExchangeError, ExchangeTimeout, GradientSyncError
 from .grad_sync import GradientAllReduce
 from .groups import install_group_stores
 from .loader import BalancedLoader
 
-__all__ = ["BalancedLoader", "GradientAllReduce", "ExchangeError", "ExchangeTimeout", "GradientSyncError",
-           "install_group_stores"]
+__all__ = [
+    "BalancedLoader",
+    "GradientAllReduce",
+    "ExchangeError",
+    "ExchangeTimeout",
+    "GradientSyncError",
+    "install_group_stores",
+]

@@ -24,6 +24,7 @@ collectives always match up:
    paddle tensors (:meth:`.pipeline.Pipeline.pack`), queued for the training loop
    (``prefetch`` ahead).
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,7 +54,8 @@ def comm_error(rank, what, exc) -> ExchangeError:
     m = re.search(r"pair_rank = (\d+)", text)
     peer = f" with rank {m.group(1)}" if m else ""
     return ExchangeError(
-        f"paddle_unpad.distributed: exchange on rank {rank}: {what} failed{peer} -- {_PEER_GONE} ({text.splitlines()[0][:300]})")
+        f"paddle_unpad.distributed: exchange on rank {rank}: {what} failed{peer} -- {_PEER_GONE} ({text.splitlines()[0][:300]})"
+    )
 
 
 class Settings:
@@ -67,8 +69,12 @@ class Settings:
         self.schema = {"hash": 0, "schema": None}  # agreed across ranks, kept over epochs
 
 
-_PLANS_DIFFER = "the ranks balance with different planner settings (cost, counts or tol), so they would compute different plans"
-_SAME_PLANNER = "pass the same settings on every rank (a calibrated cost model: fit it on one rank and share its coefficients)"
+_PLANS_DIFFER = (
+    "the ranks balance with different planner settings (cost, counts or tol), so they would compute different plans"
+)
+_SAME_PLANNER = (
+    "pass the same settings on every rank (a calibrated cost model: fit it on one rank and share its coefficients)"
+)
 _SAME_LAYOUT = "every sample of a global batch needs the same fields, dtypes and trailing shapes"
 _STALLED = "a rank stalled, died, or its loader is slower than the timeout; set unpad_configs['timeout']"
 
@@ -92,8 +98,7 @@ class Epoch:
         # exchange-thread CPU seconds (time.thread_time: waits in collectives and in the queue
         # do not count), steps produced, samples received, bytes of the sample transfers
         self.stats = {"steps": 0, "thread_cpu_s": 0.0, "moved_in": 0, "moved_bytes": 0, "wire_bytes": 0}
-        self.thread = threading.Thread(target=self._run, name=f"paddle_unpad-exchange-r{settings.rank}",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"paddle_unpad-exchange-r{settings.rank}", daemon=True)
         workarounds.register_thread(self.thread, self.stop.set)
         self.thread.start()
 
@@ -165,8 +170,17 @@ class Epoch:
         """This rank's batch of ``step`` from the training loop, read and checked: its status
         (OK / END / ERROR / ABORT), samples, lengths, ids and layout."""
         s = self.s
-        local = {"status": OK, "msg": "", "exc": None, "samples": [], "lengths": np.zeros(0, np.int64),
-                 "ids": np.zeros(0, np.int64), "schema": None, "exhausted": exhausted, "waited_s": 0.0}
+        local = {
+            "status": OK,
+            "msg": "",
+            "exc": None,
+            "samples": [],
+            "lengths": np.zeros(0, np.int64),
+            "ids": np.zeros(0, np.int64),
+            "schema": None,
+            "exhausted": exhausted,
+            "waited_s": 0.0,
+        }
         if exhausted:  # never ask a finished loader again
             item = ("end", None)
         else:
@@ -183,8 +197,12 @@ class Epoch:
         else:
             try:
                 samples, lengths, ids = s.pipeline.read(item[1], s.rank, step)
-                local.update(samples=samples, lengths=lengths, ids=ids,
-                             schema=wire.schema(samples, s.pipeline.token_fields, s.rank) if samples else None)
+                local.update(
+                    samples=samples,
+                    lengths=lengths,
+                    ids=ids,
+                    schema=wire.schema(samples, s.pipeline.token_fields, s.rank) if samples else None,
+                )
             except BaseException as e:  # noqa: BLE001 - reported to every rank
                 local.update(status=ERROR, exc=e)  # the update above built its values first: local is as it was
         if local["exc"] is not None:
@@ -197,9 +215,14 @@ class Epoch:
         # the message slot carries the error text, or (status OK) the batch's layout when it fits:
         # the layout then needs no collective of its own
         text = local["msg"] if local["status"] != OK else wire.schema_text(sch, MSG_BYTES)
-        hdr = Header(status=local["status"], step=step, count=len(local["samples"]),
-                     schema_hash=wire.schema_hash(sch) if sch is not None else 0, plan_key=self.s.plan_key,
-                     message=text)
+        hdr = Header(
+            status=local["status"],
+            step=step,
+            count=len(local["samples"]),
+            schema_hash=wire.schema_hash(sch) if sch is not None else 0,
+            plan_key=self.s.plan_key,
+            message=text,
+        )
         self._at(step, "waiting for every rank's header (all-gather)")
         return Headers.decode(self._all_gather(hdr.encode()))
 
@@ -211,14 +234,17 @@ class Epoch:
             if local["exc"] is not None:
                 raise local["exc"]
             r = failed[0]
-            raise ExchangeError(f"paddle_unpad.distributed: exchange: rank {r} {STATUS_TEXT[int(H.status[r])]} at step {int(H.step[r])}: {H.message(r)} (this is rank {s.rank})")
+            raise ExchangeError(
+                f"paddle_unpad.distributed: exchange: rank {r} {STATUS_TEXT[int(H.status[r])]} at step {int(H.step[r])}: {H.message(r)} (this is rank {s.rank})"
+            )
         if np.any(H.plan_key != H.plan_key[0]):  # before any plan: different settings give different plans
             by_key = {}
             for r in range(s.world):
                 by_key.setdefault(int(H.plan_key[r]), []).append(r)
             alike = " / ".join(str(g) for g in by_key.values())
             raise ExchangeError(
-                f"paddle_unpad.distributed: exchange: {_PLANS_DIFFER} (ranks with the same settings: {alike}); {_SAME_PLANNER} -- this is rank {s.rank}: {s.plan_desc}")
+                f"paddle_unpad.distributed: exchange: {_PLANS_DIFFER} (ranks with the same settings: {alike}); {_SAME_PLANNER} -- this is rank {s.rank}: {s.plan_desc}"
+            )
         if np.all(H.status == END):
             return "end"
         if np.any(H.step != step):
@@ -232,8 +258,7 @@ class Epoch:
             # not the hot path: once per epoch start, field change or mismatch; every rank
             # decides the same from the gathered headers, so a collective (when a layout did
             # not fit its header) matches up
-            schemas = [wire.schema_from_text(H.message(r)) if H.schema_hash[r] else None
-                       for r in range(self.s.world)]
+            schemas = [wire.schema_from_text(H.message(r)) if H.schema_hash[r] else None for r in range(self.s.world)]
             if any(H.schema_hash[r] and schemas[r] is None for r in range(self.s.world)):
                 self._at(step, "agreeing on the batch layout (all-gather)")
                 try:
@@ -241,7 +266,9 @@ class Epoch:
                 except Exception as e:  # noqa: BLE001
                     raise comm_error(self.s.rank, self.what, e) from e
             if len(hashes) > 1:
-                raise SampleError(f"paddle_unpad.distributed: exchange: the ranks' batches of step {step} have different layouts: {wire.describe_schema_difference(schemas)} ({_SAME_LAYOUT})")
+                raise SampleError(
+                    f"paddle_unpad.distributed: exchange: the ranks' batches of step {step} have different layouts: {wire.describe_schema_difference(schemas)} ({_SAME_LAYOUT})"
+                )
             st["hash"], st["schema"] = hashes[0], next(x for x in schemas if x is not None)
 
     def _share_lengths(self, step, local, counts):
@@ -270,7 +297,9 @@ class Epoch:
             self._at(step, "comparing plan hashes (all-gather)")
             hs = self._all_gather(np.array([phash], dtype=np.int64)).reshape(-1)
             if np.any(hs != hs[0]):
-                raise ExchangeError(f"paddle_unpad.distributed: exchange: ranks computed different plans at step {step}: hashes {hs.tolist()}")
+                raise ExchangeError(
+                    f"paddle_unpad.distributed: exchange: ranks computed different plans at step {step}: hashes {hs.tolist()}"
+                )
         return dest, starts, phash
 
     def _transfer_and_pack(self, step, local, dest, starts, phash, lens, gids, counts):
@@ -279,13 +308,14 @@ class Epoch:
         schema = s.schema["schema"]
         W = wire.transfer_words(dest, starts, lens, schema, s.world)
         self._at(step, "transferring the samples that move (all-gather)")
-        got, received = transfer(self._all_gather, local["samples"], local["lengths"],
-                                 dest[starts[me]:starts[me + 1]], W, me, schema)
+        got, received = transfer(
+            self._all_gather, local["samples"], local["lengths"], dest[starts[me] : starts[me + 1]], W, me, schema
+        )
         self.stats["moved_bytes"] += 8 * int(W.sum())
         self.stats["wire_bytes"] += 8 * received
         mine, mlens, mids, moved_in = [], [], [], 0
         for r in range(s.world):  # (source rank, index) order
-            sel = np.nonzero(dest[starts[r]:starts[r + 1]] == me)[0]
+            sel = np.nonzero(dest[starts[r] : starts[r + 1]] == me)[0]
             if not sel.size:
                 continue
             if r == me:
@@ -298,8 +328,16 @@ class Epoch:
         mlens = np.concatenate(mlens) if mlens else np.zeros(0, np.int64)
         mids = np.concatenate(mids) if mids else np.zeros(0, np.int64)
         self.stats["moved_in"] += moved_in
-        return s.pipeline.pack(mine, mlens, mids, step, global_num_samples=int(counts.sum()), schema=schema,
-                               plan_hash=phash, moved_in=moved_in)
+        return s.pipeline.pack(
+            mine,
+            mlens,
+            mids,
+            step,
+            global_num_samples=int(counts.sum()),
+            schema=schema,
+            plan_hash=phash,
+            moved_in=moved_in,
+        )
 
     # ---------------------------------------------------------------- the training loop's side
     def feed(self):
@@ -329,7 +367,8 @@ class Epoch:
                     phase = self.phase
                     self.stop.set()  # the thread leaves when its collective returns (at the latest gloo's timeout)
                     raise ExchangeTimeout(
-                        f"paddle_unpad.distributed: exchange on rank {self.s.rank}: no balanced batch within {timeout:g} s after step {steps_done}; the exchange thread is {phase} ({_STALLED})") from None
+                        f"paddle_unpad.distributed: exchange on rank {self.s.rank}: no balanced batch within {timeout:g} s after step {steps_done}; the exchange thread is {phase} ({_STALLED})"
+                    ) from None
         if item is END_ITEM:
             return None
         if isinstance(item, BaseException):
@@ -345,7 +384,11 @@ class Epoch:
             self.thread.join(timeout)
         stopped = not self.thread.is_alive()
         if not stopped:
-            log.warning("paddle_unpad: exchange thread of rank %d did not stop within %.1f s (blocked in a collective with a peer that is gone?); it is joined at exit", self.s.rank, timeout)
+            log.warning(
+                "paddle_unpad: exchange thread of rank %d did not stop within %.1f s (blocked in a collective with a peer that is gone?); it is joined at exit",
+                self.s.rank,
+                timeout,
+            )
         src, self.src = self.src, None
         if src is not None:
             src.close()
@@ -366,12 +409,12 @@ def transfer(all_gather, samples, lengths, my_dest, W, me, schema):
     for d in range(W.shape[0]):
         if W[me, d]:
             sel = np.nonzero(my_dest == d)[0]
-            out[off:off + W[me, d]] = wire.encode([samples[k] for k in sel], lengths[sel], schema)
+            out[off : off + W[me, d]] = wire.encode([samples[k] for k in sel], lengths[sel], schema)
             off += int(W[me, d])
     G = all_gather(out)
     got = {}
     for r in range(W.shape[0]):
         if W[r, me]:
             start = int(W[r, :me].sum())
-            got[r] = G[r, start:start + int(W[r, me])]
+            got[r] = G[r, start : start + int(W[r, me])]
     return got, int(G.size)

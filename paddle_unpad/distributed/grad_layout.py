@@ -7,6 +7,7 @@ would issue all-reduces of mismatched sizes, which abort inside gloo. Compared t
 store within ``timeout``, they are a :class:`GradientSyncError` on every rank that names the
 first difference, and a rank that never builds its all-reduce is named too.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,12 @@ from .errors import GradientSyncError
 
 def layout(world, options, params, buckets) -> dict:
     """What must be the same on every rank (``timeout`` may differ: it bounds this rank's own wait)."""
-    return {"ranks": world, "options": {k: v for k, v in options.items() if k != "timeout"},
-            "parameters": [[list(p.shape), str(p.dtype).replace("paddle.", "")] for p in params],
-            "buckets": [[len(b.params), b.nbytes, b.table is not None] for b in buckets]}
+    return {
+        "ranks": world,
+        "options": {k: v for k, v in options.items() if k != "timeout"},
+        "parameters": [[list(p.shape), str(p.dtype).replace("paddle.", "")] for p in params],
+        "buckets": [[len(b.params), b.nbytes, b.table is not None] for b in buckets],
+    }
 
 
 def agree(mine, ranks, timeout):
@@ -30,10 +34,13 @@ def agree(mine, ranks, timeout):
     if missing:
         absent, waited = [ranks[i] for i in missing], max(timeout, groups.AGREE_MIN_S)
         raise GradientSyncError(
-            f"paddle_unpad.distributed.GradientAllReduce: rank(s) {absent} did not build the all-reduce within {waited:g} s (this is rank {ranks[me]}): build it at the same point on every rank")
+            f"paddle_unpad.distributed.GradientAllReduce: rank(s) {absent} did not build the all-reduce within {waited:g} s (this is rank {ranks[me]}): build it at the same point on every rank"
+        )
     if values is not None:
         first = _first_difference([json.loads(v) for v in values], ranks)
-        raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: the ranks' models or options differ -- {first}; every rank must reduce the same parameters with the same options (this is rank {ranks[me]})")
+        raise GradientSyncError(
+            f"paddle_unpad.distributed.GradientAllReduce: the ranks' models or options differ -- {first}; every rank must reduce the same parameters with the same options (this is rank {ranks[me]})"
+        )
 
 
 def _first_difference(layouts, ranks) -> str:
@@ -44,7 +51,7 @@ def _first_difference(layouts, ranks) -> str:
             continue
         a, b = ranks[0], ranks[i]
         if len(lay["parameters"]) != len(ref["parameters"]):
-            return (f"rank {a} has {len(ref['parameters'])} trainable parameters, rank {b} {len(lay['parameters'])}")
+            return f"rank {a} has {len(ref['parameters'])} trainable parameters, rank {b} {len(lay['parameters'])}"
         for k, (p, q) in enumerate(zip(ref["parameters"], lay["parameters"])):
             if p != q:
                 return f"parameter {k} is {p[1]} {p[0]} on rank {a} but {q[1]} {q[0]} on rank {b}"

@@ -14,6 +14,7 @@ the same order whatever the order their backward completed them in.
 The pass's state of completion (which gradients are in, the trailer's flags) belongs to the
 all-reduce, which tells this object when a pass opens, is sealed and ends.
 """
+
 from __future__ import annotations
 
 import queue
@@ -49,8 +50,11 @@ class Reduction:
             self.group = groups.new_group("gradient all-reduce", groups.DEVICE, ranks)
             # the step header and the rows of by-rows tables are host values: on a gloo group
             # (NCCL jobs: one of its own, used by the training thread only)
-            self.control = self.group if self.group.backend == "gloo" else groups.new_group(
-                "gradient all-reduce control", groups.HOST, ranks)
+            self.control = (
+                self.group
+                if self.group.backend == "gloo"
+                else groups.new_group("gradient all-reduce control", groups.HOST, ranks)
+            )
         except BaseException:
             self.release_groups()
             raise
@@ -77,8 +81,9 @@ class Reduction:
             b.ready.clear()
 
     def _reduce_rows(self, b):
-        sent, unproven = grad_rows.reduce_rows(self.grad(b.params[0]), b.table, self.group, self.control,
-                                               self.world, self.scale, self.dense_fraction)
+        sent, unproven = grad_rows.reduce_rows(
+            self.grad(b.params[0]), b.table, self.group, self.control, self.world, self.scale, self.dense_fraction
+        )
         self.stats["tables_unproven"] += unproven
         self.bytes += sent
 

@@ -8,6 +8,7 @@ on the ``nn.Embedding`` layer -- a hint, not a promise: the weight may also be u
 tied ``matmul`` output projection, ``F.embedding``), so each rank proves its rows against its
 gradient every step, and a rank that cannot makes every rank reduce the table whole that step.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional
@@ -50,8 +51,11 @@ def embedding_tables(model):
     for layer in layers:
         for _, p in layer.named_parameters(include_sublayers=False):
             owners[id(p)] = owners.get(id(p), 0) + 1
-    return {id(m.weight): m for m in layers if isinstance(m, paddle.nn.Embedding)
-            and not m.weight.stop_gradient and owners.get(id(m.weight), 0) == 1}
+    return {
+        id(m.weight): m
+        for m in layers
+        if isinstance(m, paddle.nn.Embedding) and not m.weight.stop_gradient and owners.get(id(m.weight), 0) == 1
+    }
 
 
 def _bits(g) -> Optional[np.ndarray]:

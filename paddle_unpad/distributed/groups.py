@@ -40,6 +40,7 @@ is served by rank 0's process: a request that fails says that rank 0 has left th
 it has left (:func:`mark_left`), so that a peer whose collective then fails names it
 (:func:`who_left`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -108,7 +109,9 @@ def checked_job(where: str, error=RuntimeError) -> tuple:
     rank, world = job()
     launched = launched_world()
     if world == 1 and launched > 1:
-        raise error(f"paddle_unpad.{where}: built before the job was initialized: this process was launched as one of {launched} ranks (PADDLE_TRAINERS_NUM={launched}), {_NOT_INITIALIZED}; {_INIT_FIRST}")
+        raise error(
+            f"paddle_unpad.{where}: built before the job was initialized: this process was launched as one of {launched} ranks (PADDLE_TRAINERS_NUM={launched}), {_NOT_INITIALIZED}; {_INIT_FIRST}"
+        )
     return rank, world
 
 
@@ -121,7 +124,9 @@ def check_member(ranks: List[int], where: str, what: str, rank: Optional[int] = 
     that never come). ``where``: the public name after ``paddle_unpad.``."""
     rank = job()[0] if rank is None else rank
     if rank not in ranks:
-        raise ValueError(f"paddle_unpad.{where}: {what} over ranks {list(ranks)} was built on rank {rank}, which is not one of them: build it on the members of its group only")
+        raise ValueError(
+            f"paddle_unpad.{where}: {what} over ranks {list(ranks)} was built on rank {rank}, which is not one of them: build it on the members of its group only"
+        )
 
 
 class Group:
@@ -144,7 +149,7 @@ class Group:
         self.owner = threading.get_ident() if backend == "nccl" else None
 
     def __repr__(self):
-        return (f"Group({self.purpose!r}, {self.role}, {self.backend}, ranks={self.ranks}{', released' if self.released else ''})")
+        return f"Group({self.purpose!r}, {self.role}, {self.backend}, ranks={self.ranks}{', released' if self.released else ''})"
 
 
 CREATED: List[Group] = []  # every process group this process made through the layer (reuses not counted)
@@ -158,7 +163,9 @@ _meetings: Dict[tuple, "itertools.count"] = {}  # (backend, ranks) -> groups mad
 _lock = threading.Lock()
 
 
-_CREATE_ALIKE = "every member must create it at the same point (groups of the plugin over the same ranks in the same order)"
+_CREATE_ALIKE = (
+    "every member must create it at the same point (groups of the plugin over the same ranks in the same order)"
+)
 
 
 def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None) -> Group:
@@ -187,7 +194,8 @@ def new_group(purpose: str, role: str = HOST, ranks: Optional[List[int]] = None)
     if missing:
         late = [ranks[i] for i in missing]
         raise RuntimeError(
-            f"paddle_unpad.distributed: rank(s) {late} did not come to create the {purpose} group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {rank}): {_CREATE_ALIKE}")
+            f"paddle_unpad.distributed: rank(s) {late} did not come to create the {purpose} group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {rank}): {_CREATE_ALIKE}"
+        )
     offers = [offer] if values is None else values
     common = set.intersection(*({tuple(x) for x in json.loads(o)} for o in offers))
     if common:  # the same idle group on every member: hand it out again
@@ -218,7 +226,9 @@ def _agreed_gid(ranks, backend, n, purpose) -> int:
     deadline = time.monotonic() + GROUP_MEET_S
     while store.add(key + "/ready", 0) == 0:  # add 0: a read that never blocks
         if time.monotonic() > deadline:
-            raise RuntimeError(f"paddle_unpad.distributed: rank {ranks[0]} did not publish the id of the {purpose} group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {job()[0]})")
+            raise RuntimeError(
+                f"paddle_unpad.distributed: rank {ranks[0]} did not publish the id of the {purpose} group over ranks {ranks} within {GROUP_MEET_S:g} s (this is rank {job()[0]})"
+            )
         time.sleep(0.005)
     return int(store.get(key).decode())
 
@@ -253,8 +263,10 @@ def release(group: Optional[Group]):
         with _lock:
             _free.setdefault((group.backend, tuple(group.ranks)), []).append(group)
     else:
-        log.warning("paddle_unpad: the %s group is released with a collective in progress or failed; it is not reused",
-                    group.purpose)
+        log.warning(
+            "paddle_unpad: the %s group is released with a collective in progress or failed; it is not reused",
+            group.purpose,
+        )
     if _exit_order["group"] is group and not reusable:
         _exit_order["group"] = None
         with _lock:
@@ -268,7 +280,9 @@ def wrap_host_group(pg, purpose: str) -> Group:
     ``purpose``: the public name the group was given to, after ``paddle_unpad.``."""
     backend = "gloo" if "gloo" in type(pg.process_group).__name__.lower() else type(pg.process_group).__name__
     if backend != "gloo":
-        raise ValueError(f"paddle_unpad.{purpose}: group must be a gloo group (the exchange sends CPU buffers: paddle.distributed.new_group(ranks, backend='gloo')), got a {backend} group")
+        raise ValueError(
+            f"paddle_unpad.{purpose}: group must be a gloo group (the exchange sends CPU buffers: paddle.distributed.new_group(ranks, backend='gloo')), got a {backend} group"
+        )
     workarounds.ensure_exit_handler(mark_left, leave_in_order)
     return Group(pg, HOST, "gloo", purpose, owned=False)
 
@@ -288,10 +302,13 @@ def issue(op: str, group: Group):
     owner thread. Counts the group's collectives (a released group is reused only where every
     member counted the same)."""
     if group.released:
-        raise RuntimeError(f"paddle_unpad.distributed: {op} on the {group.purpose} group after it was released (its owner was closed)")
+        raise RuntimeError(
+            f"paddle_unpad.distributed: {op} on the {group.purpose} group after it was released (its owner was closed)"
+        )
     if group.owner is not None and threading.get_ident() != group.owner:
         raise RuntimeError(
-            f"paddle_unpad.distributed: {op} on the {group.purpose} group (NCCL) from thread {threading.current_thread().name!r}, not the thread that created the group: {_NCCL_THREAD}")
+            f"paddle_unpad.distributed: {op} on the {group.purpose} group (NCCL) from thread {threading.current_thread().name!r}, not the thread that created the group: {_NCCL_THREAD}"
+        )
     if RECORDER is not None:
         RECORDER(op, group)
     group.conn["ops"] += 1
@@ -354,7 +371,9 @@ class _Store:
             return getattr(self.store, op)(*args)
         except Exception as e:  # noqa: BLE001 - Paddle raises ValueError/RuntimeError/OSError for these
             text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            raise StoreHostLeft(f"paddle_unpad.distributed: rank 0 has left the job: {_STORE_GONE} ({type(e).__name__}: {text}); this rank cannot meet the others: end it, then restart the job") from e
+            raise StoreHostLeft(
+                f"paddle_unpad.distributed: rank 0 has left the job: {_STORE_GONE} ({type(e).__name__}: {text}); this rank cannot meet the others: end it, then restart the job"
+            ) from e
 
     def set(self, key, value):
         return self._call("set", key, value)
@@ -497,12 +516,16 @@ def check_settings_agree():
     if values is None:
         return
     got = [json.loads(v) if v is not None else None for v in values]
-    diff = [f"{name}: " + ", ".join(f"rank {r} {g[name]}" for r, g in enumerate(got) if g is not None)
-            for name in sorted(mine) if len({g[name] for g in got if g is not None}) > 1]
+    diff = [
+        f"{name}: " + ", ".join(f"rank {r} {g[name]}" for r, g in enumerate(got) if g is not None)
+        for name in sorted(mine)
+        if len({g[name] for g in got if g is not None}) > 1
+    ]
     if missing:
         diff.append(f"rank(s) {missing} did not compare theirs within {SETTINGS_AGREE_S:g} s")
     raise config.ConfigError(
-        f"paddle_unpad.config: the ranks of this job have different settings that must be equal on every rank ({'; '.join(diff)}; this is rank {rank}): {_SET_ALIKE}")
+        f"paddle_unpad.config: the ranks of this job have different settings that must be equal on every rank ({'; '.join(diff)}; this is rank {rank}): {_SET_ALIKE}"
+    )
 
 
 def install_group_stores(enabled=None, check=True):

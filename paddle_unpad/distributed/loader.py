@@ -21,6 +21,7 @@ Failures (see docs/distributed.md, *Failure behaviour*, for what a user sees on 
   a later epoch starts in step. At interpreter exit every thread is stopped and joined
   (:mod:`.workarounds`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,7 +50,9 @@ def check_token_fields(token_fields, where="distributed.BalancedLoader"):
     """``token_fields`` as a tuple of field names; a string (read character by character
     otherwise) or anything but names is refused, naming the value."""
     if isinstance(token_fields, (str, bytes)) or not all(isinstance(f, str) for f in _iterable(token_fields)):
-        raise TypeError(f"paddle_unpad.{where}: token_fields must be a sequence of field names (e.g. ('input_ids', 'token_type_ids')), got {token_fields!r}")
+        raise TypeError(
+            f"paddle_unpad.{where}: token_fields must be a sequence of field names (e.g. ('input_ids', 'token_type_ids')), got {token_fields!r}"
+        )
     return tuple(token_fields)
 
 
@@ -110,18 +113,25 @@ class BalancedLoader:
     ``where`` the public name they were given to, which the loader's errors name.
     """
 
-    def __init__(self, loader, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS, place=None, group=None,
-                 **options):
+    def __init__(self, loader, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS, place=None, group=None, **options):
         self._build(loader, resolve_options(options, "distributed.BalancedLoader"), token_fields, place, group)
 
     @classmethod
-    def from_options(cls, loader, options: ResolvedOptions, token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
-                     place=None, group=None) -> "BalancedLoader":
+    def from_options(
+        cls,
+        loader,
+        options: ResolvedOptions,
+        token_fields: Sequence[str] = DEFAULT_TOKEN_FIELDS,
+        place=None,
+        group=None,
+    ) -> "BalancedLoader":
         """The loader of options a public entry resolved where the user gave them
         (``fleet.distributed_loader``, ``UnpadTrainer``): they are not checked again, and the
         loader's errors name that entry (``options.where``)."""
         if not isinstance(options, ResolvedOptions) or options.scope != EXCHANGE:
-            raise TypeError(f"paddle_unpad.distributed.BalancedLoader.from_options: options must be the exchange's options as paddle_unpad.distributed.options.resolve() returns them, got {options!r}")
+            raise TypeError(
+                f"paddle_unpad.distributed.BalancedLoader.from_options: options must be the exchange's options as paddle_unpad.distributed.options.resolve() returns them, got {options!r}"
+            )
         self = cls.__new__(cls)
         self._build(loader, options, token_fields, place, group)
         return self
@@ -166,15 +176,20 @@ class BalancedLoader:
         # loaders travel along (they may differ), for len()
         mine = {k: self.options[k] for k in _AGREED if k not in ("counts", "tol")}
         # a group passed on some ranks only would leave the others in a group creation alone
-        mine.update(planner=self.plan_key, token_fields=list(self.token_fields),
-                    group="passed in" if group is not None else "its own")
-        text = json.dumps({"compared": mine, "planner": self.plan_desc, "len": self._lens[self.rank]},
-                          sort_keys=True, default=repr)
+        mine.update(
+            planner=self.plan_key,
+            token_fields=list(self.token_fields),
+            group="passed in" if group is not None else "its own",
+        )
+        text = json.dumps(
+            {"compared": mine, "planner": self.plan_desc, "len": self._lens[self.rank]}, sort_keys=True, default=repr
+        )
         values, missing = groups.agree("balanced-loader", text, self.timeout)
         if missing:
             waited = max(self.timeout, groups.AGREE_MIN_S)
             raise ExchangeError(
-                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not build this balanced loader within {waited:g} s (this is rank {self.rank}): {_BUILD_ALIKE}")
+                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not build this balanced loader within {waited:g} s (this is rank {self.rank}): {_BUILD_ALIKE}"
+            )
         if values is not None:
             got = [json.loads(v) for v in values]
             self._lens = [tuple(g["len"]) for g in got]
@@ -182,11 +197,16 @@ class BalancedLoader:
             def shown(g, k):
                 return g["planner"] if k == "planner" else repr(g["compared"][k])
 
-            diff = [f"{'planner settings' if k == 'planner' else k}: "
-                    + ", ".join(f"rank {r} {shown(g, k)}" for r, g in enumerate(got))
-                    for k in sorted(mine) if len({json.dumps(g["compared"][k], sort_keys=True) for g in got}) > 1]
+            diff = [
+                f"{'planner settings' if k == 'planner' else k}: "
+                + ", ".join(f"rank {r} {shown(g, k)}" for r, g in enumerate(got))
+                for k in sorted(mine)
+                if len({json.dumps(g["compared"][k], sort_keys=True) for g in got}) > 1
+            ]
             if diff:  # (descriptions alone may differ: a cost name and the CostModel it stands for)
-                raise ExchangeError(f"paddle_unpad.distributed: exchange: the ranks built their balanced loaders with different settings ({'; '.join(diff)}); every rank must pass the same (this is rank {self.rank})")
+                raise ExchangeError(
+                    f"paddle_unpad.distributed: exchange: the ranks built their balanced loaders with different settings ({'; '.join(diff)}); every rank must pass the same (this is rank {self.rank})"
+                )
 
     def __len__(self):
         """The number of batches an epoch gives this rank (see the class docstring)."""
@@ -194,9 +214,13 @@ class BalancedLoader:
         unknown = [r for r, (n, _) in enumerate(lens) if n is None]
         if unknown:
             if not self.distributed:
-                raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader has no len() ({lens[0][1]})")
+                raise TypeError(
+                    f"paddle_unpad.{self.where}: len() is not known: the loader has no len() ({lens[0][1]})"
+                )
             why = lens[unknown[0]][1]
-            raise TypeError(f"paddle_unpad.{self.where}: len() is not known: the loader of rank(s) {unknown} has no len() ({why}); {_LEN_OF_ALL}")
+            raise TypeError(
+                f"paddle_unpad.{self.where}: len() is not known: the loader of rank(s) {unknown} has no len() ({why}); {_LEN_OF_ALL}"
+            )
         return max(n for n, _ in lens)
 
     def _agree_epoch_lengths(self):
@@ -208,15 +232,20 @@ class BalancedLoader:
         if missing:
             waited = max(self.timeout, groups.AGREE_MIN_S)
             raise ExchangeError(
-                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not start epoch {self._epochs} of this balanced loader within {waited:g} s (this is rank {self.rank}): {_ITERATE_ALIKE}")
+                f"paddle_unpad.distributed: exchange: rank(s) {missing} did not start epoch {self._epochs} of this balanced loader within {waited:g} s (this is rank {self.rank}): {_ITERATE_ALIKE}"
+            )
         self._lens = [mine] * self.world if values is None else [tuple(json.loads(v)) for v in values]
 
     def __iter__(self):
         if self.closed:
-            raise ValueError(f"paddle_unpad.{self.where}: iterating a closed loader: close() released its process group; build a new loader (on every rank) for another epoch")
+            raise ValueError(
+                f"paddle_unpad.{self.where}: iterating a closed loader: close() released its process group; build a new loader (on every rank) for another epoch"
+            )
         if not self._live.close():
             limit = self.close_timeout
-            raise ExchangeError(f"paddle_unpad.distributed: exchange on rank {self.rank}: the previous epoch's exchange thread did not stop within {limit:g} s ({_THREAD_STUCK}); its group cannot carry another epoch")
+            raise ExchangeError(
+                f"paddle_unpad.distributed: exchange on rank {self.rank}: the previous epoch's exchange thread did not stop within {limit:g} s ({_THREAD_STUCK}); its group cannot carry another epoch"
+            )
         if not self.distributed:
             return self._local_iter()
         src = Source(self.loader, self.where)
@@ -281,9 +310,13 @@ def _check_group_spans_job(group, world, where):
     outside a subset has no process group of it at all)."""
     ranks = getattr(group, "ranks", None)
     if ranks is None:
-        raise TypeError(f"paddle_unpad.{where}: group must be a process group from paddle.distributed.new_group(list(range({world})), backend='gloo'), got {type(group).__name__}")
+        raise TypeError(
+            f"paddle_unpad.{where}: group must be a process group from paddle.distributed.new_group(list(range({world})), backend='gloo'), got {type(group).__name__}"
+        )
     if list(ranks) != list(range(world)):
-        raise ValueError(f"paddle_unpad.{where}: group must span every rank of the job in order (ranks {list(range(world))}: the exchange balances over all of them), got a group over ranks {list(ranks)}")
+        raise ValueError(
+            f"paddle_unpad.{where}: group must span every rank of the job in order (ranks {list(range(world))}: the exchange balances over all of them), got a group over ranks {list(ranks)}"
+        )
     if getattr(group, "released", False):
         raise ValueError(f"paddle_unpad.{where}: group {group!r} was released (its owner was closed)")
 

@@ -11,6 +11,7 @@ it) to the loader or the all-reduce. The on/off switch of the exchange is ``bala
 ``DistributedStrategy.unpad`` is its fleet-style spelling (``strategy.amp`` / ``amp_configs``
 is the model).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,24 +34,46 @@ class Option(NamedTuple):
 
 #: every option: its default, its meaning, and who takes it
 OPTIONS: Dict[str, Option] = {
-    "balance": Option(True, "exchange samples so that ranks get equal cost (False: each rank packs its own batches)",
-                      (EXCHANGE,)),
-    "cost": Option("quadratic", "cost of a sample: 'quadratic' (= 'flops', BERT-large FLOPs), 'tokens' (= 'token'), a CostModel or a callable length -> cost", (EXCHANGE,)),
-    "counts": Option("equal", "samples per rank: 'equal', 'source' (keep each rank's count) or a list of ints >= 0, one per rank (a float count is a TypeError)",
-                     (EXCHANGE,)),
+    "balance": Option(
+        True, "exchange samples so that ranks get equal cost (False: each rank packs its own batches)", (EXCHANGE,)
+    ),
+    "cost": Option(
+        "quadratic",
+        "cost of a sample: 'quadratic' (= 'flops', BERT-large FLOPs), 'tokens' (= 'token'), a CostModel or a callable length -> cost",
+        (EXCHANGE,),
+    ),
+    "counts": Option(
+        "equal",
+        "samples per rank: 'equal', 'source' (keep each rank's count) or a list of ints >= 0, one per rank (a float count is a TypeError)",
+        (EXCHANGE,),
+    ),
     "tol": Option(DEFAULT_TOL, "planner stopping tolerance (max/mean - 1)", (EXCHANGE,)),
     "prefetch": Option(2, "batches prepared ahead of the training loop", (EXCHANGE,)),
-    "timeout": Option(300.0, "seconds to wait for a peer (a batch of the exchange, the all-reduce in wait(), the ranks' settings) before failing: a stalled or dead peer", (EXCHANGE, ALLREDUCE)),
+    "timeout": Option(
+        300.0,
+        "seconds to wait for a peer (a batch of the exchange, the all-reduce in wait(), the ranks' settings) before failing: a stalled or dead peer",
+        (EXCHANGE, ALLREDUCE),
+    ),
     "max_seqlen": Option(512, "longest legal sample (None: no limit)", (EXCHANGE,)),
     "check_plan": Option(False, "all-gather each step's plan hash and compare (for tests)", (EXCHANGE,)),
     "close_timeout": Option(10.0, "seconds close() waits for the exchange thread", (EXCHANGE,)),
-    "bucket_mb": Option(1.0, "a gradient of at least this many MiB is all-reduced on its own, in place; smaller ones are packed into buckets of about this size", (ALLREDUCE,)),
+    "bucket_mb": Option(
+        1.0,
+        "a gradient of at least this many MiB is all-reduced on its own, in place; smaller ones are packed into buckets of about this size",
+        (ALLREDUCE,),
+    ),
     "average": Option(True, "divide the summed gradients by the number of ranks (False: keep the sum)", (ALLREDUCE,)),
-    "row_sparse_embeddings": Option(None, "reduce embedding tables by the rows the step used (None: on CPU jobs, off on GPU jobs, where reading the ids back would make the step wait)",
-                                    (ALLREDUCE,)),
-    "dense_fraction": Option(0.5, "reduce a table whole once the union of its used rows exceeds this share of its rows", (ALLREDUCE,)),
-    "overlap": Option(None, "reduce while the backward runs (None: True); False: after the backward, in wait()",
-                      (ALLREDUCE,)),
+    "row_sparse_embeddings": Option(
+        None,
+        "reduce embedding tables by the rows the step used (None: on CPU jobs, off on GPU jobs, where reading the ids back would make the step wait)",
+        (ALLREDUCE,),
+    ),
+    "dense_fraction": Option(
+        0.5, "reduce a table whole once the union of its used rows exceeds this share of its rows", (ALLREDUCE,)
+    ),
+    "overlap": Option(
+        None, "reduce while the backward runs (None: True); False: after the backward, in wait()", (ALLREDUCE,)
+    ),
 }
 DEFAULTS: Dict[str, Any] = {k: o.default for k, o in OPTIONS.items() if EXCHANGE in o.scopes}
 ALLREDUCE_DEFAULTS: Dict[str, Any] = {k: o.default for k, o in OPTIONS.items() if ALLREDUCE in o.scopes}
@@ -72,7 +95,13 @@ def _check_seconds(where, name, v, strictly_positive):
     # threading waits take at most threading.TIMEOUT_MAX seconds: a larger value would raise
     # OverflowError at the first wait, long after it was given
     if not _is_number(v) or not _finite_number(v, strictly_positive) or v > threading.TIMEOUT_MAX:
-        _refuse(where, name, v, f"a finite number of seconds {'> 0' if strictly_positive else '>= 0'} and at most threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:.4g})", not _is_number(v))
+        _refuse(
+            where,
+            name,
+            v,
+            f"a finite number of seconds {'> 0' if strictly_positive else '>= 0'} and at most threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:.4g})",
+            not _is_number(v),
+        )
 
 
 # key -> (rule in words, the value's type is right, the value is right)
@@ -83,8 +112,11 @@ _NUMBER_RULES = {
     "balance": ("True or False", lambda v: isinstance(v, bool), lambda v: True),
     "check_plan": ("True or False", lambda v: isinstance(v, bool), lambda v: True),
     "average": ("True or False", lambda v: isinstance(v, bool), lambda v: True),
-    "row_sparse_embeddings": ("True, False or None (the default)", lambda v: v is None or isinstance(v, bool),
-                              lambda v: True),
+    "row_sparse_embeddings": (
+        "True, False or None (the default)",
+        lambda v: v is None or isinstance(v, bool),
+        lambda v: True,
+    ),
     "overlap": ("True, False or None (the default)", lambda v: v is None or isinstance(v, bool), lambda v: True),
 }
 
@@ -129,8 +161,9 @@ class ResolvedOptions(Mapping):
         return len(self._values)
 
 
-def resolve(options: Dict[str, Any], where: str, arg: str = "", base: Optional[ResolvedOptions] = None,
-            scope: str = EXCHANGE) -> ResolvedOptions:
+def resolve(
+    options: Dict[str, Any], where: str, arg: str = "", base: Optional[ResolvedOptions] = None, scope: str = EXCHANGE
+) -> ResolvedOptions:
     """``base`` (default: the defaults of ``scope``) updated with ``options``, every key of
     ``options`` checked, as a :class:`ResolvedOptions` named ``where``.
 

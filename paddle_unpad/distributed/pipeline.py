@@ -6,6 +6,7 @@ the exchange runs the same stages around its collectives -- it reads the rank's 
 every rank's gathered lengths (the same check, so the same message, on every rank) and packs
 the samples the plan gives the rank.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional, Tuple
@@ -33,8 +34,9 @@ class Pipeline(NamedTuple):
     def pack(self, samples, lengths, ids, step: int, global_num_samples=None, schema=None, **extra):
         """The packed batch of checked samples as paddle tensors, with ``step`` and ``extra``
         (host values) added."""
-        packed = pack_samples(samples, lengths, ids, self.token_fields, global_num_samples=global_num_samples,
-                              schema=schema)
+        packed = pack_samples(
+            samples, lengths, ids, self.token_fields, global_num_samples=global_num_samples, schema=schema
+        )
         packed.update(step=step, **extra)
         return to_paddle(packed, self.place)
 

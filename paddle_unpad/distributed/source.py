@@ -5,6 +5,7 @@ may only be iterated by the thread that created its iterator (Paddle starts work
 from the main thread only). The training loop's thread calls :meth:`Source.take` and hands
 each item to the exchange thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,6 +19,7 @@ from .._runtime import paddle_compat as _compat
 from . import workarounds
 
 log = logging.getLogger("paddle_unpad.distributed")
+
 
 def _own_value(v):
     """``v`` as an array nothing else holds: a copy of an array (the loader may overwrite it for
@@ -61,7 +63,9 @@ def failed_in_default_collate(exc) -> bool:
 
 
 _STACKS = "it stacks the samples into padded arrays, which samples of different lengths cannot be"
-_USE_SAMPLE_LISTS = "the balanced loader needs lists of samples: build the DataLoader with collate_fn=pu.data.sample_list_collate"
+_USE_SAMPLE_LISTS = (
+    "the balanced loader needs lists of samples: build the DataLoader with collate_fn=pu.data.sample_list_collate"
+)
 
 
 def default_collate_error(exc, where):
@@ -69,7 +73,9 @@ def default_collate_error(exc, where):
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     # a worker's message is a traceback: its last line ("Type: message") says why
     cause = lines[-1][:200] if len(lines) > 1 else f"{type(exc).__name__}: {''.join(lines)[:200]}"
-    err = ValueError(f"paddle_unpad.{where}: the DataLoader's default collate_fn failed ({cause}): {_STACKS}; {_USE_SAMPLE_LISTS}")
+    err = ValueError(
+        f"paddle_unpad.{where}: the DataLoader's default collate_fn failed ({cause}): {_STACKS}; {_USE_SAMPLE_LISTS}"
+    )
     err.__cause__ = exc
     return err
 

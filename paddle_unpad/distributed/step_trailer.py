@@ -8,6 +8,7 @@ trailer collective whatever went wrong on it, so each of these is seen by all of
 same ``wait()`` and named the same way. The trailer is int64 words (a host all-gather on the
 control group): ``_TRAILER_WORDS`` flags, then the description of a new or resized parameter.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -24,7 +25,9 @@ TRAILER = "the step trailer all-gather"
 _NEW_PARAMETER = "is not one of the parameters it was built with (a layer replaced or added, a weight re-assigned, an embedding resized)"
 _CLOSED_EARLY = "an exception or exit between backward() and wait(), or close() before wait()"
 _ACCUMULATION = "gradient accumulation needs GradientAllReduce(overlap=False), with wait() after the last backward only -- with overlap a bucket is reduced as soon as the first backward completes it"
-_NOT_REDUCED = "its gradient would not be reduced like the others (the all-reduce keeps the parameters it saw at construction)"
+_NOT_REDUCED = (
+    "its gradient would not be reduced like the others (the all-reduce keeps the parameters it saw at construction)"
+)
 _REBUILD = "close() the all-reduce and build a new GradientAllReduce on every rank"
 _STOP_GRADIENT_CHANGED = "its gradient would not be averaged like the others: after changing stop_gradient, close() the all-reduce and build a new GradientAllReduce"
 
@@ -44,7 +47,9 @@ def checked_step(step) -> Optional[int]:
     if step is None:
         return None
     if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-        raise TypeError(f"paddle_unpad.distributed.GradientAllReduce.wait: step must be a non-negative int (the batch's global step, batch['step']), got {step!r}")
+        raise TypeError(
+            f"paddle_unpad.distributed.GradientAllReduce.wait: step must be a non-negative int (the batch's global step, batch['step']), got {step!r}"
+        )
     return int(step)
 
 
@@ -69,7 +74,9 @@ def check(control, mine, ranks, params, known, step):
         raise failed(TRAILER, e, ranks, step) from e
     problem = _problem(rows, ranks, params, known)
     if problem is not None:
-        raise GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {problem} (this is rank {groups.job()[0]})")
+        raise GradientSyncError(
+            f"paddle_unpad.distributed.GradientAllReduce: {problem} (this is rank {groups.job()[0]})"
+        )
 
 
 def failed(what, exc, ranks, step) -> GradientSyncError:
@@ -78,9 +85,13 @@ def failed(what, exc, ranks, step) -> GradientSyncError:
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     left = groups.who_left(ranks)
     if left:
-        return GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {left}, so {what} of step {step} failed and its gradients are not reduced (this is rank {groups.job()[0]}; {type(exc).__name__}: {first})")
+        return GradientSyncError(
+            f"paddle_unpad.distributed.GradientAllReduce: {left}, so {what} of step {step} failed and its gradients are not reduced (this is rank {groups.job()[0]}; {type(exc).__name__}: {first})"
+        )
     if what == TRAILER:
-        return GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {what} failed -- a peer died or stopped ({type(exc).__name__}: {first})")
+        return GradientSyncError(
+            f"paddle_unpad.distributed.GradientAllReduce: {what} failed -- a peer died or stopped ({type(exc).__name__}: {first})"
+        )
     return GradientSyncError(f"paddle_unpad.distributed.GradientAllReduce: {what} failed: {exc}")
 
 

@@ -18,6 +18,7 @@ Per step, every rank contributes
 The planner-settings fingerprint (:func:`plan_settings`) lets every rank see at the first
 step that a peer would compute another plan.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,7 +48,7 @@ class Header(NamedTuple):
 
     def encode(self) -> np.ndarray:
         words = np.zeros(HDR, dtype=np.int64)
-        words[:len(HEADER_FIELDS)] = self[:len(HEADER_FIELDS)]
+        words[: len(HEADER_FIELDS)] = self[: len(HEADER_FIELDS)]
         text = self.message.encode("utf-8", "replace")[:MSG_BYTES]
         words[MSG_AT:] = np.frombuffer(text.ljust(MSG_BYTES, b"\0"), dtype=np.int64)
         return words
@@ -80,7 +81,6 @@ class Headers(NamedTuple):
         return self.messages[rank].tobytes().rstrip(b"\0").decode("utf-8", "replace")
 
 
-
 # ----------------------------------------------------------------------------- layout
 def schema(samples, token_fields, rank):
     """Field layout of a batch: tuple of (name, 't'|'s', dtype str, shape tail).
@@ -92,7 +92,9 @@ def schema(samples, token_fields, rank):
     for name in sorted(first):
         a = first[name]
         if np.dtype(a.dtype).kind not in "biufc":  # strings and objects: not what a model takes
-            raise SampleError(f"paddle_unpad.distributed: rank {rank}: field {name!r} is not numeric (dtype {a.dtype}); the exchange sends numbers (bool, int, float) only")
+            raise SampleError(
+                f"paddle_unpad.distributed: rank {rank}: field {name!r} is not numeric (dtype {a.dtype}); the exchange sends numbers (bool, int, float) only"
+            )
         if name in token_fields and a.ndim >= 1:
             sch.append((name, "t", a.dtype.str, tuple(a.shape[1:])))
         else:
@@ -118,9 +120,16 @@ def schema_from_text(text):
 
 def describe_schema_difference(schemas) -> str:
     """First difference between the ranks' batch layouts, in words."""
+
     def fields(sch):
-        return {name: (("per-token" if kind == "t" else "per-sample"), np.dtype(dt).name,
-                       (["s"] if kind == "t" else []) + list(tail)) for name, kind, dt, tail in sch}
+        return {
+            name: (
+                ("per-token" if kind == "t" else "per-sample"),
+                np.dtype(dt).name,
+                (["s"] if kind == "t" else []) + list(tail),
+            )
+            for name, kind, dt, tail in sch
+        }
 
     ranks = [r for r, sch in enumerate(schemas) if sch is not None]
     r0 = ranks[0]
@@ -133,8 +142,10 @@ def describe_schema_difference(schemas) -> str:
             if name not in f0:
                 return f"rank {r} has field {name!r}, rank {r0} has not"
             if f0[name] != fr[name]:
+
                 def say(v):
                     return f"{v[0]}, dtype {v[1]}, shape [{', '.join(str(d) for d in v[2])}]"
+
                 return f"field {name!r} is {say(f0[name])} on rank {r0} but {say(fr[name])} on rank {r}"
     return "the layouts differ"
 
@@ -165,7 +176,9 @@ def encode(samples, lengths, schema) -> np.ndarray:
             a = smp[name]
             shape = ((int(s),) + tuple(tail)) if kind == "t" else tuple(tail)
             if a.dtype.str != dt or tuple(a.shape) != shape:
-                raise ExchangeError(f"paddle_unpad.distributed: exchange: field {name!r} of a sample to send has dtype {a.dtype} and shape {list(a.shape)}, the agreed layout is {np.dtype(dt).name} {list(shape)}")
+                raise ExchangeError(
+                    f"paddle_unpad.distributed: exchange: field {name!r} of a sample to send has dtype {a.dtype} and shape {list(a.shape)}, the agreed layout is {np.dtype(dt).name} {list(shape)}"
+                )
             b = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
             parts.append(b)
             pad = (-b.size) % 8
@@ -190,7 +203,7 @@ def transfer_words(dest, starts, lens, schema, world) -> np.ndarray:
     gathered lengths and the agreed layout: every rank computes the same matrix."""
     W = np.zeros((world, world), np.int64)
     for s in range(world):
-        d_of = dest[starts[s]:starts[s + 1]]
+        d_of = dest[starts[s] : starts[s + 1]]
         for d in np.unique(d_of):
             if d != s:
                 W[s, int(d)] = words(lens[s][d_of == d], schema)
@@ -208,7 +221,7 @@ def decode(buf: np.ndarray, lengths, schema) -> List[Dict[str, np.ndarray]]:
         for name, kind, dt, tail in schema:
             nb, padded = field_nbytes(kind, dt, tail, int(s))
             shape = ((int(s),) + tuple(tail)) if kind == "t" else tuple(tail)
-            smp[name] = raw[off:off + nb].view(dt).reshape(shape).copy()
+            smp[name] = raw[off : off + nb].view(dt).reshape(shape).copy()
             off += padded
         out.append(smp)
     return out
@@ -224,10 +237,10 @@ def summary(exc, limit=MSG_BYTES) -> str:
     return out if len(b) <= limit else b[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
-
 # lengths at which a cost is evaluated to tell cost models apart (0, 1, odd, powers of two +-1)
-COST_PROBES = np.array([0, 1, 2, 3, 7, 31, 63, 64, 65, 127, 128, 129, 255, 256, 384, 511, 512, 513, 1024, 4096],
-                        dtype=np.int64)
+COST_PROBES = np.array(
+    [0, 1, 2, 3, 7, 31, 63, 64, 65, 127, 128, 129, 255, 256, 384, 511, 512, 513, 1024, 4096], dtype=np.int64
+)
 
 
 def plan_settings(cost, counts, tol):

@@ -28,6 +28,7 @@ applies the first three when it makes the plugin's first group; the balanced loa
 :mod:`paddle_unpad._runtime.paddle_compat`, this is the one module that may touch Paddle's
 internals (tests/test_paddle_internals.py walks the source to keep it so).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -100,8 +101,7 @@ def install_group_stores(enabled=None, before_first_group: Optional[Callable[[],
         return enabled
 
     @functools.wraps(original)
-    def new_process_group_impl(backend, store, rank, world_size, group_name, pg_options, group_id=0,
-                               *args, **kwargs):
+    def new_process_group_impl(backend, store, rank, world_size, group_name, pg_options, group_id=0, *args, **kwargs):
         if quick:  # the job's store exists by now (fleet.init / init_parallel_env made it)
             quick_store_requests()
         if before_first_group is not None and backend == "gloo" and group_id != 0 and world_size > 1:
@@ -134,8 +134,11 @@ def _job_store_ports():
     """The ports Paddle may have taken the job's store from (its Python and C++ sides read
     different variables first: MASTER_ADDR/MASTER_PORT, PADDLE_MASTER, the first trainer)."""
     ports = set()
-    for text in (os.environ.get("MASTER_PORT", ""), os.environ.get("PADDLE_MASTER", "").rpartition(":")[2],
-                 os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0].rpartition(":")[2]):
+    for text in (
+        os.environ.get("MASTER_PORT", ""),
+        os.environ.get("PADDLE_MASTER", "").rpartition(":")[2],
+        os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0].rpartition(":")[2],
+    ):
         if text.strip().isdigit():
             ports.add(int(text))
     return ports
@@ -203,12 +206,16 @@ def _group_store(job_store, rank, size, gid):
                 error = e
         else:
             job_store.set(key, f"error: {error}".encode())
-            raise RuntimeError(f"paddle_unpad.distributed: could not start the rendezvous store of gloo group {gid}: {error}")
+            raise RuntimeError(
+                f"paddle_unpad.distributed: could not start the rendezvous store of gloo group {gid}: {error}"
+            )
         job_store.set(key, f"{host}:{port}".encode())
     else:
         value = job_store.get(key).decode()  # waits for the key (2.6 and 3.x)
         if value.startswith("error: "):
-            raise RuntimeError(f"paddle_unpad.distributed: the first member of gloo group {gid} could not start its rendezvous store ({value[7:]})")
+            raise RuntimeError(
+                f"paddle_unpad.distributed: the first member of gloo group {gid} could not start its rendezvous store ({value[7:]})"
+            )
         host, _, port = value.rpartition(":")
         own = _compat.tcp_store(host, port, False, timeout)
     _group_stores.append(own)
@@ -259,8 +266,7 @@ def stop_and_join(items, timeout: float) -> List[threading.Thread]:
     return alive
 
 
-def ensure_exit_handler(on_leave: Optional[Callable[[], None]] = None,
-                        leave_last: Optional[Callable[[], None]] = None):
+def ensure_exit_handler(on_leave: Optional[Callable[[], None]] = None, leave_last: Optional[Callable[[], None]] = None):
     """Install the exit handler (idempotent): before the plugin's first group or thread. Each
     function is called once at exit, however often given:
 
@@ -295,8 +301,11 @@ def _at_exit():
     alive = stop_and_join(items, _EXIT_JOIN_S)
     _call_each(_on_leave)
     if alive:
-        log.warning("paddle_unpad: %d background thread(s) still inside a collective at exit after %.0f s",
-                    len(alive), _EXIT_JOIN_S)
+        log.warning(
+            "paddle_unpad: %d background thread(s) still inside a collective at exit after %.0f s",
+            len(alive),
+            _EXIT_JOIN_S,
+        )
         return  # their group is in use: no exit ordering on it
     _call_each(_leave_last)
 

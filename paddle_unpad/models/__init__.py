@@ -14,6 +14,7 @@ Supported task heads (unpadded end to end): ``*Model``, ``*ForSequenceClassifica
 
 See ``docs/paddlenlp.md`` for the inputs accepted and what is refused.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -28,8 +29,17 @@ from . import common as _common  # noqa: E402
 from .export import PackedInputs  # noqa: E402
 from .hf_weights import bert_config_from_hf, hf_bert_to_paddle_state_dict, load_hf_bert, package_data_dir  # noqa: E402
 
-__all__ = ["convert", "revert", "is_converted", "load_hf_bert", "hf_bert_to_paddle_state_dict",
-           "bert_config_from_hf", "package_data_dir", "UnsupportedInput", "PackedInputs"]
+__all__ = [
+    "convert",
+    "revert",
+    "is_converted",
+    "load_hf_bert",
+    "hf_bert_to_paddle_state_dict",
+    "bert_config_from_hf",
+    "package_data_dir",
+    "UnsupportedInput",
+    "PackedInputs",
+]
 
 UnsupportedInput = _common.UnsupportedInput
 _ON_UNSUPPORTED = ("raise", "fallback")
@@ -61,7 +71,8 @@ def _find_base(model):
         if isinstance(base, spec.base_class):
             return fam, base
     raise NotImplementedError(
-        f"paddle_unpad.convert: {type(model).__name__} is not a PaddleNLP BertModel / ErnieModel / RobertaModel nor a model with one as its base model ('bert', 'ernie' or 'roberta' attribute)")
+        f"paddle_unpad.convert: {type(model).__name__} is not a PaddleNLP BertModel / ErnieModel / RobertaModel nor a model with one as its base model ('bert', 'ernie' or 'roberta' attribute)"
+    )
 
 
 def _defining_class(obj, name="forward"):
@@ -115,11 +126,17 @@ def convert(model, *, on_unsupported="raise", token_loss="mean"):
     of :class:`paddle_unpad.data.PackingCollator` as it is.
     """
     if on_unsupported not in _ON_UNSUPPORTED:
-        raise ValueError(f"paddle_unpad.convert: on_unsupported must be one of {_ON_UNSUPPORTED}, got {on_unsupported!r}")
+        raise ValueError(
+            f"paddle_unpad.convert: on_unsupported must be one of {_ON_UNSUPPORTED}, got {on_unsupported!r}"
+        )
     if token_loss not in _common.TOKEN_LOSS_MODES:
-        raise ValueError(f"paddle_unpad.convert: token_loss must be one of {_common.TOKEN_LOSS_MODES}, got {token_loss!r}")
+        raise ValueError(
+            f"paddle_unpad.convert: token_loss must be one of {_common.TOKEN_LOSS_MODES}, got {token_loss!r}"
+        )
     if not isinstance(model, paddle.nn.Layer):
-        raise TypeError(f"paddle_unpad.convert: model must be a paddle.nn.Layer (a PaddleNLP BERT, ERNIE or RoBERTa model), got {type(model).__name__}")
+        raise TypeError(
+            f"paddle_unpad.convert: model must be a paddle.nn.Layer (a PaddleNLP BERT, ERNIE or RoBERTa model), got {type(model).__name__}"
+        )
     outer = model
     model = _unwrap(model)
     opts = {"on_unsupported": on_unsupported, "token_loss": token_loss}
@@ -148,14 +165,17 @@ def _check_convertible(fam, base):
     spec = fam.SPEC
     if getattr(base, "fuse", False) or getattr(base.config, "fuse", False):
         raise NotImplementedError(
-            f"paddle_unpad.convert: {type(base).__name__} was built with config.fuse=True (FusedTransformerEncoderLayer); build it with fuse=False to run unpadded")
+            f"paddle_unpad.convert: {type(base).__name__} was built with config.fuse=True (FusedTransformerEncoderLayer); build it with fuse=False to run unpadded"
+        )
     if _defining_class(base) not in (spec.base_class,) and not _layers.is_swapped(base):
         raise NotImplementedError(
-            f"paddle_unpad.convert: {type(base).__name__} overrides {spec.base_class.__name__}.forward; its forward cannot be replaced safely")
+            f"paddle_unpad.convert: {type(base).__name__} overrides {spec.base_class.__name__}.forward; its forward cannot be replaced safely"
+        )
     enc = base.encoder
     if not isinstance(enc, paddle.nn.TransformerEncoder):
         raise NotImplementedError(
-            f"paddle_unpad.convert: {type(base).__name__}.encoder is a {type(enc).__name__}, not a paddle.nn.TransformerEncoder")
+            f"paddle_unpad.convert: {type(base).__name__}.encoder is a {type(enc).__name__}, not a paddle.nn.TransformerEncoder"
+        )
     for i, layer in enumerate(enc.layers):
         _layers.check_supported_layer(layer, f"{type(base).__name__}.encoder.layers[{i}]")
 

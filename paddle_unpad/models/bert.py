@@ -9,13 +9,15 @@ Every forward has the signature of the original, plus keyword-only packed inputs
 and accepts (and ignores) the other bookkeeping keys of a paddle_unpad packed batch, so
 ``model(**batch)`` works. See :mod:`paddle_unpad.models.heads` for the output conventions.
 """
+
 from paddlenlp.transformers.bert import modeling
 
 from . import heads
 from .common import FamilySpec, forward_args
 
-SPEC = FamilySpec(name="bert", base_class=modeling.BertModel, base_attr="bert", config_defaults=True,
-                  has_inputs_embeds=False)
+SPEC = FamilySpec(
+    name="bert", base_class=modeling.BertModel, base_attr="bert", config_defaults=True, has_inputs_embeds=False
+)
 
 # (original class, head implementation, the original forward's parameters); the converted
 # forwards in forwards_generated.py are written from this table (python -m paddle_unpad.models.forwards --write)
@@ -24,8 +26,11 @@ FORWARDS = [
     (modeling.BertForSequenceClassification, heads.seqcls_forward, forward_args("labels")),
     (modeling.BertForTokenClassification, heads.tokcls_forward, forward_args("labels")),
     (modeling.BertForQuestionAnswering, heads.qa_forward, forward_args("start_positions", "end_positions")),
-    (modeling.BertForPretraining, heads.pretraining_forward,
-     forward_args("masked_positions", "labels", "next_sentence_label")),
+    (
+        modeling.BertForPretraining,
+        heads.pretraining_forward,
+        forward_args("masked_positions", "labels", "next_sentence_label"),
+    ),
     (modeling.BertForMaskedLM, heads.masked_lm_forward, forward_args("masked_positions", "labels")),
 ]
 REQUIRED = ("input_ids",)  # BERT has no inputs_embeds: its forwards require input_ids

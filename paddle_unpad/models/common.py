@@ -15,6 +15,7 @@ The forward:
 4. gives every head only the rows it reads (CLS rows at ``cu_seqlens[:-1]``, masked rows),
    and pads back to ``[B, S, ...]`` only outputs the caller receives in that shape.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -59,6 +60,8 @@ def forward_args(*middle):
 
     Here rather than in :mod:`.forwards`, which imports the family tables that call it."""
     return TOKEN_ARGS + tuple(middle) + OUTPUT_FLAGS
+
+
 # Additive mask values at or below this count as "masked" (exp underflows to exactly 0 in fp32).
 MASKED_BELOW = -1.0e3
 # Logit given to padding positions of outputs over the sequence axis (QA start/end logits).
@@ -155,8 +158,9 @@ class Packing:
             if _dynamic():
                 real = pad_input(ones, idx, int(self.batch), int(seqlen))
             else:
-                real = paddle.scatter(paddle.zeros([self.batch * seqlen] + unit, dtype=x.dtype), idx, ones,
-                                      overwrite=True).reshape([self.batch, seqlen] + unit)
+                real = paddle.scatter(
+                    paddle.zeros([self.batch * seqlen] + unit, dtype=x.dtype), idx, ones, overwrite=True
+                ).reshape([self.batch, seqlen] + unit)
             out = out + (1.0 - real) * fill
         return out
 
@@ -214,8 +218,18 @@ def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_posit
         if cu.dtype != paddle.int32:
             cu = cu.astype("int32")
         b = paddle.shape(cu)[0] - 1
-        return Packing(packed=True, batch=b, seqlen=int(max_positions), indices=None, cu_host=None, cu_cpu=cu,
-                       cu_dev=cu, max_seqlen=int(max_positions), total=paddle.shape(ref)[0], place=place)
+        return Packing(
+            packed=True,
+            batch=b,
+            seqlen=int(max_positions),
+            indices=None,
+            cu_host=None,
+            cu_cpu=cu,
+            cu_dev=cu,
+            max_seqlen=int(max_positions),
+            total=paddle.shape(ref)[0],
+            place=place,
+        )
     host = None
     if cu_seqlens_host is not None:
         host = np.asarray(cu_seqlens_host.numpy() if is_tensor(cu_seqlens_host) else cu_seqlens_host, np.int32)
@@ -224,7 +238,9 @@ def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_posit
     elif is_tensor(cu_seqlens):  # a device tensor without a host copy costs one device-to-host read
         host = cu_seqlens.numpy().astype(np.int32, copy=False)
     else:
-        raise TypeError(f"paddle_unpad: cu_seqlens must be a paddle.Tensor or numpy array, got {type(cu_seqlens).__name__}")
+        raise TypeError(
+            f"paddle_unpad: cu_seqlens must be a paddle.Tensor or numpy array, got {type(cu_seqlens).__name__}"
+        )
     if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (int, np.integer))):
         raise TypeError(f"paddle_unpad: max_seqlen must be a Python int, got {type(max_seqlen).__name__}")
     total = int(ref.shape[0])
@@ -241,8 +257,18 @@ def pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_posit
         cu_dev = cu_seqlens.astype("int32")
     else:
         cu_dev = paddle.to_tensor(host, dtype="int32", place=place)
-    return Packing(packed=True, batch=host.size - 1, seqlen=max_seqlen, indices=None, cu_host=host, cu_cpu=cu_cpu,
-                   cu_dev=cu_dev, max_seqlen=max_seqlen, total=total, place=place)
+    return Packing(
+        packed=True,
+        batch=host.size - 1,
+        seqlen=max_seqlen,
+        indices=None,
+        cu_host=host,
+        cu_cpu=cu_cpu,
+        cu_dev=cu_dev,
+        max_seqlen=max_seqlen,
+        total=total,
+        place=place,
+    )
 
 
 def _classify_mask(mask_np, ndim):
@@ -259,7 +285,8 @@ def _classify_mask(mask_np, ndim):
         if not ok.all():
             bad = vals[~ok].flat[0]
             raise UnsupportedInput(
-                f"paddle_unpad: attention_mask holds {bad!r}; only a padding mask (1 = keep, 0 = pad) can run unpadded (a soft or custom mask would silently change the result)")
+                f"paddle_unpad: attention_mask holds {bad!r}; only a padding mask (1 = keep, 0 = pad) can run unpadded (a soft or custom mask would silently change the result)"
+            )
         return vals == 1
     # 4-D float: additive, 0 = keep, very negative (-1e4, -1e9, -inf, finfo.min) = pad
     vals = vals.astype(np.float64)
@@ -269,7 +296,8 @@ def _classify_mask(mask_np, ndim):
     if not ok.all():
         bad = vals[~ok].flat[0]
         raise UnsupportedInput(
-            f"paddle_unpad: additive attention_mask holds {bad!r}; only a padding mask (0 = keep, <= -1e3 or -inf = pad) can run unpadded (a soft or custom mask would silently change the result)")
+            f"paddle_unpad: additive attention_mask holds {bad!r}; only a padding mask (0 = keep, <= -1e3 or -inf = pad) can run unpadded (a soft or custom mask would silently change the result)"
+        )
     return keep
 
 
@@ -300,23 +328,32 @@ def pack_from_mask(ref, input_ids, attention_mask, pad_token_id, needs_cls, max_
         elif nd == 4:
             if shape[1] != 1 or shape[2] != 1 or shape[3] != S or shape[0] not in (1, B):
                 raise UnsupportedInput(
-                    f"paddle_unpad: attention_mask of shape {shape} is not a padding mask ([B, S] or [B, 1, 1, S]); per-query masks (e.g. [B, 1, S, S], [B, H, S, S]) cannot run unpadded")
+                    f"paddle_unpad: attention_mask of shape {shape} is not a padding mask ([B, S] or [B, 1, 1, S]); per-query masks (e.g. [B, 1, S, S], [B, H, S, S]) cannot run unpadded"
+                )
         else:
             raise UnsupportedInput(
-                f"paddle_unpad: attention_mask of shape {shape} is not a padding mask ([B, S] or [B, 1, 1, S])")
+                f"paddle_unpad: attention_mask of shape {shape} is not a padding mask ([B, S] or [B, 1, 1, S])"
+            )
         keep = _classify_mask(attention_mask.numpy(), nd)
         if keep.shape[0] != B:
             keep = np.broadcast_to(keep, (B, S))
     lengths = keep.sum(axis=1)
     if B and (lengths == 0).any():
         b = int(np.flatnonzero(lengths == 0)[0])
-        raise UnsupportedInput(f"paddle_unpad: attention_mask row {b} keeps no token (an empty sequence); the original model would still produce outputs for it")
+        raise UnsupportedInput(
+            f"paddle_unpad: attention_mask row {b} keeps no token (an empty sequence); the original model would still produce outputs for it"
+        )
     if B and not keep[:, 0].all():
         b = int(np.flatnonzero(~keep[:, 0])[0])
-        msg = (f"paddle_unpad: attention_mask row {b} masks its first position (left padding?); {_LEFT_PADDED_POOLER}. Pad on the right (tokenizer padding_side='right') or pass packed inputs.")
+        msg = f"paddle_unpad: attention_mask row {b} masks its first position (left padding?); {_LEFT_PADDED_POOLER}. Pad on the right (tokenizer padding_side='right') or pass packed inputs."
         if needs_cls:
             raise UnsupportedInput(msg)
-        warn_once(("left-padding", who), f"{msg} pooler_output differs from the original for such rows.", UserWarning, stacklevel=3)
+        warn_once(
+            ("left-padding", who),
+            f"{msg} pooler_output differs from the original for such rows.",
+            UserWarning,
+            stacklevel=3,
+        )
     indices = np.flatnonzero(keep.reshape(-1)).astype(np.int64)
     cu = np.zeros(B + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
@@ -328,8 +365,18 @@ def pack_from_mask(ref, input_ids, attention_mask, pad_token_id, needs_cls, max_
     else:
         cu_dev = paddle.to_tensor(cu, dtype="int32", place=place)
         idx = paddle.to_tensor(indices, dtype="int64", place=place)
-    return Packing(packed=False, batch=B, seqlen=S, indices=idx, cu_host=cu, cu_cpu=cu_cpu, cu_dev=cu_dev,
-                   max_seqlen=max_seqlen, total=int(cu[-1]), place=place)
+    return Packing(
+        packed=False,
+        batch=B,
+        seqlen=S,
+        indices=idx,
+        cu_host=cu,
+        cu_cpu=cu_cpu,
+        cu_dev=cu_dev,
+        max_seqlen=max_seqlen,
+        total=int(cu[-1]),
+        place=place,
+    )
 
 
 def _pack_from_mask_static(ref, input_ids, attention_mask, pad_token_id, max_positions, place):
@@ -344,14 +391,25 @@ def _pack_from_mask_static(ref, input_ids, attention_mask, pad_token_id, max_pos
         keep = attention_mask.astype("bool") if attention_mask.dtype != paddle.bool else attention_mask
     else:
         raise UnsupportedInput(
-            f"paddle_unpad: inside paddle.jit.to_static only a [B, S] attention_mask (1 = keep), none, or packed inputs (cu_seqlens) are accepted: {_STATIC_4D_MASK}")
+            f"paddle_unpad: inside paddle.jit.to_static only a [B, S] attention_mask (1 = keep), none, or packed inputs (cu_seqlens) are accepted: {_STATIC_4D_MASK}"
+        )
     keep_i32 = keep.astype("int32")  # Paddle 2.6's static flatten refuses bool
     indices = paddle.nonzero(keep_i32.flatten()).flatten()
     seqlens = keep_i32.sum(axis=1)
     cu = paddle.concat([paddle.zeros([1], dtype="int32"), paddle.cumsum(seqlens, axis=0).astype("int32")])
     total = paddle.shape(indices)[0]
-    return Packing(packed=False, batch=B, seqlen=S, indices=indices, cu_host=None, cu_cpu=cu, cu_dev=cu,
-                   max_seqlen=int(max_positions), total=total, place=place)
+    return Packing(
+        packed=False,
+        batch=B,
+        seqlen=S,
+        indices=indices,
+        cu_host=None,
+        cu_cpu=cu,
+        cu_dev=cu,
+        max_seqlen=int(max_positions),
+        total=total,
+        place=place,
+    )
 
 
 # ---- model families ----------------------------------------------------------------------------------
@@ -406,16 +464,34 @@ def resolve_flags(spec, config, output_hidden_states, output_attentions, use_cac
 
 def check_unsupported(output_attentions=False, past_key_values=None, use_cache=False):
     if output_attentions:
-        raise UnsupportedInput("paddle_unpad: output_attentions=True is not supported by the unpadded model (fmha never materialises attention probabilities)")
+        raise UnsupportedInput(
+            "paddle_unpad: output_attentions=True is not supported by the unpadded model (fmha never materialises attention probabilities)"
+        )
     if past_key_values is not None:
-        raise UnsupportedInput("paddle_unpad: past_key_values (incremental decoding caches) are not supported by the unpadded model")
+        raise UnsupportedInput(
+            "paddle_unpad: past_key_values (incremental decoding caches) are not supported by the unpadded model"
+        )
     if use_cache:
         raise UnsupportedInput("paddle_unpad: use_cache=True is not supported by the unpadded model")
 
 
-def encode(spec, base, input_ids=None, token_type_ids=None, position_ids=None, attention_mask=None,
-           inputs_embeds=None, extras=None, cu_seqlens=None, max_seqlen=None, cu_seqlens_host=None,
-           output_hidden_states=False, needs_cls=False, want_pooled=True, reader=None):
+def encode(
+    spec,
+    base,
+    input_ids=None,
+    token_type_ids=None,
+    position_ids=None,
+    attention_mask=None,
+    inputs_embeds=None,
+    extras=None,
+    cu_seqlens=None,
+    max_seqlen=None,
+    cu_seqlens_host=None,
+    output_hidden_states=False,
+    needs_cls=False,
+    want_pooled=True,
+    reader=None,
+):
     """Embeddings + encoder on packed tokens.
 
     ``reader``: who reads the pooled output, for the refusal of an empty sequence
@@ -433,17 +509,24 @@ def encode(spec, base, input_ids=None, token_type_ids=None, position_ids=None, a
     extras = extras or {}
     if cu_seqlens is not None:
         if attention_mask is not None:
-            raise ValueError("paddle_unpad: attention_mask cannot be combined with cu_seqlens (packed inputs have no padding)")
+            raise ValueError(
+                "paddle_unpad: attention_mask cannot be combined with cu_seqlens (packed inputs have no padding)"
+            )
         tok_rank = 1 if input_ids is not None else 2
         if len(ref.shape) != tok_rank:
-            raise ValueError(f"paddle_unpad: with cu_seqlens, input_ids must be packed 1-D [T] (inputs_embeds [T, H]), got shape {list(ref.shape)}")
+            raise ValueError(
+                f"paddle_unpad: with cu_seqlens, input_ids must be packed 1-D [T] (inputs_embeds [T, H]), got shape {list(ref.shape)}"
+            )
         pk = pack_from_cu_seqlens(ref, cu_seqlens, max_seqlen, cu_seqlens_host, max_positions)
         S = pk.seqlen
     else:
         if len(ref.shape) != (2 if input_ids is not None else 3):
-            raise ValueError(f"paddle_unpad: padded input_ids must be [batch, seqlen] (or pass packed [T] ids with cu_seqlens and max_seqlen), got shape {list(ref.shape)}")
-        pk = pack_from_mask(ref, input_ids, attention_mask, base.pad_token_id, needs_cls, max_positions,
-                            who=type(base).__name__)
+            raise ValueError(
+                f"paddle_unpad: padded input_ids must be [batch, seqlen] (or pass packed [T] ids with cu_seqlens and max_seqlen), got shape {list(ref.shape)}"
+            )
+        pk = pack_from_mask(
+            ref, input_ids, attention_mask, base.pad_token_id, needs_cls, max_positions, who=type(base).__name__
+        )
         S = pk.seqlen
     ids_t = pk.gather_tokens(input_ids)
     emb_t = pk.gather_tokens(inputs_embeds)
@@ -518,8 +601,12 @@ def token_cross_entropy(logits_t, labels_t, num_classes, stock_rows, mode="mean"
         if not is_tensor(stock_rows):
             return total / float(max(int(stock_rows), 1))
         return total / paddle.maximum(stock_rows.astype(total.dtype), paddle.ones([], dtype=total.dtype))
-    if (_dynamic() and model is not None and not model.__dict__.get(_SCALING_CHECKED)
-            and _compat.mean_cross_entropy_divides_by_all_rows()):
+    if (
+        _dynamic()
+        and model is not None
+        and not model.__dict__.get(_SCALING_CHECKED)
+        and _compat.mean_cross_entropy_divides_by_all_rows()
+    ):
         _compare_scaling_once(model, labelled, int(stock_rows))
     return total / paddle.maximum(labelled, paddle.ones_like(labelled))
 
@@ -527,7 +614,9 @@ def token_cross_entropy(logits_t, labels_t, num_classes, stock_rows, mode="mean"
 # set on a converted model once its per-token loss scaling has been compared with the original's
 _SCALING_CHECKED = "_paddle_unpad_loss_scaling_checked"
 # the close of the per-token loss warning: the factor varies, and the option that removes it
-_STOCK_SCALING = "the factor changes from batch to batch. convert(model, token_loss='stock') reproduces the original scaling."
+_STOCK_SCALING = (
+    "the factor changes from batch to batch. convert(model, token_loss='stock') reproduces the original scaling."
+)
 
 
 def _compare_scaling_once(model, labelled, stock_rows):
@@ -542,8 +631,20 @@ def _compare_scaling_once(model, labelled, stock_rows):
     divisor = f"PaddleNLP's original model divides the same sum by batch x padded length ({stock_rows}, padding and unlabelled tokens included)"
     warnings.warn(
         f"paddle_unpad: the per-token loss of {who} is the mean over its labelled tokens ({n} in this batch); {divisor}, so this loss is {ratio} the original's here, and {_STOCK_SCALING}",
-        UserWarning, stacklevel=5)
+        UserWarning,
+        stacklevel=5,
+    )
 
 
-__all__ += ["encode", "outputs_for_caller", "hidden_for_caller", "token_labels", "check_unsupported",
-            "resolve_flags", "pack_from_mask", "pack_from_cu_seqlens", "token_cross_entropy", "cross_entropy_mean"]
+__all__ += [
+    "encode",
+    "outputs_for_caller",
+    "hidden_for_caller",
+    "token_labels",
+    "check_unsupported",
+    "resolve_flags",
+    "pack_from_mask",
+    "pack_from_cu_seqlens",
+    "token_cross_entropy",
+    "cross_entropy_mean",
+]

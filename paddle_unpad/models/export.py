@@ -1,4 +1,5 @@
 """Inference export of a converted model with packed inputs."""
+
 from __future__ import annotations
 
 import paddle
@@ -25,5 +26,10 @@ class PackedInputs(paddle.nn.Layer):
         self.max_seqlen = int(max_seqlen)
 
     def forward(self, input_ids, cu_seqlens, token_type_ids=None, position_ids=None):
-        return self.model(input_ids, token_type_ids=token_type_ids, position_ids=position_ids,
-                          cu_seqlens=cu_seqlens, max_seqlen=self.max_seqlen)
+        return self.model(
+            input_ids,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            cu_seqlens=cu_seqlens,
+            max_seqlen=self.max_seqlen,
+        )

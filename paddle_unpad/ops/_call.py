@@ -5,6 +5,7 @@ Philox state handed to a kernel, the AMP dtype rule for a bias, and :func:`call_
 which calls a registered custom operator and hands its refusal to the user as the operator
 wrote it (the C++ checks start their messages with the op's public name).
 """
+
 import numbers
 
 import numpy as np
@@ -69,20 +70,26 @@ def rng_state_tensor(rng_state, q):
         # Traced programs draw a fresh state on every run (randint takes 32-bit bounds).
         return paddle.randint(0, 2**31 - 1, shape=[2], dtype="int64")
     if is_tensor(rng_state):
-        if paddle.in_dynamic_mode() and (list(rng_state.shape) != [2] or rng_state.dtype != paddle.int64
-                                         or not rng_state.place.is_cpu_place()):
+        if paddle.in_dynamic_mode() and (
+            list(rng_state.shape) != [2] or rng_state.dtype != paddle.int64 or not rng_state.place.is_cpu_place()
+        ):
             error = TypeError if rng_state.dtype != paddle.int64 else ValueError
-            raise error(f"paddle_unpad.ops: rng_state must be (seed, offset) ints or a [2] int64 CPU tensor, got a tensor of shape {list(rng_state.shape)}, dtype {dtype_name(rng_state)} on {rng_state.place}")
+            raise error(
+                f"paddle_unpad.ops: rng_state must be (seed, offset) ints or a [2] int64 CPU tensor, got a tensor of shape {list(rng_state.shape)}, dtype {dtype_name(rng_state)} on {rng_state.place}"
+            )
         return rng_state
-    if (not isinstance(rng_state, (tuple, list))
-            or any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) for v in rng_state)):
-        raise TypeError(f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints or a [2] int64 CPU tensor, got {rng_state!r}")
+    if not isinstance(rng_state, (tuple, list)) or any(
+        isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) for v in rng_state
+    ):
+        raise TypeError(
+            f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints or a [2] int64 CPU tensor, got {rng_state!r}"
+        )
     if len(rng_state) != 2:
-        raise ValueError(f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints, got {len(rng_state)} values: {rng_state!r}")
+        raise ValueError(
+            f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints, got {len(rng_state)} values: {rng_state!r}"
+        )
     seed, offset = rng_state
-    return paddle.to_tensor(
-        [as_int64(seed), int(offset) & 0xFFFFFFFF], dtype="int64", place=paddle.CPUPlace()
-    )
+    return paddle.to_tensor([as_int64(seed), int(offset) & 0xFFFFFFFF], dtype="int64", place=paddle.CPUPlace())
 
 
 def as_int64(seed):
@@ -100,7 +107,7 @@ def call_native(name, *args):
         msg = str(e)
         hits = [msg.index(prefix) for prefix in MESSAGE_PREFIXES if prefix in msg]
         if hits:
-            raise OpError(msg[min(hits):].split("\n")[0].strip()) from None
+            raise OpError(msg[min(hits) :].split("\n")[0].strip()) from None
         raise
 
 
@@ -117,4 +124,6 @@ def check_mixable(op, name, t, x, x_name="x"):
     """AMP mixes float16 / bfloat16 / float32; a float64 next to another dtype is a mistake
     (casting it would silently drop precision), refused here naming both."""
     if t is not None and t.dtype != x.dtype and paddle.float64 in (t.dtype, x.dtype):
-        raise TypeError(f"paddle_unpad.{op}: {name} dtype {dtype_name(t)} differs from {x_name} dtype {dtype_name(x)} ({_MIXED_DTYPES})")
+        raise TypeError(
+            f"paddle_unpad.{op}: {name} dtype {dtype_name(t)} differs from {x_name} dtype {dtype_name(x)} ({_MIXED_DTYPES})"
+        )

@@ -49,5 +49,7 @@ FUSED_OPS_GPU_TOLERANCE = {
 # for gradients, which pass through two encoder layers and back. float32: the same order of
 # error as the converted model's CPU path (tests/test_convert.py), reductions in another order.
 _UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
-MODEL_TOLERANCE = {"float32": {"loss": 1e-5, "grad": 2e-5},
-                   **{dt: {"loss": 8 * u, "grad": 32 * u} for dt, u in _UNIT_ROUNDOFF.items()}}
+MODEL_TOLERANCE = {
+    "float32": {"loss": 1e-5, "grad": 2e-5},
+    **{dt: {"loss": 8 * u, "grad": 32 * u} for dt, u in _UNIT_ROUNDOFF.items()},
+}

@@ -4,6 +4,7 @@
 Off the CPU, without a CUDA kernel for the tensors' dtype or head size, :func:`fmha` runs
 :func:`paddle_unpad.ops.bucketed_attention.bucketed_attention` and says why once.
 """
+
 import math
 import numbers
 
@@ -37,7 +38,9 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op=_FMHA):
         if list(t.shape) != list(q.shape):
             raise ValueError(f"paddle_unpad.{op}: {name} shape {list(t.shape)} differs from q shape {list(q.shape)}")
         if t.dtype != q.dtype:
-            raise TypeError(f"paddle_unpad.{op}: {name} dtype {_call.dtype_name(t)} differs from q dtype {_call.dtype_name(q)}")
+            raise TypeError(
+                f"paddle_unpad.{op}: {name} dtype {_call.dtype_name(t)} differs from q dtype {_call.dtype_name(q)}"
+            )
     if cu_seqlens.dtype != paddle.int32:
         raise TypeError(f"paddle_unpad.{op}: cu_seqlens must be int32, got {_call.dtype_name(cu_seqlens)}")
     if len(cu_seqlens.shape) != 1:
@@ -49,7 +52,9 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op=_FMHA):
     if max_seqlen < 0:
         raise ValueError(f"paddle_unpad.{op}: max_seqlen must be >= 0, got {max_seqlen}")
     if max_seqlen > _call.INT32_MAX:  # cu_seqlens is int32: no sequence is longer
-        raise ValueError(f"paddle_unpad.{op}: max_seqlen must be at most {_call.INT32_MAX} (cu_seqlens is int32), got {max_seqlen}")
+        raise ValueError(
+            f"paddle_unpad.{op}: max_seqlen must be at most {_call.INT32_MAX} (cu_seqlens is int32), got {max_seqlen}"
+        )
     for name, value in (("dropout", dropout), ("scale", scale)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             raise TypeError(f"paddle_unpad.{op}: {name} must be a number, got {type(value).__name__} {value!r}")
@@ -57,7 +62,9 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op=_FMHA):
         raise ValueError(f"paddle_unpad.{op}: dropout must be in [0, 1), got {dropout}")
     if scale is not None and not (math.isfinite(float(scale)) and abs(float(scale)) <= _call.FLOAT32_MAX):
         # the kernels take scale as a float32: 1e39 would become inf and every output NaN
-        raise ValueError(f"paddle_unpad.{op}: scale must be a finite float32 number (|scale| <= {_call.FLOAT32_MAX:.6g}), got {scale}")
+        raise ValueError(
+            f"paddle_unpad.{op}: scale must be a finite float32 number (|scale| <= {_call.FLOAT32_MAX:.6g}), got {scale}"
+        )
     d = q.shape[2]
     # fmha_qkvpacked checks its qkv through a q of the same shape: name what its caller passed
     in_name, hd_name = ("q/k/v", "q.shape[2]") if op == _FMHA else ("qkv", "qkv.shape[3]")
@@ -66,9 +73,13 @@ def _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale, op=_FMHA):
     if _call.on_cpu(q):  # the CPU kernel is the only CPU path: its rules are the op's rules there
         rules = FMHA_SUPPORT["cpu"]
         if d is not None and d > 0 and d not in rules["head_dim"]:
-            raise ValueError(f"paddle_unpad.{op}: head size ({hd_name}) {d} is not supported on CPU: supported are {_call.sizes_in_words(rules['head_dim'])}")
+            raise ValueError(
+                f"paddle_unpad.{op}: head size ({hd_name}) {d} is not supported on CPU: supported are {_call.sizes_in_words(rules['head_dim'])}"
+            )
         if _call.dtype_name(q) not in rules["dtypes"]:
-            raise TypeError(f"paddle_unpad.{op}: {in_name} dtype {_call.dtype_name(q)} is not supported on CPU (supported: {', '.join(rules['dtypes'])})")
+            raise TypeError(
+                f"paddle_unpad.{op}: {in_name} dtype {_call.dtype_name(q)} is not supported on CPU (supported: {', '.join(rules['dtypes'])})"
+            )
     elif not _call.is_floating(q):
         raise TypeError(f"paddle_unpad.{op}: {in_name} dtype {_call.dtype_name(q)} is not a floating-point dtype")
     # cu_seqlens' values are checked where they are read, by the same rules in the same words:
@@ -81,11 +92,14 @@ def _fmha_gpu_kernel_refusal(q):
     """Off the CPU: None when the CUDA fmha kernel takes q, else why not (in words). Where it
     does not, fmha runs :func:`paddle_unpad.ops.bucketed_attention.bucketed_attention`."""
     if not _call.native_ok(REGISTERED["fmha"], q):
-        return "this build of paddle_unpad has no CUDA kernels" if _native.has_op(REGISTERED["fmha"]) else \
-            "the compiled operators are not loaded"
+        return (
+            "this build of paddle_unpad has no CUDA kernels"
+            if _native.has_op(REGISTERED["fmha"])
+            else "the compiled operators are not loaded"
+        )
     rules, dtype, d = FMHA_SUPPORT["gpu"], _call.dtype_name(q), q.shape[2]
     if dtype not in rules["dtypes"]:
-        return (f"the CUDA kernel takes {' and '.join(rules['dtypes'])}, not {dtype} (AMP, e.g. paddle.amp.auto_cast(), is the fast path)")
+        return f"the CUDA kernel takes {' and '.join(rules['dtypes'])}, not {dtype} (AMP, e.g. paddle.amp.auto_cast(), is the fast path)"
     if d not in rules["head_dim"]:
         return f"the CUDA kernel takes head sizes {_call.sizes_in_words(rules['head_dim'])}, not {d}"
     return None
@@ -108,8 +122,20 @@ def _deterministic(deterministic):
 
 
 @host_only
-def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
-         grouping=None, deterministic=None):
+def fmha(
+    q,
+    k,
+    v,
+    cu_seqlens,
+    max_seqlen,
+    dropout=0.0,
+    scale=None,
+    training=True,
+    *,
+    rng_state=None,
+    grouping=None,
+    deterministic=None,
+):
     """Fused multi-head attention over packed variable-length sequences.
 
     Each of the B sequences attends only to itself (no masking inside a sequence); no
@@ -173,13 +199,29 @@ def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True
     if on_cpu:
         rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 else None
         return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
-    warn_once(("fmha", refusal), f"fmha: {refusal}; attention runs as plain Paddle ops over length buckets (paddle_unpad.ops.bucketed_attention, slower). This warning is shown once.", RuntimeWarning)
+    warn_once(
+        ("fmha", refusal),
+        f"fmha: {refusal}; attention runs as plain Paddle ops over length buckets (paddle_unpad.ops.bucketed_attention, slower). This warning is shown once.",
+        RuntimeWarning,
+    )
     rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 and rng_state is not None else None
     return bucketed_attention(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
 
 
-def fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
-                   grouping=None, deterministic=None):
+def fmha_reference(
+    q,
+    k,
+    v,
+    cu_seqlens,
+    max_seqlen,
+    dropout=0.0,
+    scale=None,
+    training=True,
+    *,
+    rng_state=None,
+    grouping=None,
+    deterministic=None,
+):
     """Plain-Paddle ``fmha``: a loop over sequences of matmul-softmax-matmul.
 
     Same arguments, result and dropout mask as :func:`fmha` (the mask comes from the
@@ -222,14 +264,22 @@ def _check_qkvpacked_args(qkv, bias):
     if not _call.is_tensor(qkv):
         raise TypeError(f"paddle_unpad.{_FMHA_QKV}: qkv must be a paddle.Tensor, got {type(qkv).__name__}")
     if len(qkv.shape) != 4 or qkv.shape[1] != 3:
-        raise ValueError(f"paddle_unpad.{_FMHA_QKV}: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape {list(qkv.shape)}")
+        raise ValueError(
+            f"paddle_unpad.{_FMHA_QKV}: qkv must be 4-D [total_tokens, 3, heads, head_dim], got shape {list(qkv.shape)}"
+        )
     if bias is not None:
         if not _call.is_tensor(bias):
-            raise TypeError(f"paddle_unpad.{_FMHA_QKV}: bias must be a paddle.Tensor or None, got {type(bias).__name__}")
+            raise TypeError(
+                f"paddle_unpad.{_FMHA_QKV}: bias must be a paddle.Tensor or None, got {type(bias).__name__}"
+            )
         if list(bias.shape) != [3] + list(qkv.shape[2:]):
-            raise ValueError(f"paddle_unpad.{_FMHA_QKV}: bias must have shape [3, heads, head_dim] = {[3] + list(qkv.shape[2:])}, got {list(bias.shape)}")
+            raise ValueError(
+                f"paddle_unpad.{_FMHA_QKV}: bias must have shape [3, heads, head_dim] = {[3] + list(qkv.shape[2:])}, got {list(bias.shape)}"
+            )
         if not _call.is_floating(bias):
-            raise TypeError(f"paddle_unpad.{_FMHA_QKV}: bias dtype {_call.dtype_name(bias)} is not a floating-point dtype")
+            raise TypeError(
+                f"paddle_unpad.{_FMHA_QKV}: bias dtype {_call.dtype_name(bias)} is not a floating-point dtype"
+            )
         _call.check_mixable(_FMHA_QKV, "bias", bias, qkv, "qkv")
 
 
@@ -239,8 +289,19 @@ def _split_qkv(qkv, bias):
 
 
 @host_only
-def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=None, training=True, *,
-                   rng_state=None, grouping=None, deterministic=None):
+def fmha_qkvpacked(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    bias=None,
+    dropout=0.0,
+    scale=None,
+    training=True,
+    *,
+    rng_state=None,
+    grouping=None,
+    deterministic=None,
+):
     """:func:`fmha` on the output of one QKV GEMM: ``q, k, v = unbind(qkv + bias, axis=1)``.
 
     On the CPU with the native kernels this is one operator that reads q, k and v in place
@@ -266,8 +327,19 @@ def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=No
     _check_qkvpacked_args(qkv, bias)
     if not (_native.has_op(REGISTERED["fmha_qkvpacked"]) and _call.on_cpu(qkv) and paddle.in_dynamic_mode()):
         q, k, v = _split_qkv(qkv, bias)
-        return fmha(q, k, v, cu_seqlens, max_seqlen, dropout, scale, training, rng_state=rng_state,
-                    grouping=grouping, deterministic=deterministic)
+        return fmha(
+            q,
+            k,
+            v,
+            cu_seqlens,
+            max_seqlen,
+            dropout,
+            scale,
+            training,
+            rng_state=rng_state,
+            grouping=grouping,
+            deterministic=deterministic,
+        )
     # the checks of fmha, on a q of the same shape (no copy is made: only shapes are read)
     q = _ShapeOf(qkv)
     _check_fmha_args(q, q, q, cu_seqlens, max_seqlen, dropout, scale, op=_FMHA_QKV)
@@ -282,13 +354,35 @@ def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=No
     return out
 
 
-def fmha_qkvpacked_reference(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=None, training=True, *,
-                             rng_state=None, grouping=None, deterministic=None):
+def fmha_qkvpacked_reference(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    bias=None,
+    dropout=0.0,
+    scale=None,
+    training=True,
+    *,
+    rng_state=None,
+    grouping=None,
+    deterministic=None,
+):
     """Plain-Paddle :func:`fmha_qkvpacked`: add, split, :func:`fmha_reference`."""
     _check_qkvpacked_args(qkv, bias)
     q, k, v = _split_qkv(qkv, bias)
-    return fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout, scale, training, rng_state=rng_state,
-                          grouping=grouping, deterministic=deterministic)
+    return fmha_reference(
+        q,
+        k,
+        v,
+        cu_seqlens,
+        max_seqlen,
+        dropout,
+        scale,
+        training,
+        rng_state=rng_state,
+        grouping=grouping,
+        deterministic=deterministic,
+    )
 
 
 class _ShapeOf:

@@ -20,6 +20,7 @@ stock model), unless the caller fixes the Philox stream with ``rng_state``: then
 is the one the kernels and ``fmha_reference`` draw (built on the host with numpy: exact,
 slow, meant for tests).
 """
+
 import collections
 import threading
 
@@ -45,8 +46,7 @@ def bucket_plan(cu):
     live = np.flatnonzero(lengths > 0)
     if live.size == 0:
         return []
-    tier = np.maximum(np.ceil(np.log2(np.maximum(lengths[live], 1))).astype(np.int64),
-                      int(np.log2(_MIN_BUCKET)))
+    tier = np.maximum(np.ceil(np.log2(np.maximum(lengths[live], 1))).astype(np.int64), int(np.log2(_MIN_BUCKET)))
     plan = []
     for t in sorted(set(tier.tolist()), reverse=True):
         seqs = live[tier == t]
@@ -71,13 +71,16 @@ class _Indices:
             key_bias = None
             if keys_masked:
                 key_bias = np.where(valid, 0.0, -np.inf).astype(np.float32).reshape(len(seqs), 1, 1, L)
-            self.buckets.append({
-                "n": len(seqs), "L": L,
-                "rows": paddle.to_tensor(rows.reshape(-1), dtype="int64", place=place),
-                "valid": paddle.to_tensor(np.flatnonzero(valid.reshape(-1)), dtype="int64", place=place),
-                "key_bias": key_bias,
-                "seqs": seqs,
-            })
+            self.buckets.append(
+                {
+                    "n": len(seqs),
+                    "L": L,
+                    "rows": paddle.to_tensor(rows.reshape(-1), dtype="int64", place=place),
+                    "valid": paddle.to_tensor(np.flatnonzero(valid.reshape(-1)), dtype="int64", place=place),
+                    "key_bias": key_bias,
+                    "seqs": seqs,
+                }
+            )
             order.append(rows[valid])
         tokens = np.concatenate(order) if order else np.zeros(0, np.int64)
         inverse = np.empty_like(tokens)
@@ -139,8 +142,9 @@ def bucketed_attention(q, k, v, cu_seqlens, max_seqlen, p, scale, rng=None):
     q_scaled = q * scale  # [T, H, D]: cheaper here than on every bucket's [n, H, L, L] scores
     for i, b in enumerate(idx.buckets):
         n, L = b["n"], b["L"]
-        qb, kb, vb = (paddle.gather(x, b["rows"]).reshape([n, L, heads, -1]).transpose([0, 2, 1, 3])
-                      for x in (q_scaled, k, v))  # [n, H, L, D]
+        qb, kb, vb = (
+            paddle.gather(x, b["rows"]).reshape([n, L, heads, -1]).transpose([0, 2, 1, 3]) for x in (q_scaled, k, v)
+        )  # [n, H, L, D]
         scores = paddle.matmul(qb, kb, transpose_y=True)
         if b["key_bias"] is not None:
             scores = scores + idx.bias(i, scores.dtype, q.place)

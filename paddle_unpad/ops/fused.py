@@ -4,6 +4,7 @@ The element- and row-wise pieces of a BERT encoder layer between its GEMMs, one 
 memory each (native op), or the same math as a short sequence of plain Paddle ops
 (``*_reference``).
 """
+
 import math
 import numbers
 
@@ -69,7 +70,9 @@ def _filled_vector(x, value):
     """A [F] tensor of x's dtype and place holding `value` (stands in for a None vector)."""
     f = x.shape[-1]
     if not _known(f):
-        raise ValueError("paddle_unpad.ops: the last dimension of x must be known to use a None bias / ln_weight / ln_bias")
+        raise ValueError(
+            "paddle_unpad.ops: the last dimension of x must be known to use a None bias / ln_weight / ln_bias"
+        )
     return paddle.full([f], value, dtype=x.dtype)
 
 
@@ -201,11 +204,19 @@ def bias_dropout_residual_layer_norm(
     """
     _host_malloc.ensure(f"paddle_unpad.{_BDRLN}")
     x, bias, residual, ln_weight, ln_bias, p, rng = _bdrln_prepare(
-        x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state)
+        x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state
+    )
     if _call.native_ok(REGISTERED["bias_dropout_residual_layer_norm"], x):
         y, _mean, _rstd = _call.call_native(
-            REGISTERED["bias_dropout_residual_layer_norm"], x, bias, residual, ln_weight, ln_bias, rng, p,
-            float(epsilon)
+            REGISTERED["bias_dropout_residual_layer_norm"],
+            x,
+            bias,
+            residual,
+            ln_weight,
+            ln_bias,
+            rng,
+            p,
+            float(epsilon),
         )
         return y
     if p > 0.0 and not paddle.in_dynamic_mode():
@@ -226,7 +237,8 @@ def bias_dropout_residual_layer_norm_reference(
     eager mode only.
     """
     x, bias, residual, ln_weight, ln_bias, p, rng = _bdrln_prepare(
-        x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state)
+        x, bias, residual, ln_weight, ln_bias, dropout, epsilon, training, rng_state
+    )
     return _bdrln_reference(x, bias, residual, ln_weight, ln_bias, p, float(epsilon), rng)
 
 

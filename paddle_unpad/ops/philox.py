@@ -24,6 +24,7 @@ The fused ``bias_dropout_residual_layer_norm`` drops element (r, j) of its [N, F
 (see ``rowwise_keep_mask``); counter word 2 = 0xffffffff is never a head index, so it
 never shares a counter with the attention layout.
 """
+
 import numpy as np
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
@@ -126,8 +127,6 @@ def rowwise_keep_mask(seed, offset, p, num_rows, num_cols):
         return np.ones((num_rows, num_cols), dtype=bool)
     r = np.arange(num_rows, dtype=np.uint64)[:, None]
     blocks = np.arange((num_cols + 3) // 4, dtype=np.uint64)[None, :]  # counter word 0 = j // 4
-    words = philox4x32_10(
-        blocks, r, ROWWISE_COUNTER_WORD2, int(offset) & 0xFFFFFFFF, seed & 0xFFFFFFFF, seed >> 32
-    )
+    words = philox4x32_10(blocks, r, ROWWISE_COUNTER_WORD2, int(offset) & 0xFFFFFFFF, seed & 0xFFFFFFFF, seed >> 32)
     w = np.stack(words, axis=-1).reshape(num_rows, -1)[:, :num_cols]  # column j = word j % 4
     return w >= np.uint32(dropout_threshold(p))

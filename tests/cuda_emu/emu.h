@@ -203,7 +203,8 @@ inline void require_full_warp(const char* what) {
 // kernel while the others waited completes the barrier without depositing).
 inline void require_all_deposits(const Deposit* all, const char* what) {
   for (unsigned l = 0; l < kWarp; ++l)
-    if (all[l].stamp != self->collectives) fail(std::string(what) + " executed by a warp without all 32 lanes");
+    if (all[l].stamp != self->collectives)
+      fail(std::string(what) + " executed by a warp without all 32 lanes");
 }
 
 // The 16 bytes at p must lie inside the block's dynamic shared memory, 16-byte aligned.
@@ -212,7 +213,8 @@ inline void require_smem16(const void* p, const char* what) {
   if (c < block->smem || c + 16 > block->smem + block->smem_bytes ||
       (reinterpret_cast<uintptr_t>(c) & 15u) != 0u) {
     char buf[200];
-    std::snprintf(buf, sizeof buf, "%s: shared address %+lld (of %zu bytes) out of bounds or not 16-byte aligned",
+    std::snprintf(buf, sizeof buf,
+                  "%s: shared address %+lld (of %zu bytes) out of bounds or not 16-byte aligned",
                   what, static_cast<long long>(c - block->smem), block->smem_bytes);
     fail(buf);
   }
@@ -225,19 +227,23 @@ inline unsigned char* dynamic_smem() { return block->smem; }
 inline uint64_t epoch() { return block->all.gen + 1; }
 inline unsigned warp_id() { return self->linear / kWarp; }
 inline Granule& granule(const void* p) {
-  return block->granules[static_cast<size_t>(static_cast<const unsigned char*>(p) - block->smem) / 16];
+  return block
+      ->granules[static_cast<size_t>(static_cast<const unsigned char*>(p) - block->smem) / 16];
 }
 
 // Warp-level reads (ldmatrix) of 16 bytes at p (checked in bounds and aligned).
 inline void note_smem_read(const void* p, const char* what) {
   Granule& g = granule(p);
   const unsigned w = warp_id();
-  if (g.writer_warp >= 0 && static_cast<unsigned>(g.writer_warp) != w && (g.pending > 0 || g.landed >= epoch())) {
+  if (g.writer_warp >= 0 && static_cast<unsigned>(g.writer_warp) != w &&
+      (g.pending > 0 || g.landed >= epoch())) {
     char buf[240];
-    std::snprintf(buf, sizeof buf,
-                  "race: %s of warp %u reads shared offset %lld that a cp.async of warp %d fills with no "
-                  "wait_group + __syncthreads in between",
-                  what, w, static_cast<long long>(static_cast<const unsigned char*>(p) - block->smem), g.writer_warp);
+    std::snprintf(
+        buf, sizeof buf,
+        "race: %s of warp %u reads shared offset %lld that a cp.async of warp %d fills with no "
+        "wait_group + __syncthreads in between",
+        what, w, static_cast<long long>(static_cast<const unsigned char*>(p) - block->smem),
+        g.writer_warp);
     fail(buf);
   }
   if (g.read_epoch != epoch()) {
@@ -253,7 +259,8 @@ inline void note_copy_issue(void* dst) {
   if (g.read_epoch == epoch() && (g.readers & ~(1u << (w % 32))) != 0u) {
     char buf[240];
     std::snprintf(buf, sizeof buf,
-                  "race: cp.async of warp %u overwrites shared offset %lld that another warp reads in the same "
+                  "race: cp.async of warp %u overwrites shared offset %lld that another warp reads "
+                  "in the same "
                   "__syncthreads interval",
                   w, static_cast<long long>(static_cast<unsigned char*>(dst) - block->smem));
     fail(buf);
@@ -276,8 +283,8 @@ inline std::vector<void*>& stack_pool() {
 inline void* stack_for(unsigned t) {
   std::vector<void*>& pool = stack_pool();
   while (pool.size() <= t) {
-    void* s = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void* s = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (s == MAP_FAILED) {
       std::perror("emu: stack");
       std::abort();
@@ -323,7 +330,8 @@ inline bool run_block(Block& b, dim3 threads) {
     makecontext(&th.ctx, thread_entry, 0);
   }
   b.all = Barrier{b.n, 0, 0};
-  for (unsigned w = 0; w < b.warps.size(); ++w) b.warps[w] = Barrier{std::min(kWarp, b.n - kWarp * w), 0, 0};
+  for (unsigned w = 0; w < b.warps.size(); ++w)
+    b.warps[w] = Barrier{std::min(kWarp, b.n - kWarp * w), 0, 0};
   for (;;) {
     const uint64_t before = b.progress;
     bool alive = false;
@@ -338,12 +346,14 @@ inline bool run_block(Block& b, dim3 threads) {
     if (b.progress == before) {
       unsigned at_block = 0, at_warp = 0;
       for (const Thread& th : b.threads)
-        if (!th.done) (th.waits_at && std::strcmp(th.waits_at, "__syncthreads") == 0 ? at_block : at_warp) += 1;
+        if (!th.done)
+          (th.waits_at && std::strcmp(th.waits_at, "__syncthreads") == 0 ? at_block : at_warp) += 1;
       char buf[200];
-      std::snprintf(buf, sizeof buf,
-                    "deadlock: %u threads wait at __syncthreads and %u at warp barriers/collectives that "
-                    "the other threads never reach (block %u,%u,%u)",
-                    at_block, at_warp, bid.x, bid.y, bid.z);
+      std::snprintf(
+          buf, sizeof buf,
+          "deadlock: %u threads wait at __syncthreads and %u at warp barriers/collectives that "
+          "the other threads never reach (block %u,%u,%u)",
+          at_block, at_warp, bid.x, bid.y, bid.z);
       error = buf;
       return false;
     }
@@ -370,15 +380,15 @@ void launch(Kernel kernel, dim3 grid, dim3 threads, size_t smem_bytes, cudaStrea
   const unsigned long long blocks = 1ull * grid.x * grid.y * grid.z;
   for (unsigned long long n = 0; n < blocks; ++n) {
     const unsigned long long i = reverse_block_order ? blocks - 1 - n : n;
-        bid = dim3(static_cast<unsigned>(i % grid.x), static_cast<unsigned>(i / grid.x % grid.y),
-                   static_cast<unsigned>(i / grid.x / grid.y));
-        std::memset(b.smem, 0xff, smem_bytes);
-        b.granules.assign(smem_bytes / 16, Granule{});
-        if (!run_block(b, threads)) {
-          block = outer_block;
-          self = outer_self;
-          return;
-        }
+    bid = dim3(static_cast<unsigned>(i % grid.x), static_cast<unsigned>(i / grid.x % grid.y),
+               static_cast<unsigned>(i / grid.x / grid.y));
+    std::memset(b.smem, 0xff, smem_bytes);
+    b.granules.assign(smem_bytes / 16, Granule{});
+    if (!run_block(b, threads)) {
+      block = outer_block;
+      self = outer_self;
+      return;
+    }
   }
   block = outer_block;
   self = outer_self;

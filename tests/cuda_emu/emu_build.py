@@ -11,6 +11,7 @@ single-instruction probes of tests/cuda_emu/isa_probes.cu, compiled by g++ with
 
 The library is built once per process (the test modules share it).
 """
+
 import atexit
 import ctypes
 import functools
@@ -54,8 +55,12 @@ def cuda_include():
     from paddle_unpad._runtime import build_config as cfg
 
     nvcc = cfg.find_nvcc()
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
-                 nvcc and os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "/usr/local/cuda"):
+    for home in (
+        os.environ.get("CUDA_HOME"),
+        os.environ.get("CUDA_PATH"),
+        nvcc and os.path.dirname(os.path.dirname(os.path.realpath(nvcc))),
+        "/usr/local/cuda",
+    ):
         if home and os.path.exists(os.path.join(home, "include", "cuda_fp16.h")):
             return os.path.join(home, "include")
     return None

@@ -93,7 +93,8 @@ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
   for (int i = 0; i < 4; ++i) {
     const int row = g + 8 * (i / 2), col = 2 * q + i % 2;
     float sum = 0.0f;
-    for (int k = 0; k < 16; ++k) sum += isa_emu::a_elem<T>(all, row, k) * isa_emu::b_elem<T>(all, k, col);
+    for (int k = 0; k < 16; ++k)
+      sum += isa_emu::a_elem<T>(all, row, k) * isa_emu::b_elem<T>(all, k, col);
     c[i] += sum;
   }
 }
@@ -155,7 +156,8 @@ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
 
 inline void cp_async16(void* dst, const void* src, bool valid) {
   emu::require_smem16(dst, "cp.async");
-  if ((reinterpret_cast<uintptr_t>(src) & 15u) != 0u) emu::fail("cp.async: global source not 16-byte aligned");
+  if ((reinterpret_cast<uintptr_t>(src) & 15u) != 0u)
+    emu::fail("cp.async: global source not 16-byte aligned");
   emu::note_copy_issue(dst);
   emu::self->copies.push_back({dst, src, valid, emu::self->open_group});
 }

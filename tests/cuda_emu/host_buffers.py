@@ -1,6 +1,7 @@
 """Host buffers for the emulated kernels: fp16 / bf16 / fp32 storage and NaN-filled guard
 rows around every buffer, so a kernel that reads outside its rows produces NaN and one
 that writes outside them overwrites the NaN."""
+
 import ctypes
 
 import numpy as np

@@ -53,7 +53,8 @@ __global__ void ldmatrix_kernel(const uint16_t* image, int elems, const int* row
 
 // Lane l copies chunk l (group 0) and chunk 32 + l (group 1) of 16 bytes; snapshots of
 // shared memory after wait_group 1 and after wait_group 0.
-__global__ void cp_async_kernel(const uint16_t* src, const int* valid, uint16_t* after1, uint16_t* after0) {
+__global__ void cp_async_kernel(const uint16_t* src, const int* valid, uint16_t* after1,
+                                uint16_t* after0) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* s = reinterpret_cast<uint16_t*>(smem_raw);
   const int l = static_cast<int>(threadIdx.x);
@@ -81,7 +82,8 @@ __global__ void partial_warp_mma_kernel(float* d) {
 }
 
 __global__ void exp2_kernel(const float* x, float* y, int n) {
-  for (int i = static_cast<int>(threadIdx.x); i < n; i += 32) y[i] = paddle_unpad::cuda::fast_exp2(x[i]);
+  for (int i = static_cast<int>(threadIdx.x); i < n; i += 32)
+    y[i] = paddle_unpad::cuda::fast_exp2(x[i]);
 }
 
 __global__ void divergent_barrier_kernel(int* out) {
@@ -138,8 +140,10 @@ int emu_probe_mma(int dtype, const uint32_t* a, const uint32_t* b, const float* 
 }
 
 // image [elems] b16 placed at the start of shared memory; row_offset [32] in elements.
-int emu_probe_ldmatrix(const uint16_t* image, int elems, const int* row_offset, int trans, uint32_t* out) {
-  ldmatrix_kernel<<<1, 32, static_cast<size_t>(elems) * 2, nullptr>>>(image, elems, row_offset, trans, out);
+int emu_probe_ldmatrix(const uint16_t* image, int elems, const int* row_offset, int trans,
+                       uint32_t* out) {
+  ldmatrix_kernel<<<1, 32, static_cast<size_t>(elems) * 2, nullptr>>>(image, elems, row_offset,
+                                                                      trans, out);
   return finish();
 }
 

@@ -40,7 +40,9 @@ extern "C" const char* cudaGetErrorName(cudaError_t e) {
 extern "C" const char* cudaGetErrorString(cudaError_t e) {
   return e == cudaErrorLaunchFailure ? emu::reported.c_str() : "emulated runtime call failed";
 }
-extern "C" cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
+extern "C" cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
 extern "C" cudaError_t cudaGetDevice(int* dev) {
   *dev = 0;
   return cudaSuccess;
@@ -54,4 +56,6 @@ extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
+  return cudaSuccess;
+}

@@ -4,6 +4,7 @@ Skipped, with the reason, where torch with CUDA is not importable (these 2-core 
 machines). On a GPU machine: ``benchmarks/gpu_check.sh OUT`` builds the harness and
 runs them (or ``make -C custom_ops/harness && python -m pytest tests/gpu``).
 """
+
 import os
 import sys
 

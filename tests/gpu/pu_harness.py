@@ -5,6 +5,7 @@ GPU machine (no Paddle needed).
 ``load()`` finds the library (env ``PU_CUDA_HARNESS``, else the harness build folder) and
 builds it with ``make`` when it is missing and nvcc is available.
 """
+
 import ctypes
 import os
 import shutil
@@ -62,10 +63,16 @@ class Harness:
         lib.pu_fmha_bwd_workspace_bytes.restype = _i64
         version = lib.pu_harness_abi_version()
         if version != ABI_VERSION:
-            raise HarnessError(f"{path}: harness ABI {version}, expected {ABI_VERSION} (rebuild it: "
-                               "make -C custom_ops/harness clean all)")
-        for name, args in (("pu_bias_gelu_fwd", _GELU + [_vp] * 3), ("pu_bias_gelu_bwd", _GELU + [_vp] * 6),
-                           ("pu_bdrln_fwd", _BDRLN + [_vp] * 8), ("pu_bdrln_bwd", _BDRLN + [_vp] * 13)):
+            raise HarnessError(
+                f"{path}: harness ABI {version}, expected {ABI_VERSION} (rebuild it: "
+                "make -C custom_ops/harness clean all)"
+            )
+        for name, args in (
+            ("pu_bias_gelu_fwd", _GELU + [_vp] * 3),
+            ("pu_bias_gelu_bwd", _GELU + [_vp] * 6),
+            ("pu_bdrln_fwd", _BDRLN + [_vp] * 8),
+            ("pu_bdrln_bwd", _BDRLN + [_vp] * 13),
+        ):
             fn = getattr(lib, name)
             fn.argtypes = args + [_vp]  # + stream
             fn.restype = _i32
@@ -95,12 +102,37 @@ class Harness:
     def _problem(self, q, cu, scale, dropout, seed, offset, grouping, streams):
         cu = np.ascontiguousarray(cu, dtype=np.int32)
         T, H, D = q.shape
-        return cu, [cu.ctypes.data_as(ctypes.c_void_p), cu.size - 1, T, H, D, self._dtype_code(q),
-                    float(scale), float(dropout), int(seed) & 0xFFFFFFFFFFFFFFFF,
-                    int(offset) & 0xFFFFFFFFFFFFFFFF, int(bool(grouping)), int(streams)]
+        return cu, [
+            cu.ctypes.data_as(ctypes.c_void_p),
+            cu.size - 1,
+            T,
+            H,
+            D,
+            self._dtype_code(q),
+            float(scale),
+            float(dropout),
+            int(seed) & 0xFFFFFFFFFFFFFFFF,
+            int(offset) & 0xFFFFFFFFFFFFFFFF,
+            int(bool(grouping)),
+            int(streams),
+        ]
 
-    def fwd(self, q, k, v, cu, scale, dropout=0.0, seed=0, offset=0, grouping=True, streams=4,
-            out=None, lse=None, stream=None):
+    def fwd(
+        self,
+        q,
+        k,
+        v,
+        cu,
+        scale,
+        dropout=0.0,
+        seed=0,
+        offset=0,
+        grouping=True,
+        streams=4,
+        out=None,
+        lse=None,
+        stream=None,
+    ):
         """out [T, H, D] (q's dtype), lse [T, H] fp32. Preallocated out/lse may be views."""
         import torch
 
@@ -109,13 +141,36 @@ class Harness:
         lse = torch.empty((T, H), dtype=torch.float32, device=q.device) if lse is None else lse
         keep, args = self._problem(q, cu, scale, dropout, seed, offset, grouping, streams)
         st = (stream or torch.cuda.current_stream()).cuda_stream
-        self._check(self.lib.pu_fmha_fwd(*args, self._ptr(q), self._ptr(k), self._ptr(v),
-                                         self._ptr(out), self._ptr(lse), ctypes.c_void_p(st)))
+        self._check(
+            self.lib.pu_fmha_fwd(
+                *args, self._ptr(q), self._ptr(k), self._ptr(v), self._ptr(out), self._ptr(lse), ctypes.c_void_p(st)
+            )
+        )
         del keep
         return out, lse
 
-    def bwd(self, q, k, v, out, lse, dout, cu, scale, dropout=0.0, seed=0, offset=0, grouping=True,
-            streams=4, dq=None, dk=None, dv=None, workspace=None, stream=None, deterministic=False):
+    def bwd(
+        self,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        cu,
+        scale,
+        dropout=0.0,
+        seed=0,
+        offset=0,
+        grouping=True,
+        streams=4,
+        dq=None,
+        dk=None,
+        dv=None,
+        workspace=None,
+        stream=None,
+        deterministic=False,
+    ):
         """dq, dk, dv [T, H, D] (q's dtype). deterministic=False: the one-pass backward (dQ
         added with fp32 atomics); True: the two-kernel backward, bitwise on reruns."""
         import torch
@@ -129,10 +184,23 @@ class Harness:
             workspace = torch.empty(nbytes // 4, dtype=torch.float32, device=q.device)
         keep, args = self._problem(q, cu, scale, dropout, seed, offset, grouping, streams)
         st = (stream or torch.cuda.current_stream()).cuda_stream
-        self._check(self.lib.pu_fmha_bwd(*args, int(bool(deterministic)), self._ptr(q), self._ptr(k), self._ptr(v),
-                                         self._ptr(out), self._ptr(lse), self._ptr(dout),
-                                         self._ptr(dq), self._ptr(dk), self._ptr(dv),
-                                         self._ptr(workspace), ctypes.c_void_p(st)))
+        self._check(
+            self.lib.pu_fmha_bwd(
+                *args,
+                int(bool(deterministic)),
+                self._ptr(q),
+                self._ptr(k),
+                self._ptr(v),
+                self._ptr(out),
+                self._ptr(lse),
+                self._ptr(dout),
+                self._ptr(dq),
+                self._ptr(dk),
+                self._ptr(dv),
+                self._ptr(workspace),
+                ctypes.c_void_p(st),
+            )
+        )
         del keep
         return dq, dk, dv
 
@@ -165,8 +233,18 @@ class Harness:
 
         rows, cols = self._rows_cols(x)
         y = torch.empty_like(x) if y is None else y
-        self._check(self.lib.pu_bias_gelu_fwd(rows, cols, self._fused_dtype_code(x), path, self._ptr(x),
-                                              self._ptr(bias), self._ptr(y), self._stream(stream)))
+        self._check(
+            self.lib.pu_bias_gelu_fwd(
+                rows,
+                cols,
+                self._fused_dtype_code(x),
+                path,
+                self._ptr(x),
+                self._ptr(bias),
+                self._ptr(y),
+                self._stream(stream),
+            )
+        )
         return y
 
     def bias_gelu_bwd(self, x, bias, dy, dx=None, dbias=None, workspace=None, path=PATH_DEFAULT, stream=None):
@@ -178,16 +256,43 @@ class Harness:
         if workspace is None:
             nbytes = self.lib.pu_bias_gelu_bwd_workspace_bytes(rows, cols)
             workspace = torch.empty((nbytes + 3) // 4, dtype=torch.float32, device=x.device)
-        self._check(self.lib.pu_bias_gelu_bwd(rows, cols, self._fused_dtype_code(x), path, self._ptr(x),
-                                              self._ptr(bias), self._ptr(dy), self._ptr(dx), self._ptr(dbias),
-                                              self._ptr(workspace), self._stream(stream)))
+        self._check(
+            self.lib.pu_bias_gelu_bwd(
+                rows,
+                cols,
+                self._fused_dtype_code(x),
+                path,
+                self._ptr(x),
+                self._ptr(bias),
+                self._ptr(dy),
+                self._ptr(dx),
+                self._ptr(dbias),
+                self._ptr(workspace),
+                self._stream(stream),
+            )
+        )
         return dx, dbias
 
     def _bdrln_codes(self, x, residual, ln_weight):
         return (self._fused_dtype_code(x), self._fused_dtype_code(residual), self._fused_dtype_code(ln_weight))
 
-    def bdrln_fwd(self, x, bias, residual, ln_weight, ln_bias, dropout=0.0, epsilon=1e-12, seed=0, offset=0,
-                  y=None, mean=None, rstd=None, path=PATH_DEFAULT, stream=None):
+    def bdrln_fwd(
+        self,
+        x,
+        bias,
+        residual,
+        ln_weight,
+        ln_bias,
+        dropout=0.0,
+        epsilon=1e-12,
+        seed=0,
+        offset=0,
+        y=None,
+        mean=None,
+        rstd=None,
+        path=PATH_DEFAULT,
+        stream=None,
+    ):
         """y (the residual's dtype), mean, rstd ([rows] fp32). x and bias share a dtype; the
         residual and the LayerNorm parameters have x's or float32 (AMP's mixes)."""
         import torch
@@ -196,16 +301,44 @@ class Harness:
         y = torch.empty_like(residual) if y is None else y
         mean = torch.empty(rows, dtype=torch.float32, device=x.device) if mean is None else mean
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device) if rstd is None else rstd
-        self._check(self.lib.pu_bdrln_fwd(
-            rows, cols, *self._bdrln_codes(x, residual, ln_weight), float(dropout), float(epsilon),
-            int(seed) & 0xFFFFFFFFFFFFFFFF, int(offset) & 0xFFFFFFFFFFFFFFFF, path,
-            *(self._ptr(t) for t in (x, bias, residual, ln_weight, ln_bias, y, mean, rstd)),
-            self._stream(stream)))
+        self._check(
+            self.lib.pu_bdrln_fwd(
+                rows,
+                cols,
+                *self._bdrln_codes(x, residual, ln_weight),
+                float(dropout),
+                float(epsilon),
+                int(seed) & 0xFFFFFFFFFFFFFFFF,
+                int(offset) & 0xFFFFFFFFFFFFFFFF,
+                path,
+                *(self._ptr(t) for t in (x, bias, residual, ln_weight, ln_bias, y, mean, rstd)),
+                self._stream(stream),
+            )
+        )
         return y, mean, rstd
 
-    def bdrln_bwd(self, x, bias, residual, ln_weight, mean, rstd, dy, dropout=0.0, epsilon=1e-12, seed=0,
-                  offset=0, dx=None, dresidual=None, dbias=None, dln_weight=None, dln_bias=None,
-                  workspace=None, path=PATH_DEFAULT, stream=None):
+    def bdrln_bwd(
+        self,
+        x,
+        bias,
+        residual,
+        ln_weight,
+        mean,
+        rstd,
+        dy,
+        dropout=0.0,
+        epsilon=1e-12,
+        seed=0,
+        offset=0,
+        dx=None,
+        dresidual=None,
+        dbias=None,
+        dln_weight=None,
+        dln_bias=None,
+        workspace=None,
+        path=PATH_DEFAULT,
+        stream=None,
+    ):
         """dx, dresidual, dbias, dln_weight, dln_bias."""
         import torch
 
@@ -218,12 +351,37 @@ class Harness:
         if workspace is None:
             nbytes = self.lib.pu_bdrln_bwd_workspace_bytes(rows, cols)
             workspace = torch.empty((nbytes + 3) // 4, dtype=torch.float32, device=x.device)
-        self._check(self.lib.pu_bdrln_bwd(
-            rows, cols, *self._bdrln_codes(x, residual, ln_weight), float(dropout), float(epsilon),
-            int(seed) & 0xFFFFFFFFFFFFFFFF, int(offset) & 0xFFFFFFFFFFFFFFFF, path,
-            *(self._ptr(t) for t in (x, bias, residual, ln_weight, mean, rstd, dy, dx, dresidual, dbias,
-                                     dln_weight, dln_bias, workspace)),
-            self._stream(stream)))
+        self._check(
+            self.lib.pu_bdrln_bwd(
+                rows,
+                cols,
+                *self._bdrln_codes(x, residual, ln_weight),
+                float(dropout),
+                float(epsilon),
+                int(seed) & 0xFFFFFFFFFFFFFFFF,
+                int(offset) & 0xFFFFFFFFFFFFFFFF,
+                path,
+                *(
+                    self._ptr(t)
+                    for t in (
+                        x,
+                        bias,
+                        residual,
+                        ln_weight,
+                        mean,
+                        rstd,
+                        dy,
+                        dx,
+                        dresidual,
+                        dbias,
+                        dln_weight,
+                        dln_bias,
+                        workspace,
+                    )
+                ),
+                self._stream(stream),
+            )
+        )
         return dx, dresidual, dbias, dln_weight, dln_bias
 
 

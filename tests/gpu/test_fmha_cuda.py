@@ -13,6 +13,7 @@ one that writes past its rows overwrites the NaN.
 The backward runs in both modes: the default one-pass kernel (dQ added with fp32 atomics,
 so only dQ's last bits may change between runs) and ``deterministic=True`` (bitwise reruns).
 """
+
 import functools
 import math
 
@@ -78,12 +79,16 @@ def reference(torch, q, k, v, dout, lengths, scale, p, masks, compute_dtype):
         probs = probs * z
     outp = probs.to(compute_dtype) @ vp
     outp.backward(pad(dout.to(compute_dtype)))
-    return (unpad(outp.detach()), unpad(lse.detach()[..., None])[..., 0], unpad(qp.grad),
-            unpad(kp.grad), unpad(vp.grad))
+    return (
+        unpad(outp.detach()),
+        unpad(lse.detach()[..., None])[..., 0],
+        unpad(qp.grad),
+        unpad(kp.grad),
+        unpad(vp.grad),
+    )
 
 
-def run_ours(torch, harness, q, k, v, dout, lengths, scale, p, seed=SEED, offset=OFFSET, deterministic=False,
-             **kw):
+def run_ours(torch, harness, q, k, v, dout, lengths, scale, p, seed=SEED, offset=OFFSET, deterministic=False, **kw):
     """Forward + backward with every buffer NaN-poisoned around; returns out, lse, dq, dk, dv.
     kw (grouping, streams) go to both passes, `deterministic` to the backward."""
     T, H, D = q.shape
@@ -91,10 +96,25 @@ def run_ours(torch, harness, q, k, v, dout, lengths, scale, p, seed=SEED, offset
     ins = [poisoned(torch, x.shape, x.dtype, PAD, x)[1] for x in (q, k, v, dout)]
     bufs = {n: poisoned(torch, (T, H, D), q.dtype, PAD) for n in ("out", "dq", "dk", "dv")}
     bufs["lse"] = poisoned(torch, (T, H), torch.float32, PAD)
-    harness.fwd(ins[0], ins[1], ins[2], cu, scale, p, seed, offset, out=bufs["out"][1],
-                lse=bufs["lse"][1], **kw)
-    harness.bwd(ins[0], ins[1], ins[2], bufs["out"][1], bufs["lse"][1], ins[3], cu, scale, p, seed,
-                offset, dq=bufs["dq"][1], dk=bufs["dk"][1], dv=bufs["dv"][1], deterministic=deterministic, **kw)
+    harness.fwd(ins[0], ins[1], ins[2], cu, scale, p, seed, offset, out=bufs["out"][1], lse=bufs["lse"][1], **kw)
+    harness.bwd(
+        ins[0],
+        ins[1],
+        ins[2],
+        bufs["out"][1],
+        bufs["lse"][1],
+        ins[3],
+        cu,
+        scale,
+        p,
+        seed,
+        offset,
+        dq=bufs["dq"][1],
+        dk=bufs["dk"][1],
+        dv=bufs["dv"][1],
+        deterministic=deterministic,
+        **kw,
+    )
     torch.cuda.synchronize()
     for name, (full, _) in bufs.items():
         check_neighbours(torch, full, name, PAD)
@@ -134,8 +154,7 @@ def test_matches_torch_reference(torch_cuda, harness, dtype, D, p):
     masks = keep_masks(LENGTHS, HEADS, SEED, OFFSET, p) if p > 0 else None
     ref = reference(torch, q, k, v, dout, LENGTHS, scale, p, masks, torch.float32)
     low = reference(torch, q, k, v, dout, LENGTHS, scale, p, masks, dt)
-    runs = {det: run_ours(torch, harness, q, k, v, dout, LENGTHS, scale, p, deterministic=det)
-            for det in (False, True)}
+    runs = {det: run_ours(torch, harness, q, k, v, dout, LENGTHS, scale, p, deterministic=det) for det in (False, True)}
     for det, ours in runs.items():
         report = {}
         for idx, name in ((0, "out"), (2, "dq"), (3, "dk"), (4, "dv")):
@@ -182,11 +201,13 @@ def test_dropout_mask_is_the_cpu_mask(torch_cuda, harness, dtype):
     for seed, offset in ((SEED, OFFSET), (2**63 + 5, 2**32 + 9)):
         masks = philox_ref.dropout_keep_mask(seed, offset, p, cu, H)
         out, lse = harness.fwd(q, onehot, onehot, cu, 1.0, p, seed, offset)
-        grads = {det: (harness.bwd(q, onehot, onehot, out, lse, onehot, cu, 1.0, p, seed, offset,
-                                   deterministic=det)[2],
-                       harness.bwd(q, onehot, onehot, out, lse, ones, cu, 1.0, p, seed, offset,
-                                   deterministic=det)[0])
-                 for det in (False, True)}
+        grads = {
+            det: (
+                harness.bwd(q, onehot, onehot, out, lse, onehot, cu, 1.0, p, seed, offset, deterministic=det)[2],
+                harness.bwd(q, onehot, onehot, out, lse, ones, cu, 1.0, p, seed, offset, deterministic=det)[0],
+            )
+            for det in (False, True)
+        }
         torch.cuda.synchronize()
         for b, s in enumerate(lengths):
             if s == 0:
@@ -195,12 +216,10 @@ def test_dropout_mask_is_the_cpu_mask(torch_cuda, harness, dtype):
             got = (out[rows, :, :s].float() > 0).permute(1, 0, 2).cpu().numpy()  # [H, i, j]
             np.testing.assert_array_equal(got, masks[b], err_msg=f"forward mask, sequence {b}")
             kept = out[rows, :, :s].float().permute(1, 0, 2)[torch.from_numpy(masks[b]).cuda()]
-            torch.testing.assert_close(kept, torch.full_like(kept, 1.0 / (s * (1 - p))), rtol=TOL[dtype]["out"],
-                                       atol=0)
+            torch.testing.assert_close(kept, torch.full_like(kept, 1.0 / (s * (1 - p))), rtol=TOL[dtype]["out"], atol=0)
             for det, (dv, dq) in grads.items():
                 got_t = (dv[rows, :, :s].float() > 0).permute(1, 2, 0).cpu().numpy()  # [H, i, j]
-                np.testing.assert_array_equal(got_t, masks[b],
-                                              err_msg=f"dK/dV mask, deterministic={det}, sequence {b}")
+                np.testing.assert_array_equal(got_t, masks[b], err_msg=f"dK/dV mask, deterministic={det}, sequence {b}")
                 mixed_rows_mask(torch, dq, rows, s, masks[b], f"dQ mask, deterministic={det}, sequence {b}")
 
 
@@ -253,8 +272,7 @@ def test_sequences_are_isolated(torch_cuda, harness, deterministic):
     mine = tuple(x[keep] for x in (out, lse, dq, dk, dv))
     for name, x in zip(NAMES, mine):
         assert torch.isfinite(x.float()).all(), f"{name}: NaN leaked from the neighbour"
-    assert_same_bits(torch, mine, (out2, lse2, dq2, dk2, dv2), "changed by the neighbour", "float16",
-                     not deterministic)
+    assert_same_bits(torch, mine, (out2, lse2, dq2, dk2, dv2), "changed by the neighbour", "float16", not deterministic)
 
 
 @pytest.mark.parametrize("grouping", [True, False])
@@ -327,8 +345,12 @@ def test_misaligned_views_are_refused_by_name(torch_cuda, harness):
     lse_row3 = torch.full((T + 6, H), float("nan"), device="cuda")[3 : 3 + T]  # 24 bytes in with 2 heads
     assert lse_row3.data_ptr() % 16 == 8
     nan_out = torch.full_like(q, float("nan"))
-    fwd_cases = {"q": dict(q=offset_copy(torch, q, 2)), "v": dict(v=offset_copy(torch, v, 8)),
-                 "out": dict(out=offset_copy(torch, nan_out, 2)), "lse": dict(lse=lse_row3)}
+    fwd_cases = {
+        "q": dict(q=offset_copy(torch, q, 2)),
+        "v": dict(v=offset_copy(torch, v, 8)),
+        "out": dict(out=offset_copy(torch, nan_out, 2)),
+        "lse": dict(lse=lse_row3),
+    }
     for name, bad in fwd_cases.items():
         args = dict(q=q, k=k, v=v, out=torch.full_like(q, float("nan")), lse=None)
         args.update(bad)
@@ -336,17 +358,34 @@ def test_misaligned_views_are_refused_by_name(torch_cuda, harness):
             harness.fwd(args["q"], args["k"], args["v"], cu, 0.125, out=args["out"], lse=args["lse"])
         torch.cuda.synchronize()
         assert torch.isnan(args["out"].float()).all(), f"forward refused for {name} but wrote out"
-    bwd_cases = {"dout": dict(dout=offset_copy(torch, dout, 2)), "lse": dict(lse=offset_copy(torch, lse, 4)),
-                 "dq": dict(dq=offset_copy(torch, nan_out, 2)), "dv": dict(dv=offset_copy(torch, nan_out, 6)),
-                 "workspace": dict(workspace=ws[1:])}
+    bwd_cases = {
+        "dout": dict(dout=offset_copy(torch, dout, 2)),
+        "lse": dict(lse=offset_copy(torch, lse, 4)),
+        "dq": dict(dq=offset_copy(torch, nan_out, 2)),
+        "dv": dict(dv=offset_copy(torch, nan_out, 6)),
+        "workspace": dict(workspace=ws[1:]),
+    }
     for name, bad in bwd_cases.items():
         for det in (False, True):
             args = dict(dout=dout, lse=lse, dq=None, dv=None, workspace=None)
             args.update(bad)
             dk = torch.full_like(q, float("nan"))
             with pytest.raises(pu_harness.HarnessError, match=rf"\b{name} must be 16-byte aligned"):
-                harness.bwd(q, k, v, out, args["lse"], args["dout"], cu, 0.125, dq=args["dq"], dk=dk,
-                            dv=args["dv"], workspace=args["workspace"], deterministic=det)
+                harness.bwd(
+                    q,
+                    k,
+                    v,
+                    out,
+                    args["lse"],
+                    args["dout"],
+                    cu,
+                    0.125,
+                    dq=args["dq"],
+                    dk=dk,
+                    dv=args["dv"],
+                    workspace=args["workspace"],
+                    deterministic=det,
+                )
             torch.cuda.synchronize()
             assert torch.isnan(dk.float()).all(), f"backward refused for {name} but wrote dk"
     dq, dk, dv = harness.bwd(q, k, v, out, lse, dout, cu, 0.125, workspace=ws[4:])

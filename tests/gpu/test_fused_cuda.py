@@ -11,6 +11,7 @@ Every buffer the kernels read or write sits between NaN-filled rows (vectors: Na
 elements), PAD of them, which keeps views 16-byte aligned: a kernel that reads a
 neighbour produces NaN, one that writes past its rows overwrites the NaN.
 """
+
 import functools
 
 import numpy as np
@@ -46,9 +47,14 @@ def inputs(torch, rows, cols, dtype, seed=0):
     def randn(*shape, scale=1.0, shift=0.0):
         return (torch.randn(*shape, device="cuda", generator=g) * scale + shift).to(dtype)
 
-    return {"x": randn(rows, cols, scale=2.0), "residual": randn(rows, cols), "dy": randn(rows, cols),
-            "bias": randn(cols, scale=0.5), "ln_weight": randn(cols, scale=0.2, shift=1.0),
-            "ln_bias": randn(cols, scale=0.2)}
+    return {
+        "x": randn(rows, cols, scale=2.0),
+        "residual": randn(rows, cols),
+        "dy": randn(rows, cols),
+        "bias": randn(cols, scale=0.5),
+        "ln_weight": randn(cols, scale=0.2, shift=1.0),
+        "ln_bias": randn(cols, scale=0.2),
+    }
 
 
 def keep_tensor(torch, rows, cols, p, seed=SEED, offset=OFFSET):
@@ -70,15 +76,24 @@ def bdrln_reference(torch, t, p, keep, eps=EPS):
     x, b, res, w, lb = (t[k].detach().float().requires_grad_() for k in names)
     h = x + b
     if p > 0:
-        h = h * torch.where(keep, torch.tensor(1.0 / (1.0 - p), dtype=torch.float32, device="cuda"),
-                            torch.zeros((), device="cuda"))
+        h = h * torch.where(
+            keep, torch.tensor(1.0 / (1.0 - p), dtype=torch.float32, device="cuda"), torch.zeros((), device="cuda")
+        )
     z = res + h
     y = torch.nn.functional.layer_norm(z, (z.shape[-1],), w, lb, eps)
     mean = z.detach().mean(-1)
     rstd = 1.0 / torch.sqrt(z.detach().var(-1, unbiased=False) + eps)
     y.backward(t["dy"].float())
-    return {"y": y.detach(), "mean": mean, "rstd": rstd, "dx": x.grad, "dresidual": res.grad,
-            "dbias": b.grad, "dln_weight": w.grad, "dln_bias": lb.grad}
+    return {
+        "y": y.detach(),
+        "mean": mean,
+        "rstd": rstd,
+        "dx": x.grad,
+        "dresidual": res.grad,
+        "dbias": b.grad,
+        "dln_weight": w.grad,
+        "dln_bias": lb.grad,
+    }
 
 
 # ------------------------------------------------------------------------- runs of ours
@@ -88,8 +103,11 @@ def run_gelu(torch, harness, t, path=pu_harness.PATH_DEFAULT):
     """Forward + backward with every buffer NaN-poisoned around: y, dx, dbias."""
     rows, cols = t["x"].shape
     x, bias, dy = (poisoned(torch, t[k].shape, t[k].dtype, PAD, t[k])[1] for k in ("x", "bias", "dy"))
-    bufs = {"y": poisoned(torch, (rows, cols), x.dtype, PAD), "dx": poisoned(torch, (rows, cols), x.dtype, PAD),
-            "dbias": poisoned(torch, (cols,), x.dtype, PAD)}
+    bufs = {
+        "y": poisoned(torch, (rows, cols), x.dtype, PAD),
+        "dx": poisoned(torch, (rows, cols), x.dtype, PAD),
+        "dbias": poisoned(torch, (cols,), x.dtype, PAD),
+    }
     harness.bias_gelu_fwd(x, bias, y=bufs["y"][1], path=path)
     harness.bias_gelu_bwd(x, bias, dy, dx=bufs["dx"][1], dbias=bufs["dbias"][1], path=path)
     torch.cuda.synchronize()
@@ -104,17 +122,44 @@ def run_bdrln(torch, harness, t, p, seed=SEED, offset=OFFSET, path=pu_harness.PA
     dln_* the LayerNorm parameters')."""
     rows, cols = t["x"].shape
     ins = {k: poisoned(torch, t[k].shape, t[k].dtype, PAD, t[k])[1] for k in t}
-    shapes = {"y": ((rows, cols), "residual"), "dx": ((rows, cols), "x"), "dresidual": ((rows, cols), "residual"),
-              "dbias": ((cols,), "x"), "dln_weight": ((cols,), "ln_weight"), "dln_bias": ((cols,), "ln_weight")}
+    shapes = {
+        "y": ((rows, cols), "residual"),
+        "dx": ((rows, cols), "x"),
+        "dresidual": ((rows, cols), "residual"),
+        "dbias": ((cols,), "x"),
+        "dln_weight": ((cols,), "ln_weight"),
+        "dln_bias": ((cols,), "ln_weight"),
+    }
     bufs = {k: poisoned(torch, s, t[of].dtype, PAD) for k, (s, of) in shapes.items()}
     bufs["mean"] = poisoned(torch, (rows,), torch.float32, PAD)
     bufs["rstd"] = poisoned(torch, (rows,), torch.float32, PAD)
     kw = dict(dropout=p, epsilon=EPS, seed=seed, offset=offset, path=path)
-    harness.bdrln_fwd(ins["x"], ins["bias"], ins["residual"], ins["ln_weight"], ins["ln_bias"], y=bufs["y"][1],
-                      mean=bufs["mean"][1], rstd=bufs["rstd"][1], **kw)
-    harness.bdrln_bwd(ins["x"], ins["bias"], ins["residual"], ins["ln_weight"], bufs["mean"][1], bufs["rstd"][1],
-                      ins["dy"], dx=bufs["dx"][1], dresidual=bufs["dresidual"][1], dbias=bufs["dbias"][1],
-                      dln_weight=bufs["dln_weight"][1], dln_bias=bufs["dln_bias"][1], **kw)
+    harness.bdrln_fwd(
+        ins["x"],
+        ins["bias"],
+        ins["residual"],
+        ins["ln_weight"],
+        ins["ln_bias"],
+        y=bufs["y"][1],
+        mean=bufs["mean"][1],
+        rstd=bufs["rstd"][1],
+        **kw,
+    )
+    harness.bdrln_bwd(
+        ins["x"],
+        ins["bias"],
+        ins["residual"],
+        ins["ln_weight"],
+        bufs["mean"][1],
+        bufs["rstd"][1],
+        ins["dy"],
+        dx=bufs["dx"][1],
+        dresidual=bufs["dresidual"][1],
+        dbias=bufs["dbias"][1],
+        dln_weight=bufs["dln_weight"][1],
+        dln_bias=bufs["dln_bias"][1],
+        **kw,
+    )
     torch.cuda.synchronize()
     for name, (full, _) in bufs.items():
         check_neighbours(torch, full, name, PAD)
@@ -135,8 +180,12 @@ def assert_matches(torch, ours, ref, dtype, names_out, names_grad, what):
 # ------------------------------------------------------------------------- tests
 
 # Every kernel path: 16-byte vectors or elements, row in registers or the general (wide) path.
-PATHS = {"default": 0, "elementwise": pu_harness.PATH_ELEMENTWISE, "wide": pu_harness.PATH_WIDE,
-         "wide+elementwise": pu_harness.PATH_WIDE | pu_harness.PATH_ELEMENTWISE}
+PATHS = {
+    "default": 0,
+    "elementwise": pu_harness.PATH_ELEMENTWISE,
+    "wide": pu_harness.PATH_WIDE,
+    "wide+elementwise": pu_harness.PATH_WIDE | pu_harness.PATH_ELEMENTWISE,
+}
 
 
 @pytest.mark.parametrize("cols", HIDDEN)
@@ -147,8 +196,15 @@ def test_bias_gelu_matches_torch(torch_cuda, harness, dtype, rows, cols):
     t = inputs(torch, rows, cols, getattr(torch, dtype), seed=rows * 7 + cols)
     ours = run_gelu(torch, harness, t)
     y, dx, dbias = gelu_reference(torch, t)
-    assert_matches(torch, ours, {"y": y, "dx": dx, "dbias": dbias}, dtype, ["y"], ["dx", "dbias"],
-                   f"bias_gelu {dtype} [{rows}, {cols}]")
+    assert_matches(
+        torch,
+        ours,
+        {"y": y, "dx": dx, "dbias": dbias},
+        dtype,
+        ["y"],
+        ["dx", "dbias"],
+        f"bias_gelu {dtype} [{rows}, {cols}]",
+    )
     if rows == 0:
         assert (ours["dbias"] == 0).all(), "dbias of no rows must be zeros"
 
@@ -162,8 +218,15 @@ def test_bdrln_matches_torch(torch_cuda, harness, dtype, rows, cols, p):
     t = inputs(torch, rows, cols, getattr(torch, dtype), seed=rows * 5 + cols)
     ours = run_bdrln(torch, harness, t, p)
     ref = bdrln_reference(torch, t, p, keep_tensor(torch, rows, cols, p))
-    assert_matches(torch, ours, ref, dtype, ["y", "mean", "rstd"],
-                   ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"], f"bdrln {dtype} [{rows}, {cols}] p={p}")
+    assert_matches(
+        torch,
+        ours,
+        ref,
+        dtype,
+        ["y", "mean", "rstd"],
+        ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
+        f"bdrln {dtype} [{rows}, {cols}] p={p}",
+    )
     if rows == 0:
         for n in ("dbias", "dln_weight", "dln_bias"):
             assert (ours[n] == 0).all(), f"{n} of no rows must be zeros"
@@ -172,8 +235,11 @@ def test_bdrln_matches_torch(torch_cuda, harness, dtype, rows, cols, p):
 # The dtypes AMP hands over: a half GEMM output x (and bias) with float32 LayerNorm parameters
 # and a half (O2) or float32 (O1) residual stream; bfloat16 O2 also casts the LayerNorm
 # parameters. y, dy and dresidual take the residual's dtype.
-AMP_MIXES = [(dt, rdt, wdt) for dt in ("float16", "bfloat16")
-             for rdt, wdt in ((dt, "float32"), ("float32", "float32"), ("float32", dt))]
+AMP_MIXES = [
+    (dt, rdt, wdt)
+    for dt in ("float16", "bfloat16")
+    for rdt, wdt in ((dt, "float32"), ("float32", "float32"), ("float32", dt))
+]
 
 
 @pytest.mark.parametrize("path", ["default", "elementwise", "wide"])
@@ -188,9 +254,15 @@ def test_bdrln_amp_mixes_match_torch(torch_cuda, harness, dtype, residual_dtype,
         t[k] = t[k].to(getattr(torch, ln_dtype))
     ours = run_bdrln(torch, harness, t, P_DROP, path=PATHS[path])
     ref = bdrln_reference(torch, t, P_DROP, keep_tensor(torch, rows, cols, P_DROP))
-    assert_matches(torch, ours, ref, dtype, ["y", "mean", "rstd"],
-                   ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
-                   f"bdrln x {dtype}, residual {residual_dtype}, LayerNorm {ln_dtype} [{rows}, {cols}] {path}")
+    assert_matches(
+        torch,
+        ours,
+        ref,
+        dtype,
+        ["y", "mean", "rstd"],
+        ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
+        f"bdrln x {dtype}, residual {residual_dtype}, LayerNorm {ln_dtype} [{rows}, {cols}] {path}",
+    )
     again = run_bdrln(torch, harness, t, P_DROP, path=PATHS[path])
     for name in ours:
         assert torch.equal(ours[name], again[name]), f"{name} differs between two identical runs"
@@ -206,12 +278,20 @@ def test_every_path_matches_torch(torch_cuda, harness, dtype, rows, cols, path):
     t = inputs(torch, rows, cols, getattr(torch, dtype), seed=3)
     ours = run_bdrln(torch, harness, t, P_DROP, path=PATHS[path])
     ref = bdrln_reference(torch, t, P_DROP, keep_tensor(torch, rows, cols, P_DROP))
-    assert_matches(torch, ours, ref, dtype, ["y", "mean", "rstd"],
-                   ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"], f"bdrln path {path}")
+    assert_matches(
+        torch,
+        ours,
+        ref,
+        dtype,
+        ["y", "mean", "rstd"],
+        ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
+        f"bdrln path {path}",
+    )
     g = run_gelu(torch, harness, t, path=PATHS[path] & pu_harness.PATH_ELEMENTWISE)
     y, dx, dbias = gelu_reference(torch, t)
-    assert_matches(torch, g, {"y": y, "dx": dx, "dbias": dbias}, dtype, ["y"], ["dx", "dbias"],
-                   f"bias_gelu path {path}")
+    assert_matches(
+        torch, g, {"y": y, "dx": dx, "dbias": dbias}, dtype, ["y"], ["dx", "dbias"], f"bias_gelu path {path}"
+    )
 
 
 @pytest.mark.parametrize("dtype,cols", [("float16", 16392), ("float32", 4100), ("float32", 1031)])
@@ -221,8 +301,15 @@ def test_long_rows_take_the_wide_path(torch_cuda, harness, dtype, cols):
     t = inputs(torch, 19, cols, getattr(torch, dtype), seed=4)
     ours = run_bdrln(torch, harness, t, P_DROP)
     ref = bdrln_reference(torch, t, P_DROP, keep_tensor(torch, 19, cols, P_DROP))
-    assert_matches(torch, ours, ref, dtype, ["y", "mean", "rstd"],
-                   ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"], f"bdrln wide {dtype} {cols}")
+    assert_matches(
+        torch,
+        ours,
+        ref,
+        dtype,
+        ["y", "mean", "rstd"],
+        ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
+        f"bdrln wide {dtype} {cols}",
+    )
 
 
 @pytest.mark.parametrize("cols", [32, 771, 1024])
@@ -236,12 +323,14 @@ def test_dropout_mask_is_the_cpu_mask(torch_cuda, harness, dtype, cols):
     rows, p = 40, 0.3
     for seed, offset in ((SEED, OFFSET), (2**63 + 5, 2**32 + 9)):
         keep = rowwise_keep(seed, offset, p, rows, cols)
-        t = {"x": torch.ones(rows, cols, dtype=dt, device="cuda"),
-             "residual": torch.zeros(rows, cols, dtype=dt, device="cuda"),
-             "dy": torch.randn(rows, cols, device="cuda").to(dt),
-             "bias": torch.zeros(cols, dtype=dt, device="cuda"),
-             "ln_weight": torch.ones(cols, dtype=dt, device="cuda"),
-             "ln_bias": torch.zeros(cols, dtype=dt, device="cuda")}
+        t = {
+            "x": torch.ones(rows, cols, dtype=dt, device="cuda"),
+            "residual": torch.zeros(rows, cols, dtype=dt, device="cuda"),
+            "dy": torch.randn(rows, cols, device="cuda").to(dt),
+            "bias": torch.zeros(cols, dtype=dt, device="cuda"),
+            "ln_weight": torch.ones(cols, dtype=dt, device="cuda"),
+            "ln_bias": torch.zeros(cols, dtype=dt, device="cuda"),
+        }
         out = run_bdrln(torch, harness, t, p, seed=seed, offset=offset)
         mixed = keep.any(axis=1) & ~keep.all(axis=1)
         got = (out["y"].float() > 0).cpu().numpy()

@@ -1,4 +1,5 @@
 """Shared by the GPU tests: NaN-poisoned neighbours, relative error, and the op rules."""
+
 import importlib.util
 import math
 import os
@@ -9,8 +10,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def op_rules():
     """paddle_unpad/ops/_rules.py, the tables paddle_unpad.ops re-exports (FMHA_GPU_TOLERANCE,
     ...), loaded by path: GPU machines have no Paddle, which importing the package needs."""
-    spec = importlib.util.spec_from_file_location("paddle_unpad_op_rules",
-                                                  os.path.join(ROOT, "paddle_unpad", "ops", "_rules.py"))
+    spec = importlib.util.spec_from_file_location(
+        "paddle_unpad_op_rules", os.path.join(ROOT, "paddle_unpad", "ops", "_rules.py")
+    )
     rules = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rules)
     return rules

@@ -9,7 +9,8 @@
 namespace paddle_unpad {
 
 // Empty when rows x cols, dropout and epsilon make a valid problem, else why not (in words).
-inline std::string bdrln_problem_unsupported(int64_t rows, int64_t cols, float dropout, float epsilon) {
+inline std::string bdrln_problem_unsupported(int64_t rows, int64_t cols, float dropout,
+                                             float epsilon) {
   std::ostringstream why;
   if (cols < 1)
     why << "the normalised size (x.shape[-1]) must be at least 1, got " << cols;

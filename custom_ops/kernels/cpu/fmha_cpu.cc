@@ -35,9 +35,12 @@ struct Isa {
 
 Isa pick_isa() {
   switch (pick_cpu_isa()) {
-    case CpuIsa::kAvx512: return {"avx512", avx512::fwd_item, avx512::bwd_item};
-    case CpuIsa::kAvx2: return {"avx2", avx2::fwd_item, avx2::bwd_item};
-    default: return {"sse2", sse2::fwd_item, sse2::bwd_item};
+    case CpuIsa::kAvx512:
+      return {"avx512", avx512::fwd_item, avx512::bwd_item};
+    case CpuIsa::kAvx2:
+      return {"avx2", avx2::fwd_item, avx2::bwd_item};
+    default:
+      return {"sse2", sse2::fwd_item, sse2::bwd_item};
   }
 }
 
@@ -73,8 +76,8 @@ std::string fmha_cpu_unsupported(const FmhaProblem& p) {
   return why.str();
 }
 
-void fmha_fwd_cpu(const FmhaProblem& p, const float* q, const float* k, const float* v,
-                  float* out, float* lse) {
+void fmha_fwd_cpu(const FmhaProblem& p, const float* q, const float* k, const float* v, float* out,
+                  float* lse) {
   // One item per (sequence, head) amortises packing K and V; long sequences are split
   // into query-block ranges until there are enough items to keep every thread busy.
   struct Item {

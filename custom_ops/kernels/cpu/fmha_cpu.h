@@ -41,12 +41,12 @@ constexpr int64_t kFmhaMaxHeadDim = 256;
 // Returns an empty string when the problem is supported, else why not (in words).
 std::string fmha_cpu_unsupported(const FmhaProblem& p);
 
-void fmha_fwd_cpu(const FmhaProblem& p, const float* q, const float* k, const float* v,
-                  float* out, float* lse);
+void fmha_fwd_cpu(const FmhaProblem& p, const float* q, const float* k, const float* v, float* out,
+                  float* lse);
 
 void fmha_bwd_cpu(const FmhaProblem& p, const float* q, const float* k, const float* v,
-                  const float* out, const float* lse, const float* dout, float* dq,
-                  float* dk, float* dv);
+                  const float* out, const float* lse, const float* dout, float* dq, float* dk,
+                  float* dv);
 
 // Name of the instruction set the kernels dispatched to ("avx512", "avx2", "sse2").
 const char* fmha_cpu_isa();

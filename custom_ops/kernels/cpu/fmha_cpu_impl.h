@@ -42,9 +42,8 @@ constexpr int64_t kBc = 128;
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 template <int R, int NVT>
-static inline void gemm_tile(int64_t K, const float* A, int64_t sam, int64_t sak,
-                             const float* B, int64_t ldb, float* C, int64_t ldc,
-                             bool accumulate) {
+static inline void gemm_tile(int64_t K, const float* A, int64_t sam, int64_t sak, const float* B,
+                             int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   vf c[R][NVT];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NVT; ++v) c[r][v] = accumulate ? vload(C + r * ldc + v * V) : vf{};
@@ -62,8 +61,7 @@ static inline void gemm_tile(int64_t K, const float* A, int64_t sam, int64_t sak
 
 template <int NVT>
 static inline void gemm_cols(int64_t M, int64_t K, const float* A, int64_t sam, int64_t sak,
-                             const float* B, int64_t ldb, float* C, int64_t ldc,
-                             bool accumulate) {
+                             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   int64_t m = 0;
   for (; m + MR <= M; m += MR)
     gemm_tile<MR, NVT>(K, A + m * sam, sam, sak, B, ldb, C + m * ldc, ldc, accumulate);
@@ -92,7 +90,8 @@ static void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, i
 static inline float row_max(const float* x, int64_t n, float init) {
   vf mv = vsplat(init);
   for (int64_t j = 0; j < n; j += V) {
-    const vf y = j + V <= n ? vload(x + j) : vhead(vload(x + j), n - j, -std::numeric_limits<float>::infinity());
+    const vf y = j + V <= n ? vload(x + j)
+                            : vhead(vload(x + j), n - j, -std::numeric_limits<float>::infinity());
     mv = y > mv ? y : mv;
   }
   return vreduce_max(mv);
@@ -105,18 +104,20 @@ static inline float row_max(const float* x, int64_t n, float init) {
 // i + 8 (i % 16 < 8) are counters (4 kb + c', t0 + i, h, offset) over key groups kb of 16
 // and c' = 0..3: runs of consecutive counters, 8 rows (and the 8 below them) at a time, all
 // key groups of a row at once, written straight into the rows (philox_words_rows, kRows).
-static inline const uint16_t* dropout_draws(const FmhaProblem& P, int64_t t0, int64_t i0, int64_t rows, int64_t h,
-                                            int64_t j0, int64_t n, int64_t* stride) {
+static inline const uint16_t* dropout_draws(const FmhaProblem& P, int64_t t0, int64_t i0,
+                                            int64_t rows, int64_t h, int64_t j0, int64_t n,
+                                            int64_t* stride) {
   thread_local std::vector<uint32_t> draws;
-  const int64_t groups = round_up((n + 15) / 16, std::max<int64_t>(1, L / 4));  // 4 groups blocks: multiple of L
+  const int64_t groups =
+      round_up((n + 15) / 16, std::max<int64_t>(1, L / 4));  // 4 groups blocks: multiple of L
   const int64_t row_words = 8 * groups, rows16 = round_up(rows, 16);
   if (draws.size() < static_cast<size_t>(row_words * rows16)) draws.resize(row_words * rows16);
   *stride = 2 * row_words;  // in draws
   for (int64_t a = 0; a < rows; a += 16)
     philox_words_rows<kAttentionPhiloxRounds, true>(
         draws.data() + a * row_words, static_cast<uint64_t>(4 * (j0 / 16)), 4 * groups,
-        static_cast<uint32_t>(t0 + i0 + a), std::min<int64_t>(8, rows - a), static_cast<uint32_t>(h),
-        static_cast<uint32_t>(P.offset), P.seed, row_words);
+        static_cast<uint32_t>(t0 + i0 + a), std::min<int64_t>(8, rows - a),
+        static_cast<uint32_t>(h), static_cast<uint32_t>(P.offset), P.seed, row_words);
   return reinterpret_cast<const uint16_t*>(draws.data());
 }
 
@@ -126,13 +127,15 @@ static inline const uint16_t* dropout_draws(const FmhaProblem& P, int64_t t0, in
 static inline vf vkeep(vf x, const uint16_t* draws, uint32_t threshold) {
 #if FMHA_VLEN == 16
   const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(draws));
-  const __mmask16 keep = _mm256_cmpge_epu16_mask(d, _mm256_set1_epi16(static_cast<int16_t>(threshold)));
+  const __mmask16 keep =
+      _mm256_cmpge_epu16_mask(d, _mm256_set1_epi16(static_cast<int16_t>(threshold)));
   return (vf)_mm512_maskz_mov_ps(keep, (__m512)x);
 #else
 #if FMHA_VLEN == 8
   const vi w = (vi)_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(draws)));
 #else
-  const vi w = (vi)_mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(draws)), _mm_setzero_si128());
+  const vi w = (vi)_mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(draws)),
+                                      _mm_setzero_si128());
 #endif
   return w < static_cast<int32_t>(threshold) ? vf{} : x;
 #endif
@@ -156,7 +159,8 @@ static inline vf vmax_keep_nan(vf lo, vf x) {
 static inline vf softmax_exp(vf x) {
   x = vmax_keep_nan(vsplat(-87.0f), x);
 #if FMHA_VLEN == 16
-  const vf n = (vf)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT);
+  const vf n =
+      (vf)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT);
   return (vf)_mm512_scalef_ps((__m512)vexp_poly5(vexp_residual(x, n)), (__m512)n);
 #else
   return vexp5(x);
@@ -166,8 +170,8 @@ static inline vf softmax_exp(vf x) {
 // One vector of exp_row below: p = exp(s[j..] - m) (zeros past n), added into acc, returned
 // with the dropped keys zeroed under kDrop.
 template <bool kDrop = false>
-static inline vf exp_vec(float* s, int64_t j, int64_t n, vf mv, const uint16_t* draws, uint32_t threshold,
-                          vf& acc) {
+static inline vf exp_vec(float* s, int64_t j, int64_t n, vf mv, const uint16_t* draws,
+                         uint32_t threshold, vf& acc) {
   vf p = softmax_exp(vload(s + j) - mv);
   if (j + V > n) p = vhead(p, n - j, 0.0f);  // the tail: zeros after the valid part
   acc += p;
@@ -180,8 +184,8 @@ static inline vf exp_vec(float* s, int64_t j, int64_t n, vf mv, const uint16_t* 
 // With kDrop, the p of dropped keys (draw < threshold) are stored as 0 while the sum
 // keeps them: the forward's dropout, done in the pass that writes p.
 template <bool kDrop = false>
-static inline vf exp_row(float* s, int64_t n, int64_t n_pad, float m, const uint16_t* draws = nullptr,
-                         uint32_t threshold = 0) {
+static inline vf exp_row(float* s, int64_t n, int64_t n_pad, float m,
+                         const uint16_t* draws = nullptr, uint32_t threshold = 0) {
   const vf mv = vsplat(m);
   vf acc0 = vf{}, acc1 = vf{};
   int64_t j = 0;
@@ -198,7 +202,8 @@ static inline vf exp_row(float* s, int64_t n, int64_t n_pad, float m, const uint
 }
 
 // Dropout multipliers (0 or 1/(1-p)) of n keys from their draws.
-static inline void dropout_row(float* z, const uint16_t* draws, int64_t n, uint32_t threshold, float keep_scale) {
+static inline void dropout_row(float* z, const uint16_t* draws, int64_t n, uint32_t threshold,
+                               float keep_scale) {
   const vf keep = vsplat(keep_scale);
   int64_t j = 0;
   for (; j + V <= n; j += V) vstore(z + j, vkeep(keep, draws + j, threshold));
@@ -211,15 +216,16 @@ static inline void dropout_row(float* z, const uint16_t* draws, int64_t n, uint3
 // bytes per token at a stride of 4*H*D bytes, which the hardware prefetchers follow too
 // late: without this, the loads of q and k were about 7% of the forward at head size 32.
 template <bool kL2 = false>
-static inline void prefetch_rows(const float* x, int64_t t_begin, int64_t t_end, int64_t HD, int64_t h0,
-                                 int64_t D) {
+static inline void prefetch_rows(const float* x, int64_t t_begin, int64_t t_end, int64_t HD,
+                                 int64_t h0, int64_t D) {
   for (int64_t t = t_begin; t < t_end; ++t)
     for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(x + t * HD + h0 + d, 0, kL2 ? 2 : 3);
 }
 
 // dst[d * ld + j] = x[j * stride + d] for j < n, d < D (n rows of D floats, transposed):
 // V x V blocks through registers, the edges one float at a time.
-static inline void transpose_rows(const float* x, int64_t stride, int64_t n, int64_t D, float* dst, int64_t ld) {
+static inline void transpose_rows(const float* x, int64_t stride, int64_t n, int64_t D, float* dst,
+                                  int64_t ld) {
   int64_t j = 0;
   for (; j + V <= n; j += V) {
     int64_t d = 0;
@@ -246,8 +252,8 @@ static inline void add_bias_rows(float* dst, int64_t ld, int64_t n, int64_t D, c
 }
 
 // n rows of D floats, x[j * stride ..] (+ bias) -> dst[j * ld ..], zeros from D up to ld.
-static inline void copy_rows(const float* x, int64_t stride, int64_t n, int64_t D, const float* bias, float* dst,
-                             int64_t ld) {
+static inline void copy_rows(const float* x, int64_t stride, int64_t n, int64_t D,
+                             const float* bias, float* dst, int64_t ld) {
   for (int64_t j = 0; j < n; ++j) {
     const float* src = x + j * stride;
     float* row = dst + j * ld;
@@ -307,7 +313,8 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
 
   for (int64_t qb = qb0; qb < qb1; ++qb) {
     const int64_t i0 = qb * kBr, br = std::min(kBr, s - i0);
-    if (qb + 1 < qb1) prefetch_rows<true>(q, t0 + i0 + kBr, t0 + std::min(s, i0 + 2 * kBr), LD, h * D, D);
+    if (qb + 1 < qb1)
+      prefetch_rows<true>(q, t0 + i0 + kBr, t0 + std::min(s, i0 + 2 * kBr), LD, h * D, D);
     prefetch_rows<true>(out, t0 + i0, t0 + i0 + br, HD, h * D, D);  // written at the block's end
     for (int64_t i = 0; i < br; ++i) {
       const float* src = q + (t0 + i0 + i) * LD + h * D;
@@ -324,7 +331,8 @@ void fwd_item(const FmhaProblem& P, const float* q, const float* k, const float*
       const int64_t bc = std::min(kBc, s - j0), bcp = round_up(bc, V);
       gemm(br, bcp, D, Qs, Dp, 1, Kt + j0, sp, S, kBc, false);
       int64_t dstride = 0;
-      const uint16_t* draws = dropout ? dropout_draws(P, t0, i0, br, h, j0, bcp, &dstride) : nullptr;
+      const uint16_t* draws =
+          dropout ? dropout_draws(P, t0, i0, br, h, j0, bcp, &dstride) : nullptr;
       for (int64_t i = 0; i < br; ++i) {
         float* row = S + i * kBc;
         const float mx = row_max(row, bc, m[i]);

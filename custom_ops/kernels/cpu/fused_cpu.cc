@@ -16,16 +16,16 @@
 
 namespace paddle_unpad {
 
-#define PU_DECLARE_ISA(isa)                                                                     \
-  namespace isa {                                                                               \
-  void gelu_fwd_rows(int64_t, int64_t, int64_t, const float*, const float*, float*);            \
-  void gelu_bwd_chunk(int64_t, int64_t, int64_t, const float*, const float*, const float*,      \
-                      float*, float*);                                                          \
-  void ln_fwd_rows(const BdrlnProblem&, int64_t, int64_t, const float*, const float*,           \
-                   const float*, const float*, const float*, float*, float*, float*);           \
-  void ln_bwd_chunk(const BdrlnProblem&, int64_t, int64_t, const float*, const float*,          \
-                    const float*, const float*, const float*, const float*, const float*,       \
-                    float*, float*, float*, float*, float*);                                    \
+#define PU_DECLARE_ISA(isa)                                                                        \
+  namespace isa {                                                                                  \
+  void gelu_fwd_rows(int64_t, int64_t, int64_t, const float*, const float*, float*);               \
+  void gelu_bwd_chunk(int64_t, int64_t, int64_t, const float*, const float*, const float*, float*, \
+                      float*);                                                                     \
+  void ln_fwd_rows(const BdrlnProblem&, int64_t, int64_t, const float*, const float*,              \
+                   const float*, const float*, const float*, float*, float*, float*);              \
+  void ln_bwd_chunk(const BdrlnProblem&, int64_t, int64_t, const float*, const float*,             \
+                    const float*, const float*, const float*, const float*, const float*, float*,  \
+                    float*, float*, float*, float*);                                               \
   }
 PU_DECLARE_ISA(avx512)
 PU_DECLARE_ISA(avx2)
@@ -46,9 +46,12 @@ Isa pick_isa() {
 #define PU_ISA(isa) \
   Isa { #isa, isa::gelu_fwd_rows, isa::gelu_bwd_chunk, isa::ln_fwd_rows, isa::ln_bwd_chunk }
   switch (pick_cpu_isa()) {
-    case CpuIsa::kAvx512: return PU_ISA(avx512);
-    case CpuIsa::kAvx2: return PU_ISA(avx2);
-    default: return PU_ISA(sse2);
+    case CpuIsa::kAvx512:
+      return PU_ISA(avx512);
+    case CpuIsa::kAvx2:
+      return PU_ISA(avx2);
+    default:
+      return PU_ISA(sse2);
   }
 #undef PU_ISA
 }
@@ -70,7 +73,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Column partials: rows of a stride padded to 16 floats, 64-byte aligned, uninitialised
 // (each chunk zeroes its own rows).
 struct Partials {
-  explicit Partials(int64_t n) : p(static_cast<float*>(std::aligned_alloc(64, ceil_div(n, 16) * 64 + 64))) {
+  explicit Partials(int64_t n)
+      : p(static_cast<float*>(std::aligned_alloc(64, ceil_div(n, 16) * 64 + 64))) {
     if (!p) throw std::bad_alloc();
   }
   ~Partials() { std::free(p); }
@@ -151,22 +155,21 @@ std::string bdrln_cpu_unsupported(const BdrlnProblem& p) {
   return bdrln_problem_unsupported(p.rows, p.cols, p.dropout, p.epsilon);
 }
 
-void bdrln_fwd_cpu(const BdrlnProblem& p, const float* x, const float* bias,
-                   const float* residual, const float* ln_weight, const float* ln_bias, float* y,
-                   float* mean, float* rstd) {
+void bdrln_fwd_cpu(const BdrlnProblem& p, const float* x, const float* bias, const float* residual,
+                   const float* ln_weight, const float* ln_bias, float* y, float* mean,
+                   float* rstd) {
   if (p.rows <= 0) return;
   const int64_t rpc = fused_rows_per_chunk(p.rows, p.cols);
   const auto fwd = isa().ln_fwd;
   parallel_for(ceil_div(p.rows, rpc), [&](int64_t i, int) {
-    fwd(p, i * rpc, std::min(p.rows, (i + 1) * rpc), x, bias, residual, ln_weight, ln_bias, y,
-        mean, rstd);
+    fwd(p, i * rpc, std::min(p.rows, (i + 1) * rpc), x, bias, residual, ln_weight, ln_bias, y, mean,
+        rstd);
   });
 }
 
-void bdrln_bwd_cpu(const BdrlnProblem& p, const float* x, const float* bias,
-                   const float* residual, const float* ln_weight, const float* mean,
-                   const float* rstd, const float* dy, float* dx, float* dresidual, float* dbias,
-                   float* dln_weight, float* dln_bias) {
+void bdrln_bwd_cpu(const BdrlnProblem& p, const float* x, const float* bias, const float* residual,
+                   const float* ln_weight, const float* mean, const float* rstd, const float* dy,
+                   float* dx, float* dresidual, float* dbias, float* dln_weight, float* dln_bias) {
   const int64_t F = p.cols;
   const int64_t rpc = fused_rows_per_chunk(p.rows, F);
   const int64_t nchunks = p.rows > 0 ? ceil_div(p.rows, rpc) : 0;

@@ -50,14 +50,13 @@ struct BdrlnProblem {
 // Returns an empty string when the problem is supported, else why not (in words).
 std::string bdrln_cpu_unsupported(const BdrlnProblem& p);
 
-void bdrln_fwd_cpu(const BdrlnProblem& p, const float* x, const float* bias,
-                   const float* residual, const float* ln_weight, const float* ln_bias, float* y,
-                   float* mean, float* rstd);
+void bdrln_fwd_cpu(const BdrlnProblem& p, const float* x, const float* bias, const float* residual,
+                   const float* ln_weight, const float* ln_bias, float* y, float* mean,
+                   float* rstd);
 
-void bdrln_bwd_cpu(const BdrlnProblem& p, const float* x, const float* bias,
-                   const float* residual, const float* ln_weight, const float* mean,
-                   const float* rstd, const float* dy, float* dx, float* dresidual, float* dbias,
-                   float* dln_weight, float* dln_bias);
+void bdrln_bwd_cpu(const BdrlnProblem& p, const float* x, const float* bias, const float* residual,
+                   const float* ln_weight, const float* mean, const float* rstd, const float* dy,
+                   float* dx, float* dresidual, float* dbias, float* dln_weight, float* dln_bias);
 
 // Rows per work item, and per reduction chunk of the backward passes: a function of the
 // shape only, never of the thread count.

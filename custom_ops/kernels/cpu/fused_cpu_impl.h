@@ -169,7 +169,8 @@ static RowDropout row_dropout(const BdrlnProblem& P, int64_t row, std::vector<ui
   const int64_t nblocks = ((P.cols + 4 * L - 1) / (4 * L)) * L;  // whole groups of L blocks
   uint32_t* words = scratch(buf, nblocks * 4);
   // the row-wise layout of common/philox.h: counter (j / 4, row, 0xffffffff, offset)
-  philox_words(words, 0, nblocks, static_cast<uint32_t>(row), 0xffffffffu, static_cast<uint32_t>(P.offset), P.seed);
+  philox_words(words, 0, nblocks, static_cast<uint32_t>(row), 0xffffffffu,
+               static_cast<uint32_t>(P.offset), P.seed);
   d.words = words;
   d.threshold = vu{} + dropout_threshold(P.dropout);
   d.keep_scale = vsplat(1.0f / (1.0f - P.dropout));
@@ -180,8 +181,8 @@ static RowDropout row_dropout(const BdrlnProblem& P, int64_t row, std::vector<ui
 
 // z = residual + dropout(x + bias) for the V columns at j (n < V: a zero-padded tail).
 template <bool kDrop>
-static inline vf pre_norm(const float* xr, const float* bias, const float* rr,
-                          const RowDropout& d, int64_t j, int64_t n) {
+static inline vf pre_norm(const float* xr, const float* bias, const float* rr, const RowDropout& d,
+                          int64_t j, int64_t n) {
   vf v = n == V ? vload(xr + j) + vload(bias + j) : vload_n(xr + j, n) + vload_n(bias + j, n);
   if (kDrop) v = v * d.mult(j);
   return (n == V ? vload(rr + j) : vload_n(rr + j, n)) + v;
@@ -189,8 +190,8 @@ static inline vf pre_norm(const float* xr, const float* bias, const float* rr,
 
 template <bool kDrop>
 static void ln_fwd_row(const BdrlnProblem& P, int64_t r, const float* x, const float* bias,
-                       const float* residual, const float* w, const float* b, float* y,
-                       float* mean, float* rstd, const RowDropout& d) {
+                       const float* residual, const float* w, const float* b, float* y, float* mean,
+                       float* rstd, const RowDropout& d) {
   const int64_t F = P.cols, full = F - F % V, tail = F - full;
   const float* xr = x + r * F;
   const float* rr = residual + r * F;
@@ -240,17 +241,17 @@ static void ln_fwd_row(const BdrlnProblem& P, int64_t r, const float* x, const f
   for (j = 0; j < full; j += V)
     vstore(yr + j, (vload(yr + j) - muv) * rsv * vload(w + j) + vload(b + j));
   if (tail)
-    vstore_n(yr + full,
-             (vload_n(yr + full, tail) - muv) * rsv * vload_n(w + full, tail) +
-                 vload_n(b + full, tail),
-             tail);
+    vstore_n(
+        yr + full,
+        (vload_n(yr + full, tail) - muv) * rsv * vload_n(w + full, tail) + vload_n(b + full, tail),
+        tail);
   mean[r] = mu;
   rstd[r] = rs;
 }
 
-void ln_fwd_rows(const BdrlnProblem& P, int64_t r0, int64_t r1, const float* x,
-                 const float* bias, const float* residual, const float* w, const float* b,
-                 float* y, float* mean, float* rstd) {
+void ln_fwd_rows(const BdrlnProblem& P, int64_t r0, int64_t r1, const float* x, const float* bias,
+                 const float* residual, const float* w, const float* b, float* y, float* mean,
+                 float* rstd) {
   thread_local std::vector<uint32_t> words;
   for (int64_t r = r0; r < r1; ++r) {
     const RowDropout d = row_dropout(P, r, words);
@@ -263,10 +264,9 @@ void ln_fwd_rows(const BdrlnProblem& P, int64_t r0, int64_t r1, const float* x,
 
 template <bool kDrop>
 static void ln_bwd_row(const BdrlnProblem& P, int64_t r, const float* x, const float* bias,
-                       const float* residual, const float* w, const float* mean,
-                       const float* rstd, const float* dy, float* dx, float* dres,
-                       float* p_dbias, float* p_dw, float* p_db, float* xhat, float* gwbuf,
-                       const RowDropout& d) {
+                       const float* residual, const float* w, const float* mean, const float* rstd,
+                       const float* dy, float* dx, float* dres, float* p_dbias, float* p_dw,
+                       float* p_db, float* xhat, float* gwbuf, const RowDropout& d) {
   const int64_t F = P.cols, full = F - F % V, tail = F - full;
   const float* xr = x + r * F;
   const float* rr = residual + r * F;
@@ -311,10 +311,10 @@ static void ln_bwd_row(const BdrlnProblem& P, int64_t r, const float* x, const f
 
 // Backward of rows [r0, r1); the chunk's column partials p_* (each padded to a multiple
 // of V) are overwritten.
-void ln_bwd_chunk(const BdrlnProblem& P, int64_t r0, int64_t r1, const float* x,
-                  const float* bias, const float* residual, const float* w, const float* mean,
-                  const float* rstd, const float* dy, float* dx, float* dres, float* p_dbias,
-                  float* p_dw, float* p_db) {
+void ln_bwd_chunk(const BdrlnProblem& P, int64_t r0, int64_t r1, const float* x, const float* bias,
+                  const float* residual, const float* w, const float* mean, const float* rstd,
+                  const float* dy, float* dx, float* dres, float* p_dbias, float* p_dw,
+                  float* p_db) {
   const int64_t Fp = (P.cols + V - 1) / V * V;
   std::memset(p_dbias, 0, sizeof(float) * Fp);
   std::memset(p_dw, 0, sizeof(float) * Fp);
@@ -326,11 +326,11 @@ void ln_bwd_chunk(const BdrlnProblem& P, int64_t r0, int64_t r1, const float* x,
   for (int64_t r = r0; r < r1; ++r) {
     const RowDropout d = row_dropout(P, r, words);
     if (d.on)
-      ln_bwd_row<true>(P, r, x, bias, residual, w, mean, rstd, dy, dx, dres, p_dbias, p_dw,
-                       p_db, xhat, gwbuf, d);
+      ln_bwd_row<true>(P, r, x, bias, residual, w, mean, rstd, dy, dx, dres, p_dbias, p_dw, p_db,
+                       xhat, gwbuf, d);
     else
-      ln_bwd_row<false>(P, r, x, bias, residual, w, mean, rstd, dy, dx, dres, p_dbias, p_dw,
-                        p_db, xhat, gwbuf, d);
+      ln_bwd_row<false>(P, r, x, bias, residual, w, mean, rstd, dy, dx, dres, p_dbias, p_dw, p_db,
+                        xhat, gwbuf, d);
   }
 }
 

@@ -57,8 +57,8 @@ static inline vi rows_mask() {
 // 8 below starts hi_offset words later. G independent dependency chains per round keep the
 // multiplier busy (one chain is latency-bound: mul -> shift -> xor -> next mul).
 template <int G, int kRounds, bool kRows = false>
-static inline void philox_groups(uint32_t* const* out, const uint64_t* c0, const uint32_t* c1, uint32_t c2,
-                                 uint32_t c3, uint64_t seed, int64_t hi_offset = 0) {
+static inline void philox_groups(uint32_t* const* out, const uint64_t* c0, const uint32_t* c1,
+                                 uint32_t c2, uint32_t c3, uint64_t seed, int64_t hi_offset = 0) {
   const vu64 m0 = vu64{} + 0xD2511F53ull, m1 = vu64{} + 0xCD9E8D57ull;
   const vu64 lo32 = vu64{} + 0xffffffffull;
   vu64 lane = vu64{};
@@ -126,8 +126,9 @@ constexpr int kChains = PU_SIMD_VLEN == 16 ? 4 : 3;
 // that short runs (an attention row's key block is 2 groups with AVX-512) still keep every
 // chain busy.
 template <int kRounds, bool kRows = false>
-static inline void philox_words_rows(uint32_t* words, uint64_t c0, int64_t nblocks, uint32_t c1, int64_t rows,
-                                     uint32_t c2, uint32_t c3, uint64_t seed, int64_t row_words = 0) {
+static inline void philox_words_rows(uint32_t* words, uint64_t c0, int64_t nblocks, uint32_t c1,
+                                     int64_t rows, uint32_t c2, uint32_t c3, uint64_t seed,
+                                     int64_t row_words = 0) {
   const int64_t per_run = nblocks / L, units = per_run * rows;
   uint32_t* out[kChains];
   uint64_t ctr0[kChains];
@@ -151,7 +152,7 @@ static inline void philox_words_rows(uint32_t* words, uint64_t c0, int64_t nbloc
 
 // The Philox4x32-10 words of blocks with counters (c0 + i, c1, c2, c3), i in [0, nblocks), in
 // element order: words[4 i + e] = word e of block i. nblocks % L == 0.
-static inline void philox_words(uint32_t* words, uint64_t c0, int64_t nblocks, uint32_t c1, uint32_t c2,
-                                uint32_t c3, uint64_t seed) {
+static inline void philox_words(uint32_t* words, uint64_t c0, int64_t nblocks, uint32_t c1,
+                                uint32_t c2, uint32_t c3, uint64_t seed) {
   philox_words_rows<10>(words, c0, nblocks, c1, 1, c2, c3, seed);
 }

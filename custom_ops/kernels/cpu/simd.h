@@ -38,7 +38,9 @@ static inline vf vswap_impl(vf x, std::index_sequence<I...>) {
   return __builtin_shuffle(x, vi{static_cast<int32_t>(I ^ W)...});
 }
 template <int W>
-static inline vf vswap(vf x) { return vswap_impl<W>(x, std::make_index_sequence<V>{}); }
+static inline vf vswap(vf x) {
+  return vswap_impl<W>(x, std::make_index_sequence<V>{});
+}
 
 // Sum and maximum of the lanes, in log2(V) butterfly steps (a serial sum of the lanes
 // would be a chain of V dependent adds, once per attention row and key block).

@@ -176,7 +176,8 @@ __global__ void __launch_bounds__(kColTileThreads) bdrln_bwd_cols_kernel(const F
   sum_over_block_rows<3, N>(acc, smem);
   if (threadIdx.y == 0 && col_ok) {
     const int64_t plane = static_cast<int64_t>(a.nchunks) * a.cols;
-    float* out = a.partials + static_cast<int64_t>(blockIdx.y) * a.cols + static_cast<int64_t>(v) * N;
+    float* out =
+        a.partials + static_cast<int64_t>(blockIdx.y) * a.cols + static_cast<int64_t>(v) * N;
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       out[e] = acc[0][e];
@@ -203,7 +204,8 @@ cudaError_t bwd(const FusedArgs& a, cudaStream_t stream) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 tile = col_tile_block(a.nvec);
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.nvec, tile.x)), static_cast<unsigned>(a.nchunks));
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.nvec, tile.x)),
+                  static_cast<unsigned>(a.nchunks));
   bdrln_bwd_cols_kernel<TX, TR, TW, N><<<grid, tile, 0, stream>>>(a);
   return cudaGetLastError();
 }

@@ -15,7 +15,8 @@ __global__ void __launch_bounds__(kColTileThreads) bias_gelu_fwd_kernel(const Fu
   float b[N];
   load<T, N>(static_cast<const T*>(a.bias) + static_cast<int64_t>(v) * N, b);
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
-  for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < a.rows; r += step) {
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < a.rows;
+       r += step) {
     const int64_t o = r * a.cols + static_cast<int64_t>(v) * N;
     float u[N];
     load<T, N>(x + o, u);
@@ -58,7 +59,8 @@ __global__ void __launch_bounds__(kColTileThreads) bias_gelu_bwd_kernel(const Fu
   }
   sum_over_block_rows<1, N>(acc, smem);
   if (threadIdx.y == 0 && col_ok) {
-    float* out = a.partials + static_cast<int64_t>(blockIdx.y) * a.cols + static_cast<int64_t>(v) * N;
+    float* out =
+        a.partials + static_cast<int64_t>(blockIdx.y) * a.cols + static_cast<int64_t>(v) * N;
 #pragma unroll
     for (int e = 0; e < N; ++e) out[e] = acc[0][e];
   }
@@ -77,7 +79,8 @@ cudaError_t fwd(const FusedArgs& a, cudaStream_t stream) {
 template <typename T, bool kVec>
 cudaError_t bwd(const FusedArgs& a, cudaStream_t stream) {
   const dim3 block = col_tile_block(a.nvec);
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.nvec, block.x)), static_cast<unsigned>(a.nchunks));
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.nvec, block.x)),
+                  static_cast<unsigned>(a.nchunks));
   bias_gelu_bwd_kernel<T, vec_elems<T, kVec>()><<<grid, block, 0, stream>>>(a);
   return cudaGetLastError();
 }

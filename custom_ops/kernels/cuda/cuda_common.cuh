@@ -49,7 +49,9 @@ struct ElemTraits<__nv_bfloat16> {
     return __bfloat1622float2(h);
   }
   static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) {
+    return __float2bfloat16_rn(x);
+  }
 };
 
 }  // namespace cuda
@@ -71,8 +73,8 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
                                          uint32_t b1);
 
 template <>
-__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4],
-                                                 uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                 uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -135,8 +137,7 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 
 // Spins until *word (a count another block raises) is non-zero.
 __device__ __forceinline__ void wait_nonzero(const int* word) {
-  while (*reinterpret_cast<const volatile int*>(word) == 0) {
-  }
+  while (*reinterpret_cast<const volatile int*>(word) == 0) {}
 }
 
 // Drops the 128-byte line at p (128-byte aligned) from L2 without writing it back: its data

@@ -84,7 +84,8 @@ __device__ __forceinline__ void dq_tile_out(const FmhaParams& p, const float (&a
   const int g = lane / 4, c = lane % 4;
   auto offset = [&](int r) { return ((t_first + r) * p.heads + h) * D + col0 + 2 * c; };
   auto to_dq = [&](int r, int n, float a, float b) {
-    *reinterpret_cast<uint32_t*>(static_cast<T*>(p.dq) + offset(r) + n * 8) = Tr::pack(a * p.scale, b * p.scale);
+    *reinterpret_cast<uint32_t*>(static_cast<T*>(p.dq) + offset(r) + n * 8) =
+        Tr::pack(a * p.scale, b * p.scale);
   };
   if (nkb == 1) {
 #pragma unroll
@@ -93,7 +94,8 @@ __device__ __forceinline__ void dq_tile_out(const FmhaParams& p, const float (&a
       for (int i = 0; i < 2; ++i)
         if (m * 16 + g + 8 * i < rows)
 #pragma unroll
-          for (int n = 0; n < kN8; ++n) to_dq(m * 16 + g + 8 * i, n, acc[m][n][2 * i], acc[m][n][2 * i + 1]);
+          for (int n = 0; n < kN8; ++n)
+            to_dq(m * 16 + g + 8 * i, n, acc[m][n][2 * i], acc[m][n][2 * i + 1]);
     return;
   }
   int arrival = 0;
@@ -113,7 +115,8 @@ __device__ __forceinline__ void dq_tile_out(const FmhaParams& p, const float (&a
 #pragma unroll
         for (int n = 0; n < kN8; ++n) {
           if (arrival == 0)
-            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(acc[m][n][2 * i], acc[m][n][2 * i + 1]);
+            *reinterpret_cast<float2*>(dst + n * 8) =
+                make_float2(acc[m][n][2 * i], acc[m][n][2 * i + 1]);
           else
             red_add_f32x2(dst + n * 8, acc[m][n][2 * i], acc[m][n][2 * i + 1]);
         }
@@ -244,7 +247,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   T* sQ = sV + kBlockN * kStride;    // [2][kBlockM][kStride]
   T* sdO = sQ + 2 * kBlockM * kStride;  // [2][kBlockM][kStride]
   float* sLse = reinterpret_cast<float*>(sdO + 2 * kBlockM * kStride);  // [2][kBlockM], * log2(e)
-  float* sDelta = sLse + 2 * kBlockM;                                   // [2][kBlockM]
+  float* sDelta = sLse + 2 * kBlockM;  // [2][kBlockM]
   T* sdS = reinterpret_cast<T*>(sDelta + 2 * kBlockM);  // [kBlockM][kSStride], kDq only
 
   const SeqSpan seq = p.seqs[blockIdx.y];
@@ -314,7 +317,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     const float* lse_s = sLse + st * kBlockM;
     const float* dl_s = sDelta + st * kBlockM;
     // Philox counter word 1 of row pair r (philox.h: t0 + (i & ~8)) is step_t0 + r, r % 16 < 8
-    const uint32_t step_t0 = attention_counter1(static_cast<uint32_t>(seq.start), static_cast<uint32_t>(qb * kBlockM));
+    const uint32_t step_t0 =
+        attention_counter1(static_cast<uint32_t>(seq.start), static_cast<uint32_t>(qb * kBlockM));
 
     uint32_t ds[kMT][2][2];  // dS packed: [m-tile][n-tile][rows g / g + 8], for dK and dQ
     if constexpr (kMovT) {
@@ -341,17 +345,20 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
         uint32_t pz[2][2];
         grad_tile<T, kDropout>(p, sc, dp, lse_s, dl_s, mt * 16 + g, kvalid, c, key16,
-                               step_t0 + static_cast<uint32_t>(mt * 16 + g), static_cast<uint32_t>(h),
-                               pz, ds[mt]);
+                               step_t0 + static_cast<uint32_t>(mt * 16 + g),
+                               static_cast<uint32_t>(h), pz, ds[mt]);
         uint32_t ap[4], as[4];
         transposed_a(ap, pz);
         transposed_a(as, ds[mt]);
 #pragma unroll
         for (int kk = 0; kk < kKT; ++kk)
 #pragma unroll
-          for (int hi = 0; hi < 2; ++hi) {  // d-tile 2 kk + hi: queries 0-7 and 8-15 of the A blocks
-            mma16816<T>(dv[2 * kk + hi], ap, movmatrix_trans(da[kk][2 * hi]), movmatrix_trans(da[kk][2 * hi + 1]));
-            mma16816<T>(dk[2 * kk + hi], as, movmatrix_trans(qa[kk][2 * hi]), movmatrix_trans(qa[kk][2 * hi + 1]));
+          for (int hi = 0; hi < 2;
+               ++hi) {  // d-tile 2 kk + hi: queries 0-7 and 8-15 of the A blocks
+            mma16816<T>(dv[2 * kk + hi], ap, movmatrix_trans(da[kk][2 * hi]),
+                        movmatrix_trans(da[kk][2 * hi + 1]));
+            mma16816<T>(dk[2 * kk + hi], as, movmatrix_trans(qa[kk][2 * hi]),
+                        movmatrix_trans(qa[kk][2 * hi + 1]));
           }
       }
     } else {
@@ -384,15 +391,15 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int mt = 0; mt < kMT; ++mt) {
         uint32_t pz[2][2];
         grad_tile<T, kDropout>(p, sc[mt], dp[mt], lse_s, dl_s, mt * 16 + g, kvalid, c, key16,
-                               step_t0 + static_cast<uint32_t>(mt * 16 + g), static_cast<uint32_t>(h),
-                               pz, ds[mt]);
+                               step_t0 + static_cast<uint32_t>(mt * 16 + g),
+                               static_cast<uint32_t>(h), pz, ds[mt]);
         uint32_t ap[4], as[4];
         transposed_a(ap, pz);
         transposed_a(as, ds[mt]);
 #pragma unroll
         for (int d2 = 0; d2 < D / 16; ++d2) {
-          const int off = (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 +
-                          (lane >> 4) * 8;
+          const int off =
+              (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 + (lane >> 4) * 8;
           mma_two_tiles<T, true>(dv[2 * d2], dv[2 * d2 + 1], ap, dos + off);
           mma_two_tiles<T, true>(dk[2 * d2], dk[2 * d2 + 1], as, qs + off);
         }
@@ -428,7 +435,8 @@ __global__ void __launch_bounds__(kWarps * 32)
           uint32_t a[kM16][4];
 #pragma unroll
           for (int m = 0; m < kM16; ++m)
-            ldmatrix_x4(a[m], sdS + (qr0 + m * 16 + (lane & 15)) * kSStride + kt * 16 + (lane >> 4) * 8);
+            ldmatrix_x4(a[m],
+                        sdS + (qr0 + m * 16 + (lane & 15)) * kSStride + kt * 16 + (lane >> 4) * 8);
 #pragma unroll
           for (int n2 = 0; n2 < kN8 / 2; ++n2) {
             uint32_t b[4];
@@ -444,7 +452,10 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int q_first = qb * kBlockM + qr0;
         dq_tile_out<T, D, kM16, kN8>(
             p, acc,
-            p.dq_tiles + ((static_cast<int64_t>(seq.start + qb * kBlockM) * p.heads + h) * kBwdDqWarps + warp) * 2,
+            p.dq_tiles +
+                ((static_cast<int64_t>(seq.start + qb * kBlockM) * p.heads + h) * kBwdDqWarps +
+                 warp) *
+                    2,
             (s + kBlockN - 1) / kBlockN, seq.start + q_first, s - q_first, dc0, h, lane);
       }
       // The next step writes dS after its first barrier, which every warp reaches only
@@ -480,8 +491,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int key = j0 + kr0 + r;
     if (key < s) {
       const int64_t go = static_cast<int64_t>(key) * tile.ld + ch * 8;
-      *reinterpret_cast<uint4*>(gdk + go) = *reinterpret_cast<const uint4*>(sk_w + r * kStride + ch * 8);
-      *reinterpret_cast<uint4*>(gdv + go) = *reinterpret_cast<const uint4*>(sv_w + r * kStride + ch * 8);
+      *reinterpret_cast<uint4*>(gdk + go) =
+          *reinterpret_cast<const uint4*>(sk_w + r * kStride + ch * 8);
+      *reinterpret_cast<uint4*>(gdv + go) =
+          *reinterpret_cast<const uint4*>(sv_w + r * kStride + ch * 8);
     }
   }
 }
@@ -516,8 +529,8 @@ __device__ __forceinline__ void warp_gemm_pair_abt(float (&acc_a)[kCols / 8][4],
     }
 #pragma unroll
     for (int c2 = 0; c2 < kCols / 16; ++c2) {
-      const int off = (c2 * 16 + (lane & 7) + (lane >> 4) * 8) * kStride + kk * 16 +
-                      ((lane >> 3) & 1) * 8;
+      const int off =
+          (c2 * 16 + (lane & 7) + (lane >> 4) * 8) * kStride + kk * 16 + ((lane >> 3) & 1) * 8;
       mma_two_tiles<T, false>(acc_a[2 * c2], acc_a[2 * c2 + 1], a, b_a + off);
       mma_two_tiles<T, false>(acc_b[2 * c2], acc_b[2 * c2 + 1], b, b_b + off);
     }
@@ -527,8 +540,7 @@ __device__ __forceinline__ void warp_gemm_pair_abt(float (&acc_a)[kCols / 8][4],
 // Deterministic dQ. kBlockN: keys per step; kQInRegs: keep this warp's Q and dO A-fragments
 // in registers.
 template <typename T, int D, int kBlockN, bool kQInRegs, bool kDropout>
-__global__ void __launch_bounds__(128)
-    fmha_bwd_dq_kernel(const __grid_constant__ FmhaParams p) {
+__global__ void __launch_bounds__(128) fmha_bwd_dq_kernel(const __grid_constant__ FmhaParams p) {
   constexpr int kThreads = 128;
   constexpr int kBlockM = kBwdQueriesPerBlock;  // 4 warps x 16 queries
   static_assert(kBlockM == 64, "4 warps own 16 queries each");
@@ -542,7 +554,7 @@ __global__ void __launch_bounds__(128)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sdO = sQ + kBlockM * kStride;
-  T* sK = sdO + kBlockM * kStride;     // [2][kBlockN][kStride]
+  T* sK = sdO + kBlockM * kStride;  // [2][kBlockN][kStride]
   T* sV = sK + 2 * kBlockN * kStride;  // [2][kBlockN][kStride]
 
   const SeqSpan seq = p.seqs[blockIdx.y];
@@ -609,8 +621,8 @@ __global__ void __launch_bounds__(128)
     const T* vs = sV + st * kBlockN * kStride;
 
     float sc[kNT][4], dp[kNT][4];
-    warp_gemm_pair_abt<T, D, kBlockN, kStride, kQInRegs, kFr>(sc, dp, qf, df, sQw, sdOw, ks,
-                                                              vs, lane);
+    warp_gemm_pair_abt<T, D, kBlockN, kStride, kQInRegs, kFr>(sc, dp, qf, df, sQw, sdOw, ks, vs,
+                                                              lane);
     if (kDropout) {  // Z of 16 keys per call; the 1/(1-p) below
 #pragma unroll
       for (int n2 = 0; n2 < kNT / 2; ++n2) {
@@ -727,7 +739,8 @@ cudaError_t launch_bwd_kv(const FmhaParams& p, cudaStream_t stream) {
 
 template <typename T, int D, int kDqBlockN, bool kQInRegs, bool kDropout>
 cudaError_t launch_bwd_dq(const FmhaParams& p, cudaStream_t stream) {
-  constexpr size_t kSmem = (2 * kBwdQueriesPerBlock + 4 * kDqBlockN) * static_cast<size_t>(D + 8) * sizeof(T);
+  constexpr size_t kSmem =
+      (2 * kBwdQueriesPerBlock + 4 * kDqBlockN) * static_cast<size_t>(D + 8) * sizeof(T);
   auto kernel = fmha_bwd_dq_kernel<T, D, kDqBlockN, kQInRegs, kDropout>;
   const cudaError_t e = allow_smem(kernel, kSmem);
   if (e != cudaSuccess) return e;
@@ -741,7 +754,8 @@ cudaError_t launch_bwd_dq(const FmhaParams& p, cudaStream_t stream) {
 template <typename T, int D, int kWarps, int kBlockM, bool kKVInRegs, int kDqBlockN, bool kQInRegs,
           bool kDropout>
 cudaError_t launch_bwd_config(const FmhaParams& p, bool deterministic, cudaStream_t stream) {
-  if (!deterministic) return launch_bwd_kv<T, D, kWarps, kBlockM, kKVInRegs, kDropout, true>(p, stream);
+  if (!deterministic)
+    return launch_bwd_kv<T, D, kWarps, kBlockM, kKVInRegs, kDropout, true>(p, stream);
   const cudaError_t e = launch_bwd_kv<T, D, kWarps, kBlockM, kKVInRegs, kDropout, false>(p, stream);
   if (e != cudaSuccess) return e;
   return launch_bwd_dq<T, D, kDqBlockN, kQInRegs, kDropout>(p, stream);

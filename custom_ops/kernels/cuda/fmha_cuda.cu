@@ -165,7 +165,8 @@ cudaError_t run_groups(const std::vector<Group>& groups, const FmhaParams& base,
     }
     return cudaSuccess;
   };
-  const int lanes = std::max(1, std::min({num_streams, kMaxStreams, static_cast<int>(groups.size())}));
+  const int lanes =
+      std::max(1, std::min({num_streams, kMaxStreams, static_cast<int>(groups.size())}));
   if (lanes == 1) {
     for (const Group& g : groups) {
       const cudaError_t e = launch_group(g, stream);
@@ -202,8 +203,10 @@ cudaError_t run_groups(const std::vector<Group>& groups, const FmhaParams& base,
   // Join even after a failed launch, so the caller's stream never runs ahead of work
   // already queued on a side stream.
   for (int l = 1; l < lanes; ++l) {
-    e = cudaEventRecord(pool->join[static_cast<size_t>(l - 1)], pool->streams[static_cast<size_t>(l - 1)]);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, pool->join[static_cast<size_t>(l - 1)], 0);
+    e = cudaEventRecord(pool->join[static_cast<size_t>(l - 1)],
+                        pool->streams[static_cast<size_t>(l - 1)]);
+    if (e == cudaSuccess)
+      e = cudaStreamWaitEvent(stream, pool->join[static_cast<size_t>(l - 1)], 0);
     if (e != cudaSuccess && first == cudaSuccess) first = e;
   }
   return first;
@@ -272,8 +275,9 @@ int64_t accum_at(int64_t total, int64_t heads) {
 size_t fmha_cuda_bwd_workspace_bytes(int64_t total, int64_t heads, int64_t head_dim,
                                      bool deterministic) {
   // + one line: the accumulator is moved up to the next 128-byte boundary
-  const int64_t floats = deterministic ? tiles_at(total, heads)
-                                       : accum_at(total, heads) + line_floats(total * heads * head_dim) + 32;
+  const int64_t floats = deterministic
+                             ? tiles_at(total, heads)
+                             : accum_at(total, heads) + line_floats(total * heads * head_dim) + 32;
   return static_cast<size_t>(floats) * sizeof(float);
 }
 
@@ -306,7 +310,9 @@ cudaError_t fmha_cuda_bwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt
   const std::vector<Group> groups = plan_groups(p, opt.grouping);
   const int streams = opt.grouping ? opt.num_streams : 1;
   const bool det = opt.deterministic;
-  auto bwd16 = [det](const FmhaParams& fp, int, cudaStream_t st) { return launch_fmha_bwd<__half>(fp, det, st); };
+  auto bwd16 = [det](const FmhaParams& fp, int, cudaStream_t st) {
+    return launch_fmha_bwd<__half>(fp, det, st);
+  };
   auto bwdbf = [det](const FmhaParams& fp, int, cudaStream_t st) {
     return launch_fmha_bwd<__nv_bfloat16>(fp, det, st);
   };

@@ -60,8 +60,7 @@ std::string fmha_cuda_unsupported(const FmhaCudaProblem& p);
 std::string fmha_cuda_misaligned(const void* const* ptrs, const char* const* names, int n);
 
 cudaError_t fmha_cuda_fwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt, const void* q,
-                          const void* k, const void* v, void* out, float* lse,
-                          cudaStream_t stream);
+                          const void* k, const void* v, void* out, float* lse, cudaStream_t stream);
 
 // Device scratch the backward pass needs: fp32 [T, H] rowsum(dout * out), and without
 // `deterministic` the fp32 dQ accumulator [T, H, D] after it.

@@ -279,10 +279,11 @@ template <typename T, int D, int kWarps>
 cudaError_t launch_fwd_config(const FmhaParams& p, cudaStream_t stream) {
   constexpr int kBlockM = 16 * kWarps;
   constexpr size_t kSmem = static_cast<size_t>(kBlockM + 2 * kFwdBlockN) * (D + 8) * sizeof(T);
-  auto kernel = p.dropout ? fmha_fwd_kernel<T, D, kWarps, true> : fmha_fwd_kernel<T, D, kWarps, false>;
+  auto kernel =
+      p.dropout ? fmha_fwd_kernel<T, D, kWarps, true> : fmha_fwd_kernel<T, D, kWarps, false>;
   if (kSmem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kSmem));
     if (e != cudaSuccess) return e;
   }
   const dim3 grid((p.max_len + kBlockM - 1) / kBlockM, p.num_seqs, p.heads);

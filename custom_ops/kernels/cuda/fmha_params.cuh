@@ -33,13 +33,13 @@ struct FmhaParams {
   float scale;       // of q k^T
   float scale_log2;  // scale * log2(e)
   float* dq_accum;   // [T, H, D] fp32 scratch of the one-pass backward's dQ tiles
-  int* dq_tiles;     // [T, H, kBwdDqWarps, 2] zeroed counters of those tiles (at a tile's first row)
-  int dropout;       // 0 or 1
+  int* dq_tiles;  // [T, H, kBwdDqWarps, 2] zeroed counters of those tiles (at a tile's first row)
+  int dropout;  // 0 or 1
   uint32_t drop_threshold_hi;  // threshold16 << 16: a 16-bit draw below threshold16 is dropped
-  float keep_scale;            // 1 / (1 - p)
+  float keep_scale;  // 1 / (1 - p)
   uint32_t seed_lo, seed_hi, offset;
   int num_seqs;  // entries used in seqs
-  int max_len;   // longest sequence of this launch (sizes the grid)
+  int max_len;  // longest sequence of this launch (sizes the grid)
   SeqSpan seqs[kMaxSeqsPerLaunch];
 };
 static_assert(sizeof(FmhaParams) <= 4000, "FmhaParams must fit the 4 KB kernel parameter limit");

@@ -31,7 +31,9 @@ int64_t rows_per_chunk(int64_t rows, int64_t min_rows, int64_t max_chunks) {
   return by_count > min_rows ? by_count : min_rows;
 }
 
-int chunks_of(int64_t rows, int64_t rpc) { return rows > 0 ? static_cast<int>(ceil_div(rows, rpc)) : 0; }
+int chunks_of(int64_t rows, int64_t rpc) {
+  return rows > 0 ? static_cast<int>(ceil_div(rows, rpc)) : 0;
+}
 
 int64_t round_up(int64_t x, int64_t m) { return ceil_div(x, m) * m; }
 
@@ -97,7 +99,8 @@ __device__ __forceinline__ void store_one(void* out, int64_t c, float v) {
 // out[c] = sum over chunks k of parts[k][c]: thread row y adds chunks y, y + 8, ... in
 // order, then the 8 sums are added in order (a fixed tree: deterministic). No chunks
 // (no rows) gives zeros. blockIdx.y selects the job.
-__global__ void __launch_bounds__(256) column_sums_kernel(const SumJobs jobs, int nparts, int64_t cols) {
+__global__ void __launch_bounds__(256)
+    column_sums_kernel(const SumJobs jobs, int nparts, int64_t cols) {
   __shared__ float smem[8][33];
   const unsigned j = blockIdx.y;  // selects without indexing the parameter (no local copy)
   const float* parts = j == 0 ? jobs.parts[0] : (j == 1 ? jobs.parts[1] : jobs.parts[2]);
@@ -122,7 +125,8 @@ __global__ void __launch_bounds__(256) column_sums_kernel(const SumJobs jobs, in
   }
 }
 
-cudaError_t column_sums(const SumJobs& jobs, int njobs, int nparts, int64_t cols, cudaStream_t stream) {
+cudaError_t column_sums(const SumJobs& jobs, int njobs, int nparts, int64_t cols,
+                        cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), static_cast<unsigned>(njobs));
   column_sums_kernel<<<grid, dim3(32, 8), 0, stream>>>(jobs, nparts, cols);
   return cudaGetLastError();
@@ -132,9 +136,12 @@ cudaError_t column_sums(const SumJobs& jobs, int njobs, int nparts, int64_t cols
 template <typename F>
 cudaError_t by_dtype(DType dt, F&& f) {
   switch (dt) {
-    case DType::kFloat32: return f(static_cast<float*>(nullptr));
-    case DType::kFloat16: return f(static_cast<__half*>(nullptr));
-    case DType::kBFloat16: return f(static_cast<__nv_bfloat16*>(nullptr));
+    case DType::kFloat32:
+      return f(static_cast<float*>(nullptr));
+    case DType::kFloat16:
+      return f(static_cast<__half*>(nullptr));
+    case DType::kBFloat16:
+      return f(static_cast<__nv_bfloat16*>(nullptr));
   }
   return cudaErrorInvalidValue;
 }
@@ -156,7 +163,8 @@ cudaError_t by_bdrln_dtypes(const BdrlnCudaProblem& p, F&& launch) {
       using TR = std::remove_pointer_t<decltype(tr)>;
       return same_or_float<TX>(p.ln_dtype, [&](auto* tw) {
         using TW = std::remove_pointer_t<decltype(tw)>;
-        return launch(static_cast<TX*>(nullptr), static_cast<TR*>(nullptr), static_cast<TW*>(nullptr));
+        return launch(static_cast<TX*>(nullptr), static_cast<TR*>(nullptr),
+                      static_cast<TW*>(nullptr));
       });
     });
   });
@@ -176,10 +184,11 @@ std::string dtype_unsupported(DType dt) {
 // bdrln's residual / LayerNorm dtype `dt` next to x's dtype `x`: x's own or float32.
 std::string companion_unsupported(const char* what, DType dt, DType x) {
   if (!known_dtype(dt))
-    return std::string(what) + " dtype code " + std::to_string(static_cast<int>(dt)) + " is not supported on GPU";
+    return std::string(what) + " dtype code " + std::to_string(static_cast<int>(dt)) +
+           " is not supported on GPU";
   if (dt != x && dt != DType::kFloat32)
-    return std::string(what) + " dtype " + dtype_name(dt) + " is not supported with x dtype " + dtype_name(x) +
-           " on GPU (supported: x's dtype or float32)";
+    return std::string(what) + " dtype " + dtype_name(dt) + " is not supported with x dtype " +
+           dtype_name(x) + " on GPU (supported: x's dtype or float32)";
   return "";
 }
 
@@ -226,7 +235,8 @@ cudaError_t bias_gelu_cuda_bwd(const BiasGeluCudaProblem& p, const void* x, cons
   if (p.cols == 0) return cudaSuccess;
   if (p.rows == 0)  // dbias is a sum over no rows
     return cudaMemsetAsync(dbias, 0, static_cast<size_t>(p.cols) * dtype_bytes(p.dtype), stream);
-  FusedArgs a = base_args(p.rows, p.cols, p.dtype, use_vectors(opt, p.cols, p.dtype, {x, bias, dy, dx}));
+  FusedArgs a =
+      base_args(p.rows, p.cols, p.dtype, use_vectors(opt, p.cols, p.dtype, {x, bias, dy, dx}));
   a.x = x;
   a.bias = bias;
   a.dy = dy;
@@ -234,7 +244,8 @@ cudaError_t bias_gelu_cuda_bwd(const BiasGeluCudaProblem& p, const void* x, cons
   a.partials = static_cast<float*>(workspace);
   a.rows_per_chunk = rows_per_chunk(p.rows, kGeluChunkRows, kGeluMaxChunks);
   a.nchunks = chunks_of(p.rows, a.rows_per_chunk);
-  const SumJobs jobs{{a.partials, nullptr, nullptr}, {dbias, nullptr, nullptr}, {p.dtype, p.dtype, p.dtype}};
+  const SumJobs jobs{
+      {a.partials, nullptr, nullptr}, {dbias, nullptr, nullptr}, {p.dtype, p.dtype, p.dtype}};
   return by_dtype(p.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const cudaError_t e = launch_bias_gelu_bwd<T>(a, stream);
@@ -263,8 +274,9 @@ cudaError_t bdrln_cuda_fwd(const BdrlnCudaProblem& p, const void* x, const void*
                            const FusedCudaOptions& opt) {
   if (!bdrln_cuda_unsupported(p).empty()) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
-  FusedArgs a = base_args(p.rows, p.cols, p.dtype,
-                          use_vectors(opt, p.cols, p.dtype, {x, bias, residual, ln_weight, ln_bias, y}));
+  FusedArgs a =
+      base_args(p.rows, p.cols, p.dtype,
+                use_vectors(opt, p.cols, p.dtype, {x, bias, residual, ln_weight, ln_bias, y}));
   a.x = x;
   a.bias = bias;
   a.residual = residual;
@@ -276,7 +288,8 @@ cudaError_t bdrln_cuda_fwd(const BdrlnCudaProblem& p, const void* x, const void*
   set_dropout(&a, p);
   pick_row_team(&a, opt);
   return by_bdrln_dtypes(p, [&](auto* tx, auto* tr, auto* tw) {
-    return launch_bdrln_fwd<std::remove_pointer_t<decltype(tx)>, std::remove_pointer_t<decltype(tr)>,
+    return launch_bdrln_fwd<std::remove_pointer_t<decltype(tx)>,
+                            std::remove_pointer_t<decltype(tr)>,
                             std::remove_pointer_t<decltype(tw)>>(a, stream);
   });
 }
@@ -303,10 +316,11 @@ cudaError_t bdrln_cuda_bwd(const BdrlnCudaProblem& p, const void* x, const void*
                            cudaStream_t stream, const FusedCudaOptions& opt) {
   if (!bdrln_cuda_unsupported(p).empty()) return cudaErrorInvalidValue;
   if (p.rows == 0) {  // the vector gradients are sums over no rows
-    const std::pair<void*, DType> outs[] = {{dbias, p.dtype}, {dln_weight, p.ln_dtype}, {dln_bias, p.ln_dtype}};
+    const std::pair<void*, DType> outs[] = {
+        {dbias, p.dtype}, {dln_weight, p.ln_dtype}, {dln_bias, p.ln_dtype}};
     for (const auto& out : outs) {
-      const cudaError_t e =
-          cudaMemsetAsync(out.first, 0, static_cast<size_t>(p.cols) * dtype_bytes(out.second), stream);
+      const cudaError_t e = cudaMemsetAsync(
+          out.first, 0, static_cast<size_t>(p.cols) * dtype_bytes(out.second), stream);
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
