@@ -98,24 +98,7 @@ import bench_util
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-MINILM = dict(
-    vocab_size=30522,
-    hidden_size=384,
-    num_hidden_layers=6,
-    num_attention_heads=12,
-    intermediate_size=1536,
-    max_position_embeddings=512,
-    type_vocab_size=2,
-)
-TINY = dict(
-    vocab_size=1000,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=256,
-    max_position_embeddings=64,
-    type_vocab_size=2,
-)
+MINILM, TINY = bench_util.MINILM, bench_util.TINY
 SIDES = ("unpadded", "batch_max", "max_len")
 PARTS = ("real", "padding", "max_len", "hidden")
 SWEEPS = PARTS[1:]

@@ -151,24 +151,7 @@ QUICK_VARIANTS = ("default", "paddle_unpad", "mkl_cpu_avx2", "threads_1")
 # "paddle_unpad" configuration opt out of its MKL set-up, so that they measure Paddle as it is.
 PLUGIN_CONFIGURED = ("paddle_unpad",)
 # The encoder step: the converted MiniLM-shape model (random init), one packed batch of these lengths.
-MINILM = dict(
-    vocab_size=30522,
-    hidden_size=384,
-    num_hidden_layers=6,
-    num_attention_heads=12,
-    intermediate_size=1536,
-    max_position_embeddings=512,
-    type_vocab_size=2,
-)
-TINY = dict(
-    vocab_size=1000,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=256,
-    max_position_embeddings=64,
-    type_vocab_size=2,
-)
+MINILM, TINY = bench_util.MINILM, bench_util.TINY
 STEP_LENGTHS = (256, 150, 75, 31)
 QUICK_STEP_LENGTHS = (64, 30, 10)
 # Variants whose hot kernels are worth a perf probe: (variant, side).

@@ -72,6 +72,44 @@ def load_harness(script):
         raise SystemExit(f"{script}: the CUDA harness is not usable: {e}") from None
 
 
+def gpu_args(doc, iters, subset=None):
+    """(args, wanted) of a GPU benchmark's command line: --out, --warmup, --iters (default ``iters``)
+    and, with ``subset`` = (flag, names, noun), a comma list of those names (all by default)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=iters)
+    if subset is None:
+        return ap.parse_args(), None
+    flag, names, noun = subset
+    ap.add_argument(f"--{flag}", default=",".join(names), help="comma-separated subset of: " + ", ".join(names))
+    args = ap.parse_args()
+    wanted = getattr(args, flag).split(",")
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        ap.error(f"--{flag}: unknown {noun}(s) {unknown}")
+    return args, wanted
+
+
+def run_header(torch, harness, args):
+    """What every GPU result opens with: the date, the GPU, torch and CUDA, the harness, the timing."""
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "harness": harness.path,
+        "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
+    }
+
+
+def write_result(path, result, t0):
+    """Write ``result`` as JSON with the seconds since ``t0``."""
+    result["seconds"] = time.time() - t0
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def realistic_lengths(n, max_len, seed):
     """Pre-training-like batch: ~40% full-length samples, the rest spread below."""
     rng = np.random.default_rng(seed)
@@ -558,20 +596,7 @@ def targets(cases):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="JSON file to write")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=15)
-    ap.add_argument(
-        "--cases",
-        default=",".join(c[0] for c in CASES),
-        help="comma-separated subset of: " + ", ".join(c[0] for c in CASES),
-    )
-    args = ap.parse_args()
-    wanted = args.cases.split(",")
-    unknown = sorted(set(wanted) - {c[0] for c in CASES})
-    if unknown:
-        ap.error(f"--cases: unknown case(s) {unknown}")
+    args, wanted = gpu_args(__doc__, 15, ("cases", [c[0] for c in CASES], "case"))
 
     script = os.path.basename(__file__)
     torch = require_cuda(script)
@@ -579,12 +604,7 @@ def main():
     varlen, aten_flash = varlen_entry(torch), aten_flash_entry(torch)
     t0 = time.time()
     result = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "harness": harness.path,
-        "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
+        **run_header(torch, harness, args),
         "omp_num_threads": os.environ["OMP_NUM_THREADS"],
         "flops": "useful only: forward 4*H*D*sum(s^2), forward+backward 3.5x that",
         "varlen_attn": varlen[1] if varlen[0] is not None else {"missing": varlen[1]},
@@ -599,9 +619,7 @@ def main():
         )
         print_case(name, result["cases"][name])
     result["targets_bert_large_bf16_d64"] = targets(result["cases"])
-    result["seconds"] = time.time() - t0
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_result(args.out, result, t0)
     print(json.dumps(result["targets_bert_large_bf16_d64"], indent=1))
     bad = sorted(n for n, c in result["cases"].items() if not c["check"]["ok"])
     if bad:

@@ -15,7 +15,6 @@ once; vectors and mean/rstd ignored), for both sides, so the ratio is a time rat
 Writes JSON (--out).
 """
 
-import argparse
 import json
 import os
 import sys
@@ -24,7 +23,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "gpu"))
 
-from bench_gpu_fmha import timeit  # noqa: E402  (same CUDA-event timing)
+# The same CUDA-event timing, command line and result header as the attention benchmark.
+from bench_gpu_fmha import autograd_pair, gpu_args, run_header, timeit, write_result  # noqa: E402
 
 CASES = [
     # name, rows (packed tokens), hidden, intermediate
@@ -52,13 +52,7 @@ def gelu_case(torch, harness, rows, cols, dt, warmup, iters):
 
     xt, bt = x.detach().clone().requires_grad_(), bias.detach().clone().requires_grad_()
 
-    def torch_f():
-        with torch.no_grad():
-            torch.nn.functional.gelu(xt + bt)
-
-    def torch_fb():
-        xt.grad = bt.grad = None
-        torch.nn.functional.gelu(xt + bt).backward(dy)
+    torch_f, torch_fb = autograd_pair(torch, (xt, bt), lambda: torch.nn.functional.gelu(xt + bt), dy)
 
     return compare(
         torch, {"ours": (ours_f, ours_fb), "torch_unfused": (torch_f, torch_fb)}, fwd_bytes, fb_bytes, warmup, iters
@@ -112,14 +106,7 @@ def bdrln_case(torch, harness, rows, cols, dt, warmup, iters, residual_dt=None, 
         h = torch.nn.functional.dropout(xt + bt, P_DROP, training=True).to(rdt)
         return torch.nn.functional.layer_norm(rt + h, (cols,), wt.to(rdt), lbt.to(rdt), 1e-12)
 
-    def torch_f():
-        with torch.no_grad():
-            torch_y()
-
-    def torch_fb():
-        for t in leaves:
-            t.grad = None
-        torch_y().backward(dy)
+    torch_f, torch_fb = autograd_pair(torch, leaves, torch_y, dy)
 
     return compare(
         torch, {"ours": (ours_f, ours_fb), "torch_unfused": (torch_f, torch_fb)}, fwd_bytes, fb_bytes, warmup, iters
@@ -147,11 +134,7 @@ def compare(torch, methods, fwd_bytes, fb_bytes, warmup, iters):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="JSON file to write")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=20)
-    args = ap.parse_args()
+    args, _ = gpu_args(__doc__, 20)
 
     import torch
 
@@ -160,12 +143,7 @@ def main():
     harness = pu_harness.load()
     t0 = time.time()
     result = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "harness": harness.path,
-        "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
+        **run_header(torch, harness, args),
         "bytes": "minimal traffic of a fused kernel (each [rows, cols] tensor once)",
         "cases": {},
     }
@@ -192,9 +170,7 @@ def main():
                 ),
             }
             print(json.dumps({key: result["cases"][key]}, indent=1), flush=True)
-    result["seconds"] = time.time() - t0
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_result(args.out, result, t0)
 
 
 if __name__ == "__main__":

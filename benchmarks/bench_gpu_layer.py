@@ -20,7 +20,6 @@ gradients, dropout 0); a disagreement is written to the JSON and the script exit
 without timing. Writes JSON (--out).
 """
 
-import argparse
 import json
 import math
 import os
@@ -35,7 +34,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "gpu"))
 
-from bench_gpu_fmha import load_harness, realistic_lengths, require_cuda, timeit  # noqa: E402
+from bench_gpu_fmha import (  # noqa: E402
+    gpu_args,
+    load_harness,
+    realistic_lengths,
+    require_cuda,
+    run_header,
+    timeit,
+    write_result,
+)
 
 MODELS = [
     # name, hidden, heads, ffn, batch, max_len
@@ -328,20 +335,7 @@ def headline(models):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="JSON file to write")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument(
-        "--models",
-        default=",".join(m[0] for m in MODELS),
-        help="comma-separated subset of: " + ", ".join(m[0] for m in MODELS),
-    )
-    args = ap.parse_args()
-    wanted = args.models.split(",")
-    unknown = sorted(set(wanted) - {m[0] for m in MODELS})
-    if unknown:
-        ap.error(f"--models: unknown model(s) {unknown}")
+    args, wanted = gpu_args(__doc__, 10, ("models", [m[0] for m in MODELS], "model"))
 
     script = os.path.basename(__file__)
     torch = require_cuda(script)
@@ -350,12 +344,7 @@ def main():
     t0 = time.time()
     gemm = gemm_rate(torch, args.warmup, args.iters)
     result = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "harness": harness.path,
-        "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up",
+        **run_header(torch, harness, args),
         "omp_num_threads": os.environ["OMP_NUM_THREADS"],
         "flops": "useful (real tokens): GEMMs 2*T*(4*h^2 + 2*h*f) and attention 4*h*sum(s^2) forward; "
         "forward+backward 3x the GEMMs and 3.5x the attention",
@@ -369,9 +358,7 @@ def main():
         result["models"][name] = r
         print(json.dumps({name: r}, indent=1), flush=True)
     result["headline"] = headline(result["models"])
-    result["seconds"] = time.time() - t0
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_result(args.out, result, t0)
     print(json.dumps({"gemm_tflops": gemm["tflops"], "headline": result["headline"]}, indent=1))
     bad = {n: r["check"]["bad"] for n, r in result["models"].items() if not r["check"]["ok"]}
     if bad:

@@ -18,6 +18,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 
+# The encoder shapes the benchmarks time: MiniLM's (the real model) and a tiny one for smoke runs.
+MINILM = dict(
+    vocab_size=30522,
+    hidden_size=384,
+    num_hidden_layers=6,
+    num_attention_heads=12,
+    intermediate_size=1536,
+    max_position_embeddings=512,
+    type_vocab_size=2,
+)
+TINY = dict(
+    vocab_size=1000,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=256,
+    max_position_embeddings=64,
+    type_vocab_size=2,
+)
+
 
 def _load_by_path(name):
     """A stdlib-only module of the package, without importing the package (and Paddle)."""
