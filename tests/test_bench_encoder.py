@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from testutil import run_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_encoder.py")
@@ -15,16 +16,7 @@ SIDES = ("unpadded", "batch_max", "max_len")
 
 def _run(tmp_path, *extra):
     out = tmp_path / "encoder.json"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(
-        [sys.executable, SCRIPT, "--quick", "--threads", "1", "--out", str(out), *extra],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    r = run_benchmark("bench_encoder.py", "--quick", "--threads", "1", "--out", str(out), *extra, timeout=600)
     return json.loads(out.read_text()), r.stdout
 
 

@@ -3,37 +3,16 @@ write complete JSON."""
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from testutil import run_benchmark
 
 pytestmark = pytest.mark.slow
 
 
 def test_bench_attention_quick(tmp_path):
     out = tmp_path / "attention.json"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "bench_attention.py"),
-            "--quick",
-            "--threads",
-            "1",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    r = run_benchmark("bench_attention.py", "--quick", "--threads", "1", "--out", str(out), timeout=300)
     assert "== forward ==" in r.stdout and "== forward + backward ==" in r.stdout, r.stdout
     res = json.loads(out.read_text())
     cfg = res["config"]
@@ -96,23 +75,7 @@ def test_bench_attention_quick(tmp_path):
 
 def test_bench_gemm_quick(tmp_path):
     out = tmp_path / "gemm.json"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "bench_gemm.py"),
-            "--quick",
-            "--no-probes",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    run_benchmark("bench_gemm.py", "--quick", "--no-probes", "--out", str(out), timeout=300)
     res = json.loads(out.read_text())
     results = res["results"]
     for key in ("default/paddle_matmul", "paddle_unpad/paddle_matmul", "mkl_cpu_avx2/paddle_matmul"):
@@ -139,33 +102,25 @@ def test_bench_demo_seeds_smoke(tmp_path, report):
     """Two tiny seed pairs (dropout 0.1 and 0) of the demo's jobs: a complete JSON whose
     differences are the accuracies' differences, and the report renders it."""
     out = tmp_path / "demo_seeds.json"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "bench_demo_seeds.py"),
-            "--seeds",
-            "3",
-            "--no-dropout-seeds",
-            "3",
-            "--steps",
-            "2",
-            "--max-train",
-            "128",
-            "--max-dev",
-            "64",
-            "--batch-size",
-            "8",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    run_benchmark(
+        "bench_demo_seeds.py",
+        "--seeds",
+        "3",
+        "--no-dropout-seeds",
+        "3",
+        "--steps",
+        "2",
+        "--max-train",
+        "128",
+        "--max-dev",
+        "64",
+        "--batch-size",
+        "8",
+        "--out",
+        str(out),
         timeout=600,
+        OMP_NUM_THREADS="1",
     )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     res = json.loads(out.read_text())
     assert [(p["seed"], p["dropout"]) for p in res["pairs"]] == [(3, 0.1), (3, 0.0)]
     for p in res["pairs"]:
@@ -181,24 +136,7 @@ def test_bench_fp32_attention_quick(tmp_path):
     """benchmarks/bench_fp32_attention.py --quick: both distributions, the work counts consistent with
     their definitions (bucketed between the real tokens' work and the batch maximum's), every side timed."""
     out = tmp_path / "fp32_attention.json"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "bench_fp32_attention.py"),
-            "--quick",
-            "--threads",
-            "1",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    run_benchmark("bench_fp32_attention.py", "--quick", "--threads", "1", "--out", str(out), timeout=300)
     res = json.loads(out.read_text())
     assert len(res["distributions"]) == 2
     for name, e in res["distributions"].items():
@@ -216,30 +154,21 @@ def test_bench_exchange_scale_smoke(tmp_path):
     """Two small jobs of the shipped exchange: one group per rank whatever the size, the
     moved bytes accounted for, and a model row for each cluster size."""
     out = tmp_path / "scale.json"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "bench_exchange_scale.py"),
-            "--worlds",
-            "2,3",
-            "--designs",
-            "allgather",
-            "--nodes",
-            "0",
-            "--quick",
-            "--timeout",
-            "120",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    run_benchmark(
+        "bench_exchange_scale.py",
+        "--worlds",
+        "2,3",
+        "--designs",
+        "allgather",
+        "--nodes",
+        "0",
+        "--quick",
+        "--timeout",
+        "120",
+        "--out",
+        str(out),
         timeout=400,
     )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     res = json.loads(out.read_text())
     runs = res["runs"]
     assert [(x["design"], x["world"]) for x in runs] == [("allgather", 2), ("allgather", 3)], runs

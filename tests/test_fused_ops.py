@@ -24,7 +24,7 @@ from paddle_unpad import ops
 
 import philox_ref
 import testutil
-from testutil import cpu_flags, empty_refused_here
+from testutil import cpu_flags, empty_refused_here, run_benchmark
 
 pytestmark = pytest.mark.paddle_gpu_stage
 
@@ -752,6 +752,20 @@ def test_input_errors(case, fused_native):
         assert re.search(needle, msg), f"error message for {case} does not mention {needle!r}: {msg!r}"
 
 
+def _ln_args(residual=(4, 8), ln_weight=(8,), dropout=0.0, epsilon=1e-5):
+    """Arguments of pu_bias_dropout_residual_layer_norm on a [4, 8] input, valid but for those given."""
+    return lambda: (
+        paddle.ones([4, 8]),
+        paddle.ones([8]),
+        paddle.ones(list(residual)),
+        paddle.ones(list(ln_weight)),
+        paddle.ones([8]),
+        None,
+        dropout,
+        epsilon,
+    )
+
+
 # The C++ checks themselves (the Python checks above run first in normal use).
 NATIVE_ERRORS = {
     "gelu_bias_len": (
@@ -771,72 +785,27 @@ NATIVE_ERRORS = {
     ),
     "ln_residual": (
         "pu_bias_dropout_residual_layer_norm",
-        lambda: (
-            paddle.ones([4, 8]),
-            paddle.ones([8]),
-            paddle.ones([3, 8]),
-            paddle.ones([8]),
-            paddle.ones([8]),
-            None,
-            0.0,
-            1e-5,
-        ),
+        _ln_args(residual=[3, 8]),
         ["bias_dropout_residual_layer_norm:", "residual", "3, 8"],
     ),
     "ln_weight": (
         "pu_bias_dropout_residual_layer_norm",
-        lambda: (
-            paddle.ones([4, 8]),
-            paddle.ones([8]),
-            paddle.ones([4, 8]),
-            paddle.ones([5]),
-            paddle.ones([8]),
-            None,
-            0.0,
-            1e-5,
-        ),
+        _ln_args(ln_weight=[5]),
         ["ln_weight", r"\[5\]"],
     ),
     "ln_dropout": (
         "pu_bias_dropout_residual_layer_norm",
-        lambda: (
-            paddle.ones([4, 8]),
-            paddle.ones([8]),
-            paddle.ones([4, 8]),
-            paddle.ones([8]),
-            paddle.ones([8]),
-            None,
-            1.5,
-            1e-5,
-        ),
+        _ln_args(dropout=1.5),
         ["dropout", r"1\.5"],
     ),
     "ln_epsilon": (
         "pu_bias_dropout_residual_layer_norm",
-        lambda: (
-            paddle.ones([4, 8]),
-            paddle.ones([8]),
-            paddle.ones([4, 8]),
-            paddle.ones([8]),
-            paddle.ones([8]),
-            None,
-            0.0,
-            -1.0,
-        ),
+        _ln_args(epsilon=-1.0),
         ["epsilon", "-1"],
     ),
     "ln_no_rng": (
         "pu_bias_dropout_residual_layer_norm",
-        lambda: (
-            paddle.ones([4, 8]),
-            paddle.ones([8]),
-            paddle.ones([4, 8]),
-            paddle.ones([8]),
-            paddle.ones([8]),
-            None,
-            0.1,
-            1e-5,
-        ),
+        _ln_args(dropout=0.1),
         ["rng_state"],
     ),
 }
@@ -859,24 +828,7 @@ def test_bench_fused_ops_quick(tmp_path):
     import json
 
     out = tmp_path / "fused_ops.json"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "bench_fused_ops.py"),
-            "--quick",
-            "--threads",
-            "1",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    r = run_benchmark("bench_fused_ops.py", "--quick", "--threads", "1", "--out", str(out), timeout=300)
     assert "== forward ==" in r.stdout and "== forward + backward ==" in r.stdout, r.stdout
     res = json.loads(out.read_text())
     assert res["config"]["threads"] == 1 and res["config"]["quick"] is True

@@ -10,13 +10,23 @@ import sys
 
 import numpy as np
 import pytest
+from testutil import run_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDES = ("unpadded", "padded")
 
 
-def _env():
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def _serve(*args):
+    """examples/serve.py with args in a process of its own (one thread, the tree first on PYTHONPATH)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "serve.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -24,24 +34,17 @@ def quick_run(tmp_path_factory):
     """(result JSON, folder of the two exports) of one ``bench_serving.py --quick --tiny`` run."""
     tmp = tmp_path_factory.mktemp("serving")
     out, exports = tmp / "serving_test.json", tmp / "exports"
-    r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "bench_serving.py"),
-            "--quick",
-            "--tiny",
-            "--out",
-            str(out),
-            "--keep-exports",
-            str(exports),
-        ],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
+    run_benchmark(
+        "bench_serving.py",
+        "--quick",
+        "--tiny",
+        "--out",
+        str(out),
+        "--keep-exports",
+        str(exports),
         timeout=300,
+        OMP_NUM_THREADS="1",
     )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return json.loads(out.read_text()), exports
 
 
@@ -117,14 +120,7 @@ def test_serve_answers_texts_from_stdin(quick_run, monkeypatch, capsys):
 def test_serve_without_a_tokenizer_next_to_the_export_says_so(tmp_path):
     for f in ("m.json", "m.pdiparams"):
         (tmp_path / f).write_text("")
-    r = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "serve.py"), "--export", str(tmp_path / "m"), "x"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _serve("--export", str(tmp_path / "m"), "x")
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         f"--export {str(tmp_path / 'm')!r}: no tokenizer next to the export (tokenizer_config.json or vocab.txt in "
         f"{tmp_path}); give --tokenizer (a tokenizer folder, vocab.txt or PaddleNLP name)"
@@ -132,14 +128,7 @@ def test_serve_without_a_tokenizer_next_to_the_export_says_so(tmp_path):
 
 
 def test_serve_refuses_bad_arguments():
-    r = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "serve.py"), "--max-seq-len", "1", "x"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _serve("--max-seq-len", "1", "x")
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         "--max-seq-len 1 is below the 3 tokens an input needs (the special tokens and one token of text): give at "
         "least 3"

@@ -69,3 +69,23 @@ def cpu_flags():
             return set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
     except (OSError, StopIteration):
         return set()
+
+
+def run_benchmark(script, *args, timeout, **env):
+    """Runs benchmarks/<script> with args from the repository root (the tree first on PYTHONPATH, env's
+    variables set on top), asserts it exits 0 (the output's tail as message) and returns the finished process."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run_env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
+    r = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", script), *map(str, args)],
+        cwd=root,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return r

@@ -177,6 +177,22 @@ def assert_matches(torch, ours, ref, dtype, names_out, names_grad, what):
         assert report[n] <= tol, f"{what}: {n} rel err {report[n]:.3e} > {tol:.1e}; all: {report}"
 
 
+def check_bdrln(torch, harness, t, p, rows, cols, dtype, what, path=pu_harness.PATH_DEFAULT):
+    """run_bdrln on t within the tolerance of bdrln_reference with the same keep mask; returns ours."""
+    ours = run_bdrln(torch, harness, t, p, path=path)
+    ref = bdrln_reference(torch, t, p, keep_tensor(torch, rows, cols, p))
+    assert_matches(
+        torch,
+        ours,
+        ref,
+        dtype,
+        ["y", "mean", "rstd"],
+        ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
+        what,
+    )
+    return ours
+
+
 # ------------------------------------------------------------------------- tests
 
 # Every kernel path: 16-byte vectors or elements, row in registers or the general (wide) path.
@@ -216,17 +232,7 @@ def test_bias_gelu_matches_torch(torch_cuda, harness, dtype, rows, cols):
 def test_bdrln_matches_torch(torch_cuda, harness, dtype, rows, cols, p):
     torch = torch_cuda
     t = inputs(torch, rows, cols, getattr(torch, dtype), seed=rows * 5 + cols)
-    ours = run_bdrln(torch, harness, t, p)
-    ref = bdrln_reference(torch, t, p, keep_tensor(torch, rows, cols, p))
-    assert_matches(
-        torch,
-        ours,
-        ref,
-        dtype,
-        ["y", "mean", "rstd"],
-        ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
-        f"bdrln {dtype} [{rows}, {cols}] p={p}",
-    )
+    ours = check_bdrln(torch, harness, t, p, rows, cols, dtype, f"bdrln {dtype} [{rows}, {cols}] p={p}")
     if rows == 0:
         for n in ("dbias", "dln_weight", "dln_bias"):
             assert (ours[n] == 0).all(), f"{n} of no rows must be zeros"
@@ -252,16 +258,16 @@ def test_bdrln_amp_mixes_match_torch(torch_cuda, harness, dtype, residual_dtype,
         t[k] = t[k].to(getattr(torch, residual_dtype))
     for k in ("ln_weight", "ln_bias"):
         t[k] = t[k].to(getattr(torch, ln_dtype))
-    ours = run_bdrln(torch, harness, t, P_DROP, path=PATHS[path])
-    ref = bdrln_reference(torch, t, P_DROP, keep_tensor(torch, rows, cols, P_DROP))
-    assert_matches(
+    ours = check_bdrln(
         torch,
-        ours,
-        ref,
+        harness,
+        t,
+        P_DROP,
+        rows,
+        cols,
         dtype,
-        ["y", "mean", "rstd"],
-        ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
         f"bdrln x {dtype}, residual {residual_dtype}, LayerNorm {ln_dtype} [{rows}, {cols}] {path}",
+        path=PATHS[path],
     )
     again = run_bdrln(torch, harness, t, P_DROP, path=PATHS[path])
     for name in ours:
@@ -276,17 +282,7 @@ def test_bdrln_amp_mixes_match_torch(torch_cuda, harness, dtype, residual_dtype,
 def test_every_path_matches_torch(torch_cuda, harness, dtype, rows, cols, path):
     torch = torch_cuda
     t = inputs(torch, rows, cols, getattr(torch, dtype), seed=3)
-    ours = run_bdrln(torch, harness, t, P_DROP, path=PATHS[path])
-    ref = bdrln_reference(torch, t, P_DROP, keep_tensor(torch, rows, cols, P_DROP))
-    assert_matches(
-        torch,
-        ours,
-        ref,
-        dtype,
-        ["y", "mean", "rstd"],
-        ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
-        f"bdrln path {path}",
-    )
+    check_bdrln(torch, harness, t, P_DROP, rows, cols, dtype, f"bdrln path {path}", path=PATHS[path])
     g = run_gelu(torch, harness, t, path=PATHS[path] & pu_harness.PATH_ELEMENTWISE)
     y, dx, dbias = gelu_reference(torch, t)
     assert_matches(
@@ -299,17 +295,7 @@ def test_long_rows_take_the_wide_path(torch_cuda, harness, dtype, cols):
     """Rows longer than the register path holds (1024 vectors) by default."""
     torch = torch_cuda
     t = inputs(torch, 19, cols, getattr(torch, dtype), seed=4)
-    ours = run_bdrln(torch, harness, t, P_DROP)
-    ref = bdrln_reference(torch, t, P_DROP, keep_tensor(torch, 19, cols, P_DROP))
-    assert_matches(
-        torch,
-        ours,
-        ref,
-        dtype,
-        ["y", "mean", "rstd"],
-        ["dx", "dresidual", "dbias", "dln_weight", "dln_bias"],
-        f"bdrln wide {dtype} {cols}",
-    )
+    check_bdrln(torch, harness, t, P_DROP, 19, cols, dtype, f"bdrln wide {dtype} {cols}")
 
 
 @pytest.mark.parametrize("cols", [32, 771, 1024])
