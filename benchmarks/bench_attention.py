@@ -211,35 +211,6 @@ def gemm_gflops(m, k, n, repeats=5):
     return flops / median_time(call, 1, repeats) / 1e9
 
 
-def make_cases(lengths, H, D, rng):
-    """Packed [T, H, D] and padded [B, S, H, D] tensors holding the same tokens."""
-    B, S = len(lengths), max(lengths)
-    cu, max_seqlen = paddle_unpad.cu_seqlens_from_lengths(lengths)
-    T = int(sum(lengths))
-    data = [rng.standard_normal((T, H, D)).astype(np.float32) for _ in range(4)]  # q, k, v, dout
-    packed = [paddle.to_tensor(a, stop_gradient=False) for a in data[:3]]
-    dout_packed = paddle.to_tensor(data[3])
-    keep = np.arange(S)[None, :] < np.asarray(lengths)[:, None]  # [B, S]
-    padded = []
-    for a in data:
-        p = np.zeros((B, S, H, D), np.float32)
-        p[keep] = a
-        padded.append(p)
-    padded_t = [paddle.to_tensor(a, stop_gradient=False) for a in padded[:3]]
-    dout_padded = paddle.to_tensor(padded[3])
-    add_mask = paddle.to_tensor(np.where(keep, 0.0, -1e4).astype(np.float32)[:, None, None, :])  # [B,1,1,S]
-    return dict(
-        packed=packed,
-        dout_packed=dout_packed,
-        cu=cu,
-        max_seqlen=max_seqlen,
-        padded=padded_t,
-        dout_padded=dout_padded,
-        mask=add_mask,
-        keep=keep,
-    )
-
-
 def packed_attn(c):
     q, k, v = c["packed"]
     return paddle_unpad.fmha(q, k, v, c["cu"], c["max_seqlen"], dropout=0.0, training=True)
@@ -283,7 +254,7 @@ def bench_scenario(name, lengths, args, rng, matmul):
     B, S = len(lengths), max(lengths)
     T = int(sum(lengths))
     sum_sq = float(np.sum(np.asarray(lengths, dtype=np.float64) ** 2))
-    c = make_cases(lengths, H, D, rng)
+    c = bench_util.attention_cases(lengths, H, D, rng)
     flops_fwd = 4.0 * sum_sq * D * H
     res = {
         "name": name,
@@ -341,7 +312,7 @@ def bench_head_sizes(lengths, args, rng, gemm_shape):
     gemm, gemm_flops = gemm_call(*gemm_shape)
     fns, work, keys = {"gemm": gemm}, {}, []
     for d in (int(x) for x in args.head_sizes.split(",") if x.strip()):
-        c = make_cases(lengths, args.heads, d, rng)
+        c = bench_util.attention_cases(lengths, args.heads, d, rng)
         flops = 4.0 * sum_sq * d * args.heads
         for p in (0.0, 0.1):
 

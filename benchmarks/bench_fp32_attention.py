@@ -99,19 +99,9 @@ def timing(lengths, heads, head_dim, repeats, seed):
 
     rng = np.random.default_rng(seed)
     B, S, T = len(lengths), max(lengths), int(sum(lengths))
-    cu, max_seqlen = paddle_unpad.cu_seqlens_from_lengths(lengths)
-    data = [rng.standard_normal((T, heads, head_dim)).astype(np.float32) for _ in range(4)]
-    keep = np.arange(S)[None, :] < np.asarray(lengths)[:, None]
-    packed = [paddle.to_tensor(a, stop_gradient=False) for a in data[:3]]
-    dout = paddle.to_tensor(data[3])
-    pad = []
-    for a in data:
-        p = np.zeros((B, S, heads, head_dim), np.float32)
-        p[keep] = a
-        pad.append(p)
-    padded = [paddle.to_tensor(a, stop_gradient=False) for a in pad[:3]]
-    dout_padded = paddle.to_tensor(pad[3])
-    mask = paddle.to_tensor(np.where(keep, 0.0, -1e4).astype(np.float32)[:, None, None, :])
+    c = bench_util.attention_cases(lengths, heads, head_dim, rng)
+    cu, max_seqlen, keep, mask = c["cu"], c["max_seqlen"], c["keep"], c["mask"]
+    packed, dout, padded, dout_padded = c["packed"], c["dout_packed"], c["padded"], c["dout_padded"]
     scale = 1.0 / math.sqrt(head_dim)
 
     def stock():

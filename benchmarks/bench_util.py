@@ -165,6 +165,41 @@ def make_step(model, opt, batch):
     return step
 
 
+def attention_cases(lengths, H, D, rng):
+    """Packed [T, H, D] and padded [B, S, H, D] tensors holding the same tokens: q, k, v and the
+    output gradient drawn from ``rng``, the additive key mask and the [B, S] token mask."""
+    import numpy as np
+    import paddle
+
+    import paddle_unpad
+
+    B, S = len(lengths), max(lengths)
+    cu, max_seqlen = paddle_unpad.cu_seqlens_from_lengths(lengths)
+    T = int(sum(lengths))
+    data = [rng.standard_normal((T, H, D)).astype(np.float32) for _ in range(4)]  # q, k, v, dout
+    packed = [paddle.to_tensor(a, stop_gradient=False) for a in data[:3]]
+    dout_packed = paddle.to_tensor(data[3])
+    keep = np.arange(S)[None, :] < np.asarray(lengths)[:, None]  # [B, S]
+    padded = []
+    for a in data:
+        p = np.zeros((B, S, H, D), np.float32)
+        p[keep] = a
+        padded.append(p)
+    padded_t = [paddle.to_tensor(a, stop_gradient=False) for a in padded[:3]]
+    dout_padded = paddle.to_tensor(padded[3])
+    add_mask = paddle.to_tensor(np.where(keep, 0.0, -1e4).astype(np.float32)[:, None, None, :])  # [B,1,1,S]
+    return dict(
+        packed=packed,
+        dout_packed=dout_packed,
+        cu=cu,
+        max_seqlen=max_seqlen,
+        padded=padded_t,
+        dout_padded=dout_padded,
+        mask=add_mask,
+        keep=keep,
+    )
+
+
 def write_result(path, result):
     """Write a benchmark's JSON, with the machine it ran on (``result["machine"]``, unless set)."""
     result.setdefault("machine", run_info())
