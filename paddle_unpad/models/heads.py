@@ -61,6 +61,20 @@ def _encode(model, spec, a, base, needs_cls=False, want_pooled=True, output_hidd
     )
 
 
+def _encode_pooled(model, spec, a, base, output_hidden_states, reads, needs_cls=True):
+    """:func:`_encode` with the pooled output; ``reads`` names the part of ``model`` that reads
+    it, for the refusal of an empty sequence (it has no first token to pool)."""
+    return _encode(
+        model,
+        spec,
+        a,
+        base,
+        needs_cls=needs_cls,
+        output_hidden_states=output_hidden_states,
+        reader=f"{type(model).__name__}'s {reads}",
+    )
+
+
 def _return_dict(model, a):
     rd = a.get("return_dict")
     return rd if rd is not None else model.config.use_return_dict
@@ -90,15 +104,7 @@ def base_forward(model, spec, a):
     )
     common.check_unsupported(oa, a.get("past_key_values"), uc)
     return_dict = _return_dict(model, a)
-    pk, seq, pooled, hidden = _encode(
-        model,
-        spec,
-        a,
-        model,
-        needs_cls=False,
-        output_hidden_states=ohs,
-        reader=f"{type(model).__name__}'s pooler (pooler_output)",
-    )
+    pk, seq, pooled, hidden = _encode_pooled(model, spec, a, model, ohs, "pooler (pooler_output)", needs_cls=False)
     seq_out = common.outputs_for_caller(pk, seq)
     hs = common.hidden_for_caller(pk, hidden)
     if not return_dict:
@@ -154,15 +160,7 @@ def seqcls_forward(model, spec, a):
         logits = model.classifier(cls.unsqueeze(1))
         loss = _seqcls_loss_roberta(model, logits, a.get("labels"))
     else:
-        pk, seq, pooled, hidden = _encode(
-            model,
-            spec,
-            a,
-            base,
-            needs_cls=True,
-            output_hidden_states=ohs,
-            reader=f"{type(model).__name__}'s classifier (through the pooler)",
-        )
+        pk, seq, pooled, hidden = _encode_pooled(model, spec, a, base, ohs, "classifier (through the pooler)")
         logits = model.classifier(model.dropout(pooled))
         loss = _seqcls_loss_bert(model, logits, a.get("labels"))
     hs = common.hidden_for_caller(pk, hidden)
@@ -291,15 +289,7 @@ def pretraining_forward(model, spec, a):
     ohs = _head_flags(spec, base, a)
     return_dict = a.get("return_dict") if spec.name == "bert" else _return_dict(model, a)
     with paddle.static.amp.fp16_guard():
-        pk, seq, pooled, hidden = _encode(
-            model,
-            spec,
-            a,
-            base,
-            needs_cls=True,
-            output_hidden_states=ohs,
-            reader=f"{type(model).__name__}'s next-sentence head (through the pooler)",
-        )
+        pk, seq, pooled, hidden = _encode_pooled(model, spec, a, base, ohs, "next-sentence head (through the pooler)")
         scores, scores_loss, per_token = _mlm_scores(
             pk, seq, a.get("masked_positions"), lambda h: model.cls.predictions(h, None)
         )
