@@ -78,10 +78,9 @@ def worker_logs(log_dir):
     return out
 
 
-def launch_job(script_args, nproc, log_dir, timeout, cwd=ROOT, env=None):
-    """``python -m paddle.distributed.launch --nproc_per_node nproc`` of ``script_args``,
-    bounded (:func:`run_bounded`): ``(returncode, launcher output, worker_logs(log_dir))``."""
-    cmd = [
+def launch_cmd(script_args, nproc, log_dir):
+    """The command line ``python -m paddle.distributed.launch --nproc_per_node nproc`` of ``script_args``."""
+    return [
         sys.executable,
         "-m",
         "paddle.distributed.launch",
@@ -91,5 +90,10 @@ def launch_job(script_args, nproc, log_dir, timeout, cwd=ROOT, env=None):
         str(log_dir),
         *script_args,
     ]
+
+
+def launch_job(script_args, nproc, log_dir, timeout, cwd=ROOT, env=None):
+    """:func:`launch_cmd` bounded (:func:`run_bounded`): ``(returncode, launcher output, worker_logs(log_dir))``."""
+    cmd = launch_cmd(script_args, nproc, log_dir)
     rc, out = run_bounded(cmd, timeout, cwd=cwd, env=job_env() if env is None else env)
     return rc, out, worker_logs(log_dir)

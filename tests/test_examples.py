@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from launch_util import launch_cmd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EX = os.path.join(ROOT, "examples")
@@ -15,17 +16,7 @@ EX = os.path.join(ROOT, "examples")
 
 def launch(script, args, tmp_path, nproc=2, timeout=600):
     log_dir = tmp_path / f"log_{os.path.basename(script)}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "paddle.distributed.launch",
-        "--nproc_per_node",
-        str(nproc),
-        "--log_dir",
-        str(log_dir),
-        os.path.join(EX, script),
-        *args,
-    ]
+    cmd = launch_cmd([os.path.join(EX, script), *args], nproc, log_dir)
     proc = subprocess.run(
         cmd,
         cwd=str(tmp_path),

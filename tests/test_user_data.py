@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from launch_util import launch_cmd
 
 from paddle_unpad.data import files
 
@@ -41,17 +42,7 @@ def _run(args, cwd, timeout=300):
 def _launch(script, args, cwd, nproc=2):
     log_dir = cwd / f"log_{script}"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "paddle.distributed.launch",
-            "--nproc_per_node",
-            str(nproc),
-            "--log_dir",
-            str(log_dir),
-            os.path.join(EX, script),
-            *args,
-        ],
+        launch_cmd([os.path.join(EX, script), *args], nproc, log_dir),
         cwd=str(cwd),
         env=_env(),
         capture_output=True,
