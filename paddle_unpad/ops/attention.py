@@ -121,6 +121,16 @@ def _deterministic(deterministic):
     return _launch_flag(deterministic, "deterministic", "FMHA_DETERMINISTIC")
 
 
+def _scale_and_p(head_dim, dropout, scale, training):
+    """The scale in effect (default 1/sqrt(head_dim)) and the dropout probability in effect."""
+    return (1.0 / math.sqrt(head_dim) if scale is None else float(scale)), (float(dropout) if training else 0.0)
+
+
+def _rng_if_dropping(rng_state, x, p):
+    # drawn only where a mask is made: drawing moves Paddle's generator
+    return _call.rng_state_tensor(rng_state, x) if p > 0.0 else None
+
+
 @host_only
 def fmha(
     q,
@@ -180,13 +190,11 @@ def fmha(
     _host_malloc.ensure(f"paddle_unpad.{_FMHA}")
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)
     grouping, deterministic = _grouping(grouping), _deterministic(deterministic)
-    d = q.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    p = float(dropout) if training else 0.0
+    scale, p = _scale_and_p(q.shape[2], dropout, scale, training)
     on_cpu = _call.on_cpu(q)
     refusal = None if on_cpu else _fmha_gpu_kernel_refusal(q)
     if _call.native_ok(REGISTERED["fmha"], q) and refusal is None:
-        rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 else None
+        rng = _rng_if_dropping(rng_state, q, p)
         out, _lse = _call.call_native(
             REGISTERED["fmha"], q, k, v, cu_seqlens, rng, int(max_seqlen), scale, p, grouping, deterministic
         )
@@ -197,7 +205,7 @@ def fmha(
             f"paddle_unpad.{_FMHA}: the compiled operator is needed inside paddle.jit.to_static (the plain-Paddle attention reads cu_seqlens on the host){why}; see paddle_unpad._runtime.native.info()"
         )
     if on_cpu:
-        rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 else None
+        rng = _rng_if_dropping(rng_state, q, p)
         return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
     warn_once(
         ("fmha", refusal),
@@ -231,9 +239,8 @@ def fmha_reference(
     _check_fmha_args(q, k, v, cu_seqlens, max_seqlen, dropout, scale)
     _grouping(grouping)
     _deterministic(deterministic)
-    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
-    p = float(dropout) if training else 0.0
-    rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 else None
+    scale, p = _scale_and_p(q.shape[2], dropout, scale, training)
+    rng = _rng_if_dropping(rng_state, q, p)
     return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
 
 
@@ -345,10 +352,8 @@ def fmha_qkvpacked(
     _check_fmha_args(q, q, q, cu_seqlens, max_seqlen, dropout, scale, op=_FMHA_QKV)
     _grouping(grouping)
     _deterministic(deterministic)
-    d = qkv.shape[3]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    p = float(dropout) if training else 0.0
-    rng = _call.rng_state_tensor(rng_state, qkv) if p > 0.0 else None
+    scale, p = _scale_and_p(qkv.shape[3], dropout, scale, training)
+    rng = _rng_if_dropping(rng_state, qkv, p)
     bias = paddle.zeros([3] + list(qkv.shape[2:]), dtype=qkv.dtype) if bias is None else _call.like_x(bias, qkv)
     out, _lse = _call.call_native(REGISTERED["fmha_qkvpacked"], qkv, bias, cu_seqlens, rng, int(max_seqlen), scale, p)
     return out

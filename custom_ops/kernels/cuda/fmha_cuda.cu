@@ -131,9 +131,12 @@ cudaError_t grow_pool(StreamPool* pool, int n) {
   return cudaSuccess;
 }
 
-FmhaParams base_params(const FmhaCudaProblem& p) {
+FmhaParams base_params(const FmhaCudaProblem& p, const void* q, const void* k, const void* v) {
   FmhaParams fp;
   std::memset(&fp, 0, sizeof(fp));
+  fp.q = q;
+  fp.k = k;
+  fp.v = v;
   fp.heads = static_cast<int>(p.heads);
   fp.head_dim = static_cast<int>(p.head_dim);
   fp.scale = p.scale;
@@ -248,10 +251,7 @@ cudaError_t fmha_cuda_fwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt
                           const void* k, const void* v, void* out, float* lse,
                           cudaStream_t stream) {
   if (!fmha_cuda_unsupported(p).empty()) return cudaErrorInvalidValue;
-  FmhaParams base = base_params(p);
-  base.q = q;
-  base.k = k;
-  base.v = v;
+  FmhaParams base = base_params(p, q, k, v);
   base.out = out;
   base.lse = lse;
   const std::vector<Group> groups = plan_groups(p, opt.grouping);
@@ -286,10 +286,7 @@ cudaError_t fmha_cuda_bwd(const FmhaCudaProblem& p, const FmhaLaunchOptions& opt
                           const void* dout, void* dq, void* dk, void* dv, void* workspace,
                           cudaStream_t stream) {
   if (!fmha_cuda_unsupported(p).empty()) return cudaErrorInvalidValue;
-  FmhaParams base = base_params(p);
-  base.q = q;
-  base.k = k;
-  base.v = v;
+  FmhaParams base = base_params(p, q, k, v);
   base.out = const_cast<void*>(out);
   base.lse = const_cast<float*>(lse);
   base.dout = dout;
