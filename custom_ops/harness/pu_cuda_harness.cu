@@ -24,6 +24,11 @@ int fail(const std::string& why) {
   return 1;
 }
 
+// 0 where the kernels take the call (`why` empty), else fail() with `op` named first
+int refuse(const char* op, const std::string& why) {
+  return why.empty() ? 0 : fail(std::string(op) + ": " + why);
+}
+
 int from_cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) {
     g_last_error.clear();
@@ -105,12 +110,11 @@ int pu_fmha_fwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, in
                 const void* v, void* out, float* lse, void* stream) {
   const auto p =
       problem(cu_seqlens_host, batch, total, heads, head_dim, dtype, scale, dropout, seed, offset);
-  const std::string why = paddle_unpad::cuda::fmha_cuda_unsupported(p);
-  if (!why.empty()) return fail("fmha: " + why);
+  if (const int rc = refuse("fmha", paddle_unpad::cuda::fmha_cuda_unsupported(p))) return rc;
   const void* ptrs[] = {q, k, v, out, lse};
   const char* names[] = {"q", "k", "v", "out", "lse"};
-  const std::string mis = paddle_unpad::cuda::fmha_cuda_misaligned(ptrs, names, 5);
-  if (!mis.empty()) return fail("fmha: " + mis);
+  if (const int rc = refuse("fmha", paddle_unpad::cuda::fmha_cuda_misaligned(ptrs, names, 5)))
+    return rc;
   return from_cuda(paddle_unpad::cuda::fmha_cuda_fwd(p, options(grouping, num_streams), q, k, v,
                                                      out, lse, static_cast<cudaStream_t>(stream)),
                    "fmha forward");
@@ -129,12 +133,11 @@ int pu_fmha_bwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, in
                 void* dq, void* dk, void* dv, void* workspace, void* stream) {
   const auto p =
       problem(cu_seqlens_host, batch, total, heads, head_dim, dtype, scale, dropout, seed, offset);
-  const std::string why = paddle_unpad::cuda::fmha_cuda_unsupported(p);
-  if (!why.empty()) return fail("fmha: " + why);
+  if (const int rc = refuse("fmha", paddle_unpad::cuda::fmha_cuda_unsupported(p))) return rc;
   const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv, workspace};
   const char* names[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "workspace"};
-  const std::string mis = paddle_unpad::cuda::fmha_cuda_misaligned(ptrs, names, 10);
-  if (!mis.empty()) return fail("fmha: " + mis);
+  if (const int rc = refuse("fmha", paddle_unpad::cuda::fmha_cuda_misaligned(ptrs, names, 10)))
+    return rc;
   paddle_unpad::cuda::FmhaLaunchOptions opt = options(grouping, num_streams);
   opt.deterministic = deterministic != 0;
   return from_cuda(paddle_unpad::cuda::fmha_cuda_bwd(p, opt, q, k, v, out, lse, dout, dq, dk, dv,
@@ -147,8 +150,8 @@ int pu_fmha_bwd(const int32_t* cu_seqlens_host, int64_t batch, int64_t total, in
 int pu_bias_gelu_fwd(int64_t rows, int64_t cols, int dtype, int path, const void* x,
                      const void* bias, void* y, void* stream) {
   const auto p = gelu_problem(rows, cols, dtype);
-  const std::string why = paddle_unpad::cuda::bias_gelu_cuda_unsupported(p);
-  if (!why.empty()) return fail("bias_gelu: " + why);
+  if (const int rc = refuse("bias_gelu", paddle_unpad::cuda::bias_gelu_cuda_unsupported(p)))
+    return rc;
   return from_cuda(paddle_unpad::cuda::bias_gelu_cuda_fwd(
                        p, x, bias, y, static_cast<cudaStream_t>(stream), fused_options(path)),
                    "bias_gelu forward");
@@ -162,8 +165,8 @@ int pu_bias_gelu_bwd(int64_t rows, int64_t cols, int dtype, int path, const void
                      const void* bias, const void* dy, void* dx, void* dbias, void* workspace,
                      void* stream) {
   const auto p = gelu_problem(rows, cols, dtype);
-  const std::string why = paddle_unpad::cuda::bias_gelu_cuda_unsupported(p);
-  if (!why.empty()) return fail("bias_gelu: " + why);
+  if (const int rc = refuse("bias_gelu", paddle_unpad::cuda::bias_gelu_cuda_unsupported(p)))
+    return rc;
   return from_cuda(paddle_unpad::cuda::bias_gelu_cuda_bwd(p, x, bias, dy, dx, dbias, workspace,
                                                           static_cast<cudaStream_t>(stream),
                                                           fused_options(path)),
@@ -178,8 +181,9 @@ int pu_bdrln_fwd(int64_t rows, int64_t cols, int dtype, int residual_dtype, int 
                  const void* ln_bias, void* y, float* mean, float* rstd, void* stream) {
   const auto p =
       bdrln_problem(rows, cols, dtype, residual_dtype, ln_dtype, dropout, epsilon, seed, offset);
-  const std::string why = paddle_unpad::cuda::bdrln_cuda_unsupported(p);
-  if (!why.empty()) return fail("bias_dropout_residual_layer_norm: " + why);
+  if (const int rc =
+          refuse("bias_dropout_residual_layer_norm", paddle_unpad::cuda::bdrln_cuda_unsupported(p)))
+    return rc;
   return from_cuda(
       paddle_unpad::cuda::bdrln_cuda_fwd(p, x, bias, residual, ln_weight, ln_bias, y, mean, rstd,
                                          static_cast<cudaStream_t>(stream), fused_options(path)),
@@ -197,8 +201,9 @@ int pu_bdrln_bwd(int64_t rows, int64_t cols, int dtype, int residual_dtype, int 
                  void* dbias, void* dln_weight, void* dln_bias, void* workspace, void* stream) {
   const auto p =
       bdrln_problem(rows, cols, dtype, residual_dtype, ln_dtype, dropout, epsilon, seed, offset);
-  const std::string why = paddle_unpad::cuda::bdrln_cuda_unsupported(p);
-  if (!why.empty()) return fail("bias_dropout_residual_layer_norm: " + why);
+  if (const int rc =
+          refuse("bias_dropout_residual_layer_norm", paddle_unpad::cuda::bdrln_cuda_unsupported(p)))
+    return rc;
   return from_cuda(
       paddle_unpad::cuda::bdrln_cuda_bwd(p, x, bias, residual, ln_weight, mean, rstd, dy, dx,
                                          dresidual, dbias, dln_weight, dln_bias, workspace,
