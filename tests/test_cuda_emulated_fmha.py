@@ -454,7 +454,7 @@ def test_refusals_name_the_problem(lib):
 def test_refused_cu_seqlens_read_as_in_python(lib, cu):
     """The CUDA layer (behind the C-ABI harness, as behind the Paddle op) refuses cu_seqlens
     in the words of the Python check: one rule, one message, whichever side catches it (the
-    Python side adds the package prefix, as the Paddle op's wrapper does)."""
+    Python side adds the prefix "paddle_unpad.ops.", as the Paddle op's wrapper does)."""
     from paddle_unpad.varlen import check_cu_seqlens
 
     cu = np.asarray(cu, np.int32)
@@ -463,7 +463,7 @@ def test_refused_cu_seqlens_read_as_in_python(lib, cu):
     x = Buffer((4, 1, 32), "float16", PAD)
     head = (cu.ctypes.data_as(ctypes.c_void_p), len(cu) - 1, 4, 1, 32, 0, 0.1, 0.0, 0, 0, 1, 4)
     assert lib.pu_fmha_fwd(*head, x.ptr, x.ptr, x.ptr, x.ptr, x.ptr, None) != 0
-    assert lib.pu_harness_last_error().decode() == str(py.value).removeprefix("paddle_unpad.")
+    assert lib.pu_harness_last_error().decode() == str(py.value).removeprefix("paddle_unpad.ops.")
 
 
 def test_python_routes_by_the_cuda_layers_own_limits(lib, monkeypatch):
