@@ -207,7 +207,7 @@ def test_build_says_in_one_line_when_cuda_paddle_gets_cpu_kernels_only(tmp_path)
         pytest.skip(f"Paddle {paddle.__version__} is a CPU build: the message is for CUDA builds of Paddle")
     code = (
         "import zlib, sys; sys.path.insert(0, %r)\n"
-        "from paddle_unpad import _build_config as cfg\n"
+        "from paddle_unpad._runtime import build_config as cfg\n"
         "cfg.find_cuda = lambda: None\n"
         "print(cfg.cuda_plan())\n"
     ) % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
