@@ -45,7 +45,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import csv
 import importlib.util
 import math
@@ -55,6 +54,7 @@ import re
 import statistics
 import sys
 
+import bench_args
 import bench_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,42 +62,41 @@ ROOT = os.path.dirname(HERE)
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
-    ap.add_argument("--batch", type=int, default=16, help="sequences per batch (default 16)")
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--max-len", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3, help="timed repeats, interleaved (median reported)")
-    ap.add_argument(
-        "--head-size-repeats",
-        type=int,
-        default=15,
-        help="timed rounds of the per-head-size section, every row and the GEMM once per round "
-        "(default 15; each side counts its best round)",
-    )
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--pad-ratios", default="0,20,40,60,80", help="padding-ratio sweep, percent")
-    ap.add_argument(
-        "--head-sizes",
-        default="32,64",
-        help="head sizes of the per-head-size section (packed fmha alone on the real batch, --heads "
-        "heads, dropout 0 and 0.1; empty: skip)",
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--out",
-        default=bench_util.kind_result_path("attention"),
-        help="result file (default benchmarks/results/attention_<kind>.json, kind from the CPU vendor)",
-    )
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat: a smoke run")
+    out = bench_util.kind_result_path("attention")
+    options = [
+        ("--threads", int, 2, "threads for every side (default 2)"),
+        ("--batch", int, 16, "sequences per batch (default 16)"),
+        ("--heads", int, 12, None),
+        ("--head-dim", int, 64, None),
+        ("--max-len", int, 512, None),
+        ("--repeats", int, 3, "timed repeats, interleaved (median reported)"),
+        (
+            "--head-size-repeats",
+            int,
+            15,
+            "timed rounds of the per-head-size section, every row and the GEMM once per round "
+            "(default 15; each side counts its best round)",
+        ),
+        ("--warmup", int, 1, None),
+        ("--pad-ratios", str, "0,20,40,60,80", "padding-ratio sweep, percent"),
+        (
+            "--head-sizes",
+            str,
+            "32,64",
+            "head sizes of the per-head-size section (packed fmha alone on the real batch, --heads "
+            "heads, dropout 0 and 0.1; empty: skip)",
+        ),
+        ("--seed", int, 0, None),
+        ("--out", str, out, "result file (default benchmarks/results/attention_<kind>.json, kind from the CPU vendor)"),
+        ("--quick", bool, False, "tiny sizes, 1 repeat: a smoke run"),
+    ]
+    ap = bench_args.add_options(bench_args.parser(__doc__), options)
     args = ap.parse_args(argv)
     if args.quick:
         args.batch, args.heads, args.head_dim, args.max_len = 4, 2, 32, 64
         args.repeats, args.warmup, args.pad_ratios, args.head_sizes = 1, 0, "0,50", "16,32"
         args.head_size_repeats = 2
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
+    bench_args.positive_or_exit(ap, args, ["threads"])
     if args.repeats < 1 or args.head_size_repeats < 1:
         ap.error(f"--repeats and --head-size-repeats must be >= 1, got {args.repeats} and {args.head_size_repeats}")
     return args

@@ -61,6 +61,7 @@ import tempfile
 import threading
 import time
 
+import bench_args
 import bench_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,36 +73,35 @@ GPU_PEAK_TFLOPS = {"H200": 67.0, "H100": 67.0, "A100": 19.5, "V100": 15.7}
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nproc", type=int, default=0, help="ranks (default: GPUs if any, else 2)")
-    ap.add_argument("--threads-per-rank", type=int, default=1)
-    ap.add_argument("--batch", type=int, default=4, help="samples per rank and step (default 4)")
-    ap.add_argument("--steps", type=int, default=8, help="timed steps per way (default 8)")
-    # the first steps of a process also grow its heap to the loop's working set (page faults; see
-    # paddle_unpad._runtime.host_malloc): 3 untimed steps per way measure the steady state a long job runs in
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per way first (default 3)")
-    ap.add_argument("--profile-steps", type=int, default=2, help="profiled steps of unpadded_balanced (0: none)")
-    ap.add_argument("--max-len", type=int, default=512)
-    ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated subset of " + ",".join(WAYS))
-    ap.add_argument("--random-weights", action="store_true", help="random init instead of the MiniLM weights")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeout", type=float, default=1500.0, help="seconds before the job is killed")
-    ap.add_argument(
-        "--grad-sync",
-        choices=("overlap", "serial"),
-        default="overlap",
-        help="gradient all-reduce of the timed steps: paddle_unpad.fleet.GradientAllReduce (overlapped "
-        "with the backward, embedding tables by rows; default) or one flat all-reduce of every "
-        "gradient after the backward; the profile runs the balanced way both ways",
-    )
-    ap.add_argument("--trace-dir", default="", help="also keep each rank's profiler trace here (chrome://tracing)")
-    ap.add_argument(
-        "--out",
-        default=bench_util.kind_result_path("e2e"),
-        help="result file (default benchmarks/results/e2e_<kind>.json, kind from the CPU vendor)",
-    )
-    ap.add_argument("--quick", action="store_true", help="tiny model, max length 64, 2 steps: a smoke run")
-    ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # internal: rank-0 result path
+    out = bench_util.kind_result_path("e2e")
+    options = [
+        ("--nproc", int, 0, "ranks (default: GPUs if any, else 2)"),
+        ("--threads-per-rank", int, 1, None),
+        ("--batch", int, 4, "samples per rank and step (default 4)"),
+        ("--steps", int, 8, "timed steps per way (default 8)"),
+        # the first steps of a process also grow its heap to the loop's working set (page faults; see
+        # paddle_unpad._runtime.host_malloc): 3 untimed steps per way measure the steady state a long job runs in
+        ("--warmup", int, 3, "untimed steps per way first (default 3)"),
+        ("--profile-steps", int, 2, "profiled steps of unpadded_balanced (0: none)"),
+        ("--max-len", int, 512, None),
+        ("--ways", str, ",".join(WAYS), "comma-separated subset of " + ",".join(WAYS)),
+        ("--random-weights", bool, False, "random init instead of the MiniLM weights"),
+        ("--seed", int, 0, None),
+        ("--timeout", float, 1500.0, "seconds before the job is killed"),
+        (
+            "--grad-sync",
+            ("overlap", "serial"),
+            "overlap",
+            "gradient all-reduce of the timed steps: paddle_unpad.fleet.GradientAllReduce (overlapped "
+            "with the backward, embedding tables by rows; default) or one flat all-reduce of every "
+            "gradient after the backward; the profile runs the balanced way both ways",
+        ),
+        ("--trace-dir", str, "", "also keep each rank's profiler trace here (chrome://tracing)"),
+        ("--out", str, out, "result file (default benchmarks/results/e2e_<kind>.json, kind from the CPU vendor)"),
+        ("--quick", bool, False, "tiny model, max length 64, 2 steps: a smoke run"),
+        ("--_worker", str, None, argparse.SUPPRESS),  # internal: rank-0 result path
+    ]
+    ap = bench_args.add_options(bench_args.parser(__doc__), options)
     args = ap.parse_args(argv)
     if args.quick:
         args.max_len, args.steps, args.warmup, args.profile_steps = 64, 2, 1, 1
@@ -111,9 +111,7 @@ def parse_args(argv=None):
     if bad or not ways:
         ap.error(f"--ways: unknown way(s) {bad} (known: {', '.join(WAYS)})")
     args.ways = ways
-    for name in ("threads_per_rank", "batch", "steps", "max_len"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    bench_args.positive_or_exit(ap, args, ["threads_per_rank", "batch", "steps", "max_len"])
     if args.warmup < 0 or args.profile_steps < 0:
         ap.error("--warmup and --profile-steps must be >= 0")
     if args.max_len < 16:

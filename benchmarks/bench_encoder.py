@@ -93,6 +93,7 @@ import sys
 import tempfile
 import time
 
+import bench_args
 import bench_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -109,65 +110,61 @@ def _ints(text):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
-    ap.add_argument(
-        "--sweeps",
-        default=",".join(PARTS),
-        help="comma list of the parts to run: real (main model, real lengths), padding, max_len, hidden (default: all)",
-    )
-    ap.add_argument("--batch", type=int, default=8, help="sequences per batch of the real scenario (default 8)")
-    ap.add_argument("--max-len", type=int, default=512, help="max_seq_len of real, padding and hidden (default 512)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed steps per side, interleaved (median), real scenario")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per side first, real scenario")
-    ap.add_argument("--pad-ratios", default="0,20,40,60,80", help="padding-ratio sweep, percent")
-    ap.add_argument("--max-lens", default="128,256,512,1024,2048", help="max-length sweep")
-    ap.add_argument("--hiddens", default="256,384,512,768,1024", help="hidden-size sweep")
-    ap.add_argument("--sweep-layers", type=int, default=2, help="encoder layers of the sweep model (default 2)")
-    ap.add_argument(
-        "--sweep-hidden",
-        type=int,
-        default=384,
-        help="hidden size of the sweep model in the padding and max_len sweeps (default 384)",
-    )
-    ap.add_argument("--head-dim", type=int, default=64, help="sweep model: heads = hidden / head-dim (default 64)")
-    ap.add_argument("--pad-batch", type=int, default=8, help="sequences per batch in the padding sweep (default 8)")
-    ap.add_argument("--sweep-batch", type=int, default=4, help="sequences per batch in the hidden sweep (default 4)")
-    ap.add_argument(
-        "--sweep-tokens",
-        type=int,
-        default=4096,
-        help="padded tokens per batch in the max_len sweep: B = max(2, tokens // L) (default 4096)",
-    )
-    ap.add_argument("--sweep-repeats", type=int, default=2, help="timed steps per side in the sweeps (default 2)")
-    ap.add_argument("--sweep-warmup", type=int, default=1, help="untimed steps per side in the sweeps (default 1)")
-    ap.add_argument(
-        "--memory",
-        choices=("all", "real", "none"),
-        default="real",
-        help="which points get the RSS subprocess measurement (default: the real scenario)",
-    )
-    ap.add_argument("--random-weights", action="store_true", help="do not load the MiniLM weights")
-    ap.add_argument(
-        "--ftz",
-        action="store_true",
-        help="flush denormals to zero (x86 MXCSR FTZ+DAZ, set before Paddle starts its threads) on "
-        "every side: shows how much of the original's time is denormal arithmetic",
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "encoder.json"))
-    ap.add_argument(
-        "--quick", action="store_true", help="tiny models, tiny batches, 1 repeat: a smoke run of every part"
-    )
-    ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # internal: RSS subprocess spec file
+    options = [
+        ("--threads", int, 2, "threads for every side (default 2)"),
+        (
+            "--sweeps",
+            str,
+            ",".join(PARTS),
+            "comma list of the parts to run: real (main model, real lengths), padding, max_len, hidden (default: all)",
+        ),
+        ("--batch", int, 8, "sequences per batch of the real scenario (default 8)"),
+        ("--max-len", int, 512, "max_seq_len of real, padding and hidden (default 512)"),
+        ("--repeats", int, 3, "timed steps per side, interleaved (median), real scenario"),
+        ("--warmup", int, 1, "untimed steps per side first, real scenario"),
+        ("--pad-ratios", str, "0,20,40,60,80", "padding-ratio sweep, percent"),
+        ("--max-lens", str, "128,256,512,1024,2048", "max-length sweep"),
+        ("--hiddens", str, "256,384,512,768,1024", "hidden-size sweep"),
+        ("--sweep-layers", int, 2, "encoder layers of the sweep model (default 2)"),
+        ("--sweep-hidden", int, 384, "hidden size of the sweep model in the padding and max_len sweeps (default 384)"),
+        ("--head-dim", int, 64, "sweep model: heads = hidden / head-dim (default 64)"),
+        ("--pad-batch", int, 8, "sequences per batch in the padding sweep (default 8)"),
+        ("--sweep-batch", int, 4, "sequences per batch in the hidden sweep (default 4)"),
+        (
+            "--sweep-tokens",
+            int,
+            4096,
+            "padded tokens per batch in the max_len sweep: B = max(2, tokens // L) (default 4096)",
+        ),
+        ("--sweep-repeats", int, 2, "timed steps per side in the sweeps (default 2)"),
+        ("--sweep-warmup", int, 1, "untimed steps per side in the sweeps (default 1)"),
+        (
+            "--memory",
+            ("all", "real", "none"),
+            "real",
+            "which points get the RSS subprocess measurement (default: the real scenario)",
+        ),
+        ("--random-weights", bool, False, "do not load the MiniLM weights"),
+        (
+            "--ftz",
+            bool,
+            False,
+            "flush denormals to zero (x86 MXCSR FTZ+DAZ, set before Paddle starts its threads) on "
+            "every side: shows how much of the original's time is denormal arithmetic",
+        ),
+        ("--seed", int, 0, None),
+        ("--out", str, os.path.join(HERE, "results", "encoder.json"), None),
+        ("--quick", bool, False, "tiny models, tiny batches, 1 repeat: a smoke run of every part"),
+        ("--_worker", str, None, argparse.SUPPRESS),  # internal: RSS subprocess spec file
+    ]
+    ap = bench_args.add_options(bench_args.parser(__doc__), options)
     args = ap.parse_args(argv)
     if args.quick:
         args.batch, args.max_len, args.repeats, args.warmup = 4, 64, 1, 0
         args.pad_ratios, args.max_lens, args.hiddens = "0,50", "32,64,128", "32,64"
         args.sweep_layers, args.sweep_hidden, args.head_dim = 2, 64, 16
         args.pad_batch, args.sweep_batch, args.sweep_tokens, args.sweep_repeats, args.sweep_warmup = 4, 4, 256, 1, 0
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
+    bench_args.positive_or_exit(ap, args, ["threads"])
     args.parts = [p.strip() for p in args.sweeps.split(",") if p.strip()]
     bad = [p for p in args.parts if p not in PARTS]
     if bad:

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 
+import bench_args
 import bench_util
 import scale_inputs
 
@@ -48,25 +49,18 @@ STEPS, PER_RANK = 12, 8
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    ap.add_argument("--worlds", default="2,4,8,16", help="ranks per run on this host")
-    ap.add_argument("--designs", default="allgather,allgather:nagle,pairs,roundrobin", help="designs to run")
-    ap.add_argument(
-        "--nodes",
-        type=int,
-        default=2,
-        help="also run the shipped design as NODES launchers x 2 ranks on this host (0: skip)",
-    )
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take")
-    ap.add_argument(
-        "--quick", action="store_true", help="fewer repetitions of the model's input measurements (a smoke run)"
-    )
-    ap.add_argument("--out", default=None, help="JSON (default benchmarks/results/exchange_scale_<kind>.json)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--design", default="allgather", help=argparse.SUPPRESS)
-    ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    options = [
+        ("--worlds", str, "2,4,8,16", "ranks per run on this host"),
+        ("--designs", str, "allgather,allgather:nagle,pairs,roundrobin", "designs to run"),
+        ("--nodes", int, 2, "also run the shipped design as NODES launchers x 2 ranks on this host (0: skip)"),
+        ("--timeout", float, 300.0, "seconds one run may take"),
+        ("--quick", bool, False, "fewer repetitions of the model's input measurements (a smoke run)"),
+        ("--out", str, None, "JSON (default benchmarks/results/exchange_scale_<kind>.json)"),
+        ("--worker", bool, False, argparse.SUPPRESS),
+        ("--design", str, "allgather", argparse.SUPPRESS),
+        ("--result", str, None, argparse.SUPPRESS),
+    ]
+    ap = bench_args.add_options(bench_args.parser(__doc__, first_line=True, show_defaults=True), options)
     return ap.parse_args(argv)
 
 

@@ -23,26 +23,26 @@ Usage::
     OMP_NUM_THREADS=2 python benchmarks/bench_fp32_attention.py   # ~1 minute
 """
 
-import argparse
 import math
 import os
 import statistics
 import sys
 
+import bench_args
 import bench_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads, the same for every side")
-    ap.add_argument("--batches", type=int, default=200, help="batches per distribution for the work counts")
-    ap.add_argument("--repeats", type=int, default=5, help="timed rounds")
-    ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/fp32_attention_<kind>.json)")
+    options = [
+        ("--threads", int, 2, "CPU threads, the same for every side"),
+        ("--batches", int, 200, "batches per distribution for the work counts"),
+        ("--repeats", int, 5, "timed rounds"),
+        ("--quick", bool, False, "small sizes (a smoke run)"),
+        ("--out", str, None, "JSON path (default benchmarks/results/fp32_attention_<kind>.json)"),
+    ]
+    ap = bench_args.add_options(bench_args.parser(__doc__, first_line=True, show_defaults=True), options)
     return ap.parse_args(argv)
 
 

@@ -28,13 +28,13 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
 import sys
 import time
 
+import bench_args
 import bench_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,19 +42,20 @@ ROOT = os.path.dirname(HERE)
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2, help="threads for both sides (default 2)")
-    ap.add_argument("--tokens", type=int, default=4096, help="T, packed tokens (default 4096)")
-    ap.add_argument("--hidden", default="384,768", help="hidden sizes (default 384,768)")
-    ap.add_argument("--repeats", type=int, default=20, help="timed repeats, interleaved (median reported)")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "fused_ops.json"))
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, few repeats: a smoke run")
+    options = [
+        ("--threads", int, 2, "threads for both sides (default 2)"),
+        ("--tokens", int, 4096, "T, packed tokens (default 4096)"),
+        ("--hidden", str, "384,768", "hidden sizes (default 384,768)"),
+        ("--repeats", int, 20, "timed repeats, interleaved (median reported)"),
+        ("--warmup", int, 3, None),
+        ("--out", str, os.path.join(HERE, "results", "fused_ops.json"), None),
+        ("--quick", bool, False, "tiny sizes, few repeats: a smoke run"),
+    ]
+    ap = bench_args.add_options(bench_args.parser(__doc__), options)
     args = ap.parse_args(argv)
     if args.quick:
         args.tokens, args.hidden, args.repeats, args.warmup = 64, "32", 2, 1
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
+    bench_args.positive_or_exit(ap, args, ["threads"])
     args.hidden = [int(h) for h in str(args.hidden).split(",") if h.strip()]
     return args
 

@@ -73,6 +73,7 @@ import sys
 import tempfile
 import time
 
+import bench_args
 import bench_util  # loads neither Paddle nor the package: the parent stays light
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -210,44 +211,24 @@ def tolerance(k):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     env_t = os.environ.get("OMP_NUM_THREADS", "")
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=int(env_t) if env_t.isdigit() and int(env_t) > 0 else 2,
-        help="threads for every side (default: OMP_NUM_THREADS, else 2)",
-    )
-    ap.add_argument("--tokens", type=int, default=2048, help="packed tokens T of the encoder shapes (default 2048)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds over every configuration (default 3)")
-    ap.add_argument("--reps", type=int, default=2, help="timed calls per (side, shape) and round, after 1 warm-up")
-    ap.add_argument(
-        "--step-reps",
-        type=int,
-        default=2,
-        help="timed encoder steps per configuration and round (default 2; 1 warm-up in the first)",
-    )
-    ap.add_argument(
-        "--pause",
-        type=float,
-        default=0.1,
-        help="seconds between two measurements, for the previous one's spinning threads to sleep",
-    )
-    ap.add_argument(
-        "--variants",
-        default=",".join(VARIANTS),
-        help=f"comma list of configurations (default all: {','.join(VARIANTS)})",
-    )
-    ap.add_argument("--no-probes", action="store_true", help="skip the perf / verbose / to_static probes")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--out",
-        default=None,
-        help="result file (default benchmarks/results/gemm_<kind>.json, kind from the CPU vendor)",
-    )
-    ap.add_argument("--quick", action="store_true", help="tiny shapes, 3 configurations, 2 rounds: a smoke run")
-    ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--_probe_static_onednn", action="store_true", help=argparse.SUPPRESS)
+    threads = int(env_t) if env_t.isdigit() and int(env_t) > 0 else 2
+    options = [
+        ("--threads", int, threads, "threads for every side (default: OMP_NUM_THREADS, else 2)"),
+        ("--tokens", int, 2048, "packed tokens T of the encoder shapes (default 2048)"),
+        ("--rounds", int, 3, "rounds over every configuration (default 3)"),
+        ("--reps", int, 2, "timed calls per (side, shape) and round, after 1 warm-up"),
+        ("--step-reps", int, 2, "timed encoder steps per configuration and round (default 2; 1 warm-up in the first)"),
+        ("--pause", float, 0.1, "seconds between two measurements, for the previous one's spinning threads to sleep"),
+        ("--variants", str, ",".join(VARIANTS), f"comma list of configurations (default all: {','.join(VARIANTS)})"),
+        ("--no-probes", bool, False, "skip the perf / verbose / to_static probes"),
+        ("--seed", int, 0, None),
+        ("--out", str, None, "result file (default benchmarks/results/gemm_<kind>.json, kind from the CPU vendor)"),
+        ("--quick", bool, False, "tiny shapes, 3 configurations, 2 rounds: a smoke run"),
+        ("--_worker", bool, False, argparse.SUPPRESS),
+        ("--_probe_static_onednn", bool, False, argparse.SUPPRESS),
+    ]
+    ap = bench_args.add_options(bench_args.parser(__doc__), options)
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = bench_util.kind_result_path("gemm")

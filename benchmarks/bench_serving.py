@@ -51,6 +51,7 @@ import time
 import numpy as np
 
 import bench_e2e
+import bench_args
 import bench_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,37 +101,32 @@ AGREE = 1e-4  # largest relative difference of the two sides' logits
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, one process each")
-    ap.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
-    ap.add_argument("--long-max-len", type=int, default=128, help="max tokens of a pre-training pair")
-    ap.add_argument("--sweep-batches", default="1,8", help="comma-separated batch sizes of the optimisation sweep")
-    ap.add_argument("--sweep-repeats", type=int, default=3, help="timed calls per side, config and distribution")
-    ap.add_argument("--cell-seconds", type=float, default=4.0, help="time budget per batch size and distribution")
-    ap.add_argument("--min-repeats", type=int, default=3, help="timed calls per side and cell at least")
-    ap.add_argument("--max-repeats", type=int, default=60, help="timed calls per side and cell at most")
-    ap.add_argument("--no-profile", action="store_true", help="skip the per-operator profile")
-    ap.add_argument("--tiny", action="store_true", help="a 2-layer random-weight model with MiniLM's vocabulary")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 thread, batches 1 and 4, few calls")
-    ap.add_argument("--keep-exports", default="", help="also keep the two exports in this folder")
-    ap.add_argument(
-        "--out",
-        default=bench_util.kind_result_path("serving"),
-        help="result file (benchmarks/results/serving_<kind>.json, kind from the CPU vendor)",
-    )
-    ap.add_argument("--seed", type=int, default=0, help="seed of the batch draws and of the fresh head")
-    ap.add_argument("--_worker", default="", help=argparse.SUPPRESS)  # internal: the work folder
+    out = bench_util.kind_result_path("serving")
+    options = [
+        ("--threads", str, "1,2", "comma-separated thread counts, one process each"),
+        ("--batches", str, "1,8,32", "comma-separated batch sizes"),
+        ("--long-max-len", int, 128, "max tokens of a pre-training pair"),
+        ("--sweep-batches", str, "1,8", "comma-separated batch sizes of the optimisation sweep"),
+        ("--sweep-repeats", int, 3, "timed calls per side, config and distribution"),
+        ("--cell-seconds", float, 4.0, "time budget per batch size and distribution"),
+        ("--min-repeats", int, 3, "timed calls per side and cell at least"),
+        ("--max-repeats", int, 60, "timed calls per side and cell at most"),
+        ("--no-profile", bool, False, "skip the per-operator profile"),
+        ("--tiny", bool, False, "a 2-layer random-weight model with MiniLM's vocabulary"),
+        ("--quick", bool, False, "smoke run: 1 thread, batches 1 and 4, few calls"),
+        ("--keep-exports", str, "", "also keep the two exports in this folder"),
+        ("--out", str, out, "result file (benchmarks/results/serving_<kind>.json, kind from the CPU vendor)"),
+        ("--seed", int, 0, "seed of the batch draws and of the fresh head"),
+        ("--_worker", str, "", argparse.SUPPRESS),  # internal: the work folder
+    ]
+    ap = bench_args.add_options(bench_args.parser(__doc__, show_defaults=True), options)
     args = ap.parse_args(argv)
     if args.quick:
         args.threads, args.batches, args.long_max_len, args.sweep_batches = "1", "1,4", 64, "1,4"
         args.sweep_repeats, args.cell_seconds, args.min_repeats, args.max_repeats = 1, 0.0, 2, 2
     args.threads, args.batches = _ints(ap, "threads", args.threads), _ints(ap, "batches", args.batches)
     args.sweep_batches = sorted(set(_ints(ap, "sweep-batches", args.sweep_batches)))
-    for name in ("long_max_len", "sweep_repeats", "min_repeats", "max_repeats"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    bench_args.positive_or_exit(ap, args, ["long_max_len", "sweep_repeats", "min_repeats", "max_repeats"])
     if args.long_max_len < 16:
         ap.error(f"--long-max-len must be >= 16, got {args.long_max_len}")
     if args.max_repeats < args.min_repeats:
