@@ -34,6 +34,7 @@ def rank_env(rank, world, master, endpoints, **extra):
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
             "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",  # a crash prints every thread's Python stack into the rank's output
             "PADDLE_MASTER": master,
             "PADDLE_TRAINER_ID": str(rank),
             "PADDLE_GLOBAL_RANK": str(rank),

@@ -120,3 +120,15 @@ def test_rank_0_leaves_a_clean_job_after_its_peers():
     assert r0.rc == 0 and r1.rc == 0, (r0, r1)
     assert [r["steps"] for r in r0.results if "steps" in r] == [2], r0
     assert r0.exit_s >= r1.exit_s, f"rank 0 ended at {r0.exit_s} s, before rank 1 ({r1.exit_s} s)"
+
+
+def test_rank_0_leaves_a_failed_job_after_its_peers():
+    """The same when every rank dies of an exception (they hang up together): each ends with
+    its own error and exit code 1, nothing aborts, and rank 0 ends after the lingering rank 1."""
+    r0, r1 = run_ranks("failed_exit_order")
+    assert_no_abort([r0, r1])
+    for rk in (r0, r1):
+        assert rk.rc == 1 and f"rank {rk.rank} failed on purpose" in rk.out, rk
+        assert [r["steps"] for r in rk.results if "steps" in r] == [2], rk
+    assert r0.exit_s >= r1.exit_s, f"rank 0 ended at {r0.exit_s} s, before rank 1 ({r1.exit_s} s)"
+    assert r0.exit_s < 20, r0  # the wait is bounded: 5 s for the count, then the peers' own exit

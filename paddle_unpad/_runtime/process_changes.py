@@ -102,7 +102,7 @@ CHANGES: Dict[str, Change] = {
             "atexit handler",
             "distributed.workarounds.ensure_exit_handler",
             "the plugin's first process group, background thread or wrapped host group",
-            "at exit the plugin's background threads are stopped and joined before the interpreter finalizes, and rank 0 leaves a clean job last",
+            "at exit the plugin's background threads are stopped and joined before the interpreter finalizes, and rank 0 leaves after its peers (a clean or a failed job)",
         ),
         Change(
             "threading.excepthook",

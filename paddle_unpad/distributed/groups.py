@@ -48,7 +48,6 @@ import itertools
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional
@@ -559,23 +558,25 @@ def use_for_exit_order(group: Group):
 
 
 def leave_in_order():
-    """Rank 0 leaves a clean multi-rank job after its peers (Paddle 3.x). Called at interpreter
-    exit by :mod:`.workarounds`, once every thread of the plugin has ended.
+    """Rank 0 leaves a multi-rank job after its peers (Paddle 3.x), whether the job ends cleanly or
+    of an exception. Called at interpreter exit by :mod:`.workarounds`, once every thread of the
+    plugin has ended.
 
     Rank 0 hosts the job's TCP store (and the plugin's groups' stores); in Paddle 3.x a libuv
     thread serves them, and when a peer's connection closes while rank 0 is already in its C++
-    teardown (the static destructors after ``exit()``), that thread aborts rank 0 -- SIGABRT, no
-    message, the job's work done, the launcher reporting a failed job (seen in about one of 15
-    two-rank Trainer runs on a loaded 2-core host; the core dump shows
-    ``LibUVClient::readCallback`` under ``LibUVMasterDaemon::run``). So at exit each peer counts
-    itself out in the store, and rank 0, once all have, waits on the host group of
-    :func:`use_for_exit_order` until every peer's process is gone (a receive from a peer fails
-    when its sockets close) before its own teardown. Skipped in a process that dies of an
-    exception, and when a peer has not counted itself out within a few seconds (a failed job:
-    rank 0 must not hold up its peers' errors)."""
+    teardown (the static destructors after ``exit()``), that thread aborts rank 0 -- SIGABRT or
+    SIGSEGV, no message, after the work or the named error (seen in about one of 15 two-rank
+    Trainer runs on a loaded 2-core host; the core dump shows ``LibUVClient::readCallback`` under
+    ``LibUVMasterDaemon::run``; a job whose ranks all raise the same named error at once hits it
+    too, as they all hang up together). So at exit each peer counts itself out in the store, and
+    rank 0, once all have, waits on the host group of :func:`use_for_exit_order` until every
+    peer's process is gone (a receive from a peer fails when its sockets close) before its own
+    teardown. When a peer has not counted itself out within a few seconds (it is still working,
+    stopped or killed), rank 0 leaves without waiting more: it never holds up its peers' errors
+    for longer than that."""
     group = _exit_order["group"]
-    if _compat.PADDLE_VERSION < (3, 0) or group is None or getattr(sys, "last_value", None) is not None:
-        return  # Paddle 2.6's store has no libuv thread; no group; or dying of an exception
+    if _compat.PADDLE_VERSION < (3, 0) or group is None:
+        return  # Paddle 2.6's store has no libuv thread; or no group
     try:
         store = workarounds.job_store()
         if group.rank != 0:

@@ -15,7 +15,7 @@ first use, never at import, and reports itself to ``paddle_unpad.info()``
   when gloo's own timeout (``GLOO_OWN_TIMEOUT_S``) fails the call -- so that no thread of the
   plugin is inside native code when the interpreter finalizes (a thread left there aborts the
   process: "terminate called without an active exception"); then the rank records that it has
-  left, and rank 0 leaves a clean job last: the steps :mod:`paddle_unpad.distributed.groups`
+  left, and rank 0 leaves after its peers, clean job or failed: the steps :mod:`paddle_unpad.distributed.groups`
   gives :func:`ensure_exit_handler` (``mark_left``, ``leave_in_order``: it issues every
   collective of the plugin, these included);
 * **DataLoader threads that die** (Paddle 3.3.1's single-process DataLoader): the

@@ -198,6 +198,18 @@ def scenario_clean_exit_order():
     result(steps=len(seen))
 
 
+def scenario_failed_exit_order():
+    """Both ranks finish the exchange, then raise (a failed job); rank 1 lingers 1.5 s in its
+    exit: rank 0 must still end after rank 1."""
+    rank = init()
+    batches = [[smp(10 * rank + 2 * s + k, 3 + 5 * k + 7 * rank, np.int64(k)) for k in range(2)] for s in range(2)]
+    seen = run_loop(pf.distributed_loader(batches), expect_failure=False)
+    result(steps=len(seen))
+    if rank == 1:
+        atexit.register(time.sleep, 1.5)
+    raise RuntimeError(f"rank {rank} failed on purpose after the exchange")
+
+
 SCENARIOS = {
     "shape_scalar_then_vector": scenario_shape_scalar_then_vector,
     "shape_vector_then_scalar": scenario_shape_vector_then_scalar,
@@ -206,6 +218,7 @@ SCENARIOS = {
     "collate_raises": lambda: scenario_collate_raises(0),
     "collate_raises_workers": lambda: scenario_collate_raises(2),
     "clean_exit_order": scenario_clean_exit_order,
+    "failed_exit_order": scenario_failed_exit_order,
 }
 
 if __name__ == "__main__":
