@@ -351,15 +351,8 @@ def _prepare(lengths_per_rank, cost, counts, tol, max_swaps, backend):
     return use_native, args
 
 
-def plan_dest(
-    lengths_per_rank,
-    cost=None,
-    counts="equal",
-    tol: float = DEFAULT_TOL,
-    max_swaps: Optional[int] = None,
-    backend: str = "auto",
-):
-    """Like :func:`plan`, but returns ``(dest, counts_per_source)``: ``dest[i]`` is the
+def plan_dest(lengths_per_rank, cost=None, counts="equal", tol=DEFAULT_TOL, max_swaps=None, backend="auto"):
+    """Like :func:`plan` (the same arguments and types), but returns ``(dest, counts_per_source)``: ``dest[i]`` is the
     destination rank of the i-th sample in (source rank, source index) order (int32)."""
     use_native, args = _prepare(lengths_per_rank, cost, counts, tol, max_swaps, backend)
     if use_native:
