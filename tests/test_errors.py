@@ -109,8 +109,8 @@ CASES = {
     "fmha dropout 'a'": (lambda: _fmha(dropout="a"), TypeError, "ops.fmha"),
     "fmha dropout 1.5": (lambda: _fmha(dropout=1.5), ValueError, "ops.fmha"),
     "fmha grouping 1": (lambda: _fmha(grouping=1), TypeError, "ops.fmha"),
-    "fmha rng_state 3 ints": (lambda: _fmha(dropout=0.1, rng_state=(1, 2, 3)), ValueError, "ops"),
-    "fmha rng_state str": (lambda: _fmha(dropout=0.1, rng_state="seed"), TypeError, "ops"),
+    "fmha rng_state 3 ints": (lambda: _fmha(dropout=0.1, rng_state=(1, 2, 3)), ValueError, "ops.fmha"),
+    "fmha rng_state str": (lambda: _fmha(dropout=0.1, rng_state="seed"), TypeError, "ops.fmha"),
     "fmha_qkvpacked qkv 3-D": (
         lambda: pu.fmha_qkvpacked(paddle.ones([6, 3, 16]), _tensors()[1], 4),
         ValueError,

@@ -537,6 +537,7 @@ def test_input_errors(case):
     with pytest.raises((ValueError, TypeError)) as ei:
         _call(**kw)
     msg = str(ei.value)
+    assert msg.startswith("paddle_unpad.ops.fmha: "), msg  # every message names the operator the user called
     for needle in needles:  # regular expressions
         assert re.search(needle, msg), f"error message for {case} does not mention {needle!r}: {msg!r}"
 

@@ -748,6 +748,8 @@ def test_input_errors(case, fused_native):
     with pytest.raises((ValueError, TypeError)) as ei:
         call()
     msg = str(ei.value)
+    op = "bias_gelu" if case.startswith("gelu_") else "bias_dropout_residual_layer_norm"
+    assert msg.startswith(f"paddle_unpad.ops.{op}: "), msg  # every message names the operator the user called
     for needle in needles:
         assert re.search(needle, msg), f"error message for {case} does not mention {needle!r}: {msg!r}"
 

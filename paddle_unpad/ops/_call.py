@@ -60,8 +60,9 @@ def native_ok(op, x):
 
 
 @host_only
-def rng_state_tensor(rng_state, q):
-    """[seed, offset] int64 on the CPU: given, or drawn from Paddle's generator."""
+def rng_state_tensor(rng_state, q, op):
+    """[seed, offset] int64 on the CPU: given, or drawn from Paddle's generator. ``op``: the
+    operator's name in messages (``"ops.fmha"``)."""
     if rng_state is None:
         if paddle.in_dynamic_mode():
             gen = _compat.default_generator(q.place)
@@ -75,18 +76,18 @@ def rng_state_tensor(rng_state, q):
         ):
             error = TypeError if rng_state.dtype != paddle.int64 else ValueError
             raise error(
-                f"paddle_unpad.ops: rng_state must be (seed, offset) ints or a [2] int64 CPU tensor, got a tensor of shape {list(rng_state.shape)}, dtype {dtype_name(rng_state)} on {rng_state.place}"
+                f"paddle_unpad.{op}: rng_state must be (seed, offset) ints or a [2] int64 CPU tensor, got a tensor of shape {list(rng_state.shape)}, dtype {dtype_name(rng_state)} on {rng_state.place}"
             )
         return rng_state
     if not isinstance(rng_state, (tuple, list)) or any(
         isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) for v in rng_state
     ):
         raise TypeError(
-            f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints or a [2] int64 CPU tensor, got {rng_state!r}"
+            f"paddle_unpad.{op}: rng_state must be a (seed, offset) pair of ints or a [2] int64 CPU tensor, got {rng_state!r}"
         )
     if len(rng_state) != 2:
         raise ValueError(
-            f"paddle_unpad.ops: rng_state must be a (seed, offset) pair of ints, got {len(rng_state)} values: {rng_state!r}"
+            f"paddle_unpad.{op}: rng_state must be a (seed, offset) pair of ints, got {len(rng_state)} values: {rng_state!r}"
         )
     seed, offset = rng_state
     return paddle.to_tensor([as_int64(seed), int(offset) & 0xFFFFFFFF], dtype="int64", place=paddle.CPUPlace())

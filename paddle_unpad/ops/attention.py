@@ -126,9 +126,9 @@ def _scale_and_p(head_dim, dropout, scale, training):
     return (1.0 / math.sqrt(head_dim) if scale is None else float(scale)), (float(dropout) if training else 0.0)
 
 
-def _rng_if_dropping(rng_state, x, p):
+def _rng_if_dropping(rng_state, x, p, op=_FMHA):
     # drawn only where a mask is made: drawing moves Paddle's generator
-    return _call.rng_state_tensor(rng_state, x) if p > 0.0 else None
+    return _call.rng_state_tensor(rng_state, x, op) if p > 0.0 else None
 
 
 @host_only
@@ -209,10 +209,10 @@ def fmha(
         return _fmha_reference(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
     warn_once(
         ("fmha", refusal),
-        f"fmha: {refusal}; attention runs as plain Paddle ops over length buckets (paddle_unpad.ops.bucketed_attention, slower). This warning is shown once.",
+        f"paddle_unpad.{_FMHA}: {refusal}; attention runs as plain Paddle ops over length buckets (paddle_unpad.ops.bucketed_attention, slower). This warning is shown once.",
         RuntimeWarning,
     )
-    rng = _call.rng_state_tensor(rng_state, q) if p > 0.0 and rng_state is not None else None
+    rng = _call.rng_state_tensor(rng_state, q, _FMHA) if p > 0.0 and rng_state is not None else None
     return bucketed_attention(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
 
 
@@ -353,7 +353,7 @@ def fmha_qkvpacked(
     _grouping(grouping)
     _deterministic(deterministic)
     scale, p = _scale_and_p(qkv.shape[3], dropout, scale, training)
-    rng = _rng_if_dropping(rng_state, qkv, p)
+    rng = _rng_if_dropping(rng_state, qkv, p, _FMHA_QKV)
     bias = paddle.zeros([3] + list(qkv.shape[2:]), dtype=qkv.dtype) if bias is None else _call.like_x(bias, qkv)
     out, _lse = _call.call_native(REGISTERED["fmha_qkvpacked"], qkv, bias, cu_seqlens, rng, int(max_seqlen), scale, p)
     return out

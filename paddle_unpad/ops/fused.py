@@ -66,12 +66,12 @@ def _check_x(op, x):
 
 
 @host_only
-def _filled_vector(x, value):
+def _filled_vector(x, value, op):
     """A [F] tensor of x's dtype and place holding `value` (stands in for a None vector)."""
     f = x.shape[-1]
     if not _known(f):
         raise ValueError(
-            "paddle_unpad.ops: the last dimension of x must be known to use a None bias / ln_weight / ln_bias"
+            f"paddle_unpad.{op}: the last dimension of x must be known to use a None bias / ln_weight / ln_bias"
         )
     return paddle.full([f], value, dtype=x.dtype)
 
@@ -106,7 +106,7 @@ def bias_gelu(x, bias):
     """
     _host_malloc.ensure(f"paddle_unpad.{_GELU}")
     _check_bias_gelu_args(x, bias)
-    bias = _filled_vector(x, 0.0) if bias is None else _call.like_x(bias, x)
+    bias = _filled_vector(x, 0.0, _GELU) if bias is None else _call.like_x(bias, x)
     if _call.native_ok(REGISTERED["bias_gelu"], x):
         return _call.call_native(REGISTERED["bias_gelu"], x, bias)[0]
     return _bias_gelu_reference(x, bias)
@@ -116,7 +116,7 @@ def bias_gelu_reference(x, bias):
     """Plain-Paddle ``bias_gelu``: ``paddle.nn.functional.gelu(x + bias, approximate=False)``,
     computed in float32 (float64 if x is) and rounded once to x's dtype, as the kernels do."""
     _check_bias_gelu_args(x, bias)
-    bias = _filled_vector(x, 0.0) if bias is None else _call.like_x(bias, x)
+    bias = _filled_vector(x, 0.0, _GELU) if bias is None else _call.like_x(bias, x)
     return _bias_gelu_reference(x, bias)
 
 
@@ -249,11 +249,11 @@ def _bdrln_prepare(x, bias, residual, ln_weight, ln_bias, dropout, epsilon, trai
     _check_bdrln_args(x, bias, residual, ln_weight, ln_bias, dropout, epsilon)
     y_dtype, ln_dtype = _bdrln_dtypes(x, residual, ln_weight, ln_bias)
     residual = _as(residual, y_dtype)
-    bias = _filled_vector(x, 0.0) if bias is None else _call.like_x(bias, x)
+    bias = _filled_vector(x, 0.0, _BDRLN) if bias is None else _call.like_x(bias, x)
     ln_weight = paddle.full([x.shape[-1]], 1.0, dtype=ln_dtype) if ln_weight is None else _as(ln_weight, ln_dtype)
     ln_bias = paddle.full([x.shape[-1]], 0.0, dtype=ln_dtype) if ln_bias is None else _as(ln_bias, ln_dtype)
     p = float(dropout) if training else 0.0
-    rng = _call.rng_state_tensor(rng_state, x) if p > 0.0 else None
+    rng = _call.rng_state_tensor(rng_state, x, _BDRLN) if p > 0.0 else None
     return x, bias, residual, ln_weight, ln_bias, p, rng
 
 
