@@ -55,7 +55,9 @@ class Variable(NamedTuple):
 MALLOPT_WHEN = "the first convert(), unpadded layer, op call or paddle_unpad DistributedStrategy"
 # Clauses of the meanings below, named to keep the table's lines short
 _MALLOPT_AT = f"mallopt at {MALLOPT_WHEN}, unless the user tuned malloc's mmap/trim settings"
-_GROUP_STORES_READ = "read when the plugin makes its first group or a paddle_unpad DistributedStrategy is built"
+_GROUP_STORES_READ = (
+    "read when the plugin makes its first group, a paddle_unpad DistributedStrategy or an UnpadTrainer is built"
+)
 _GROUP_STORES_OFF = "off: Paddle's groups share the job's store and can read each other's addresses; must be equal on every rank: compared across ranks there"
 _NODELAY_OFF = "off: each request can wait ~40 ms for a delayed ACK"
 
