@@ -27,6 +27,8 @@ import statistics
 import sys
 import time
 
+from example_util import omp_num_threads
+
 LENGTHS = [512, 241, 239, 512, 512, 512, 512, 512, 286, 315, 241, 215, 512, 512, 512, 51]
 
 
@@ -40,8 +42,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if args.threads is None:
-        env = os.environ.get("OMP_NUM_THREADS", "")
-        args.threads = int(env) if env.isdigit() and int(env) > 0 else 2
+        args.threads = omp_num_threads(2)
     # before paddle is imported: the same for both sides (equal to the user's setting unless --threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
 

@@ -19,12 +19,55 @@ def make_parser(description):
     return argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
 
+def add_options(parser, rows):
+    """Add the options of ``rows``, each ``(flag, default, help)``, in their order: a ``False`` default makes a
+    switch (``store_true``); any other default's type (int, float) is the option's, a string default takes
+    the text as given. ``parser`` may be an argument group."""
+    for flag, default, text in rows:
+        if default is False:
+            parser.add_argument(flag, action="store_true", help=text)
+        else:
+            parser.add_argument(
+                flag, type=None if isinstance(default, str) else type(default), default=default, help=text
+            )
+    return parser
+
+
+def refuse_below(parser, args, **least):
+    """``parser.error`` (exit 2) for the first option below its least value (``least``: dest=value)."""
+    for name, low in least.items():
+        if getattr(args, name) < low:
+            parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+
+
+def add_mode_args(parser, stock_flag, stock_help):
+    """The run's mode, one of: ``stock_flag`` (stock PaddleNLP alone), ``--compare`` (stock, then
+    paddle_unpad) or neither (paddle_unpad alone)."""
+    mode = parser.add_mutually_exclusive_group()
+    compare = "train stock PaddleNLP, then the unpadded model, and print a comparison table"
+    return add_options(mode, [(stock_flag, False, stock_help), ("--compare", False, compare)])
+
+
+# the examples' dropout option, as an ``add_options`` row
+DROPOUT_OPTION = ("--dropout", 0.1, "hidden and attention dropout")
+
+
 def add_run_args(parser):
     """The options every example has: where outputs go, how chatty the run is."""
-    parser.add_argument("--output-dir", default="", help="write checkpoints, history and plots here (empty: none)")
-    parser.add_argument("--verbose", action="store_true", help="show Paddle's and PaddleNLP's start-up log lines")
-    parser.add_argument("--no-progress", action="store_true", help="no progress lines with the time left")
-    return parser
+    return add_options(
+        parser,
+        [
+            ("--output-dir", "", "write checkpoints, history and plots here (empty: none)"),
+            ("--verbose", False, "show Paddle's and PaddleNLP's start-up log lines"),
+            ("--no-progress", False, "no progress lines with the time left"),
+        ],
+    )
+
+
+def omp_num_threads(fallback):
+    """``OMP_NUM_THREADS`` when it is set to a positive whole number, else ``fallback``."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else fallback
 
 
 # --- the user's model and data ------------------------------------------------------------------------
@@ -53,19 +96,19 @@ def add_classifier_data_args(parser):
     g = parser.add_argument_group(
         "data files (jsonl, csv or tsv with named columns; default: the bundled Rotten Tomatoes snippets)"
     )
-    g.add_argument("--train-file", default="", help="training rows (empty: the bundled data)")
-    g.add_argument(
-        "--eval-file",
-        default="",
-        help="evaluation rows, labels as in --train-file (empty: no evaluation with --train-file)",
+    label_help = (
+        "column of the label: class ids (0, 1, ...) or names (numbered in sorted order, the mapping "
+        f"saved as {LABELS_FILE})"
     )
-    g.add_argument("--text-column", default="text", help="column of the text")
-    g.add_argument("--text-pair-column", default="", help="column of a second text (sentence pairs; empty: none)")
-    g.add_argument(
-        "--label-column",
-        default="label",
-        help="column of the label: class ids (0, 1, ...) or names (numbered in sorted order, the mapping "
-        f"saved as {LABELS_FILE})",
+    add_options(
+        g,
+        [
+            ("--train-file", "", "training rows (empty: the bundled data)"),
+            ("--eval-file", "", "evaluation rows, labels as in --train-file (empty: no evaluation with --train-file)"),
+            ("--text-column", "text", "column of the text"),
+            ("--text-pair-column", "", "column of a second text (sentence pairs; empty: none)"),
+            ("--label-column", "label", label_help),
+        ],
     )
     return parser
 
@@ -74,6 +117,11 @@ def check_data_args(parser, args):
     """Refuse data options that do not go together (``parser.error``: exit 2)."""
     if args.eval_file and not args.train_file:
         parser.error(f"--eval-file {args.eval_file!r} needs --train-file (its labels number the classes)")
+    check_data_files(parser, args)
+
+
+def check_data_files(parser, args):
+    """Refuse a ``--train-file`` or ``--eval-file`` that is not there (``parser.error``: exit 2)."""
     for flag, path in (("--train-file", args.train_file), ("--eval-file", args.eval_file)):
         if path and not os.path.isfile(path):
             parser.error(f"{flag} {path!r}: no such file")

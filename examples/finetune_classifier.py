@@ -41,10 +41,13 @@ from types import SimpleNamespace
 import numpy as np
 
 from example_util import (
+    DROPOUT_OPTION,
     Progress,
     StepHistory,
     add_classifier_data_args,
+    add_mode_args,
     add_model_args,
+    add_options,
     add_run_args,
     check_data_args,
     check_max_seq_len,
@@ -60,6 +63,7 @@ from example_util import (
     plot_or_skip,
     position_limit,
     quiet_logs,
+    refuse_below,
     refuse_other_checkpoint,
     save_labels,
     steps,
@@ -69,53 +73,35 @@ HISTORY, PLOT, OPT_STATE, TRAIN_STATE = "history.json", "loss.png", "optimizer.p
 _FLEET_READY = []  # fleet.init has run in this process
 
 
+# (flag, default, help): see example_util.add_options
+TRAINING_OPTIONS = [
+    ("--no-balance", False, "unpadded, but without exchanging samples"),
+    ("--epochs", 1.0, "epochs the learning-rate schedule spans"),
+    ("--max-steps", 0, "stop after this many steps (0: no cap); the LR schedule still spans --epochs"),
+    (
+        "--time-budget",
+        0.0,
+        "stop before the step that would take the training time past this many seconds "
+        "(0: off); the ranks agree on the step, and the summary reports it",
+    ),
+    ("--max-train", 0, "use the first N training snippets (0: all)"),
+    ("--max-dev", 0, "evaluate on the first N dev snippets (0: all)"),
+    ("--batch-size", 32, "per rank"),
+    ("--lr", 1e-4, "peak learning rate (linear warm-up and decay)"),
+    ("--warmup", 0.1, "warm-up share of the steps"),
+    ("--max-seq-len", 128, "longer texts are truncated (at most the model's max_position_embeddings)"),
+    DROPOUT_OPTION,
+    ("--seed", 42, "parameter initialisation, shuffling and dropout"),
+    ("--json-out", "", "write a JSON summary here (rank 0)"),
+    ("--save-steps", 0, "also write a checkpoint into OUTPUT_DIR/checkpoint-<step> every N steps (0: only at the end)"),
+    ("--resume", "", "continue from this checkpoint folder (an --output-dir or its checkpoint-<step>)"),
+]
+
+
 def parse_args(argv=None):
     p = make_parser(__doc__.split("\n\n")[0])
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--no-unpad", action="store_true", help="stock PaddleNLP path (padding to the batch max)")
-    mode.add_argument(
-        "--compare",
-        action="store_true",
-        help="train stock PaddleNLP, then the unpadded model, and print a comparison table",
-    )
-    p.add_argument("--no-balance", action="store_true", help="unpadded, but without exchanging samples")
-    p.add_argument("--epochs", type=float, default=1.0, help="epochs the learning-rate schedule spans")
-    p.add_argument(
-        "--max-steps",
-        type=int,
-        default=0,
-        help="stop after this many steps (0: no cap); the LR schedule still spans --epochs",
-    )
-    p.add_argument(
-        "--time-budget",
-        type=float,
-        default=0.0,
-        help="stop before the step that would take the training time past this many seconds "
-        "(0: off); the ranks agree on the step, and the summary reports it",
-    )
-    p.add_argument("--max-train", type=int, default=0, help="use the first N training snippets (0: all)")
-    p.add_argument("--max-dev", type=int, default=0, help="evaluate on the first N dev snippets (0: all)")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (linear warm-up and decay)")
-    p.add_argument("--warmup", type=float, default=0.1, help="warm-up share of the steps")
-    p.add_argument(
-        "--max-seq-len",
-        type=int,
-        default=128,
-        help="longer texts are truncated (at most the model's max_position_embeddings)",
-    )
-    p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout")
-    p.add_argument("--seed", type=int, default=42, help="parameter initialisation, shuffling and dropout")
-    p.add_argument("--json-out", default="", help="write a JSON summary here (rank 0)")
-    p.add_argument(
-        "--save-steps",
-        type=int,
-        default=0,
-        help="also write a checkpoint into OUTPUT_DIR/checkpoint-<step> every N steps (0: only at the end)",
-    )
-    p.add_argument(
-        "--resume", default="", help="continue from this checkpoint folder (an --output-dir or its checkpoint-<step>)"
-    )
+    add_mode_args(p, "--no-unpad", "stock PaddleNLP path (padding to the batch max)")
+    add_options(p, TRAINING_OPTIONS)
     add_model_args(p)
     add_classifier_data_args(p)
     add_run_args(p)
@@ -123,9 +109,7 @@ def parse_args(argv=None):
     check_data_args(p, args)
     if args.resume and args.compare:
         p.error("--resume continues one run: give --no-unpad or neither, not --compare")
-    for name, low in (("max_steps", 0), ("save_steps", 0), ("batch_size", 1)):
-        if getattr(args, name) < low:
-            p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    refuse_below(p, args, max_steps=0, save_steps=0, batch_size=1)
     if args.epochs <= 0:
         p.error(f"--epochs must be > 0, got {args.epochs}")
     if args.save_steps and not args.output_dir:

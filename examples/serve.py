@@ -22,7 +22,6 @@ Answers name the classes as the model does: ``labels.json`` next to the export (
 examples write it), else the ``id2label`` of the model's configuration, else the class ids.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -32,12 +31,14 @@ import time
 import numpy as np
 
 from example_util import (
+    add_options,
     check_max_seq_len,
     encode_text,
     load_classifier,
     load_labels,
     load_pretrained,
     load_tokenizer,
+    make_parser,
     model_config,
     model_source,
     position_limit,
@@ -53,45 +54,42 @@ MODEL_EXTS = (".json", ".pdmodel", ".pdiparams")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = make_parser(__doc__.split("\n\n")[0])
     p.add_argument("texts", nargs="*", help="texts to classify; none: read stdin, one text per line")
-    p.add_argument(
-        "--export",
-        default="",
-        help="an unpadded export: its folder, one of its files (<prefix>.json or .pdmodel, "
-        "<prefix>.pdiparams) or its path prefix; empty: convert and export the demo model first",
-    )
-    p.add_argument(
-        "--model-dir",
-        default="",
-        help="without --export: the sequence classifier to export: a save_pretrained folder (BERT, "
-        "ERNIE, RoBERTa), a PaddleNLP model name or a Hugging Face BERT folder; empty: the demo "
-        "model, all-MiniLM-L6-v2 with a fresh, untrained 2-class head",
-    )
-    p.add_argument(
-        "--export-to",
-        default="",
-        help="without --export: write the export, its tokenizer and labels.json into this folder "
-        "(serve it later with --export FOLDER); empty: a temporary folder",
-    )
-    p.add_argument(
-        "--tokenizer",
-        default="",
-        help="tokenizer folder, vocab.txt or PaddleNLP name; empty: the one saved next to the export",
-    )
-    p.add_argument("--max-seq-len", type=int, default=128, help="tokens per text at most ([CLS] and [SEP] included)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="CPU math threads of the predictor; also OMP_NUM_THREADS (which paddle_unpad's kernels "
-        "follow) when it is unset",
-    )
-    p.add_argument("--onednn", action="store_true", help="switch on Paddle Inference's oneDNN kernels")
-    p.add_argument("--no-ir-optim", action="store_true", help="switch off Paddle Inference's graph optimisation passes")
-    p.add_argument("--verbose", action="store_true", help="show Paddle's and PaddleNLP's log lines")
+    # (flag, default, help): see example_util.add_options
+    options = [
+        (
+            "--export",
+            "",
+            "an unpadded export: its folder, one of its files (<prefix>.json or .pdmodel, "
+            "<prefix>.pdiparams) or its path prefix; empty: convert and export the demo model first",
+        ),
+        (
+            "--model-dir",
+            "",
+            "without --export: the sequence classifier to export: a save_pretrained folder (BERT, "
+            "ERNIE, RoBERTa), a PaddleNLP model name or a Hugging Face BERT folder; empty: the demo "
+            "model, all-MiniLM-L6-v2 with a fresh, untrained 2-class head",
+        ),
+        (
+            "--export-to",
+            "",
+            "without --export: write the export, its tokenizer and labels.json into this folder "
+            "(serve it later with --export FOLDER); empty: a temporary folder",
+        ),
+        ("--tokenizer", "", "tokenizer folder, vocab.txt or PaddleNLP name; empty: the one saved next to the export"),
+        ("--max-seq-len", 128, "tokens per text at most ([CLS] and [SEP] included)"),
+        (
+            "--threads",
+            1,
+            "CPU math threads of the predictor; also OMP_NUM_THREADS (which paddle_unpad's kernels "
+            "follow) when it is unset",
+        ),
+        ("--onednn", False, "switch on Paddle Inference's oneDNN kernels"),
+        ("--no-ir-optim", False, "switch off Paddle Inference's graph optimisation passes"),
+        ("--verbose", False, "show Paddle's and PaddleNLP's log lines"),
+    ]
+    add_options(p, options)
     args = p.parse_args(argv)
     if args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
