@@ -520,6 +520,27 @@ def comparison_table(fields, left, right, headers=("stock (padded)", "paddle_unp
     return lines
 
 
+# how comparison tables show a run summary's numbers: key -> (label, format)
+SUMMARY_FIELDS = {
+    "samples_per_s": ("samples/s", "{:.1f}"),
+    "tokens_per_s": ("tokens/s", "{:.0f}"),
+    "step_ms": ("step time (ms)", "{:.1f}"),
+    "last_loss": ("final loss", "{:.4f}"),
+    "dev_accuracy": ("dev accuracy", "{:.4f}"),
+    "mlm_accuracy": ("MLM accuracy", "{:.4f}"),
+    "mlm_loss": ("MLM eval loss", "{:.4f}"),
+    "peak_rss_mb_rank0": ("peak RSS rank 0 (MB)", "{:.0f}"),
+    "train_seconds": ("train time (s)", "{:.1f}"),
+}
+
+
+def compare_summaries(keys, stock, unpadded):
+    """``comparison_table`` of two run summaries, a row for each of ``keys`` (of ``SUMMARY_FIELDS``) that
+    both summaries have a value for."""
+    shown = [k for k in keys if stock.get(k) is not None and unpadded.get(k) is not None]
+    return comparison_table([(SUMMARY_FIELDS[k][0], k, SUMMARY_FIELDS[k][1]) for k in shown], stock, unpadded)
+
+
 def format_duration(seconds):
     """1m02s, 3h05m, 45s."""
     s = int(round(max(0.0, seconds)))

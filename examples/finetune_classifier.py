@@ -53,7 +53,7 @@ from example_util import (
     check_max_seq_len,
     classifier_data,
     closing_line,
-    comparison_table,
+    compare_summaries,
     encode_text,
     load_classifier,
     load_tokenizer,
@@ -221,24 +221,17 @@ def main(argv=None):
     return summary
 
 
-COMPARE_FIELDS = [
-    ("samples/s", "samples_per_s", "{:.1f}"),
-    ("tokens/s", "tokens_per_s", "{:.0f}"),
-    ("final loss", "last_loss", "{:.4f}"),
-    ("dev accuracy", "dev_accuracy", "{:.4f}"),
-    ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0", "{:.0f}"),
-    ("train time (s)", "train_seconds", "{:.1f}"),
-]
+# the comparison table's rows (example_util.SUMMARY_FIELDS)
+COMPARED = ("samples_per_s", "tokens_per_s", "last_loss", "dev_accuracy", "peak_rss_mb_rank0", "train_seconds")
 
 
 def print_comparison(stock, unpadded, args):
     """The two runs side by side (``make demo``'s table) and how far their per-step losses differ."""
-    fields = [f for f in COMPARE_FIELDS if stock.get(f[1]) is not None and unpadded.get(f[1]) is not None]
     print(
         f"\n{stock['title']}, {stock['ranks']} rank(s), batch {args.batch_size}/rank, {stock['steps']} steps, "
         f"dropout {args.dropout:g}; the same samples and initial weights"
     )
-    print("\n".join(comparison_table(fields, stock, unpadded)))
+    print("\n".join(compare_summaries(COMPARED, stock, unpadded)))
     diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(stock["history"], unpadded["history"])]
     print(
         f"per-step loss: max |stock - paddle_unpad| {max(diffs):.2e} over {len(diffs)} steps; "

@@ -58,7 +58,7 @@ from example_util import (
     check_data_files,
     check_max_seq_len,
     closing_line,
-    comparison_table,
+    compare_summaries,
     load_pretrained,
     load_tokenizer,
     make_parser,
@@ -584,25 +584,18 @@ class Run:
         return s
 
 
-COMPARE_FIELDS = [
-    ("tokens/s", "tokens_per_s", "{:.0f}"),
-    ("step time (ms)", "step_ms", "{:.1f}"),
-    ("final loss", "last_loss", "{:.4f}"),
-    ("MLM accuracy", "mlm_accuracy", "{:.4f}"),
-    ("MLM eval loss", "mlm_loss", "{:.4f}"),
-    ("train time (s)", "train_seconds", "{:.1f}"),
-]
+# the comparison table's rows (example_util.SUMMARY_FIELDS)
+COMPARED = ("tokens_per_s", "step_ms", "last_loss", "mlm_accuracy", "mlm_loss", "train_seconds")
 
 
 def print_comparison(stock, unpadded, args, title):
     diffs = [abs(a - b) for a, b in zip(stock["losses"], unpadded["losses"])]
-    fields = [f for f in COMPARE_FIELDS if f[1] in stock and f[1] in unpadded]
     print(
         f"\n{title} pre-training (MLM + NSP, LAMB), {stock['ranks']} rank(s), "
         f"batch {args.batch_size}/rank, {stock['steps']} steps, dropout {args.dropout:g}; the same samples "
         f"and initial weights"
     )
-    print("\n".join(comparison_table(fields, stock, unpadded)))
+    print("\n".join(compare_summaries(COMPARED, stock, unpadded)))
     print(
         f"per-step loss: max |stock - paddle_unpad| {max(diffs):.2e} over {len(diffs)} steps "
         f"(largest relative {max(d / abs(a) for d, a in zip(diffs, stock['losses'])):.2e}); "

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from example_util import Progress, add_options, comparison_table, omp_num_threads
+from example_util import Progress, add_options, compare_summaries, omp_num_threads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LABELS = {"padded": "stock (padded)", "unpadded": "paddle_unpad"}
@@ -225,14 +225,8 @@ def report(args, pad, unp, seconds, step_s=None):
         f"(stock: {pad['train_tokens']}); both jobs took {seconds:.0f} s "
         f"({pad['job_seconds']:.0f} + {unp['job_seconds']:.0f}, start-up and evaluation included)\n"
     )
-    fields = [
-        ("samples/s", "samples_per_s", "{:.1f}"),
-        ("tokens/s", "tokens_per_s", "{:.0f}"),
-        ("dev accuracy", "dev_accuracy", "{:.4f}"),
-        ("peak RSS rank 0 (MB)", "peak_rss_mb_rank0", "{:.0f}"),
-        ("train time (s)", "train_seconds", "{:.1f}"),
-    ]
-    print("\n".join(comparison_table(fields, pad, unp)), flush=True)
+    compared = ("samples_per_s", "tokens_per_s", "dev_accuracy", "peak_rss_mb_rank0", "train_seconds")
+    print("\n".join(compare_summaries(compared, pad, unp)), flush=True)
 
 
 def write_json(path, pad, unp, plan=None):
