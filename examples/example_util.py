@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import warnings
+from types import SimpleNamespace
 
 
 def make_parser(description):
@@ -335,6 +336,15 @@ def check_max_seq_len(value, tokenizer, limit, pair=False, least=(0, ""), flag="
         )
 
 
+def checked_model(name_or_path, max_seq_len, flag="--model-name-or-path", pair=False):
+    """``(ModelSource, tokenizer)`` of ``name_or_path`` (``model_source``, ``load_tokenizer``), with
+    ``--max-seq-len`` checked against both (``check_max_seq_len``) before anything else is loaded."""
+    source = model_source(name_or_path, flag)
+    tokenizer = load_tokenizer(source)
+    check_max_seq_len(max_seq_len, tokenizer, position_limit(model_config(source)), pair=pair)
+    return source, tokenizer
+
+
 def classifier_data(args):
     """``(train rows, eval rows, label names)``: rows ``{"text", "label"[, "text_pair"]}`` from
     ``--train-file`` / ``--eval-file``, or the bundled Rotten Tomatoes split."""
@@ -354,6 +364,22 @@ def classifier_data(args):
             f"({names}); a classifier needs two or more"
         )
     return train, dev, names
+
+
+def classifier_inputs(args):
+    """What a classifier's training reads, checked before any work: the model's source
+    (``--model-name-or-path``), its tokenizer, ``--max-seq-len`` against both, the data's rows and class
+    names (``classifier_data``) and the run's title."""
+    source, tokenizer = checked_model(args.model_name_or_path, args.max_seq_len, pair=bool(args.text_pair_column))
+    train_rows, dev_rows, label_names = classifier_data(args)
+    return SimpleNamespace(
+        source=source,
+        tokenizer=tokenizer,
+        train_rows=train_rows,
+        dev_rows=dev_rows,
+        label_names=label_names,
+        title=f"{source.name} on {os.path.basename(args.train_file) or 'Rotten Tomatoes'}",
+    )
 
 
 def encode_text(tokenizer, row, max_seq_len):

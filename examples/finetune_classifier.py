@@ -50,18 +50,13 @@ from example_util import (
     add_options,
     add_run_args,
     check_data_args,
-    check_max_seq_len,
-    classifier_data,
+    classifier_inputs,
     closing_line,
     compare_summaries,
     encode_text,
     load_classifier,
-    load_tokenizer,
     make_parser,
-    model_config,
-    model_source,
     plot_or_skip,
-    position_limit,
     quiet_logs,
     refuse_below,
     refuse_other_checkpoint,
@@ -156,20 +151,14 @@ def pad_collate(samples):
     }
 
 
-# what the model reads from a batch (packed: cu_seqlens & co.; padded: attention_mask)
-MODEL_KEYS = (
-    "input_ids",
-    "token_type_ids",
-    "position_ids",
-    "attention_mask",
-    "cu_seqlens",
-    "cu_seqlens_host",
-    "max_seqlen",
-)
+# what the model reads from a batch: the tokens, and where each sample's tokens are (padded:
+# attention_mask; packed: cu_seqlens & co.)
+TOKEN_KEYS = ("input_ids", "token_type_ids", "position_ids")
+LAYOUT_KEYS = ("attention_mask", "cu_seqlens", "cu_seqlens_host", "max_seqlen")
 
 
 def model_inputs(batch):
-    return {k: batch[k] for k in MODEL_KEYS if k in batch}
+    return {k: batch[k] for k in TOKEN_KEYS + LAYOUT_KEYS if k in batch}
 
 
 class ListDataset:
@@ -183,24 +172,10 @@ class ListDataset:
         return self.items[i]
 
 
-def prepare(args):
-    """What every run of this process shares, read and checked before any work: the model's source, its
-    tokenizer, ``--max-seq-len`` against both, and the data's rows and class names."""
-    source = model_source(args.model_name_or_path)
-    tokenizer = load_tokenizer(source)
-    check_max_seq_len(
-        args.max_seq_len, tokenizer, position_limit(model_config(source)), pair=bool(args.text_pair_column)
-    )
-    train_rows, dev_rows, label_names = classifier_data(args)
-    return SimpleNamespace(
-        source=source, tokenizer=tokenizer, train_rows=train_rows, dev_rows=dev_rows, label_names=label_names
-    )
-
-
 def main(argv=None):
     args = parse_args(argv)
     quiet_logs(args.verbose)
-    inputs = prepare(args)
+    inputs = classifier_inputs(args)
     if not args.compare:
         return train_and_report(args, inputs, not args.no_unpad, args.output_dir)
     out = args.output_dir
@@ -241,7 +216,7 @@ def print_comparison(stock, unpadded, args):
 
 
 def train_and_report(args, inputs, unpad, out_dir, plot=True):
-    """One training run (``unpad``: the converted model) on ``prepare``'s inputs; rank 0 saves its outputs
+    """One training run (``unpad``: the converted model) on ``classifier_inputs``' inputs; rank 0 saves its outputs
     into ``out_dir`` and ends with one line. Returns the summary, with the history and the plot title."""
     import paddle
 
@@ -337,7 +312,7 @@ def setup(args, inputs, unpad):
     job.tokenizer, job.label_names = inputs.tokenizer, inputs.label_names
     job.train = ListDataset(tokenize(job.tokenizer, inputs.train_rows[: args.max_train or None], args.max_seq_len))
     job.dev = ListDataset(tokenize(job.tokenizer, inputs.dev_rows[: args.max_dev or None], args.max_seq_len))
-    job.title = f"{inputs.source.name} on {os.path.basename(args.train_file) or 'Rotten Tomatoes'}"
+    job.title = inputs.title
     job.model = load_classifier(inputs.source, len(job.label_names), args.dropout)
     if job.unpad:
         pu.convert(job.model)

@@ -33,6 +33,7 @@ import numpy as np
 from example_util import (
     add_options,
     check_max_seq_len,
+    checked_model,
     encode_text,
     load_classifier,
     load_labels,
@@ -147,9 +148,7 @@ def export_model(model_dir, folder, max_seq_len):
     configuration (``config.json``) and class names (``labels.json``): the demo model's are the demo's
     classes, a given model's its own (``class_names``) or none. ``max_seq_len`` is checked against the
     tokenizer and the model's positions before any export. Returns the export's path prefix."""
-    source = model_source(model_dir, flag="--model-dir")
-    tokenizer = load_tokenizer(source)
-    check_max_seq_len(max_seq_len, tokenizer, position_limit(model_config(source)))
+    source, tokenizer = checked_model(model_dir, max_seq_len, flag="--model-dir")
     what = (
         repr(model_dir)
         if model_dir

@@ -42,16 +42,11 @@ from example_util import (
     Progress,
     StepHistory,
     check_data_args,
-    check_max_seq_len,
-    classifier_data,
+    classifier_inputs,
     closing_line,
     encode_text,
     load_classifier,
-    load_tokenizer,
-    model_config,
-    model_source,
     plot_or_skip,
-    position_limit,
     quiet_logs,
     refuse_other_checkpoint,
     save_labels,
@@ -331,25 +326,20 @@ def main(argv=None):
     from paddle_unpad.trainer import UnpadTrainer  # paddle_unpad line 1
 
     # the model, its tokenizer, --max-seq-len and the data, checked before any work
-    source = model_source(args.model_name_or_path)
-    tokenizer = load_tokenizer(source)
-    check_max_seq_len(
-        args.max_seq_len, tokenizer, position_limit(model_config(source)), pair=bool(args.text_pair_column)
-    )
-    train_rows, dev_rows, label_names = classifier_data(args)
+    inputs = classifier_inputs(args)
+    tokenizer, label_names = inputs.tokenizer, inputs.label_names
     # the Trainer needs a folder; without --output-dir it works in a temporary one and saves nothing
     out_dir = args.output_dir or tempfile.mkdtemp(prefix="trainer_classifier_")
     resume = resume_path(args.resume, out_dir)
     if resume:
         check_resume_ranks(resume, args.ignore_data_skip)
-    train = encode(tokenizer, train_rows, args.max_train, args.max_seq_len)
-    dev = encode(tokenizer, dev_rows, args.max_dev, args.max_seq_len)
+    train = encode(tokenizer, inputs.train_rows, args.max_train, args.max_seq_len)
+    dev = encode(tokenizer, inputs.dev_rows, args.max_dev, args.max_seq_len)
     paddle.seed(args.seed)  # the classifier head's initialisation
-    model = load_classifier(source, len(label_names), args.dropout)
+    model = load_classifier(inputs.source, len(label_names), args.dropout)
     label = "stock" if args.no_unpad else "paddle_unpad"
-    title = f"{source.name} on {os.path.basename(args.train_file) or 'Rotten Tomatoes'}"
     counter = TokenCounter()
-    callback = history_callback(label, args.output_dir, counter, resume, not args.no_progress, title)
+    callback = history_callback(label, args.output_dir, counter, resume, not args.no_progress, inputs.title)
     common = dict(
         model=model,
         args=training_arguments(args, out_dir),
