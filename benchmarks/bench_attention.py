@@ -468,17 +468,10 @@ def _results_head(args, dist, impl, avail):
     ffn_shape = (256 if args.quick else 2048, 384, 1536)
     ffn_gflops = gemm_gflops(*ffn_shape, repeats=max(args.repeats, 3))
     gemm_shape = ffn_shape if ffn_gflops >= ceiling else (matmul_n,) * 3
+    options = ("threads", "batch", "heads", "head_dim", "max_len", "repeats", "warmup", "quick", "seed")
     return {
         "config": {
-            "threads": args.threads,
-            "batch": args.batch,
-            "heads": args.heads,
-            "head_dim": args.head_dim,
-            "max_len": args.max_len,
-            "repeats": args.repeats,
-            "warmup": args.warmup,
-            "quick": args.quick,
-            "seed": args.seed,
+            **bench_util.options_of(args, options),
             "length_distribution": dist,
             "fmha_impl": impl,
             "ops_available": avail,
@@ -524,8 +517,7 @@ def main(argv=None):
     note = bench_util.load_note(load_start, load_end)
     if note:
         print(note)
-    bench_util.write_result(args.out, results)
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {bench_util.write_result(args.out, results)}")
     return results
 
 

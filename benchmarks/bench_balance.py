@@ -349,14 +349,7 @@ def real_run(steps, per_rank, warmup, rounds, timeout=900):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "real.json")
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        cmd = [
-            sys.executable,
-            "-m",
-            "paddle.distributed.launch",
-            "--nproc_per_node",
-            "2",
-            "--log_dir",
-            os.path.join(tmp, "log"),
+        script = [
             os.path.abspath(__file__),
             "--worker",
             out,
@@ -369,6 +362,7 @@ def real_run(steps, per_rank, warmup, rounds, timeout=900):
             "--rounds",
             str(rounds),
         ]
+        cmd = bench_util.launch_util().launch_cmd(script, 2, os.path.join(tmp, "log"))
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         if p.returncode != 0 or not os.path.exists(out):
             logs = ""

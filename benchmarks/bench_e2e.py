@@ -143,26 +143,7 @@ CATEGORY_RULES = (  # first match wins; names are lower-cased operator names
     ("GEMM", ("matmul", "linear", "addmm", "gemm")),
     ("embeddings", ("embedding",)),
     ("optimizer", ("adam", "lamb", "sgd", "momentum")),
-    (
-        "pack/unpack & layout",
-        (
-            "gather",
-            "scatter",
-            "index_",
-            "concat",
-            "split",
-            "slice",
-            "reshape",
-            "transpose",
-            "squeeze",
-            "pad",
-            "masked_select",
-            "nonzero",
-            "stack",
-            "flatten",
-            "expand",
-        ),
-    ),
+    ("pack/unpack & layout", bench_util.LAYOUT_OPS + ("pad", "masked_select", "nonzero")),
     ("loss & head", ("cross_entropy", "softmax", "tanh", "mean")),
     (
         "other element-wise",
@@ -755,19 +736,8 @@ def launch(args):
     for attempt in range(2):
         with tempfile.TemporaryDirectory(prefix="pu_e2e_") as td:
             out = os.path.join(td, "rank0.json")
-            cmd = [
-                sys.executable,
-                "-m",
-                "paddle.distributed.launch",
-                "--nproc_per_node",
-                str(nproc),
-                "--log_dir",
-                os.path.join(td, "log"),
-                os.path.abspath(__file__),
-                "--_worker",
-                out,
-            ]
-            cmd += args.argv
+            script = [os.path.abspath(__file__), "--_worker", out, *args.argv]
+            cmd = bench_util.launch_util().launch_cmd(script, nproc, os.path.join(td, "log"))
             env = dict(
                 os.environ,
                 OMP_NUM_THREADS=str(args.threads_per_rank),

@@ -682,8 +682,7 @@ def _print_scenarios(results):
             f"{'scenario':<10}{'pad%':>6}{'T':>7} | {'tok/s unpad':>11}{'batch_max':>10}{'max_len':>9} | "
             f"{'speedup bm':>10}{'ideal':>7}{'/ideal':>7} | {'speedup ml':>10}{'ideal':>7}{'/ideal':>7}"
         )
-        print(hdr)
-        print("-" * len(hdr))
+        bench_util.print_head(hdr)
         for s in results["scenarios"]:
             sd = s["sides"]
             print(
@@ -726,8 +725,7 @@ def _print_sweeps(results):
             f"{'speedup':>8}{'ideal':>7}{'/ideal':>7} | {'GFLOP/s useful unp':>18}{'pad':>6} | "
             f"{'alloc MiB unp':>13}{'pad':>6}"
         )
-        print(hdr)
-        print("-" * len(hdr))
+        bench_util.print_head(hdr)
         for s in sweep["points"]:
             sd = s["sides"]
             a = s["paddle_alloc_step_peak_bytes"]
@@ -890,14 +888,7 @@ def main(argv=None):
 
 def _run_config(args, cfg, dist, ops_available):
     return {
-        "threads": args.threads,
-        "parts": args.parts,
-        "batch": args.batch,
-        "max_len": args.max_len,
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "quick": args.quick,
-        "seed": args.seed,
+        **bench_util.options_of(args, ("threads", "parts", "batch", "max_len", "repeats", "warmup", "quick", "seed")),
         "length_distribution": dist,
         "ftz": args.ftz,
         "model": "tiny BERT" if args.quick else "MiniLM-L6-H384",

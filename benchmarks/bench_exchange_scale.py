@@ -225,18 +225,17 @@ def _step_times(it):
 
 def run(design, world, nodes, timeout):
     """One job (``nodes`` launchers of ``world // nodes`` ranks); rank 0's result, or why not."""
-    from launch_util import free_port, kill_tree  # tests/launch_util.py: bounded launches
+    from launch_util import LAUNCHER, free_port, kill_tree, launch_cmd  # tests/launch_util.py: bounded launches
 
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        base = [sys.executable, "-m", "paddle.distributed.launch"]
         tail = [__file__, "--worker", "--design", design, "--result", result]
         if nodes == 1:
-            cmds = [base + ["--nproc_per_node", str(world), "--log_dir", os.path.join(tmp, "log")] + tail]
+            cmds = [launch_cmd(tail, world, os.path.join(tmp, "log"))]
         else:
             master = f"127.0.0.1:{free_port()}"
             cmds = [
-                base
+                LAUNCHER
                 + [
                     "--master",
                     master,

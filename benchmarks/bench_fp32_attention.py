@@ -177,10 +177,8 @@ def main(argv=None):
             f"{entry['bucketed_over_useful']:.2f}x, batch max (stock) {entry['batch_max_over_useful']:.2f}x"
         )
         for model, share in entry["share_of_layer_flops"].items():
-            print(
-                f"  attention share of a {model} layer: packed {share['packed']:.1%}, bucketed "
-                f"{share['bucketed']:.1%}, stock {share['stock']:.1%}"
-            )
+            paths = ", ".join(f"{path} {share[path]:.1%}" for path in ("packed", "bucketed", "stock"))
+            print(f"  attention share of a {model} layer: {paths}")
         print(
             f"  CPU fp32 fwd+bwd ms (B={t['batch']}, S_max={t['max_seqlen']}): "
             + ", ".join(f"{n} {v:.1f}" for n, v in t["ms"].items())

@@ -177,8 +177,7 @@ def _print_rows(args, rows, native, isa, paddle_version):
     for mode, title in (("fwd", "forward"), ("fwd_bwd", "forward + backward")):
         print(f"\n== {title} ==")
         hdr = f"{'op':<34}{'shape':>13}{'p':>5}{'fused ms':>10}{'unfused ms':>12}{'speedup':>9}{'fused GB/s':>12}{'unfused GB/s':>14}"
-        print(hdr)
-        print("-" * len(hdr))
+        bench_util.print_head(hdr)
         for r in rows:
             if r["mode"] != mode:
                 continue

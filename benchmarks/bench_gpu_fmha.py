@@ -181,32 +181,10 @@ def varlen_entry(torch):
 def aten_flash_entry(torch):
     """(forward, backward) of torch.ops.aten._flash_attention_*, checked against the argument
     order this script passes, or (None, reason)."""
-    want_f = [
-        "query",
-        "key",
-        "value",
-        "cum_seq_q",
-        "cum_seq_k",
-        "max_q",
-        "max_k",
-        "dropout_p",
-        "is_causal",
-        "return_debug_mask",
-    ]
-    want_b = [
-        "grad_out",
-        "query",
-        "key",
-        "value",
-        "out",
-        "logsumexp",
-        "cum_seq_q",
-        "cum_seq_k",
-        "max_q",
-        "max_k",
-        "dropout_p",
-        "is_causal",
-    ]  # then (rng_state, unused) or (philox_seed, philox_offset)
+    varlen = ["cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p", "is_causal"]  # both directions take these
+    want_f = ["query", "key", "value", *varlen, "return_debug_mask"]
+    # the backward's next two: (rng_state, unused) or (philox_seed, philox_offset)
+    want_b = ["grad_out", "query", "key", "value", "out", "logsumexp", *varlen]
     try:
         fwd, bwd = torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
         for op, want in ((fwd, want_f), (bwd, want_b)):

@@ -73,24 +73,7 @@ KINDS = (
     ),
     ("GEMM (padded: with attention's batched matmuls)", ("matmul", "linear")),
     ("embeddings", ("embedding",)),
-    (
-        "layout & packing",
-        (
-            "gather",
-            "scatter",
-            "concat",
-            "split",
-            "slice",
-            "reshape",
-            "transpose",
-            "squeeze",
-            "unsqueeze",
-            "stack",
-            "flatten",
-            "expand",
-            "index_",
-        ),
-    ),
+    ("layout & packing", bench_util.LAYOUT_OPS),  # "squeeze" also matches unsqueeze
     (
         "other element-wise",
         ("scale", "cast", "full", "subtract", "multiply", "tanh", "cumsum", "assign", "where", "equal"),

@@ -1,4 +1,5 @@
-"""What every benchmark shares: the machine a result came from, threads, timing, result files.
+"""What every benchmark shares: the machine a result came from, threads, timing, result files,
+the encoder shapes, the launcher's command line.
 
 Importing this module loads neither Paddle nor the package (benchmark parents that only
 launch workers stay light); :func:`run_info` adds the Paddle side once Paddle is loaded.
@@ -18,25 +19,39 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 
+
+def encoder_shape(vocab, hidden, layers, heads, ffn, positions):
+    """The size fields of a BERT config (two token types)."""
+    return dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        max_position_embeddings=positions,
+        type_vocab_size=2,
+    )
+
+
+# Operators that only move, gather or reshape data: the profiles' layout kind (substrings of operator names).
+LAYOUT_OPS = (
+    "gather",
+    "scatter",
+    "index_",
+    "concat",
+    "split",
+    "slice",
+    "reshape",
+    "transpose",
+    "squeeze",
+    "stack",
+    "flatten",
+    "expand",
+)
+
 # The encoder shapes the benchmarks time: MiniLM's (the real model) and a tiny one for smoke runs.
-MINILM = dict(
-    vocab_size=30522,
-    hidden_size=384,
-    num_hidden_layers=6,
-    num_attention_heads=12,
-    intermediate_size=1536,
-    max_position_embeddings=512,
-    type_vocab_size=2,
-)
-TINY = dict(
-    vocab_size=1000,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=256,
-    max_position_embeddings=64,
-    type_vocab_size=2,
-)
+MINILM = encoder_shape(30522, 384, 6, 12, 1536, 512)
+TINY = encoder_shape(1000, 64, 2, 4, 256, 64)
 
 
 def _load_by_path(name):
@@ -53,6 +68,17 @@ def _load_by_path(name):
 
 _host = _load_by_path("_runtime/host")
 config = _load_by_path("config")
+
+
+def launch_util():
+    """tests/launch_util.py, the launcher helpers the tests use too: the command line of a
+    ``paddle.distributed.launch`` job, bounded runs, free ports."""
+    tests = os.path.join(ROOT, "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import launch_util
+
+    return launch_util
 
 
 def load_average():
@@ -117,6 +143,12 @@ def set_threads(threads):
         set_num_threads(threads)
 
 
+def print_head(header):
+    """Print a table's header line and a rule as wide."""
+    print(header)
+    print("-" * len(header))
+
+
 def time_calls(fn, repeats, warmup=1, sync=None):
     """Seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones (``sync`` before
     and after each timed call: a device synchronise)."""
@@ -151,6 +183,11 @@ def interleaved_times(fns, warmup, repeats, call=None):
     return times
 
 
+def options_of(args, names):
+    """The values of the command-line options ``names`` (attribute names), for a result's config."""
+    return {name: getattr(args, name) for name in names}
+
+
 def make_step(model, opt, batch):
     """One training step of a PaddleNLP-style model (first output = loss): forward, backward,
     optimizer step; returns the loss."""
@@ -177,25 +214,20 @@ def attention_cases(lengths, H, D, rng):
     cu, max_seqlen = paddle_unpad.cu_seqlens_from_lengths(lengths)
     T = int(sum(lengths))
     data = [rng.standard_normal((T, H, D)).astype(np.float32) for _ in range(4)]  # q, k, v, dout
-    packed = [paddle.to_tensor(a, stop_gradient=False) for a in data[:3]]
-    dout_packed = paddle.to_tensor(data[3])
     keep = np.arange(S)[None, :] < np.asarray(lengths)[:, None]  # [B, S]
     padded = []
     for a in data:
         p = np.zeros((B, S, H, D), np.float32)
         p[keep] = a
         padded.append(p)
-    padded_t = [paddle.to_tensor(a, stop_gradient=False) for a in padded[:3]]
-    dout_padded = paddle.to_tensor(padded[3])
-    add_mask = paddle.to_tensor(np.where(keep, 0.0, -1e4).astype(np.float32)[:, None, None, :])  # [B,1,1,S]
     return dict(
-        packed=packed,
-        dout_packed=dout_packed,
+        packed=[paddle.to_tensor(a, stop_gradient=False) for a in data[:3]],
+        dout_packed=paddle.to_tensor(data[3]),
         cu=cu,
         max_seqlen=max_seqlen,
-        padded=padded_t,
-        dout_padded=dout_padded,
-        mask=add_mask,
+        padded=[paddle.to_tensor(a, stop_gradient=False) for a in padded[:3]],
+        dout_padded=paddle.to_tensor(padded[3]),
+        mask=paddle.to_tensor(np.where(keep, 0.0, -1e4).astype(np.float32)[:, None, None, :]),  # [B, 1, 1, S]
         keep=keep,
     )
 
