@@ -9,6 +9,7 @@ and only ratios measured side by side in one run are meaningful.
 """
 
 import datetime
+import functools
 import json
 import os
 import platform
@@ -89,6 +90,21 @@ def _newest(stem):
     if not files:
         return None, None
     return max(files.values(), key=lambda dw: _date(*dw))
+
+
+def _section(results):
+    """A report section drawn from one results file: ``results`` names it (``encoder.json``) or, without
+    ``.json``, the stem of a file per host kind (the newest is shown). Without the file, no section."""
+
+    def wrap(body):
+        @functools.wraps(body)
+        def section():
+            d, when = _load(results) if results.endswith(".json") else _newest(results)
+            return [] if d is None else body(d, when)
+
+        return section
+
+    return wrap
 
 
 def _cpu():
@@ -291,10 +307,8 @@ def targets():
     return lines
 
 
-def attention():
-    d, when = _newest("attention")
-    if d is None:
-        return []
+@_section("attention")
+def attention(d, when):
     c = d["config"]
     load = c.get("loadavg_1min")
     lines = _header(
@@ -415,10 +429,8 @@ def attention():
     return lines
 
 
-def fused():
-    d, when = _load("fused_ops.json")
-    if d is None:
-        return []
+@_section("fused_ops.json")
+def fused(d, when):
     c = d["config"]
     lines = _header(
         "Fused encoder ops vs the unfused Paddle sequence",
@@ -443,10 +455,8 @@ def fused():
     return lines + _table(["op", "shape", "dropout", "pass", "fused ms", "unfused ms", "speedup", "fused GB/s"], rows)
 
 
-def fp32_attention():
-    d, when = _newest("fp32_attention")
-    if d is None:
-        return []
+@_section("fp32_attention")
+def fp32_attention(d, when):
     lines = _header(
         "float32 attention without a kernel (GPU float32: bucketed plain-Paddle attention)",
         "OMP_NUM_THREADS=2 python benchmarks/bench_fp32_attention.py",
@@ -497,10 +507,8 @@ def fp32_attention():
     ]
 
 
-def exchange_scale():
-    d, when = _newest("exchange_scale")
-    if d is None:
-        return []
+@_section("exchange_scale")
+def exchange_scale(d, when):
     lines = _header(
         "The sample exchange at 2 to 16 ranks",
         "OMP_NUM_THREADS=1 python benchmarks/bench_exchange_scale.py",
@@ -606,10 +614,8 @@ def exchange_scale():
     return lines
 
 
-def balance():
-    d, when = _newest("balance")
-    if d is None:
-        return []
+@_section("balance")
+def balance(d, when):
     lines = _header(
         "Load balance",
         "OMP_NUM_THREADS=1 python benchmarks/bench_balance.py",
@@ -928,24 +934,28 @@ def _enc_tokens_plot(pts, png, title, xlabel):
     )
 
 
-def _enc_padding(d):
-    pts = _enc_pts(d, "padding")
+def _enc_speedup_plot(pts, png, title, xlabel):
+    """The measured speedup over a sweep's x, and the ideal."""
+    xs = [p["x"] for p in pts]
+    measured = [("measured", xs, [p["speedup_vs_batch_max"] for p in pts])]
+    return _plot(png, title, xlabel, "speedup (x)", measured, ideal=(xs, [p["ideal_vs_batch_max"] for p in pts]))
+
+
+def _enc_sweep(d, sweep, title, first_col, body):
+    """One sweep's subsection: its description and table, then ``body(d, pts)`` (plots and findings)."""
+    pts = _enc_pts(d, sweep)
     if not pts:
         return []
-    sw = d["sweeps"]["padding"]
-    lines = ["#### Padding ratio", "", _enc_sentence(sw["description"]), ""]
-    lines += _enc_sweep_table(pts, lambda p: f"{p['x']:.0f}%")
-    xs = [p["x"] for p in pts]
-    lines += _enc_tokens_plot(
+    lines = [f"#### {title}", "", _enc_sentence(d["sweeps"][sweep]["description"]), ""]
+    return lines + _enc_sweep_table(pts, first_col) + body(d, pts)
+
+
+def _enc_padding(d, pts):
+    lines = _enc_tokens_plot(
         pts, "encoder_padding_tokens.png", "Training step tokens/s vs padding ratio", "padding (%)"
     )
-    lines += _plot(
-        "encoder_speedup.png",
-        "Training step speedup, converted vs original, vs padding",
-        "padding (%)",
-        "speedup (x)",
-        [("measured", xs, [p["speedup_vs_batch_max"] for p in pts])],
-        ideal=(xs, [p["ideal_vs_batch_max"] for p in pts]),
+    lines += _enc_speedup_plot(
+        pts, "encoder_speedup.png", "Training step speedup, converted vs original, vs padding", "padding (%)"
     )
     a, b = pts[0], pts[-1]
     txt = (
@@ -968,15 +978,9 @@ def _enc_padding(d):
     return lines + [txt, ""]
 
 
-def _enc_max_len(d):
-    pts = _enc_pts(d, "max_len")
-    if not pts:
-        return []
-    sw = d["sweeps"]["max_len"]
-    lines = ["#### Max sequence length", "", _enc_sentence(sw["description"]), ""]
-    lines += _enc_sweep_table(pts, lambda p: f"L={p['x']}")
+def _enc_max_len(d, pts):
     xs = [p["x"] for p in pts]
-    lines += _enc_tokens_plot(
+    lines = _enc_tokens_plot(
         pts, "encoder_maxlen_tokens.png", "Training step tokens/s vs max sequence length", "max length L"
     )
     if all(_enc_mib(p, "unpadded") is not None for p in pts):
@@ -1006,22 +1010,8 @@ def _enc_max_len(d):
     return lines + [txt, ""]
 
 
-def _enc_hidden(d):
-    pts = _enc_pts(d, "hidden")
-    if not pts:
-        return []
-    sw = d["sweeps"]["hidden"]
-    lines = ["#### Hidden size", "", _enc_sentence(sw["description"]), ""]
-    lines += _enc_sweep_table(pts, lambda p: f"h={p['x']} ({p['heads']} heads)")
-    xs = [p["x"] for p in pts]
-    lines += _plot(
-        "encoder_hidden_speedup.png",
-        "Training step speedup vs hidden size",
-        "hidden size",
-        "speedup (x)",
-        [("measured", xs, [p["speedup_vs_batch_max"] for p in pts])],
-        ideal=(xs, [p["ideal_vs_batch_max"] for p in pts]),
-    )
+def _enc_hidden(d, pts):
+    lines = _enc_speedup_plot(pts, "encoder_hidden_speedup.png", "Training step speedup vs hidden size", "hidden size")
     a, b = pts[0], pts[-1]
     so = [p["speedup_over_ideal_vs_batch_max"] for p in pts]
     lines += [
@@ -1034,6 +1024,14 @@ def _enc_hidden(d):
         "",
     ]
     return lines
+
+
+# the encoder's scaling sweeps: (sweep, subsection title, first column of its table, what follows the table)
+_ENC_SWEEPS = (
+    ("padding", "Padding ratio", lambda p: f"{p['x']:.0f}%", _enc_padding),
+    ("max_len", "Max sequence length", lambda p: f"L={p['x']}", _enc_max_len),
+    ("hidden", "Hidden size", lambda p: f"h={p['x']} ({p['heads']} heads)", _enc_hidden),
+)
 
 
 def _enc_fit(d):
@@ -1111,10 +1109,8 @@ def _enc_fit(d):
     return lines
 
 
-def encoder():
-    d, when = _load("encoder.json")
-    if d is None:
-        return []
+@_section("encoder.json")
+def encoder(d, when):
     c = d["config"]
     sw = c.get("sweep")
     wall = c.get("wall_s", {})
@@ -1182,8 +1178,9 @@ def encoder():
             "sample of the maximum length, so padding to max_len is padding to the batch maximum.",
             "",
         ]
-        for part in (_enc_padding, _enc_max_len, _enc_hidden, _enc_fit):
-            lines += part(d)
+        for sweep, title, first_col, body in _ENC_SWEEPS:
+            lines += _enc_sweep(d, sweep, title, first_col, body)
+        lines += _enc_fit(d)
     return lines
 
 
@@ -1350,10 +1347,8 @@ def _e2e_profile(p):
     return lines
 
 
-def e2e():
-    d, when = _newest("e2e")
-    if d is None:
-        return []
+@_section("e2e")
+def e2e(d, when):
     ways = d["ways"]
     lines = _e2e_ways(d, when) + _e2e_acceptance(d["acceptance"], ways)
     lines += (
@@ -1376,10 +1371,8 @@ _GRAD_SYNC = {
 }
 
 
-def demo():
-    d, when = _load("demo.json")
-    if d is None:
-        return []
+@_section("demo.json")
+def demo(d, when):
     lines = _header(
         "The main job: fleetrun fine-tuning (make demo)",
         "python examples/run_demo.py --json-out benchmarks/results/demo.json",
@@ -1407,11 +1400,9 @@ def demo():
     return lines + demo_seeds()
 
 
-def demo_seeds():
+@_section("demo_seeds.json")
+def demo_seeds(d, when):
     """The demo's accuracy difference against the seed-to-seed scatter (bench_demo_seeds.py)."""
-    d, when = _load("demo_seeds.json")
-    if d is None:
-        return []
     c = d["config"]
     lines = [
         "### Is the accuracy difference noise?",
@@ -1583,10 +1574,8 @@ def _serving_profile(d):
     ]
 
 
-def serving():
-    d, when = _newest("serving")
-    if d is None:
-        return []
+@_section("serving")
+def serving(d, when):
     m = d["model"]
     command = f"OMP_NUM_THREADS={d['omp_num_threads']} {d['command']}" if d.get("omp_num_threads") else d["command"]
     lines = _header(
