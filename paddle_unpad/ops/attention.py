@@ -132,20 +132,8 @@ def _rng_if_dropping(rng_state, x, p, op=_FMHA):
 
 
 @host_only
-def fmha(
-    q,
-    k,
-    v,
-    cu_seqlens,
-    max_seqlen,
-    dropout=0.0,
-    scale=None,
-    training=True,
-    *,
-    rng_state=None,
-    grouping=None,
-    deterministic=None,
-):
+def fmha(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
+         grouping=None, deterministic=None):  # fmt: skip
     """Fused multi-head attention over packed variable-length sequences.
 
     Each of the B sequences attends only to itself (no masking inside a sequence); no
@@ -216,20 +204,8 @@ def fmha(
     return bucketed_attention(q, k, v, cu_seqlens, max_seqlen, p, scale, rng)
 
 
-def fmha_reference(
-    q,
-    k,
-    v,
-    cu_seqlens,
-    max_seqlen,
-    dropout=0.0,
-    scale=None,
-    training=True,
-    *,
-    rng_state=None,
-    grouping=None,
-    deterministic=None,
-):
+def fmha_reference(q, k, v, cu_seqlens, max_seqlen, dropout=0.0, scale=None, training=True, *, rng_state=None,
+                   grouping=None, deterministic=None):  # fmt: skip
     """Plain-Paddle ``fmha``: a loop over sequences of matmul-softmax-matmul.
 
     Same arguments, result and dropout mask as :func:`fmha` (the mask comes from the
@@ -296,19 +272,8 @@ def _split_qkv(qkv, bias):
 
 
 @host_only
-def fmha_qkvpacked(
-    qkv,
-    cu_seqlens,
-    max_seqlen,
-    bias=None,
-    dropout=0.0,
-    scale=None,
-    training=True,
-    *,
-    rng_state=None,
-    grouping=None,
-    deterministic=None,
-):
+def fmha_qkvpacked(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=None, training=True, *,
+                   rng_state=None, grouping=None, deterministic=None):  # fmt: skip
     """:func:`fmha` on the output of one QKV GEMM: ``q, k, v = unbind(qkv + bias, axis=1)``.
 
     On the CPU with the native kernels this is one operator that reads q, k and v in place
@@ -333,20 +298,8 @@ def fmha_qkvpacked(
     _host_malloc.ensure(f"paddle_unpad.{_FMHA_QKV}")
     _check_qkvpacked_args(qkv, bias)
     if not (_native.has_op(REGISTERED["fmha_qkvpacked"]) and _call.on_cpu(qkv) and paddle.in_dynamic_mode()):
-        q, k, v = _split_qkv(qkv, bias)
-        return fmha(
-            q,
-            k,
-            v,
-            cu_seqlens,
-            max_seqlen,
-            dropout,
-            scale,
-            training,
-            rng_state=rng_state,
-            grouping=grouping,
-            deterministic=deterministic,
-        )
+        options = dict(rng_state=rng_state, grouping=grouping, deterministic=deterministic)
+        return fmha(*_split_qkv(qkv, bias), cu_seqlens, max_seqlen, dropout, scale, training, **options)
     # the checks of fmha, on a q of the same shape (no copy is made: only shapes are read)
     q = _ShapeOf(qkv)
     _check_fmha_args(q, q, q, cu_seqlens, max_seqlen, dropout, scale, op=_FMHA_QKV)
@@ -359,35 +312,12 @@ def fmha_qkvpacked(
     return out
 
 
-def fmha_qkvpacked_reference(
-    qkv,
-    cu_seqlens,
-    max_seqlen,
-    bias=None,
-    dropout=0.0,
-    scale=None,
-    training=True,
-    *,
-    rng_state=None,
-    grouping=None,
-    deterministic=None,
-):
+def fmha_qkvpacked_reference(qkv, cu_seqlens, max_seqlen, bias=None, dropout=0.0, scale=None, training=True, *,
+                             rng_state=None, grouping=None, deterministic=None):  # fmt: skip
     """Plain-Paddle :func:`fmha_qkvpacked`: add, split, :func:`fmha_reference`."""
     _check_qkvpacked_args(qkv, bias)
-    q, k, v = _split_qkv(qkv, bias)
-    return fmha_reference(
-        q,
-        k,
-        v,
-        cu_seqlens,
-        max_seqlen,
-        dropout,
-        scale,
-        training,
-        rng_state=rng_state,
-        grouping=grouping,
-        deterministic=deterministic,
-    )
+    options = dict(rng_state=rng_state, grouping=grouping, deterministic=deterministic)
+    return fmha_reference(*_split_qkv(qkv, bias), cu_seqlens, max_seqlen, dropout, scale, training, **options)
 
 
 class _ShapeOf:
