@@ -24,7 +24,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "gpu"))
 
 # The same CUDA-event timing, command line and result header as the attention benchmark.
-from bench_gpu_fmha import autograd_pair, gpu_args, run_header, timeit, write_result  # noqa: E402
+from bench_gpu_fmha import (  # noqa: E402
+    autograd_pair,
+    gpu_args,
+    load_harness,
+    require_cuda,
+    run_header,
+    timeit,
+    write_result,
+)
 
 CASES = [
     # name, rows (packed tokens), hidden, intermediate
@@ -136,11 +144,9 @@ def compare(torch, methods, fwd_bytes, fb_bytes, warmup, iters):
 def main():
     args, _ = gpu_args(__doc__, 20)
 
-    import torch
-
-    import pu_harness
-
-    harness = pu_harness.load()
+    script = os.path.basename(__file__)
+    torch = require_cuda(script)
+    harness = load_harness(script)
     t0 = time.time()
     result = {
         **run_header(torch, harness, args),
