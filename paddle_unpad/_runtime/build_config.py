@@ -329,6 +329,11 @@ def build_ops_library(out_path, tmp_dir, verbose=False, with_cuda=None):
 
 
 if __name__ == "__main__":  # python paddle_unpad/_runtime/build_config.py [OUT.so [OBJ_DIR]]
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(PACKAGE, library_stem() + ".so")
+    import sysconfig
+
+    # the name setup.py gives it: the loader takes the first match by name, so a plain ".so" beside an
+    # older tagged one would not be the one loaded
+    default_out = os.path.join(PACKAGE, library_stem() + sysconfig.get_config_var("EXT_SUFFIX"))
+    out = sys.argv[1] if len(sys.argv) > 1 else default_out
     objs = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "build", "paddle_unpad_ops")
     build_ops_library(out, objs, verbose=True)
