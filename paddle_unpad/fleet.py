@@ -55,6 +55,18 @@ __all__ = [
 DEFAULT_UNPAD_CONFIGS: Dict[str, Any] = dict(_options.DEFAULTS)
 
 
+def _defaults(where):
+    # read when a strategy or loader is made, so that a program may change a default for the ones
+    # after; only a changed entry is checked (the table's own defaults are valid)
+    table = _options.DEFAULTS
+    changed = {
+        k: v
+        for k, v in DEFAULT_UNPAD_CONFIGS.items()
+        if k not in table or type(v) is not type(table[k]) or v != table[k]
+    }
+    return _options.resolve(changed, where, "DEFAULT_UNPAD_CONFIGS")
+
+
 class DistributedStrategy(_fleet.DistributedStrategy):
     """``fleet.DistributedStrategy`` with two more fields: ``unpad`` (bool) and
     ``unpad_configs`` (dict, see :data:`DEFAULT_UNPAD_CONFIGS`). ``unpad`` is the
@@ -68,11 +80,12 @@ class DistributedStrategy(_fleet.DistributedStrategy):
         _groups.install_group_stores()
         _host_malloc.ensure("paddle_unpad.fleet.DistributedStrategy")  # a training job starts: before its model
         super().__init__(*args, **kwargs)
+        self._state()  # the defaults as they are now
 
     def _state(self):
         st = self.__dict__.get("_unpad_state")
         if st is None:
-            st = {"configs": _options.resolve({}, "fleet.DistributedStrategy", "unpad_configs")}
+            st = {"configs": _defaults("fleet.DistributedStrategy")}
             object.__setattr__(self, "_unpad_state", st)
         return st
 
@@ -141,6 +154,6 @@ def distributed_loader(loader, strategy=None, **overrides) -> BalancedLoader:
     if isinstance(strategy, DistributedStrategy):
         base = strategy._state()["configs"]
     else:  # no paddle_unpad settings: pack, do not exchange
-        base, overrides = None, {"balance": False, **overrides}
+        base, overrides = _defaults("fleet.distributed_loader"), {"balance": False, **overrides}
     configs = _options.resolve(overrides, "fleet.distributed_loader", base=base)
     return BalancedLoader.from_options(loader, configs, **extra)

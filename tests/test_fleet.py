@@ -223,6 +223,18 @@ def test_each_user_takes_its_own_rows_of_the_options_table():
     assert set(pf.DEFAULT_UNPAD_CONFIGS) == set(options.DEFAULTS)
 
 
+def test_a_changed_default_reaches_the_strategies_made_after_and_a_bad_one_is_named(monkeypatch):
+    before = pf.DistributedStrategy()
+    monkeypatch.setitem(pf.DEFAULT_UNPAD_CONFIGS, "prefetch", 5)
+    assert pf.DistributedStrategy().unpad_configs["prefetch"] == 5
+    from paddle_unpad.distributed import options
+
+    assert before.unpad_configs["prefetch"] == options.DEFAULTS["prefetch"] != 5  # made before the change
+    monkeypatch.setitem(pf.DEFAULT_UNPAD_CONFIGS, "prefetch", -1)
+    with pytest.raises(ValueError, match=r"^paddle_unpad\.fleet\.DistributedStrategy: DEFAULT_UNPAD_CONFIGS.*prefetch"):
+        pf.DistributedStrategy().unpad
+
+
 def test_the_docs_table_is_the_declared_options_table():
     import os
 
