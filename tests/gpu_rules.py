@@ -20,7 +20,6 @@ tell which kernel ran with what.
 """
 
 import contextlib
-import ctypes
 import os
 import sys
 
@@ -32,35 +31,12 @@ import amp_emulation
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_emu"))
 import emu_build  # noqa: E402
+import pu_harness  # noqa: E402  (tests/gpu, on the path by emu_build)
 from host_buffers import Buffer, to_storage  # noqa: E402
 
 CODE = {"float16": 0, "bfloat16": 1, "float32": 2}
 PAD = 8  # NaN guard rows around every buffer a kernel writes
 STREAMS = 4
-
-_i64, _i32, _f32, _u64, _vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_uint64, ctypes.c_void_p
-
-
-def _typed(lib):
-    problem = [_vp, _i64, _i64, _i64, _i64, _i32, _f32, _f32, _u64, _u64, _i32, _i32]
-    gelu, ln = [_i64, _i64, _i32, _i32], [_i64, _i64, _i32, _i32, _i32, _f32, _f32, _u64, _u64, _i32]
-    for name, args in (
-        ("pu_fmha_fwd", problem + [_vp] * 6),
-        ("pu_fmha_bwd", problem + [_i32] + [_vp] * 11),
-        ("pu_bias_gelu_fwd", gelu + [_vp] * 4),
-        ("pu_bias_gelu_bwd", gelu + [_vp] * 7),
-        ("pu_bdrln_fwd", ln + [_vp] * 9),
-        ("pu_bdrln_bwd", ln + [_vp] * 14),
-    ):
-        getattr(lib, name).argtypes = args
-        getattr(lib, name).restype = _i32
-    for name in ("pu_bias_gelu_bwd_workspace_bytes", "pu_bdrln_bwd_workspace_bytes"):
-        getattr(lib, name).argtypes = [_i64, _i64]
-        getattr(lib, name).restype = _i64
-    lib.pu_fmha_bwd_workspace_bytes.argtypes = [_i64, _i64, _i64, _i32]
-    lib.pu_fmha_bwd_workspace_bytes.restype = _i64
-    lib.pu_harness_last_error.restype = ctypes.c_char_p
-    return lib
 
 
 def _dt(t):
@@ -108,23 +84,9 @@ def _fmha_standin(k):
     class Fmha(PyLayer):
         @staticmethod
         def forward(ctx, q, kk, v, cu, rng, max_seqlen, scale, p, grouping, deterministic):
-            cu_host = np.ascontiguousarray(cu.numpy().astype(np.int32))
             T, H, D = q.shape
-            seed, offset = _rng(rng)
-            head = (
-                cu_host.ctypes.data_as(_vp),
-                len(cu_host) - 1,
-                T,
-                H,
-                D,
-                CODE[_dt(q)],
-                scale,
-                p,
-                seed,
-                offset,
-                int(grouping),
-                STREAMS,
-            )
+            problem = (scale, p, *_rng(rng), grouping, STREAMS)
+            cu_host, head = pu_harness.fmha_problem(cu.numpy(), q.shape, CODE[_dt(q)], *problem)
             bq, bk, bv = _in(q), _in(kk), _in(v)
             out, lse = Buffer((T, H, D), _dt(q), PAD), Buffer((T, H), "float32", PAD)
             k.check(k.lib.pu_fmha_fwd(*head, bq.ptr, bk.ptr, bv.ptr, out.ptr, lse.ptr, None), "fmha forward")
@@ -245,7 +207,7 @@ def gpu_rules(pytest):
     import paddle_unpad._runtime.paddle_compat as compat
     from paddle_unpad import ops
 
-    k = _Kernels(_typed(emu_build.load(pytest)))
+    k = _Kernels(emu_build.load(pytest))
     standins = {
         "pu_fmha": _fmha_standin(k),
         "pu_bias_gelu": _gelu_standin(k),

@@ -39,22 +39,8 @@ ELEMENTWISE, WIDE = 1, 2  # `path` bits of the harness
 
 @pytest.fixture(scope="module")
 def lib():
-    """The emulated kernels and harness (tests/cuda_emu/emu_build.py), typed for the fused ops."""
-    lib = emu_build.load(pytest)
-    i64, i32, f32, u64, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_uint64, ctypes.c_void_p
-    gelu, ln = [i64, i64, i32, i32], [i64, i64, i32, i32, i32, f32, f32, u64, u64, i32]
-    for name, args in (
-        ("pu_bias_gelu_fwd", gelu + [vp] * 4),
-        ("pu_bias_gelu_bwd", gelu + [vp] * 7),
-        ("pu_bdrln_fwd", ln + [vp] * 9),
-        ("pu_bdrln_bwd", ln + [vp] * 14),
-    ):
-        getattr(lib, name).argtypes = args
-        getattr(lib, name).restype = i32
-    for name in ("pu_bias_gelu_bwd_workspace_bytes", "pu_bdrln_bwd_workspace_bytes"):
-        getattr(lib, name).argtypes = [i64, i64]
-        getattr(lib, name).restype = i64
-    return lib
+    """The emulated kernels and harness (tests/cuda_emu/emu_build.py), typed."""
+    return emu_build.load(pytest)
 
 
 # ------------------------------------------------------------------------- host buffers

@@ -44,6 +44,7 @@ from test_fmha import reference
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_emu"))
 import emu_build  # noqa: E402
+import pu_harness  # noqa: E402  (tests/gpu, on the path by emu_build)
 from host_buffers import Buffer, aligned_empty, to_storage  # noqa: E402
 
 pytestmark = pytest.mark.build
@@ -67,15 +68,8 @@ def cu_of(lengths):
 @pytest.fixture(scope="module")
 def lib():
     lib = emu_build.load(pytest)
-    i64, i32, f32, u64, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_uint64, ctypes.c_void_p
-    problem = [vp, i64, i64, i64, i64, i32, f32, f32, u64, u64, i32, i32]
-    lib.pu_fmha_fwd.argtypes = problem + [vp] * 6
-    lib.pu_fmha_bwd.argtypes = problem + [i32] + [vp] * 11
-    lib.pu_fmha_fwd.restype = lib.pu_fmha_bwd.restype = i32
-    lib.pu_fmha_bwd_workspace_bytes.argtypes = [i64, i64, i64, i32]
-    lib.pu_fmha_bwd_workspace_bytes.restype = i64
-    lib.emu_take_counters.argtypes = [vp]
-    lib.emu_set_block_order.argtypes = [i32]
+    lib.emu_take_counters.argtypes = [ctypes.c_void_p]
+    lib.emu_set_block_order.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -98,23 +92,10 @@ def problem_values(lengths, heads, d, dt, seed=0):
     return tuple(to_storage(x, dt) for x in (q * 1.5, k * 1.5, v, dout))
 
 
-def run(
-    lib,
-    lengths,
-    d,
-    dt,
-    p,
-    grouping=True,
-    streams=4,
-    seed=SEED,
-    offset=OFFSET,
-    values=None,
-    scale=None,
-    heads=HEADS,
-    mode="one_pass",
-):
+def run(lib, lengths, d, dt, p, values=None, scale=None, heads=HEADS, mode="one_pass", **launch):
     """Forward + backward through the harness; returns dict of float64 out, lse, dq, dk, dv
-    (and the raw storage under "bits"), after checking every guard row."""
+    (and the raw storage under "bits"), after checking every guard row. launch: grouping=True,
+    streams=4, seed=SEED, offset=OFFSET (the rest of pu_harness.fmha_problem's arguments)."""
     cu = cu_of(lengths)
     T = int(cu[-1])
     vals = values or problem_values(tuple(lengths), heads, d, dt)
@@ -124,20 +105,8 @@ def run(
     lse = Buffer((T, heads), "float32", PAD)
     ws = Buffer((max(lib.pu_fmha_bwd_workspace_bytes(T, heads, d, MODES[mode]) // 4, 1),), "float32", PAD)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    head = (
-        cu.ctypes.data_as(ctypes.c_void_p),
-        len(lengths),
-        T,
-        heads,
-        d,
-        CODE[dt],
-        scale,
-        p,
-        seed & (2**64 - 1),
-        offset,
-        int(grouping),
-        streams,
-    )
+    launch = {"seed": SEED, "offset": OFFSET, **launch}
+    cu, head = pu_harness.fmha_problem(cu, (T, heads, d), CODE[dt], scale, p, **launch)
     rc = lib.pu_fmha_fwd(*head, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, None)
     assert rc == 0, "forward: " + lib.pu_harness_last_error().decode()
     rc = lib.pu_fmha_bwd(
@@ -294,29 +263,10 @@ def test_dropout_mask_is_the_cpu_kernels(lib, native_ops, dt, seed, offset, mode
     lengths, H, D, p = (5, 0, 70, 128, 1), 2, 128, 0.3
     cu = cu_of(lengths)
     masks = philox_ref.dropout_keep_mask(seed, offset, p, cu, H)
-    res = run(
-        lib,
-        lengths,
-        D,
-        dt,
-        p,
-        seed=seed,
-        offset=offset,
-        values=_probe_values(lengths, H, D, dt, False),
-        scale=1.0,
-        mode=mode,
-    )
-    ones = run(
-        lib,
-        lengths,
-        D,
-        dt,
-        p,
-        seed=seed,
-        offset=offset,
-        values=_probe_values(lengths, H, D, dt, True),
-        scale=1.0,
-        mode=mode,
+    probe = dict(scale=1.0, mode=mode, seed=seed, offset=offset)
+    res, ones = (
+        run(lib, lengths, D, dt, p, values=_probe_values(lengths, H, D, dt, dout_ones), **probe)
+        for dout_ones in (False, True)
     )
 
     zeros, onehot = (x for _, x in _probe_values(lengths, H, D, dt, False)[1:3])

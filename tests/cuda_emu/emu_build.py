@@ -20,12 +20,16 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import testutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "gpu"))
+import pu_harness  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(HERE))
 OPS = os.path.join(ROOT, "custom_ops")
 FLAGS = ["-std=c++20", "-O1", "-fPIC", "-pthread", "-Wno-deprecated-declarations"]
@@ -111,8 +115,9 @@ def build():
 
 
 def load(pytest):
-    """ctypes library with pu_harness_last_error typed; skips locally / fails under CI when
-    the emulation cannot be built (it is native code: CI must not pass on a row of skips)."""
+    """ctypes library, its harness functions typed as the GPU build's (tests/gpu/pu_harness.py);
+    skips locally / fails under CI when the emulation cannot be built (it is native code: CI
+    must not pass on a row of skips)."""
     try:
         so = build()
     except Unavailable as e:
@@ -120,7 +125,6 @@ def load(pytest):
         if testutil.in_ci():
             pytest.fail("CI=true: " + msg)
         pytest.skip(msg)
-    lib = ctypes.CDLL(so)
-    lib.pu_harness_last_error.restype = ctypes.c_char_p
+    lib = pu_harness.declare_abi(ctypes.CDLL(so))
     lib.emu_probe_last_error.restype = ctypes.c_char_p
     return lib
