@@ -14,6 +14,7 @@ import pytest
 
 import paddle_unpad as pu
 from paddle_unpad._runtime import paddle_compat as _compat
+from export_util import to_static_packed, to_static_padded
 
 pytestmark = [pytest.mark.usefixtures("native_ops"), pytest.mark.paddle_gpu_stage]
 
@@ -583,14 +584,8 @@ def test_empty_sequence_token_loss():
 def test_static_graph_empty_sequence_rows_are_nan(tmp_path):
     """An exported program has no host copy of cu_seqlens to check: an empty sequence's
     per-sequence row is NaN (never another sequence's), the other rows are the original's."""
-    from paddle.static import InputSpec
-
     ref, model = make_pair("bert", "seqcls")
-    static = paddle.jit.to_static(
-        pu.models.PackedInputs(model),
-        input_spec=[InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens")],
-        full_graph=True,
-    )
+    static = to_static_packed(model)
     paddle.jit.save(static, str(tmp_path / "cls"))
     static = paddle.jit.load(str(tmp_path / "cls"))
     for where, b in EMPTY_AT.items():
@@ -624,13 +619,7 @@ def test_packed_collator_batch_matches_padded(fam):
     labels = np.array([0, 2, 1, 1])
     batch = PackingCollator(max_seqlen=SEQ)(_samples(ids, tt, mask, labels))
     out = model(**batch, return_dict=True)  # every key of the packed batch is accepted
-    expected = ref(
-        paddle.to_tensor(ids),
-        token_type_ids=paddle.to_tensor(tt),
-        attention_mask=paddle.to_tensor(mask),
-        labels=paddle.to_tensor(labels),
-        return_dict=True,
-    )
+    expected = call(ref, fam, "seqcls", ids, tt, mask, dict(labels=paddle.to_tensor(labels), return_dict=True))
     assert rel_err(out.logits.numpy(), expected.logits.numpy()) < RTOL
     assert abs(float(out.loss) - float(expected.loss)) <= RTOL * abs(float(expected.loss))
 
@@ -648,13 +637,7 @@ def test_collator_label_key_reaches_the_model_as_labels():
         for s, y in zip(_samples(ids, tt, mask), labels)
     ]
     out = model(**PackingCollator(max_seqlen=SEQ)(samples), return_dict=True)
-    expected = ref(
-        paddle.to_tensor(ids),
-        token_type_ids=paddle.to_tensor(tt),
-        attention_mask=paddle.to_tensor(mask),
-        labels=paddle.to_tensor(labels),
-        return_dict=True,
-    )
+    expected = call(ref, "bert", "seqcls", ids, tt, mask, dict(labels=paddle.to_tensor(labels), return_dict=True))
     assert abs(float(out.loss) - float(expected.loss)) <= RTOL * abs(float(expected.loss))
     with pytest.raises(TypeError, match=r"argument\(s\) label; the model's argument is 'labels'"):
         model(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), label=paddle.to_tensor(labels))
@@ -1018,23 +1001,12 @@ def test_save_pretrained_loads_in_unmodified_paddlenlp(tmp_path, fam):
 
 
 def test_to_static_jit_save_load(tmp_path):
-    from paddle.static import InputSpec
-
     ref, model = make_pair("bert", "seqcls")
     ids, tt, mask = ragged_batch("bert")
     x, m = paddle.to_tensor(ids), paddle.to_tensor(mask)
     eager = model(x, attention_mask=m).numpy()
     assert rel_err(eager, ref(x, attention_mask=m).numpy()) < RTOL
-    static = paddle.jit.to_static(
-        model,
-        input_spec=[
-            InputSpec([None, None], "int64", "input_ids"),
-            None,
-            None,
-            InputSpec([None, None], "int64", "attention_mask"),
-        ],
-        full_graph=True,
-    )
+    static = to_static_padded(model)
     assert rel_err(static(x, None, None, m).numpy(), eager) < 1e-6
     path = str(tmp_path / "cls")
     paddle.jit.save(static, path)
@@ -1052,19 +1024,13 @@ def test_to_static_jit_save_load(tmp_path):
 
 
 def test_to_static_packed_inputs(tmp_path):
-    from paddle.static import InputSpec
-
     ref, model = make_pair("bert", "tokcls")
     ids, tt, mask = ragged_batch("bert")
 
     v = mask.astype(bool)
     expected = call(ref, "bert", "tokcls", ids, tt * 0, mask).numpy()[v]
     cu, _ = pu.cu_seqlens_from_lengths(LENGTHS)
-    static = paddle.jit.to_static(
-        pu.models.PackedInputs(model),
-        input_spec=[InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens")],
-        full_graph=True,
-    )
+    static = to_static_packed(model)
     path = str(tmp_path / "tok")
     paddle.jit.save(static, path)
     out = paddle.jit.load(path)(paddle.to_tensor(ids[v]), cu).numpy()

@@ -8,6 +8,7 @@ import paddle
 import pytest
 
 import paddle_unpad as pu
+from model_util import small_config
 
 pytestmark = pytest.mark.paddle_gpu_stage
 
@@ -34,15 +35,7 @@ def test_not_a_bert_like_model_falls_back_with_one_warning():
 
 def test_gpt_model_falls_back_with_one_warning():
     T = pytest.importorskip("paddlenlp.transformers")
-    cfg = T.GPTConfig(
-        vocab_size=64,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=32,
-    )
-    model = T.GPTModel(cfg)
+    model = T.GPTModel(small_config(T.GPTConfig, vocab=64, hidden=16, layers=1, heads=2, max_position_embeddings=32))
     out, ours = _fallback(model)
     assert out is model and type(model) is T.GPTModel
     assert len(ours) == 1 and "GPTModel is not a PaddleNLP BertModel" in str(ours[0].message)
@@ -70,15 +63,9 @@ def test_non_layer_is_a_type_error(bad, on_unsupported):
 def test_converted_model_refuses_bad_cu_seqlens_in_the_words_of_fmha(cu, max_seqlen, words):
     """Packed inputs are checked once, before the embeddings, by the rules fmha applies."""
     T = pytest.importorskip("paddlenlp.transformers")
-    cfg = T.BertConfig(
-        vocab_size=32,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
+    model = pu.convert(
+        T.BertModel(small_config(T.BertConfig, vocab=32, hidden=16, layers=1, heads=2, max_position_embeddings=16))
     )
-    model = pu.convert(T.BertModel(cfg))
     ids = paddle.to_tensor([1, 2, 3, 4, 5])
     with pytest.raises(ValueError) as ei:
         model(ids, cu_seqlens=np.asarray(cu, np.int32), max_seqlen=max_seqlen)

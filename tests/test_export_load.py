@@ -17,6 +17,8 @@ import paddle
 import pytest
 
 import paddle_unpad as pu
+from export_util import to_static_packed, to_static_padded
+from model_util import small_config
 
 pytestmark = [pytest.mark.usefixtures("native_ops"), pytest.mark.paddle_gpu_stage]
 
@@ -59,20 +61,14 @@ print("loaded-ok")
 
 
 def _pair():
-    cfg = dict(
-        vocab_size=97,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=40,
-        num_labels=3,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+    def config():
+        return small_config(T.BertConfig, 97, 64, 2, 4, max_position_embeddings=40, num_labels=3, **no_dropout)
+
     paddle.seed(0)
-    ref = T.BertForSequenceClassification(T.BertConfig(**cfg))
-    model = T.BertForSequenceClassification(T.BertConfig(**cfg))
+    ref = T.BertForSequenceClassification(config())
+    model = T.BertForSequenceClassification(config())
     model.set_state_dict(ref.state_dict())
     ref.eval(), model.eval()
     pu.convert(model)
@@ -114,16 +110,10 @@ def _rel(a, b):
 
 
 def test_packed_export_loads_in_fresh_process(tmp_path):
-    from paddle.static import InputSpec
-
     ref, model = _pair()
     ids, mask = _batch()
     expected = ref(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask)).numpy()
-    static = paddle.jit.to_static(
-        pu.models.PackedInputs(model),
-        input_spec=[InputSpec([None], "int64", "input_ids"), InputSpec([None], "int32", "cu_seqlens")],
-        full_graph=True,
-    )
+    static = to_static_packed(model)
     prefix = str(tmp_path / "packed")
     paddle.jit.save(static, prefix)
     cu = np.concatenate([[0], np.cumsum(LENGTHS)]).astype(np.int32)
@@ -134,21 +124,10 @@ def test_packed_export_loads_in_fresh_process(tmp_path):
 
 
 def test_padded_export_loads_in_fresh_process(tmp_path):
-    from paddle.static import InputSpec
-
     ref, model = _pair()
     ids, mask = _batch(seed=2)
     expected = ref(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask)).numpy()
-    static = paddle.jit.to_static(
-        model,
-        input_spec=[
-            InputSpec([None, None], "int64", "input_ids"),
-            None,
-            None,
-            InputSpec([None, None], "int64", "attention_mask"),
-        ],
-        full_graph=True,
-    )
+    static = to_static_padded(model)
     prefix = str(tmp_path / "padded")
     paddle.jit.save(static, prefix)
     got = _load_in_fresh_process(tmp_path, prefix, {"input_ids": ids, "attention_mask": mask})

@@ -83,6 +83,14 @@ def _under_private_module(dotted):
     return any(dotted == m or dotted.startswith(m + ".") for m in PRIVATE_MODULES)
 
 
+def _names_private(key, own):
+    """The node `key` (of getattr(obj, key) or obj.__dict__[key]) is a string naming a private attribute
+    that is not one of the package's own names."""
+    return (
+        isinstance(key, ast.Constant) and isinstance(key.value, str) and _is_private(key.value) and key.value not in own
+    )
+
+
 def problems(path, tree, own):
     """``(path:line, what)`` for each use of a Paddle internal in ``tree``."""
     found = []
@@ -125,23 +133,13 @@ def problems(path, tree, own):
                 key = node.args[0]
             else:
                 continue
-            if (
-                isinstance(key, ast.Constant)
-                and isinstance(key.value, str)
-                and _is_private(key.value)
-                and key.value not in own
-            ):
+            if _names_private(key, own):
                 flag(node, f"{name or '__dict__.' + fn.attr}(..., {key.value!r})")
         elif (
             isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__"
         ):
             key = node.slice
-            if (
-                isinstance(key, ast.Constant)
-                and isinstance(key.value, str)
-                and _is_private(key.value)
-                and key.value not in own
-            ):
+            if _names_private(key, own):
                 flag(node, f"__dict__[{key.value!r}]")
     # one report per chain: paddle.base.core.X is reported as its private module only
     return [

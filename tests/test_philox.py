@@ -9,28 +9,25 @@ import philox_ref as P
 
 pytestmark = pytest.mark.paddle_gpu_stage
 
-# Random123 known-answer vectors for Philox4x32-10: (counter, key, expected output).
-KAT = [
-    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    (
-        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
-        (0xA4093822, 0x299F31D0),
-        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
-    ),
+# Random123 known-answer vectors for Philox4x32: (counter, key) and the outputs of Philox4x32-10
+# and of Philox4x32-7 (the attention layout's generator), from the same file.
+KAT_INPUTS = [
+    ((0, 0, 0, 0), (0, 0)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)),
 ]
-
-
-# ... and for Philox4x32-7 (the attention layout's generator), from the same file.
-KAT7 = [
-    ((0, 0, 0, 0), (0, 0), (0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48)),
-    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x5207DDC2, 0x45165E59, 0x4D8EE751, 0x8C52F662)),
-    (
-        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
-        (0xA4093822, 0x299F31D0),
-        (0x4DFCCABA, 0x190A87F0, 0xC47362BA, 0xB6B5242A),
-    ),
+OUTPUTS_10 = [
+    (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8),
+    (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD),
+    (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
 ]
+OUTPUTS_7 = [
+    (0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48),
+    (0x5207DDC2, 0x45165E59, 0x4D8EE751, 0x8C52F662),
+    (0x4DFCCABA, 0x190A87F0, 0xC47362BA, 0xB6B5242A),
+]
+KAT = [(ctr, key, out) for (ctr, key), out in zip(KAT_INPUTS, OUTPUTS_10)]
+KAT7 = [(ctr, key, out) for (ctr, key), out in zip(KAT_INPUTS, OUTPUTS_7)]
 
 
 @pytest.mark.parametrize("ctr,key,expected", KAT)
