@@ -47,6 +47,7 @@ def run_bounded(cmd, timeout, **kw):
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = [sys.executable, "-m", "paddle.distributed.launch"]
 
 
 def free_port():
@@ -80,16 +81,7 @@ def worker_logs(log_dir):
 
 def launch_cmd(script_args, nproc, log_dir):
     """The command line ``python -m paddle.distributed.launch --nproc_per_node nproc`` of ``script_args``."""
-    return [
-        sys.executable,
-        "-m",
-        "paddle.distributed.launch",
-        "--nproc_per_node",
-        str(nproc),
-        "--log_dir",
-        str(log_dir),
-        *script_args,
-    ]
+    return LAUNCHER + ["--nproc_per_node", str(nproc), "--log_dir", str(log_dir), *script_args]
 
 
 def launch_job(script_args, nproc, log_dir, timeout, cwd=ROOT, env=None):

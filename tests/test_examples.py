@@ -1,14 +1,14 @@
 """Smoke runs of the example scripts: a few steps each, under fleetrun with 2 CPU ranks."""
 
-import importlib
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 from launch_util import launch_cmd
+from model_util import small_config
+from testutil import example_module, run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EX = os.path.join(ROOT, "examples")
@@ -46,13 +46,7 @@ def assert_loads_in_stock_paddlenlp(folder):
         "x = paddle.to_tensor([[101, 2023, 3185, 2001, 2307, 102]])\n"
         "print(m(x).shape)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    proc = run_python("-c", code)
     assert proc.returncode == 0 and "[1, 2]" in proc.stdout, proc.stderr[-2000:]
 
 
@@ -104,9 +98,7 @@ def test_finetune_classifier_two_ranks_and_resume_on_the_stock_path(tmp_path):
 
 @pytest.mark.parametrize("script", ["finetune_classifier.py", "trainer_classifier.py"])
 def test_help_shows_every_default(script):
-    proc = subprocess.run(
-        [sys.executable, os.path.join(EX, script), "--help"], capture_output=True, text=True, timeout=60
-    )
+    proc = run_python(os.path.join(EX, script), "--help", timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     blocks = {}  # option line (every spelling) -> its help text
     for line in proc.stdout.splitlines():
@@ -132,22 +124,9 @@ def test_help_shows_every_default(script):
 
 @pytest.mark.dist
 def test_pretrain_mlm_two_ranks_loss_falls_and_resumes_bit_exactly(tmp_path):
-    tiny = [
-        "--steps",
-        "12",
-        "--max-docs",
-        "24",
-        "--max-seq-len",
-        "128",
-        "--batch-size",
-        "8",
-        "--eval-samples",
-        "16",
-        "--eval-every",
-        "6",
-        "--save-every",
-        "5",
-    ]
+    tiny = (
+        "--steps 12 --max-docs 24 --max-seq-len 128 --batch-size 8 --eval-samples 16 --eval-every 6 --save-every 5"
+    ).split()
     out, d = tmp_path / "pt.json", tmp_path / "run"
     proc = launch("pretrain_mlm.py", tiny + ["--json-out", str(out), "--output-dir", str(d)], tmp_path)
     s = json.load(open(out))
@@ -168,18 +147,10 @@ def test_pretrain_mlm_two_ranks_loss_falls_and_resumes_bit_exactly(tmp_path):
     # the last two steps again, from the checkpoint of step 10: bit for bit the same losses
     (tmp_path / "resume").mkdir()
     out2 = tmp_path / "resumed.json"
+    resume = ["--resume", str(d / "checkpoint-10"), "--no-progress"]
     launch(
         "pretrain_mlm.py",
-        tiny
-        + [
-            "--json-out",
-            str(out2),
-            "--output-dir",
-            str(tmp_path / "run2"),
-            "--resume",
-            str(d / "checkpoint-10"),
-            "--no-progress",
-        ],
+        tiny + ["--json-out", str(out2), "--output-dir", str(tmp_path / "run2"), *resume],
         tmp_path / "resume",
     )
     r = json.load(open(out2))
@@ -187,17 +158,8 @@ def test_pretrain_mlm_two_ranks_loss_falls_and_resumes_bit_exactly(tmp_path):
     assert r["evals"] == s["evals"]
 
 
-def _example_module(name):
-    """An example script imported as a module (examples/ is not a package)."""
-    sys.path.insert(0, EX)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(EX)
-
-
 def test_pretrain_mlm_help_shows_defaults_and_fused_lamb_is_refused(capsys):
-    pm = _example_module("pretrain_mlm")
+    pm = example_module("pretrain_mlm")
     with pytest.raises(SystemExit) as e:
         pm.parse_args(["--help"])
     assert e.value.code == 0
@@ -218,16 +180,9 @@ def test_pretrain_mlm_no_weight_decay_selects_biases_and_layer_norms():
     import paddle_unpad as pu
     from paddlenlp.transformers import BertConfig, BertForPretraining
 
-    pm = _example_module("pretrain_mlm")
+    pm = example_module("pretrain_mlm")
     model = BertForPretraining(
-        BertConfig(
-            vocab_size=64,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
-            max_position_embeddings=32,
-        )
+        small_config(BertConfig, vocab=64, hidden=16, layers=2, heads=2, max_position_embeddings=32)
     )
     pu.convert(model)
     excluded = pm.no_weight_decay(model)
@@ -249,35 +204,15 @@ def test_pretrain_mlm_no_weight_decay_selects_biases_and_layer_norms():
 def test_pretrain_mlm_compare_stock_and_unpadded(tmp_path):
     """One process: stock PaddleNLP then the unpadded model, same samples and initial weights."""
     out = tmp_path / "cmp.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(EX, "pretrain_mlm.py"),
-            "--compare",
-            "--steps",
-            "3",
-            "--max-docs",
-            "12",
-            "--max-seq-len",
-            "128",
-            "--batch-size",
-            "4",
-            "--eval-samples",
-            "8",
-            "--dropout",
-            "0",
-            "--hidden",
-            "32",
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--json-out",
-            str(out),
-        ],
-        cwd=str(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    args = "--compare --steps 3 --max-docs 12 --max-seq-len 128 --batch-size 4 --eval-samples 8 --dropout 0 --hidden 32"
+    proc = run_python(
+        os.path.join(EX, "pretrain_mlm.py"),
+        *args.split(),
+        "--output-dir",
+        tmp_path / "o",
+        "--json-out",
+        out,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     d = json.load(open(out))
@@ -306,28 +241,9 @@ def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
     (of the slice's 4), on the same samples. The terminal gets a few lines, the table last; the
     launcher's and workers' output goes to the log folder, none to the working directory."""
     out, logs = tmp_path / "demo.json", tmp_path / "logs"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(EX, "run_demo.py"),
-            "--max-train",
-            "128",
-            "--batch-size",
-            "16",
-            "--time-budget",
-            "0.001",
-            "--max-dev",
-            "32",
-            "--json-out",
-            str(out),
-            "--log-dir",
-            str(logs),
-        ],
-        cwd=str(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    args = "--max-train 128 --batch-size 16 --time-budget 0.001 --max-dev 32".split()
+    proc = run_python(
+        os.path.join(EX, "run_demo.py"), *args, "--json-out", out, "--log-dir", logs, cwd=tmp_path, timeout=900
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = (proc.stdout + proc.stderr).splitlines()
@@ -353,13 +269,7 @@ def test_make_demo_job_runs_on_a_tiny_slice(tmp_path):
 
 @pytest.mark.slow
 def test_demo_fmha_runs_respects_threads_and_explains_its_speedup():
-    proc = subprocess.run(
-        [sys.executable, os.path.join(EX, "demo_fmha.py")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    proc = run_python(os.path.join(EX, "demo_fmha.py"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "-> OK" in out and "threads=1" in out, out  # the user's OMP_NUM_THREADS, not the demo's own
@@ -376,7 +286,7 @@ def test_demo_fmha_runs_respects_threads_and_explains_its_speedup():
 
 
 def test_progress_time_left_honours_the_time_budget():
-    eu = _example_module("example_util")
+    eu = example_module("example_util")
     now = [0.0]
     p = eu.Progress(100, clock=lambda: now[0], budget_s=60)
     now[0] = 20.0  # 10 steps in 20 s: 180 s by the steps, 40 s by the budget
@@ -412,7 +322,7 @@ class _Terminal(list):
 def test_demo_shows_one_line_per_job():
     """On a terminal the progress line is rewritten in place, its time left within the job's budget;
     elsewhere only the job's closing line is written."""
-    rd = _example_module("run_demo")
+    rd = example_module("run_demo")
     term = _Terminal(tty=True)
     job = rd.JobLine("stock (padded)", 60.0, stream=term)
     job.feed("step 10/100 loss 0.7 elapsed 20s, about 3m00s left\n")
@@ -430,7 +340,7 @@ def test_demo_shows_one_line_per_job():
 
 
 def test_example_util_history_progress_and_plot(tmp_path, capsys):
-    eu = _example_module("example_util")
+    eu = example_module("example_util")
     h = eu.StepHistory()
     for i in range(4):
         h.add(step=i, loss=5.0 - i, tokens_per_s=100.0 + i, lr=1e-3 * i, mlm_acc=0.1 * i)

@@ -5,7 +5,6 @@ import glob
 import importlib
 import json
 import os
-import subprocess
 import sys
 import warnings
 
@@ -13,6 +12,7 @@ import pytest
 
 import paddle_unpad as pu
 from paddle_unpad._runtime import aliases
+from testutil import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINING = (
@@ -38,13 +38,7 @@ def test_star_import_loads_no_training_code():
         "print(json.dumps({'new': sorted(set(sys.modules) - before), 'all': paddle_unpad.__all__,"
         " 'bound': sorted(n for n in paddle_unpad.__all__ if n in globals())}))\n"
     )
-    p = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    p = run_python("-c", code)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["bound"] == sorted(got["all"])

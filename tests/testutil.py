@@ -3,6 +3,9 @@ tests/gpu has a conftest of its own)."""
 
 import os
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+
 
 def in_ci():
     """True under CI (env CI = true/1/yes/on): tests of native code fail there instead of skipping."""
@@ -71,21 +74,33 @@ def cpu_flags():
         return set()
 
 
-def run_benchmark(script, *args, timeout, **env):
-    """Runs benchmarks/<script> with args from the repository root (the tree first on PYTHONPATH, env's
-    variables set on top), asserts it exits 0 (the output's tail as message) and returns the finished process."""
+def run_python(*args, cwd=None, env=None, timeout=300):
+    """``python *args`` (each one str()-ed) in a fresh process, with one math thread unless ``env`` (the
+    whole environment) is given; returns the finished process, its output captured as text."""
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    run_env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
-    r = subprocess.run(
-        [sys.executable, os.path.join(root, "benchmarks", script), *map(str, args)],
-        cwd=root,
-        env=run_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    env = dict(os.environ, OMP_NUM_THREADS="1") if env is None else env
+    cmd = [sys.executable, *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def example_module(name):
+    """examples/<name>.py imported as a module (examples/ is not a package)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, EXAMPLES)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(EXAMPLES)
+
+
+def run_benchmark(script, *args, timeout, **env):
+    """Runs benchmarks/<script> with args from the repository root (the tree first on PYTHONPATH, env's
+    variables set on top), asserts it exits 0 (the output's tail as message) and returns the finished process."""
+    run_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
+    r = run_python(os.path.join(ROOT, "benchmarks", script), *args, cwd=ROOT, env=run_env, timeout=timeout)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return r
