@@ -12,6 +12,7 @@
 
 Every check prints ``CHECK <name> OK``; the last line is ``ALL OK``.
 """
+
 import os
 import sys
 import threading
@@ -70,8 +71,12 @@ class Samples(paddle.io.Dataset):
         return len(self.tokens)
 
     def __getitem__(self, i):
-        return {"input_ids": self.tokens[i], "labels": self.labels[i], "sample_id": np.int64(i),
-                "token_type_ids": (np.arange(len(self.tokens[i])) >= len(self.tokens[i]) // 2).astype(np.int64)}
+        return {
+            "input_ids": self.tokens[i],
+            "labels": self.labels[i],
+            "sample_id": np.int64(i),
+            "token_type_ids": (np.arange(len(self.tokens[i])) >= len(self.tokens[i]) // 2).astype(np.int64),
+        }
 
 
 def global_plan(n, world, per_rank):
@@ -82,7 +87,7 @@ def global_plan(n, world, per_rank):
     steps = []
     for start in range(0, n, G):
         ids = list(range(start, min(n, start + G)))
-        steps.append([ids[r * per_rank:(r + 1) * per_rank] for r in range(world)])
+        steps.append([ids[r * per_rank : (r + 1) * per_rank] for r in range(world)])
     return steps
 
 
@@ -135,8 +140,9 @@ def reference_params(ds, steps, lr, n_epochs):
             seqlens = np.array([len(s["input_ids"]) for s in smp])
             cat = lambda k: paddle.to_tensor(np.concatenate([s[k] for s in smp]))  # noqa: E731
             pos = paddle.to_tensor(np.concatenate([np.arange(n) for n in seqlens]).astype(np.int64))
-            loss = per_sample_loss_sum(model, cat("input_ids"), cat("token_type_ids"), pos, cat("labels"),
-                                       seqlens) / len(ids)
+            loss = per_sample_loss_sum(
+                model, cat("input_ids"), cat("token_type_ids"), pos, cat("labels"), seqlens
+            ) / len(ids)
             loss.backward()
             opt.step()
             opt.clear_grad()
@@ -175,16 +181,24 @@ def scenario_train():
             assert int(b["cu_seqlens_host"][-1]) == int(b["input_ids"].shape[0])
             assert b["max_seqlen"] == (int(seqlens.max()) if len(seqlens) else 0)
             records.append((epoch, b["step"], b["sample_ids"].tolist(), b["plan_hash"], b["global_num_samples"]))
-            loss = per_sample_loss_sum(dmodel, b["input_ids"], b["token_type_ids"], b["position_ids"],
-                                       b["labels"], seqlens) * world / b["global_num_samples"]
+            loss = (
+                per_sample_loss_sum(
+                    dmodel, b["input_ids"], b["token_type_ids"], b["position_ids"], b["labels"], seqlens
+                )
+                * world
+                / b["global_num_samples"]
+            )
             loss.backward()
             opt.step()
             opt.clear_grad()
         check(f"thread stopped at end of epoch {epoch}", wait_threads_gone())
     # a rank whose loader ends a step early (3+ ranks) receives as many batches as the others; len() says so
     per_epoch = [sum(1 for r in records if r[0] == e) for e in range(n_epochs)]
-    check("len() is the number of batches every rank received",
-          per_epoch == [len(steps)] * n_epochs == [len(bl)] * n_epochs, (per_epoch, len(bl), len(loader)))
+    check(
+        "len() is the number of batches every rank received",
+        per_epoch == [len(steps)] * n_epochs == [len(bl)] * n_epochs,
+        (per_epoch, len(bl), len(loader)),
+    )
 
     allrec = []
     dist.all_gather_object(allrec, records)
@@ -192,8 +206,11 @@ def scenario_train():
     for r, recs in enumerate(allrec):
         for epoch, step, ids, h, gn in recs:
             by_step.setdefault((epoch, step), []).append((r, ids, h, gn))
-    check("every rank ran every step", all(len(v) == world for v in by_step.values())
-          and len(by_step) == n_epochs * len(steps), sorted(by_step))
+    check(
+        "every rank ran every step",
+        all(len(v) == world for v in by_step.values()) and len(by_step) == n_epochs * len(steps),
+        sorted(by_step),
+    )
     ok_sets, ok_hash, seen = True, True, []
     for (epoch, step), v in sorted(by_step.items()):
         got = sorted(i for _, ids, _, _ in v for i in ids)
@@ -207,15 +224,17 @@ def scenario_train():
     check("each step's global batch is the same set as without exchange", ok_sets)
     check("nothing lost or duplicated over the epoch", sorted(seen) == list(range(n)))
     check("every rank's batch carries balance.plan_hash of its step's plan", ok_hash)
-    moved = sum(1 for (e, s), v in by_step.items() for r, ids, _, _ in v for i in ids
-                if i not in steps[s][r])
+    moved = sum(1 for (e, s), v in by_step.items() for r, ids, _, _ in v for i in ids if i not in steps[s][r])
     check("samples were actually exchanged", moved > 0, moved)
 
     ref = reference_params(ds, steps, lr, n_epochs)
     mine = {k: v.numpy() for k, v in model.state_dict().items()}
     worst = max(float(np.max(np.abs(ref[k] - mine[k]))) for k in ref)
-    check("same parameters as one-process training (allclose 1e-5)",
-          all(np.allclose(ref[k], mine[k], rtol=1e-5, atol=1e-5) for k in ref), f"max abs diff {worst}")
+    check(
+        "same parameters as one-process training (allclose 1e-5)",
+        all(np.allclose(ref[k], mine[k], rtol=1e-5, atol=1e-5) for k in ref),
+        f"max abs diff {worst}",
+    )
     say(f"max abs param diff vs single process: {worst:.3g}")
 
     # break early (every rank at the same step), then a full epoch still works
@@ -266,7 +285,7 @@ def scenario_errors():
         """``bl`` a loader to iterate, or a function that builds one (an error may come from either)."""
         t0 = time.time()
         try:
-            for _ in (bl() if callable(bl) else bl):
+            for _ in bl() if callable(bl) else bl:
                 pass
         except exc_type as e:
             dt = time.time() - t0
@@ -280,26 +299,48 @@ def scenario_errors():
         check(name, False, "no exception")
 
     # over-long sample on rank 1 (id 777) at step 1
-    data = [[smp(10 * rank + k, 8) for k in range(3)],
-            [smp(777 if (rank == 1 and k == 0) else 100 + 10 * rank + k, MAXLEN + 6 if (rank == 1 and k == 0) else 5)
-             for k in range(3)]]
-    expect("over-long sample: clear error naming sample id and rank", make(data), SampleError,
-           "sample id 777 on rank 1", f"max_seqlen={MAXLEN}")
+    data = [
+        [smp(10 * rank + k, 8) for k in range(3)],
+        [
+            smp(777 if (rank == 1 and k == 0) else 100 + 10 * rank + k, MAXLEN + 6 if (rank == 1 and k == 0) else 5)
+            for k in range(3)
+        ],
+    ]
+    expect(
+        "over-long sample: clear error naming sample id and rank",
+        make(data),
+        SampleError,
+        "sample id 777 on rank 1",
+        f"max_seqlen={MAXLEN}",
+    )
     check("thread stopped after over-long sample", wait_threads_gone())
     # empty sample on rank 0 (id 555) at step 0
-    data = [[smp(555 if (rank == 0 and k == 1) else 10 * rank + k, 0 if (rank == 0 and k == 1) else 4)
-             for k in range(3)]]
-    expect("empty sample: clear error naming sample id and rank", make(data), SampleError,
-           "sample id 555 on rank 0", "empty")
+    data = [
+        [smp(555 if (rank == 0 and k == 1) else 10 * rank + k, 0 if (rank == 0 and k == 1) else 4) for k in range(3)]
+    ]
+    expect(
+        "empty sample: clear error naming sample id and rank",
+        make(data),
+        SampleError,
+        "sample id 555 on rank 0",
+        "empty",
+    )
     check("thread stopped after empty sample", wait_threads_gone())
 
     # the ranks' cost models differ (a model calibrated on each rank): every rank refuses when the
     # loaders are built, before any collective
     data = [[smp(10 * rank + k, 4 + 3 * k) for k in range(3)] for _ in range(2)]
     own_cost = CostModel(a=1.0, b=1e-3 if rank == 0 else 2e-3)
-    expect("different planner settings: clear error on every rank", lambda: make(data, cost=own_cost),
-           ExchangeError, "different settings", "planner settings: rank 0", f"this is rank {rank}", repr(own_cost),
-           within=10)
+    expect(
+        "different planner settings: clear error on every rank",
+        lambda: make(data, cost=own_cost),
+        ExchangeError,
+        "different settings",
+        "planner settings: rank 0",
+        f"this is rank {rank}",
+        repr(own_cost),
+        within=10,
+    )
     check("thread stopped after different planner settings", wait_threads_gone())
     # the same cost spelled two ways (a name and the CostModel it stands for) plans alike: no error
     same = "quadratic" if rank == 0 else DEFAULT_COST
@@ -316,8 +357,14 @@ def scenario_errors():
     if rank == 1:
         expect("raising rank sees its own exception", make(raising()), ValueError, "boom at step 2", within=10)
     else:
-        expect("peer of a raising rank fails with a clear error", make(raising()), ExchangeError,
-               "rank 1 failed", "boom at step 2", within=10)
+        expect(
+            "peer of a raising rank fails with a clear error",
+            make(raising()),
+            ExchangeError,
+            "rank 1 failed",
+            "boom at step 2",
+            within=10,
+        )
     check("thread stopped after a rank raised", wait_threads_gone())
 
     # rank 0 stops iterating after one batch; rank 1 wants more
@@ -329,8 +376,13 @@ def scenario_errors():
         it.close()
         check("rank that stopped early shut its thread down", wait_threads_gone())
     else:
-        expect("peer of a rank that stopped early fails with a clear error", bl, ExchangeError,
-               "rank 0 closed its loader", within=15)
+        expect(
+            "peer of a rank that stopped early fails with a clear error",
+            bl,
+            ExchangeError,
+            "rank 0 closed its loader",
+            within=15,
+        )
         check("thread stopped after the peer left", wait_threads_gone())
 
     # rank 1's loader stalls at step 1 (on rank 1's training-loop thread, where loaders are
@@ -345,11 +397,21 @@ def scenario_errors():
             yield [smp(100 * step + 10 * rank + k, 4) for k in range(2)]
 
     if rank == 0:
-        expect("the peer of a stalled rank fails within the timeout", make(stalling(), timeout=3.0),
-               ExchangeTimeout, "no balanced batch within 3 s", within=8)
+        expect(
+            "the peer of a stalled rank fails within the timeout",
+            make(stalling(), timeout=3.0),
+            ExchangeTimeout,
+            "no balanced batch within 3 s",
+            within=8,
+        )
     else:
-        expect("a stalled rank fails once it resumes", make(stalling(), timeout=3.0), ExchangeError,
-               "rank 0", within=stall_s + 12)
+        expect(
+            "a stalled rank fails once it resumes",
+            make(stalling(), timeout=3.0),
+            ExchangeError,
+            "rank 0",
+            within=stall_s + 12,
+        )
     check("thread stopped after the stall", wait_threads_gone(timeout=3.0 + 30.0))
 
 

@@ -7,6 +7,7 @@ launcher).  It prints ``READY`` once the exchange's process groups exist, then o
 exception end the process, as a user's script would: the test checks the exit code, and
 that nothing aborted on the way out.  Nothing here leaves through ``os._exit``.
 """
+
 import atexit
 import os
 import sys
@@ -24,6 +25,7 @@ import paddle_unpad.fleet as pf  # noqa: E402
 import worker_util  # noqa: E402  (tests/dist)
 from worker_util import result  # noqa: E402
 from paddle_unpad.data import sample_list_collate  # noqa: E402
+
 
 def init(**configs):
     return worker_util.init({"timeout": 20.0, "close_timeout": 2.0, "check_plan": True}, configs)[0]
@@ -56,8 +58,7 @@ def scenario_shape_scalar_then_vector():
     if rank == 0:
         batch = [smp(k, 64, np.int64(k)) for k in range(4)]
     else:
-        batch = [smp(4, 1, np.int64(4)), smp(5, 2, np.int64(5)), smp(6, 3, np.int64(6)),
-                 smp(7, 4, np.full(3, -5))]
+        batch = [smp(4, 1, np.int64(4)), smp(5, 2, np.int64(5)), smp(6, 3, np.int64(6)), smp(7, 4, np.full(3, -5))]
     loader = pf.distributed_loader([batch])
     print("READY", flush=True)
     run_loop(loader)
@@ -69,8 +70,7 @@ def scenario_shape_vector_then_scalar():
     if rank == 0:
         batch = [smp(k, 64, np.full(3, k)) for k in range(4)]
     else:
-        batch = [smp(4, 1, np.full(3, 4)), smp(5, 2, np.full(3, 5)), smp(6, 3, np.full(3, 6)),
-                 smp(7, 4, np.int64(-5))]
+        batch = [smp(4, 1, np.full(3, 4)), smp(5, 2, np.full(3, 5)), smp(6, 3, np.full(3, 6)), smp(7, 4, np.int64(-5))]
     loader = pf.distributed_loader([batch])
     print("READY", flush=True)
     run_loop(loader)
@@ -105,8 +105,9 @@ def _reuse(first, batches):
     """A second loader on the first one's process group (creating groups is the slow part)."""
     from paddle_unpad.distributed import BalancedLoader
 
-    return BalancedLoader(batches, group=first.group, timeout=first.timeout, close_timeout=first.close_timeout,
-                          check_plan=True)
+    return BalancedLoader(
+        batches, group=first.group, timeout=first.timeout, close_timeout=first.close_timeout, check_plan=True
+    )
 
 
 # ------------------------------------------------------------------ DataLoader and collate_fn
@@ -152,8 +153,7 @@ def scenario_num_workers():
     n = 48
     ds = Samples(n, seed=3)
     batches = rank_batches(rank, n, per_rank=6)
-    dl = paddle.io.DataLoader(ds, batch_sampler=RankBatches(batches), collate_fn=sample_list_collate,
-                              num_workers=2)
+    dl = paddle.io.DataLoader(ds, batch_sampler=RankBatches(batches), collate_fn=sample_list_collate, num_workers=2)
     loader = pf.distributed_loader(dl)
     print("READY", flush=True)
     for epoch in range(2):
@@ -177,8 +177,9 @@ def scenario_collate_raises(num_workers):
             raise ValueError("collate_fn failed on purpose")
         return sample_list_collate(samples)
 
-    dl = paddle.io.DataLoader(ds, batch_sampler=RankBatches(rank_batches(rank, n, per_rank=6)),
-                              collate_fn=collate, num_workers=num_workers)
+    dl = paddle.io.DataLoader(
+        ds, batch_sampler=RankBatches(rank_batches(rank, n, per_rank=6)), collate_fn=collate, num_workers=num_workers
+    )
     loader = pf.distributed_loader(dl)
     print("READY", flush=True)
     run_loop(loader)

@@ -7,15 +7,16 @@ Run under ``python -m paddle.distributed.launch --nproc_per_node 3``. Before any
 created it installs what the plugin's distributed features install first
 (``paddle_unpad.distributed.groups.install_group_stores``): every group then gets a
 rendezvous store of its own (unless ``PADDLE_UNPAD_GLOO_GROUP_STORES=0``)."""
+
 import sys
 
 from paddle_unpad.distributed import groups
 
 groups.install_group_stores()  # before any group is created
 
-import paddle
-import paddle.distributed as dist
-from paddle.base import core
+import paddle  # noqa: E402 - after the stores are installed, as a training script would
+import paddle.distributed as dist  # noqa: E402
+from paddle.base import core  # noqa: E402
 
 n_groups = int(sys.argv[1])
 dist.init_parallel_env()

@@ -6,6 +6,7 @@ all-reduce, the other copy's by GradientAllReduce. Every gradient must be equal 
 (two ranks: (a + b) / 2 is the same number whatever the order). Prints one JSON line per
 scenario; exits non-zero on the first difference.
 """
+
 import json
 import sys
 
@@ -17,8 +18,16 @@ import paddle_unpad as pu
 from paddlenlp.transformers import BertConfig, BertForPretraining, BertForSequenceClassification
 
 STEPS = 3
-CFG = dict(vocab_size=4000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-           max_position_embeddings=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+CFG = dict(
+    vocab_size=4000,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=128,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 class Branchy(paddle.nn.Layer):
@@ -67,8 +76,10 @@ def loss_of(kind, m, rng, rank):
         ids = paddle.to_tensor(rng.integers(0, 5000, 40).astype(np.int64))
         return m(ids, rank == 0)
     lengths = rng.integers(5, 60, 3)
-    samples = [{"input_ids": rng.integers(5, 4000, n).astype(np.int64), "labels": np.int64(i % 2)}
-               for i, n in enumerate(lengths)]
+    samples = [
+        {"input_ids": rng.integers(5, 4000, n).astype(np.int64), "labels": np.int64(i % 2)}
+        for i, n in enumerate(lengths)
+    ]
     batch = pu.data.PackingCollator(max_seqlen=128)(samples)
     inputs = {k: batch[k] for k in ("input_ids", "cu_seqlens", "cu_seqlens_host", "max_seqlen")}
     if kind == "cls":
@@ -83,10 +94,17 @@ def loss_of(kind, m, rng, rank):
 def main():
     dist.init_parallel_env()
     rank, world = dist.get_rank(), dist.get_world_size()
-    scenarios = [("cls", dict()), ("cls", dict(overlap=False)), ("cls", dict(row_sparse_embeddings=False)),
-                 ("cls", dict(bucket_mb=0.01)), ("cls", dict(bucket_mb=0.01, overlap=False)), ("pretraining", dict()),
-                 ("pretraining", dict(bucket_mb=0.01)), ("branchy", dict(bucket_mb=0.1)),
-                 ("branchy", dict(bucket_mb=0.1, overlap=False))]
+    scenarios = [
+        ("cls", dict()),
+        ("cls", dict(overlap=False)),
+        ("cls", dict(row_sparse_embeddings=False)),
+        ("cls", dict(bucket_mb=0.01)),
+        ("cls", dict(bucket_mb=0.01, overlap=False)),
+        ("pretraining", dict()),
+        ("pretraining", dict(bucket_mb=0.01)),
+        ("branchy", dict(bucket_mb=0.1)),
+        ("branchy", dict(bucket_mb=0.1, overlap=False)),
+    ]
     for kind, kw in scenarios:
         ref, mine = make(kind, 1), make(kind, 1)
         sync = pu.fleet.GradientAllReduce(mine, **kw)
@@ -104,8 +122,18 @@ def main():
                     continue
                 ga, gb = a.grad.numpy(), b.grad.numpy()
                 if not np.array_equal(ga, gb):
-                    print(json.dumps({"kind": kind, "kw": kw, "step": step, "param": name,
-                                      "max_diff": float(np.abs(ga - gb).max())}), flush=True)
+                    print(
+                        json.dumps(
+                            {
+                                "kind": kind,
+                                "kw": kw,
+                                "step": step,
+                                "param": name,
+                                "max_diff": float(np.abs(ga - gb).max()),
+                            }
+                        ),
+                        flush=True,
+                    )
                     return 1
                 worst = max(worst, float(np.abs(ga).max()))
             opt_r.step()
@@ -114,8 +142,10 @@ def main():
             opt_m.clear_grad()
         st = dict(sync.stats)
         sync.close()
-        print(json.dumps({"rank": rank, "kind": kind, "kw": kw, "equal": True, "max_abs_grad": worst,
-                          "stats": st}), flush=True)
+        print(
+            json.dumps({"rank": rank, "kind": kind, "kw": kw, "equal": True, "max_abs_grad": worst, "stats": st}),
+            flush=True,
+        )
     return 0
 
 

@@ -5,6 +5,7 @@
 lets it end the process, as a user's script would: the test checks the exit code and that
 nothing aborted on the way out. Nothing here leaves through ``os._exit``.
 """
+
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ import paddle_unpad as pu  # noqa: E402
 import paddle_unpad.fleet as pf  # noqa: E402
 import worker_util  # noqa: E402  (tests/dist)
 from worker_util import result  # noqa: E402
+
 
 def init(**configs):
     return worker_util.init({"timeout": 20.0, "close_timeout": 5.0}, configs)
@@ -69,8 +71,13 @@ def scenario_peer_signal(signum):
         return float(s)
 
     init(timeout=5.0, cost=cost)
-    batches = [[smp(100 * s + 10 * rank + k, sentinel if (rank == last and s == 1 and k == 0) else 60 - 20 * rank + k)
-                for k in range(3)] for s in range(4)]
+    batches = [
+        [
+            smp(100 * s + 10 * rank + k, sentinel if (rank == last and s == 1 and k == 0) else 60 - 20 * rank + k)
+            for k in range(3)
+        ]
+        for s in range(4)
+    ]
     reported(lambda: list(pf.distributed_loader(batches)))
 
 
@@ -248,6 +255,7 @@ def scenario_allreduce_misuse():
         return paddle.to_tensor(np.random.default_rng(100 * r + s).integers(0, 2048, 24))
 
     for use in ("plain", "keyword", "functional", "matmul", "unused"):
+
         def make():
             paddle.seed(3)
             return TiedTable(use)
@@ -259,8 +267,13 @@ def scenario_allreduce_misuse():
             sync.wait()
             errs.append(worst_error(model, global_reference(make, lambda m, r: m(ids(r, s)), world)))
             model.clear_gradients()
-        result(case="tied", use=use, error=max(errs), unproven=sync.stats["tables_unproven"],
-               by_rows=sync.stats["tables_by_rows"])
+        result(
+            case="tied",
+            use=use,
+            error=max(errs),
+            unproven=sync.stats["tables_unproven"],
+            by_rows=sync.stats["tables_by_rows"],
+        )
         sync.close()
     accumulation(rank, world)
     trainable_changes(rank, world)
@@ -287,8 +300,7 @@ def accumulation(rank, world):
     for x in (batch(rank), batch(rank + 10)):
         model(x).square().mean().backward()
     sync.wait()
-    ref = global_reference(model_of, lambda m, r: m(batch(r)).square().mean() + m(batch(r + 10)).square().mean(),
-                           world)
+    ref = global_reference(model_of, lambda m, r: m(batch(r)).square().mean() + m(batch(r + 10)).square().mean(), world)
     result(case="accumulation", who="overlap=False", error=worst_error(model, ref))
     sync.close()
 
@@ -303,8 +315,10 @@ def trainable_changes(rank, world):
     model.clear_gradients()
     sync = pf.GradientAllReduce(model)  # built again after the change: reduced
     step(model, sync, rank)
-    result(case="rebuilt", error=worst_error(model, global_reference(
-        model_of, lambda m, r: m(batch(r)).square().mean(), world)))
+    result(
+        case="rebuilt",
+        error=worst_error(model, global_reference(model_of, lambda m, r: m(batch(r)).square().mean(), world)),
+    )
     model.clear_gradients()
     model[1].bias.stop_gradient = True
     result(case="frozen", error=caught(lambda: step(model, sync, rank)))
@@ -397,8 +411,10 @@ def scenario_allreduce_model_changes():
     sync = pf.GradientAllReduce(model)
     model(ids_of(rank, 2)).backward()
     sync.wait()
-    result(case="rebuilt after the change", error=worst_error(model, global_reference(
-        changed, lambda m, r: m(ids_of(r, 2)), world)))
+    result(
+        case="rebuilt after the change",
+        error=worst_error(model, global_reference(changed, lambda m, r: m(ids_of(r, 2)), world)),
+    )
     sync.close()
     solo = dist.new_group([0], backend="gloo")  # every rank makes it (Paddle's rule); rank 1 is not in it
     attempt("all-reduce over a group without this rank", lambda: pf.GradientAllReduce(model, group=solo).close())
@@ -452,8 +468,9 @@ def scenario_late_sized_loader():
     wrong length are refused where given. Then rank 1 leaves the job (its process ends) and
     rank 0's next wait() names it."""
     rank, world = init()
-    dl = paddle.io.DataLoader(Numbered(rank), batch_sampler=LateSizedSampler(2 - rank),
-                              collate_fn=pu.data.sample_list_collate)
+    dl = paddle.io.DataLoader(
+        Numbered(rank), batch_sampler=LateSizedSampler(2 - rank), collate_fn=pu.data.sample_list_collate
+    )
     bl = pf.distributed_loader(dl)
     for epoch in range(3):
         it = iter(bl)
@@ -509,8 +526,14 @@ def scenario_break_and_del():
     c = iter(pf.distributed_loader(batches))
     d = iter(b)
     next(c), next(d)  # two epochs in flight at exit: each rank closes both, none waits for another
-    result(after_break=after_break, after_del_iterator=after_del_iterator, rest_of_epoch=n_more,
-           after_epoch=after_epoch, in_flight_at_exit=exchange_threads(), exit_from=round(time.monotonic() - worker_util.T0, 3))
+    result(
+        after_break=after_break,
+        after_del_iterator=after_del_iterator,
+        rest_of_epoch=n_more,
+        after_epoch=after_epoch,
+        in_flight_at_exit=exchange_threads(),
+        exit_from=round(time.monotonic() - worker_util.T0, 3),
+    )
 
 
 def scenario_balance_on_one_rank_only():
@@ -541,10 +564,12 @@ def scenario_bad_arguments():
     rank, world = init()
     model = model_of()
     too_long = threading.TIMEOUT_MAX * 2
-    attempts = {"all-reduce timeout": lambda: pf.GradientAllReduce(model, timeout=too_long),
-                "parameter listed twice": lambda: pf.GradientAllReduce(list(model.parameters()) * 2),
-                "loader timeout": lambda: pf.distributed_loader([[smp(rank, 4)]], timeout=too_long),
-                "token_fields string": lambda: pf.distributed_loader([[smp(rank, 4)]], token_fields="input_ids")}
+    attempts = {
+        "all-reduce timeout": lambda: pf.GradientAllReduce(model, timeout=too_long),
+        "parameter listed twice": lambda: pf.GradientAllReduce(list(model.parameters()) * 2),
+        "loader timeout": lambda: pf.distributed_loader([[smp(rank, 4)]], timeout=too_long),
+        "token_fields string": lambda: pf.distributed_loader([[smp(rank, 4)]], token_fields="input_ids"),
+    }
     for what, attempt in attempts.items():
         try:
             attempt()
@@ -553,8 +578,11 @@ def scenario_bad_arguments():
             result(what=what, refused=True, exc=type(e).__name__, msg=str(e))
     sync = pf.GradientAllReduce(model)
     step(model, sync, rank)
-    seen = [int(i) for b in pf.distributed_loader([[smp(10 * rank + k, 3 + k) for k in range(2)]])
-            for i in b["sample_ids"].tolist()]
+    seen = [
+        int(i)
+        for b in pf.distributed_loader([[smp(10 * rank + k, 3 + k) for k in range(2)]])
+        for i in b["sample_ids"].tolist()
+    ]
     sync.close()
     result(afterwards=all_ids(seen) == sorted(10 * r + k for r in range(world) for k in range(2)))
 
@@ -585,8 +613,10 @@ class ReusingLoader:
 def own_tokens(batch):
     """Whether every sample of a packed batch holds its own tokens."""
     cu, tok = batch["cu_seqlens_host"], batch["input_ids"].numpy()
-    return all(len(tok[cu[j]:cu[j + 1]]) == 3 + 7 * (i % 5) and (tok[cu[j]:cu[j + 1]] == i % 97 + 1).all()
-               for j, i in enumerate(batch["sample_ids"].tolist()))
+    return all(
+        len(tok[cu[j] : cu[j + 1]]) == 3 + 7 * (i % 5) and (tok[cu[j] : cu[j + 1]] == i % 97 + 1).all()
+        for j, i in enumerate(batch["sample_ids"].tolist())
+    )
 
 
 def attempt(what, fn):
@@ -621,10 +651,15 @@ def scenario_loader_contract():
             seen += batch["sample_ids"].tolist()
             if rank == 0 and received == 1:
                 lens.add(len(bl))  # len() on one rank only, mid-epoch
-        want = sorted(1000 * r + 100 * epoch + 10 * s + k for r in range(world)
-                      for s in range(loader.sizes[epoch][r]) for k in range(3))
-        result(what=f"epoch {epoch}", lens=sorted(lens), received=received, own_tokens=mine,
-               complete=all_ids(seen) == want)
+        want = sorted(
+            1000 * r + 100 * epoch + 10 * s + k
+            for r in range(world)
+            for s in range(loader.sizes[epoch][r])
+            for k in range(3)
+        )
+        result(
+            what=f"epoch {epoch}", lens=sorted(lens), received=received, own_tokens=mine, complete=all_ids(seen) == want
+        )
     result(what="built", len=built_len)
     unknown = pf.distributed_loader(iter([[smp(rank, 4)]]) if rank == 1 else [[smp(rank, 4)]])
     attempt("len unknown on rank 1", lambda: len(unknown))
@@ -662,8 +697,14 @@ def scenario_groups_released(n):
     before, created = open_files_and_threads(), len(groups.CREATED)
     t = time.monotonic()
     ok = all(len(one_of_each(i)) > 0 for i in range(1, n + 1))
-    result(before=before, after=open_files_and_threads(), used=ok, created=len(groups.CREATED) - created,
-           reused=groups.REUSED["count"], seconds=round(time.monotonic() - t, 2))
+    result(
+        before=before,
+        after=open_files_and_threads(),
+        used=ok,
+        created=len(groups.CREATED) - created,
+        reused=groups.REUSED["count"],
+        seconds=round(time.monotonic() - t, 2),
+    )
 
 
 def scenario_subgroup_then_all():
@@ -681,8 +722,13 @@ def scenario_subgroup_then_all():
         again = pf.GradientAllReduce(model, group=pair, timeout=20.0)  # one more over the same pair
         step(model, again, rank)
         again.close()
-    seen = reported(lambda: [int(i) for b in pf.distributed_loader([[smp(10 * rank + k, 3 + k) for k in range(2)]])
-                             for i in b["sample_ids"].tolist()])
+    seen = reported(
+        lambda: [
+            int(i)
+            for b in pf.distributed_loader([[smp(10 * rank + k, 3 + k) for k in range(2)]])
+            for i in b["sample_ids"].tolist()
+        ]
+    )
     sync = pf.GradientAllReduce(model)  # and an all-reduce over every rank after it
     step(model, sync, rank)
     sync.close()

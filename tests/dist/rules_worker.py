@@ -6,6 +6,7 @@ answers True, and since this machine has no NCCL a gloo group stands in for each
 (its collectives are recorded as the NCCL ones they would be). ``rules_worker.py cpu``: the
 plain CPU job. Prints one ``RESULT {json}`` with the recorded collectives and what was checked.
 """
+
 import json
 import os
 import sys
@@ -28,8 +29,15 @@ RECORD = []
 
 
 def record(op, group):
-    RECORD.append({"op": op, "purpose": group.purpose, "role": group.role, "backend": group.backend,
-                   "thread": threading.current_thread().name})
+    RECORD.append(
+        {
+            "op": op,
+            "purpose": group.purpose,
+            "role": group.role,
+            "backend": group.backend,
+            "thread": threading.current_thread().name,
+        }
+    )
 
 
 groups.RECORDER = record
@@ -45,8 +53,9 @@ model = paddle.nn.Sequential(paddle.nn.Embedding(50, 8), paddle.nn.Linear(8, 2))
 opt = paddle.optimizer.SGD(0.1, parameters=model.parameters())
 sync = pf.GradientAllReduce(model)
 rng = np.random.default_rng(rank)
-batches = [[{"input_ids": rng.integers(1, 50, int(n)).astype(np.int64)} for n in rng.integers(2, 30, 4)]
-           for _ in range(3)]
+batches = [
+    [{"input_ids": rng.integers(1, 50, int(n)).astype(np.int64)} for n in rng.integers(2, 30, 4)] for _ in range(3)
+]
 for batch in pf.distributed_loader(batches):
     loss = model(batch["input_ids"]).mean()
     loss.backward()
@@ -57,6 +66,7 @@ for batch in pf.distributed_loader(batches):
 threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("paddle_unpad"))
 guard = None
 if MODE == "gpu":  # a device collective from another thread is refused, naming the rule
+
     def other():
         global guard
         try:
@@ -71,5 +81,16 @@ sync.close()
 device_ops = [(r["op"], r["purpose"]) for r in RECORD if r["role"] == "device"]
 every = []
 dist.all_gather_object(every, device_ops)  # Paddle's own, not recorded
-print("RESULT " + json.dumps({"rank": rank, "record": RECORD, "threads_after_training": threads, "guard": guard,
-                              "same_device_order_on_every_rank": all(x == every[0] for x in every)}), flush=True)
+print(
+    "RESULT "
+    + json.dumps(
+        {
+            "rank": rank,
+            "record": RECORD,
+            "threads_after_training": threads,
+            "guard": guard,
+            "same_device_order_on_every_rank": all(x == every[0] for x in every),
+        }
+    ),
+    flush=True,
+)

@@ -9,6 +9,7 @@ Trains ``--max-steps`` steps (4 steps per epoch on 2 ranks), saving a checkpoint
 it ran (full precision, this rank's own batch) and the global step it ran it at.
 ``--stock``: PaddleNLP's own Trainer and ``DataCollatorWithPadding`` (the reference).
 """
+
 import zlib  # noqa: F401  (before paddle: paddlepaddle-gpu 2.6 and zlib, see docs/gpu.md)
 import argparse
 import json
@@ -52,14 +53,32 @@ def main():
     from paddle_unpad.trainer import UnpadTrainer
 
     paddle.seed(3)
-    model = BertForSequenceClassification(BertConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=32, num_labels=2, hidden_dropout_prob=args.dropout,
-        attention_probs_dropout_prob=args.dropout))
+    model = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=32,
+            num_labels=2,
+            hidden_dropout_prob=args.dropout,
+            attention_probs_dropout_prob=args.dropout,
+        )
+    )
     targs = TrainingArguments(
-        output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=BATCH, learning_rate=5e-3,
-        save_strategy="steps", save_steps=SAVE_STEPS, logging_steps=1, evaluation_strategy="no", seed=11,
-        disable_tqdm=True, report_to=[])
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=BATCH,
+        learning_rate=5e-3,
+        save_strategy="steps",
+        save_steps=SAVE_STEPS,
+        logging_steps=1,
+        evaluation_strategy="no",
+        seed=11,
+        disable_tqdm=True,
+        report_to=[],
+    )
     base = Trainer if args.stock else UnpadTrainer
     losses = []
 

@@ -1,5 +1,6 @@
 """What the fault workers share: a ``RESULT {json}`` line per outcome (the test reads them from
 the rank's output) and ``fleet.init`` with the plugin's strategy."""
+
 import json
 import time
 
