@@ -21,36 +21,26 @@ namespace cuda {
 
 // ---------------------------------------------------------------- element types
 
+// fp16 / bf16 pairs in one 32-bit register, the form mma.sync takes and gives. CUDA names each
+// conversion per type; these overloads give them one name (the tag argument picks the pair type).
+__device__ __forceinline__ __half2 floats_to_pair(__half, float lo, float hi) {
+  return __floats2half2_rn(lo, hi);
+}
+__device__ __forceinline__ __nv_bfloat162 floats_to_pair(__nv_bfloat16, float lo, float hi) {
+  return __floats2bfloat162_rn(lo, hi);
+}
+__device__ __forceinline__ float2 pair_to_floats(__half2 h) { return __half22float2(h); }
+__device__ __forceinline__ float2 pair_to_floats(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+
 template <typename T>
-struct ElemTraits;
-
-template <>
-struct ElemTraits<__half> {
+struct ElemTraits {
+  using Pair = decltype(floats_to_pair(T{}, 0.0f, 0.0f));
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
+    Pair h = floats_to_pair(T{}, lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);
   }
   static __device__ __forceinline__ float2 unpack(uint32_t u) {
-    __half2 h = *reinterpret_cast<__half2*>(&u);
-    return __half22float2(h);
-  }
-  static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
-};
-
-template <>
-struct ElemTraits<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 unpack(uint32_t u) {
-    __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&u);
-    return __bfloat1622float2(h);
-  }
-  static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) {
-    return __float2bfloat16_rn(x);
+    return pair_to_floats(*reinterpret_cast<Pair*>(&u));
   }
 };
 

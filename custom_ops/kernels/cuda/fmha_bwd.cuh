@@ -158,24 +158,35 @@ __device__ __forceinline__ void transposed_a(uint32_t (&a)[4], const uint32_t (&
   a[3] = movmatrix_trans(t[1][1]);
 }
 
-template <int N>
-__device__ __forceinline__ void zero_tiles(float (&x)[N][4]) {
-#pragma unroll
-  for (int n = 0; n < N; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) x[n][e] = 0.0f;
+// The wait at the top of a step of a double-buffered loop: issues the next step's loads
+// (load_next, one commit group) when there is a next step, then waits for this step's.
+template <typename F>
+__device__ __forceinline__ void wait_stage(bool has_next, F&& load_next) {
+  if (has_next) {
+    load_next();
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
 }
 
 // P Z and dS of one m-tile (16 queries from local row r0 - g, this warp's 16 keys) from its S
 // and dP accumulators, packed for the next products ([n-tile][rows g / g + 8]): P = exp2(S *
 // scale_log2 - lse_log2) (keys past the end: 0; queries past it have lse = +inf), Z the
 // dropout mask of the tile's lane-owned Philox call (made once: it drops from P Z and from
-// dP Z alike), dS = P (dP Z - delta). The 1/(1-p) of P Z is left to dV's epilogue.
+// dP Z alike), dS = P (dP Z - delta). The 1/(1-p) of P Z is left to dV's epilogue. ap and as:
+// the transposes of P Z and dS as A fragments (the left operands of dV += (P Z)^T dO and
+// dK += dS^T Q). pz (P Z packed) is the caller's scratch, declared with ap and as before them: as
+// a local of this function it would renumber the key-block kernel's values, and ptxas would
+// allocate its registers differently.
 template <typename T, bool kDropout>
 __device__ __forceinline__ void grad_tile(const FmhaParams& p, float (&sc)[2][4], float (&dp)[2][4],
                                           const float* lse_s, const float* dl_s, int r0, int kvalid,
                                           int c, uint32_t key16, uint32_t t_pair, uint32_t h,
-                                          uint32_t (&pz)[2][2], uint32_t (&ds)[2][2]) {
+                                          uint32_t (&pz)[2][2], uint32_t (&ds)[2][2],
+                                          uint32_t (&ap)[4], uint32_t (&as)[4]) {
   using Tr = ElemTraits<T>;
   const float lse2[2] = {lse_s[r0], lse_s[r0 + 8]}, dl[2] = {dl_s[r0], dl_s[r0 + 8]};
   float pr[2][4];
@@ -204,6 +215,8 @@ __device__ __forceinline__ void grad_tile(const FmhaParams& p, float (&sc)[2][4]
       ds[n][i] = Tr::pack(d[2 * i], d[2 * i + 1]);
     }
   }
+  transposed_a(ap, pz);
+  transposed_a(as, ds);
 }
 
 // How the key-block kernel's dQ of one query block (kBlockM x D) is split: four warps, each a
@@ -251,8 +264,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   T* sdS = reinterpret_cast<T*>(sDelta + 2 * kBlockM);  // [kBlockM][kSStride], kDq only
 
   const SeqSpan seq = p.seqs[blockIdx.y];
-  const int s = seq.len;
-  const int j0 = static_cast<int>(blockIdx.x) * kBlockN;
+  const int s = seq.len, j0 = static_cast<int>(blockIdx.x) * kBlockN;
   if (j0 >= s) return;
   const VarlenTile<T, D> tile(p, seq);
   const int h = tile.head, warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
@@ -304,14 +316,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int nqb = (s + kBlockM - 1) / kBlockM;
   for (int qb = 0; qb < nqb; ++qb) {
     const int st = qb & 1;
-    if (qb + 1 < nqb) {
-      issue_q(qb + 1, st ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // stage st (and K, V) landed
+    wait_stage(qb + 1 < nqb, [&] { issue_q(qb + 1, st ^ 1); });  // stage st (and K, V) landed
     const T* qs = sQ + st * kBlockM * kStride;
     const T* dos = sdO + st * kBlockM * kStride;
     const float* lse_s = sLse + st * kBlockM;
@@ -343,13 +348,10 @@ __global__ void __launch_bounds__(kWarps * 32)
           mma16816<T>(dp[0], da[kk], vf[kk][0], vf[kk][1]);
           mma16816<T>(dp[1], da[kk], vf[kk][2], vf[kk][3]);
         }
-        uint32_t pz[2][2];
+        uint32_t pz[2][2], ap[4], as[4];
         grad_tile<T, kDropout>(p, sc, dp, lse_s, dl_s, mt * 16 + g, kvalid, c, key16,
                                step_t0 + static_cast<uint32_t>(mt * 16 + g),
-                               static_cast<uint32_t>(h), pz, ds[mt]);
-        uint32_t ap[4], as[4];
-        transposed_a(ap, pz);
-        transposed_a(as, ds[mt]);
+                               static_cast<uint32_t>(h), pz, ds[mt], ap, as);
 #pragma unroll
         for (int kk = 0; kk < kKT; ++kk)
 #pragma unroll
@@ -389,13 +391,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        uint32_t pz[2][2];
+        uint32_t pz[2][2], ap[4], as[4];
         grad_tile<T, kDropout>(p, sc[mt], dp[mt], lse_s, dl_s, mt * 16 + g, kvalid, c, key16,
                                step_t0 + static_cast<uint32_t>(mt * 16 + g),
-                               static_cast<uint32_t>(h), pz, ds[mt]);
-        uint32_t ap[4], as[4];
-        transposed_a(ap, pz);
-        transposed_a(as, ds[mt]);
+                               static_cast<uint32_t>(h), pz, ds[mt], ap, as);
 #pragma unroll
         for (int d2 = 0; d2 < D / 16; ++d2) {
           const int off =
@@ -549,7 +548,6 @@ __global__ void __launch_bounds__(128) fmha_bwd_dq_kernel(const __grid_constant_
   constexpr int kNT = kBlockN / 8;
   constexpr int kDT = D / 8;
   constexpr int kFr = kQInRegs ? kKT : 1;
-  using Tr = ElemTraits<T>;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -558,8 +556,7 @@ __global__ void __launch_bounds__(128) fmha_bwd_dq_kernel(const __grid_constant_
   T* sV = sK + 2 * kBlockN * kStride;  // [2][kBlockN][kStride]
 
   const SeqSpan seq = p.seqs[blockIdx.y];
-  const int s = seq.len;
-  const int q0 = static_cast<int>(blockIdx.x) * kBlockM;
+  const int s = seq.len, q0 = static_cast<int>(blockIdx.x) * kBlockM;
   if (q0 >= s) return;
   const VarlenTile<T, D> tile(p, seq);
   const int h = tile.head, warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
@@ -586,10 +583,7 @@ __global__ void __launch_bounds__(128) fmha_bwd_dq_kernel(const __grid_constant_
 
   uint32_t qf[kFr][4], df[kFr][4];
   float dq[kDT][4];
-#pragma unroll
-  for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dq[dt][e] = 0.0f;
+  zero_tiles(dq);
   const T* sQw = sQ + (warp * 16 + (lane & 15)) * kStride + (lane >> 4) * 8;
   const T* sdOw = sdO + (warp * 16 + (lane & 15)) * kStride + (lane >> 4) * 8;
   if (kQInRegs) {
@@ -606,31 +600,19 @@ __global__ void __launch_bounds__(128) fmha_bwd_dq_kernel(const __grid_constant_
   for (int kb = 0; kb < nkb; ++kb) {
     const int st = kb & 1;
     const int j0 = kb * kBlockN;
-    if (kb + 1 < nkb) {
+    wait_stage(kb + 1 < nkb, [&] {
       load_rows_async<T, D, kBlockN, kThreads>(sK + (st ^ 1) * kBlockN * kStride, tile.k,
                                                j0 + kBlockN, s, tile.ld);
       load_rows_async<T, D, kBlockN, kThreads>(sV + (st ^ 1) * kBlockN * kStride, tile.v,
                                                j0 + kBlockN, s, tile.ld);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    });
     const T* ks = sK + st * kBlockN * kStride;
     const T* vs = sV + st * kBlockN * kStride;
 
     float sc[kNT][4], dp[kNT][4];
     warp_gemm_pair_abt<T, D, kBlockN, kStride, kQInRegs, kFr>(sc, dp, qf, df, sQw, sdOw, ks, vs,
                                                               lane);
-    if (kDropout) {  // Z of 16 keys per call; the 1/(1-p) below
-#pragma unroll
-      for (int n2 = 0; n2 < kNT / 2; ++n2) {
-        const Philox4 r = dropout_call(p, static_cast<uint32_t>(j0 + n2 * 16 + 2 * c), t_pair,
-                                       static_cast<uint32_t>(h));
-        apply_dropout(dp[2 * n2], dp[2 * n2 + 1], r, p.drop_threshold_hi);
-      }
-    }
+    if (kDropout) drop_tiles(p, dp, j0, c, t_pair, h);  // Z; the 1/(1-p) below
 
     // dS = P (dP Z - delta) into sc; keys past the end have P = 0.
     const int valid = s - j0;
@@ -647,44 +629,11 @@ __global__ void __launch_bounds__(128) fmha_bwd_dq_kernel(const __grid_constant_
         sc[nt][2 * i + 1] = p1 * (dp[nt][2 * i + 1] * z - dl[i]);
       }
 
-    // dQ += dS K: K transposed out of shared memory is the B operand.
-#pragma unroll
-    for (int kt = 0; kt < kBlockN / 16; ++kt) {
-      uint32_t a[4];
-      a_fragment<T>(a, sc[2 * kt], sc[2 * kt + 1]);
-#pragma unroll
-      for (int d2 = 0; d2 < D / 16; ++d2) {
-        const T* src = ks + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 +
-                       (lane >> 4) * 8;
-        uint32_t b[4];  // written out: through mma_two_tiles ptxas schedules this loop otherwise
-        ldmatrix_x4_trans(b, src);
-        mma16816<T>(dq[2 * d2], a, b[0], b[1]);
-        mma16816<T>(dq[2 * d2 + 1], a, b[2], b[3]);
-      }
-    }
+    mma_scores_b<T, D, kBlockN, kStride>(dq, sc, ks, lane);  // dQ += dS K
     __syncthreads();  // every warp is done with stage st before it is refilled
   }
 
-  T* sq_w = sQ + warp * 16 * kStride;  // only this warp ever read these rows
-  __syncwarp();
-#pragma unroll
-  for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      *reinterpret_cast<uint32_t*>(sq_w + (g + 8 * i) * kStride + dt * 8 + 2 * c) =
-          Tr::pack(dq[dt][2 * i] * p.scale, dq[dt][2 * i + 1] * p.scale);
-  __syncwarp();
-  T* gdq = tile.out(p.dq);
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int it = 0; it < 16 * kChunks / 32; ++it) {
-    const int idx = it * 32 + lane;
-    const int r = idx / kChunks, ch = idx % kChunks;
-    const int row = q0 + warp * 16 + r;
-    if (row < s)
-      *reinterpret_cast<uint4*>(gdq + static_cast<int64_t>(row) * tile.ld + ch * 8) =
-          *reinterpret_cast<const uint4*>(sq_w + r * kStride + ch * 8);
-  }
+  store_warp_rows<T, D, kStride>(tile, dq, p.scale, p.scale, sQ, p.dq, q0, s);
 }
 
 template <typename T, int D>
@@ -699,23 +648,9 @@ cudaError_t launch_bwd_prep_dim(const FmhaParams& p, int64_t rows, cudaStream_t 
 
 template <typename T>
 cudaError_t launch_fmha_bwd_prep(const FmhaParams& p, int64_t rows, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 32:
-      return launch_bwd_prep_dim<T, 32>(p, rows, stream);
-    case 64:
-      return launch_bwd_prep_dim<T, 64>(p, rows, stream);
-    case 128:
-      return launch_bwd_prep_dim<T, 128>(p, rows, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
-template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes));
+  return by_head_dim(p.head_dim, [&](auto d) {
+    return launch_bwd_prep_dim<T, decltype(d)::value>(p, rows, stream);
+  });
 }
 
 // Shared memory of the key-block kernel (K, V, two Q / dO stages, lse / delta stages, dS).
@@ -728,25 +663,17 @@ constexpr size_t bwd_kv_smem_bytes() {
 
 template <typename T, int D, int kWarps, int kBlockM, bool kKVInRegs, bool kDropout, bool kDq>
 cudaError_t launch_bwd_kv(const FmhaParams& p, cudaStream_t stream) {
-  constexpr size_t kSmem = bwd_kv_smem_bytes<T, D, kWarps, kBlockM, kDq>();
-  auto kernel = fmha_bwd_kv_kernel<T, D, kWarps, kBlockM, kKVInRegs, kDropout, kDq>;
-  const cudaError_t e = allow_smem(kernel, kSmem);
-  if (e != cudaSuccess) return e;
-  const dim3 grid((p.max_len + 16 * kWarps - 1) / (16 * kWarps), p.num_seqs, p.heads);
-  kernel<<<grid, kWarps * 32, kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_varlen(fmha_bwd_kv_kernel<T, D, kWarps, kBlockM, kKVInRegs, kDropout, kDq>, p,
+                       16 * kWarps, kWarps * 32, bwd_kv_smem_bytes<T, D, kWarps, kBlockM, kDq>(),
+                       stream);
 }
 
 template <typename T, int D, int kDqBlockN, bool kQInRegs, bool kDropout>
 cudaError_t launch_bwd_dq(const FmhaParams& p, cudaStream_t stream) {
   constexpr size_t kSmem =
       (2 * kBwdQueriesPerBlock + 4 * kDqBlockN) * static_cast<size_t>(D + 8) * sizeof(T);
-  auto kernel = fmha_bwd_dq_kernel<T, D, kDqBlockN, kQInRegs, kDropout>;
-  const cudaError_t e = allow_smem(kernel, kSmem);
-  if (e != cudaSuccess) return e;
-  const dim3 grid((p.max_len + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock, p.num_seqs, p.heads);
-  kernel<<<grid, 128, kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_varlen(fmha_bwd_dq_kernel<T, D, kDqBlockN, kQInRegs, kDropout>, p,
+                       kBwdQueriesPerBlock, 128, kSmem, stream);
 }
 
 // One head size's configuration: the key-block kernel's warps (16 keys each), queries per

@@ -1,9 +1,7 @@
 // Backward FMHA kernels instantiated for __nv_bfloat16 (all head sizes).
 #include "kernels/cuda/fmha_bwd.cuh"
 
-namespace paddle_unpad {
-namespace cuda {
+namespace paddle_unpad::cuda {
 template cudaError_t launch_fmha_bwd_prep<__nv_bfloat16>(const FmhaParams&, int64_t, cudaStream_t);
 template cudaError_t launch_fmha_bwd<__nv_bfloat16>(const FmhaParams&, bool, cudaStream_t);
-}  // namespace cuda
-}  // namespace paddle_unpad
+}  // namespace paddle_unpad::cuda

@@ -10,6 +10,8 @@
 // Per row the result does not depend on the tile configuration (kWarps): every row sees
 // the same key blocks in the same order with the same instructions.
 #pragma once
+#include <type_traits>
+
 #include "kernels/common/philox.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/fmha_params.cuh"
@@ -42,6 +44,27 @@ __device__ __forceinline__ void apply_dropout(float (&x0)[4], float (&x1)[4], co
   }
 }
 
+// The dropout of a warp's 16 rows (row pair t_pair) by kNT 8-key tiles of scores (keys j0..,
+// this lane's columns 2c, 2c + 1 of each): one call per 16 keys.
+template <int kNT>
+__device__ __forceinline__ void drop_tiles(const FmhaParams& p, float (&x)[kNT][4], int j0, int c,
+                                           uint32_t t_pair, int h) {
+#pragma unroll
+  for (int n2 = 0; n2 < kNT / 2; ++n2)
+    apply_dropout(x[2 * n2], x[2 * n2 + 1],
+                  dropout_call(p, static_cast<uint32_t>(j0 + n2 * 16 + 2 * c), t_pair,
+                               static_cast<uint32_t>(h)),
+                  p.drop_threshold_hi);
+}
+
+template <int N>
+__device__ __forceinline__ void zero_tiles(float (&x)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[n][e] = 0.0f;
+}
+
 // acc0 += a B0 and acc1 += a B1 for two adjacent 8-column tiles of B in shared memory, read
 // by one ldmatrix at src (kTrans: B is stored k-major, as V in P V).
 template <typename T, bool kTrans>
@@ -65,6 +88,26 @@ __device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const float (&c0)[4
   a[1] = ElemTraits<T>::pack(c0[2], c0[3]);
   a[2] = ElemTraits<T>::pack(c1[0], c1[1]);
   a[3] = ElemTraits<T>::pack(c1[2], c1[3]);
+}
+
+// acc += P B for a warp's 16 rows: P the kCols / 8 score tiles sc (16 keys = one A fragment per
+// step), B kCols rows of D in shared memory (b, kStride apart) read transposed: O += P V of the
+// forward, dQ += dS K of the deterministic backward.
+template <typename T, int D, int kCols, int kStride>
+__device__ __forceinline__ void mma_scores_b(float (&acc)[D / 8][4],
+                                             const float (&sc)[kCols / 8][4], const T* b,
+                                             int lane) {
+#pragma unroll
+  for (int kt = 0; kt < kCols / 16; ++kt) {
+    uint32_t a[4];
+    a_fragment<T>(a, sc[2 * kt], sc[2 * kt + 1]);
+#pragma unroll
+    for (int d2 = 0; d2 < D / 16; ++d2) {
+      const T* src =
+          b + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 + (lane >> 4) * 8;
+      mma_two_tiles<T, true>(acc[2 * d2], acc[2 * d2 + 1], a, src);
+    }
+  }
 }
 
 // Where a thread block of an FMHA kernel works, once it has rows to work on: the head
@@ -101,6 +144,42 @@ struct VarlenTile {
   __device__ __forceinline__ T* out(void* t) const { return static_cast<T*>(t) + base; }
 };
 
+// The end of an FMHA kernel: this warp's 16 rows of output, its accumulators acc (D / 8
+// tiles) times scale_g (row g) and scale_g8 (row g + 8), staged in the warp's own 16 rows of
+// smem (kStride apart; no other warp reads them), then stored in 16-byte chunks to the rows
+// row0 + 16 warp + r that exist (< s) of the tensor t of p. The scales and t are references so
+// that they are read where they are used: loaded at the call, before the barriers, they would
+// reorder the kernels' instruction schedule.
+template <typename T, int D, int kStride>
+__device__ __forceinline__ void store_warp_rows(const VarlenTile<T, D>& tile,
+                                                const float (&acc)[D / 8][4], const float& scale_g,
+                                                const float& scale_g8, T* smem, void* const& t,
+                                                int row0, int s) {
+  const int warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
+  T* stage = smem + warp * 16 * kStride;
+  __syncwarp();
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float& scale = i == 0 ? scale_g : scale_g8;
+      *reinterpret_cast<uint32_t*>(stage + (g + 8 * i) * kStride + dt * 8 + 2 * c) =
+          ElemTraits<T>::pack(acc[dt][2 * i] * scale, acc[dt][2 * i + 1] * scale);
+    }
+  __syncwarp();
+  T* out = tile.out(t);
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int it = 0; it < 16 * kChunks / 32; ++it) {
+    const int idx = it * 32 + lane;
+    const int r = idx / kChunks, ch = idx % kChunks;
+    const int row = row0 + warp * 16 + r;
+    if (row < s)
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * tile.ld + ch * 8) =
+          *reinterpret_cast<const uint4*>(stage + r * kStride + ch * 8);
+  }
+}
+
 // kDropout: a separate instantiation, so that the kernel without dropout holds no Philox
 // code and gets the registers it needs without it.
 template <typename T, int D, int kWarps, bool kDropout>
@@ -113,7 +192,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kKT = D / 16;       // k-steps of Q K^T
   constexpr int kNT = kBlockN / 8;  // 8-wide score tiles per row block
   constexpr int kDT = D / 8;        // 8-wide output tiles
-  using Tr = ElemTraits<T>;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -121,8 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   T* sV = sK + kBlockN * kStride;
 
   const SeqSpan seq = p.seqs[blockIdx.y];
-  const int s = seq.len;
-  const int q0 = static_cast<int>(blockIdx.x) * kBlockM;
+  const int s = seq.len, q0 = static_cast<int>(blockIdx.x) * kBlockM;
   if (q0 >= s) return;
   const VarlenTile<T, D> tile(p, seq);
   const int h = tile.head, warp = tile.warp, lane = tile.lane, g = tile.g, c = tile.c;
@@ -139,10 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int kk = 0; kk < kKT; ++kk)
     ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8);
   float o[kDT][4];
-#pragma unroll
-  for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+  zero_tiles(o);
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
   // Philox counter word 1 of this lane's rows g and g + 8 (philox.h: t0 + (i & ~8)).
@@ -159,10 +233,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
     // S = Q K^T for this warp's 16 rows and kBlockN keys.
     float sc[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] = 0.0f;
+    zero_tiles(sc);
 #pragma unroll
     for (int kk = 0; kk < kKT; ++kk) {
 #pragma unroll
@@ -207,14 +278,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[dt][e] *= alpha[e >> 1];
-    if (kDropout) {  // after the row sum: l normalises the undropped probabilities
-#pragma unroll
-      for (int n2 = 0; n2 < kNT / 2; ++n2)
-        apply_dropout(sc[2 * n2], sc[2 * n2 + 1],
-                      dropout_call(p, static_cast<uint32_t>(j0 + n2 * 16 + 2 * c), t_pair,
-                                   static_cast<uint32_t>(h)),
-                      p.drop_threshold_hi);
-    }
+    // after the row sum: l normalises the undropped probabilities
+    if (kDropout) drop_tiles(p, sc, j0, c, t_pair, h);
 
     cp_async_wait<0>();
     __syncthreads();  // V_kb landed; every warp is done with K_kb
@@ -223,18 +288,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       cp_async_commit();
     }
 
-    // O += P V_kb: two score tiles form one A fragment (16 keys).
-#pragma unroll
-    for (int kt = 0; kt < kBlockN / 16; ++kt) {
-      uint32_t a[4];
-      a_fragment<T>(a, sc[2 * kt], sc[2 * kt + 1]);
-#pragma unroll
-      for (int d2 = 0; d2 < D / 16; ++d2) {
-        const T* src = sV + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + d2 * 16 +
-                       (lane >> 4) * 8;
-        mma_two_tiles<T, true>(o[2 * d2], o[2 * d2 + 1], a, src);
-      }
-    }
+    mma_scores_b<T, D, kBlockN, kStride>(o, sc, sV, lane);  // O += P V_kb
   }
 
   // Epilogue: normalise, stage this warp's 16 rows in its own rows of sQ (no other warp
@@ -245,26 +299,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     l[i] = quad_sum(l[i]);
     inv[i] = (kDropout ? p.keep_scale : 1.0f) / l[i];  // the kept probabilities' 1/(1-p)
   }
-  T* so = sQ + warp * 16 * kStride;
-  __syncwarp();
-#pragma unroll
-  for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      *reinterpret_cast<uint32_t*>(so + (g + 8 * i) * kStride + dt * 8 + 2 * c) =
-          Tr::pack(o[dt][2 * i] * inv[i], o[dt][2 * i + 1] * inv[i]);
-  __syncwarp();
-  T* gout = tile.out(p.out);
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int it = 0; it < 16 * kChunks / 32; ++it) {
-    const int idx = it * 32 + lane;
-    const int r = idx / kChunks, ch = idx % kChunks;
-    const int row = q0 + warp * 16 + r;
-    if (row < s)
-      *reinterpret_cast<uint4*>(gout + static_cast<int64_t>(row) * tile.ld + ch * 8) =
-          *reinterpret_cast<const uint4*>(so + r * kStride + ch * 8);
-  }
+  store_warp_rows<T, D, kStride>(tile, o, inv[0], inv[1], sQ, p.out, q0, s);
   if (c == 0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -275,40 +310,52 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// kernel<<<blocks of rows_per_block rows of every sequence and head, threads, smem>>>(p), allowed
+// more than the default 48 KB of shared memory where it needs them.
+template <typename Kernel>
+cudaError_t launch_varlen(Kernel kernel, const FmhaParams& p, int rows_per_block, int threads,
+                          size_t smem, cudaStream_t stream) {
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid((p.max_len + rows_per_block - 1) / rows_per_block, p.num_seqs, p.heads);
+  kernel<<<grid, threads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// f(std::integral_constant<int, D>) for the head size D = head_dim (the sizes compiled).
+template <typename F>
+cudaError_t by_head_dim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 32:
+      return f(std::integral_constant<int, 32>());
+    case 64:
+      return f(std::integral_constant<int, 64>());
+    case 128:
+      return f(std::integral_constant<int, 128>());
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 template <typename T, int D, int kWarps>
 cudaError_t launch_fwd_config(const FmhaParams& p, cudaStream_t stream) {
   constexpr int kBlockM = 16 * kWarps;
   constexpr size_t kSmem = static_cast<size_t>(kBlockM + 2 * kFwdBlockN) * (D + 8) * sizeof(T);
-  auto kernel =
-      p.dropout ? fmha_fwd_kernel<T, D, kWarps, true> : fmha_fwd_kernel<T, D, kWarps, false>;
-  if (kSmem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kSmem));
-    if (e != cudaSuccess) return e;
-  }
-  const dim3 grid((p.max_len + kBlockM - 1) / kBlockM, p.num_seqs, p.heads);
-  kernel<<<grid, kWarps * 32, kSmem, stream>>>(p);
-  return cudaGetLastError();
-}
-
-template <typename T, int D>
-cudaError_t launch_fwd_dim(const FmhaParams& p, int tile, cudaStream_t stream) {
-  return tile == kFwdTileM64 ? launch_fwd_config<T, D, 4>(p, stream)
-                             : launch_fwd_config<T, D, 8>(p, stream);
+  return launch_varlen(
+      p.dropout ? fmha_fwd_kernel<T, D, kWarps, true> : fmha_fwd_kernel<T, D, kWarps, false>, p,
+      kBlockM, kWarps * 32, kSmem, stream);
 }
 
 template <typename T>
 cudaError_t launch_fmha_fwd(const FmhaParams& p, int tile, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 32:
-      return launch_fwd_dim<T, 32>(p, tile, stream);
-    case 64:
-      return launch_fwd_dim<T, 64>(p, tile, stream);
-    case 128:
-      return launch_fwd_dim<T, 128>(p, tile, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return by_head_dim(p.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return tile == kFwdTileM64 ? launch_fwd_config<T, D, 4>(p, stream)
+                               : launch_fwd_config<T, D, 8>(p, stream);
+  });
 }
 
 }  // namespace cuda
