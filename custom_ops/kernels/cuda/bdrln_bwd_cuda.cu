@@ -19,6 +19,17 @@ namespace paddle_unpad {
 namespace cuda {
 namespace {
 
+// z and the dropout multipliers m of vector v of row r (pre_norm), the gradient of y there (g,
+// from dy) and ln_weight (wv, from w).
+template <typename TX, typename TR, typename TW, int N>
+__device__ __forceinline__ void grad_inputs(const FusedArgs& a, const TR* dy, const TW* w,
+                                            int64_t r, int v, float (&z)[N], float (&m)[N],
+                                            float (&g)[N], float (&wv)[N]) {
+  pre_norm<TX, TR, N>(a, r, v, z, m);
+  load<TR, N>(dy + r * a.cols + static_cast<int64_t>(v) * N, g);
+  load<TW, N>(w + static_cast<int64_t>(v) * N, wv);
+}
+
 template <typename TX, typename TR, typename TW, int N, int kOwn>
 __global__ void __launch_bounds__(kRowTeamMax) bdrln_bwd_rows_kernel(const FusedArgs a) {
   static_assert(kOwn * N <= 32, "mask bits of a thread's row elements must fit 32 bits");
@@ -47,9 +58,7 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_bwd_rows_kernel(const Fused
       const int v = t + i * ts;
       if (v < a.nvec) {
         float z[N], m[N], g[N], wv[N];
-        pre_norm<TX, TR, N>(a, r, v, z, m);
-        load<TR, N>(dy + r * a.cols + static_cast<int64_t>(v) * N, g);
-        load<TW, N>(w + static_cast<int64_t>(v) * N, wv);
+        grad_inputs<TX, TR, TW, N>(a, dy, w, r, v, z, m, g, wv);
 #pragma unroll
         for (int e = 0; e < N; ++e) {
           xh[i][e] = (z[e] - mu) * rs;
@@ -116,9 +125,7 @@ __global__ void __launch_bounds__(kRowTeamMax) bdrln_bwd_row_sums_kernel(const F
     float sg = 0.0f, sgx = 0.0f;
     for (int v = t; v < a.nvec; v += ts) {
       float z[N], m[N], g[N], wv[N];
-      pre_norm<TX, TR, N>(a, r, v, z, m);
-      load<TR, N>(dy + r * a.cols + static_cast<int64_t>(v) * N, g);
-      load<TW, N>(w + static_cast<int64_t>(v) * N, wv);
+      grad_inputs<TX, TR, TW, N>(a, dy, w, r, v, z, m, g, wv);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const float gw = g[e] * wv[e];
