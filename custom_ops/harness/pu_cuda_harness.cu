@@ -17,12 +17,16 @@
 
 namespace {
 
+using paddle_unpad::cuda::DType;
+
 thread_local std::string g_last_error;
 
 int fail(const std::string& why) {
   g_last_error = why;
   return 1;
 }
+
+constexpr const char* kBdrln = "bias_dropout_residual_layer_norm";
 
 // 0 where the kernels take the call (`why` empty), else fail() with `op` named first
 int refuse(const char* op, const std::string& why) {
@@ -37,23 +41,12 @@ int from_cuda(cudaError_t e, const char* what) {
   return fail(std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
+// The problems from the functions' arguments, which follow the order of the structs' fields.
 paddle_unpad::cuda::FmhaCudaProblem problem(const int32_t* cu, int64_t batch, int64_t total,
                                             int64_t heads, int64_t head_dim, int dtype, float scale,
                                             float dropout, uint64_t seed, uint64_t offset) {
-  paddle_unpad::cuda::FmhaCudaProblem p;
-  p.cu_seqlens = cu;
-  p.batch = batch;
-  p.total = total;
-  p.heads = heads;
-  p.head_dim = head_dim;
-  p.scale = scale;
-  p.dropout = dropout;
-  p.seed = seed;
-  p.offset = offset;
-  p.dtype = dtype == 0 ? paddle_unpad::cuda::DType::kFloat16
-                       : (dtype == 1 ? paddle_unpad::cuda::DType::kBFloat16
-                                     : paddle_unpad::cuda::DType::kFloat32);
-  return p;
+  const DType dt = dtype == 0 ? DType::kFloat16 : (dtype == 1 ? DType::kBFloat16 : DType::kFloat32);
+  return {{cu, batch, total, heads, head_dim, scale, dropout, seed, offset}, dt};
 }
 
 paddle_unpad::cuda::FusedCudaOptions fused_options(int path) {
@@ -64,27 +57,16 @@ paddle_unpad::cuda::FusedCudaOptions fused_options(int path) {
 }
 
 paddle_unpad::cuda::BiasGeluCudaProblem gelu_problem(int64_t rows, int64_t cols, int dtype) {
-  paddle_unpad::cuda::BiasGeluCudaProblem p;
-  p.rows = rows;
-  p.cols = cols;
-  p.dtype = static_cast<paddle_unpad::cuda::DType>(dtype);
-  return p;
+  return {rows, cols, static_cast<DType>(dtype)};
 }
 
 paddle_unpad::cuda::BdrlnCudaProblem bdrln_problem(int64_t rows, int64_t cols, int dtype,
                                                    int residual_dtype, int ln_dtype, float dropout,
                                                    float epsilon, uint64_t seed, uint64_t offset) {
-  paddle_unpad::cuda::BdrlnCudaProblem p;
-  p.rows = rows;
-  p.cols = cols;
-  p.dtype = static_cast<paddle_unpad::cuda::DType>(dtype);
-  p.residual_dtype = static_cast<paddle_unpad::cuda::DType>(residual_dtype);
-  p.ln_dtype = static_cast<paddle_unpad::cuda::DType>(ln_dtype);
-  p.dropout = dropout;
-  p.epsilon = epsilon;
-  p.seed = seed;
-  p.offset = offset;
-  return p;
+  return {{rows, cols, dropout, epsilon, seed, offset},
+          static_cast<DType>(dtype),
+          static_cast<DType>(residual_dtype),
+          static_cast<DType>(ln_dtype)};
 }
 
 paddle_unpad::cuda::FmhaLaunchOptions options(int grouping, int num_streams) {
@@ -181,9 +163,7 @@ int pu_bdrln_fwd(int64_t rows, int64_t cols, int dtype, int residual_dtype, int 
                  const void* ln_bias, void* y, float* mean, float* rstd, void* stream) {
   const auto p =
       bdrln_problem(rows, cols, dtype, residual_dtype, ln_dtype, dropout, epsilon, seed, offset);
-  if (const int rc =
-          refuse("bias_dropout_residual_layer_norm", paddle_unpad::cuda::bdrln_cuda_unsupported(p)))
-    return rc;
+  if (const int rc = refuse(kBdrln, paddle_unpad::cuda::bdrln_cuda_unsupported(p))) return rc;
   return from_cuda(
       paddle_unpad::cuda::bdrln_cuda_fwd(p, x, bias, residual, ln_weight, ln_bias, y, mean, rstd,
                                          static_cast<cudaStream_t>(stream), fused_options(path)),
@@ -201,9 +181,7 @@ int pu_bdrln_bwd(int64_t rows, int64_t cols, int dtype, int residual_dtype, int 
                  void* dbias, void* dln_weight, void* dln_bias, void* workspace, void* stream) {
   const auto p =
       bdrln_problem(rows, cols, dtype, residual_dtype, ln_dtype, dropout, epsilon, seed, offset);
-  if (const int rc =
-          refuse("bias_dropout_residual_layer_norm", paddle_unpad::cuda::bdrln_cuda_unsupported(p)))
-    return rc;
+  if (const int rc = refuse(kBdrln, paddle_unpad::cuda::bdrln_cuda_unsupported(p))) return rc;
   return from_cuda(
       paddle_unpad::cuda::bdrln_cuda_bwd(p, x, bias, residual, ln_weight, mean, rstd, dy, dx,
                                          dresidual, dbias, dln_weight, dln_bias, workspace,

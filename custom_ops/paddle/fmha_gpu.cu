@@ -33,16 +33,7 @@ using compat::dense;
 using glue::kFmha;
 
 cuda::FmhaCudaProblem to_cuda_problem(const FmhaProblem& p, const Tensor& q) {
-  cuda::FmhaCudaProblem c;
-  c.cu_seqlens = p.cu_seqlens;
-  c.batch = p.batch;
-  c.total = p.total;
-  c.heads = p.heads;
-  c.head_dim = p.head_dim;
-  c.scale = p.scale;
-  c.dropout = p.dropout;
-  c.seed = p.seed;
-  c.offset = p.offset;
+  cuda::FmhaCudaProblem c{p};  // what the CPU and the CUDA kernels share of p
   if (q.dtype() == DataType::FLOAT16) {
     c.dtype = cuda::DType::kFloat16;
   } else if (q.dtype() == DataType::BFLOAT16) {

@@ -59,16 +59,8 @@ cuda::BiasGeluCudaProblem gelu_problem(const Tensor& x) {
 
 cuda::BdrlnCudaProblem ln_problem(const BdrlnProblem& p, const Tensor& x, const Tensor& residual,
                                   const Tensor& ln_weight) {
-  cuda::BdrlnCudaProblem c;
-  c.rows = p.rows;
-  c.cols = p.cols;
-  c.dropout = p.dropout;
-  c.epsilon = p.epsilon;
-  c.seed = p.seed;
-  c.offset = p.offset;
-  c.dtype = gpu_dtype(kBdrln, x);
-  c.residual_dtype = gpu_dtype(kBdrln, residual, "residual");
-  c.ln_dtype = gpu_dtype(kBdrln, ln_weight, "ln_weight");
+  const cuda::BdrlnCudaProblem c{p, gpu_dtype(kBdrln, x), gpu_dtype(kBdrln, residual, "residual"),
+                                 gpu_dtype(kBdrln, ln_weight, "ln_weight")};
   const std::string why = cuda::bdrln_cuda_unsupported(c);
   PD_CHECK(why.empty(), kBdrln, ": ", why);
   return c;

@@ -14,18 +14,11 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/common/problem_desc.h"
+
 namespace paddle_unpad {
 
-struct FmhaProblem {
-  const int32_t* cu_seqlens = nullptr;  // host memory
-  int64_t batch = 0;                    // B
-  int64_t total = 0;                    // T
-  int64_t heads = 0;                    // H
-  int64_t head_dim = 0;                 // D
-  float scale = 1.0f;                   // applied to q k^T
-  float dropout = 0.0f;                 // attention-probability dropout, 0 = off
-  uint64_t seed = 0;                    // Philox key
-  uint64_t offset = 0;                  // Philox counter word 3 (low 32 bits used)
+struct FmhaProblem : FmhaDesc {
   // Packed QKV (the output of one QKV GEMM, [T, 3, H, D]): q, k, v and dq, dk, dv are then
   // views into it, `qkv_stride` floats from one token to the next (0: H * D, separate
   // tensors); out, dout and lse keep their own layout.

@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/common/problem_desc.h"
+
 namespace paddle_unpad {
 
 void bias_gelu_fwd_cpu(int64_t rows, int64_t cols, const float* x, const float* bias, float* y);
@@ -38,14 +40,7 @@ void column_sums_cpu(int64_t rows, int64_t cols, const float* x, float* out);
 void bias_gelu_bwd_cpu(int64_t rows, int64_t cols, const float* x, const float* bias,
                        const float* dy, float* dx, float* dbias);
 
-struct BdrlnProblem {
-  int64_t rows = 0;       // N (all leading dimensions), < 2^32
-  int64_t cols = 0;       // F, the normalised size, >= 1
-  float dropout = 0.0f;   // drop probability of (x + bias), 0 = off
-  float epsilon = 1e-12f; // added to the variance
-  uint64_t seed = 0;      // Philox key
-  uint64_t offset = 0;    // Philox counter word 3 (low 32 bits used)
-};
+using BdrlnProblem = BdrlnDesc;  // the CPU kernels take nothing more
 
 // Returns an empty string when the problem is supported, else why not (in words).
 std::string bdrln_cpu_unsupported(const BdrlnProblem& p);

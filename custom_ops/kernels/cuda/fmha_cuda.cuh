@@ -19,21 +19,13 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/common/problem_desc.h"
 #include "kernels/cuda/cuda_dtype.cuh"
 
 namespace paddle_unpad {
 namespace cuda {
 
-struct FmhaCudaProblem {
-  const int32_t* cu_seqlens = nullptr;  // HOST memory, [batch + 1]
-  int64_t batch = 0;
-  int64_t total = 0;
-  int64_t heads = 0;
-  int64_t head_dim = 0;
-  float scale = 1.0f;
-  float dropout = 0.0f;  // attention-probability dropout in [0, 1); 0 = off
-  uint64_t seed = 0;     // Philox key (all 64 bits)
-  uint64_t offset = 0;   // Philox counter word 3 (low 32 bits)
+struct FmhaCudaProblem : FmhaDesc {  // cu_seqlens in HOST memory
   DType dtype = DType::kFloat16;
 };
 

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/common/problem_desc.h"
 #include "kernels/cuda/cuda_dtype.cuh"
 
 namespace paddle_unpad {
@@ -54,13 +55,7 @@ struct BiasGeluCudaProblem {
   DType dtype = DType::kFloat32;
 };
 
-struct BdrlnCudaProblem {
-  int64_t rows = 0;  // N, < 2^32 (a Philox counter word)
-  int64_t cols = 0;  // F, the normalised size, >= 1
-  float dropout = 0.0f;  // drop probability of (x + bias) in [0, 1); 0 = off
-  float epsilon = 1e-12f;  // added to the variance
-  uint64_t seed = 0;  // Philox key (all 64 bits)
-  uint64_t offset = 0;  // Philox counter word 3 (low 32 bits)
+struct BdrlnCudaProblem : BdrlnDesc {
   DType dtype = DType::kFloat32;  // x, bias (and their gradients)
   DType residual_dtype = DType::kFloat32;  // residual, y (and theirs): dtype or float32
   DType ln_dtype = DType::kFloat32;  // ln_weight, ln_bias (and theirs): dtype or float32
