@@ -25,4 +25,28 @@ inline const char* cpu_isa_name(CpuIsa isa) {
   return isa == CpuIsa::kAvx512 ? "avx512" : (isa == CpuIsa::kAvx2 ? "avx2" : "sse2");
 }
 
+// Declares a kernel's entry points (its *_<isa>.cc builds) in the namespaces sse2, avx2 and
+// avx512, one per instruction set.
+#define PU_DECLARE_PER_ISA(...) \
+  namespace sse2 {              \
+  __VA_ARGS__                   \
+  }                             \
+  namespace avx2 {              \
+  __VA_ARGS__                   \
+  }                             \
+  namespace avx512 {            \
+  __VA_ARGS__                   \
+  }
+
+// X(isa) for each of those namespaces, in CpuIsa order.
+#define PU_CPU_ISAS(X) X(sse2) X(avx2) X(avx512)
+
+// The entry points of the instruction set this process runs, picked at the first call (each
+// dispatcher keeps its own choice): by_isa holds one Entries per CpuIsa, in CpuIsa order.
+template <typename Entries>
+const Entries& chosen_isa(const Entries (&by_isa)[3]) {
+  static const Entries& chosen = by_isa[static_cast<int>(pick_cpu_isa())];
+  return chosen;
+}
+
 }  // namespace paddle_unpad

@@ -13,40 +13,26 @@
 
 namespace paddle_unpad {
 
-#define PU_DECLARE_ISA(isa)                                                                   \
-  namespace isa {                                                                             \
-  void fwd_item(const FmhaProblem&, const float*, const float*, const float*, float*, float*, \
-                int64_t, int64_t, int64_t, int64_t);                                          \
-  void bwd_item(const FmhaProblem&, const float*, const float*, const float*, const float*,   \
-                const float*, const float*, float*, float*, float*, int64_t, int64_t);        \
-  }
-PU_DECLARE_ISA(avx512)
-PU_DECLARE_ISA(avx2)
-PU_DECLARE_ISA(sse2)
-#undef PU_DECLARE_ISA
+PU_DECLARE_PER_ISA(void fwd_item(const FmhaProblem&, const float*, const float*, const float*,
+                                 float*, float*, int64_t, int64_t, int64_t, int64_t);
+                   void bwd_item(const FmhaProblem&, const float*, const float*, const float*,
+                                 const float*, const float*, const float*, float*, float*, float*,
+                                 int64_t, int64_t);)
 
 namespace {
 
+// The entry points of one instruction set.
 struct Isa {
   const char* name;
   decltype(&sse2::fwd_item) fwd;
   decltype(&sse2::bwd_item) bwd;
 };
 
-Isa pick_isa() {
-  switch (pick_cpu_isa()) {
-    case CpuIsa::kAvx512:
-      return {"avx512", avx512::fwd_item, avx512::bwd_item};
-    case CpuIsa::kAvx2:
-      return {"avx2", avx2::fwd_item, avx2::bwd_item};
-    default:
-      return {"sse2", sse2::fwd_item, sse2::bwd_item};
-  }
-}
-
 const Isa& isa() {
-  static const Isa chosen = pick_isa();
-  return chosen;
+#define PU_ISA(isa) {#isa, isa::fwd_item, isa::bwd_item},
+  static const Isa by_isa[] = {PU_CPU_ISAS(PU_ISA)};
+#undef PU_ISA
+  return chosen_isa(by_isa);
 }
 
 constexpr int64_t kQueryBlock = 64;  // must match kBr in fmha_cpu_impl.h

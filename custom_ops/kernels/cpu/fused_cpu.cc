@@ -16,24 +16,19 @@
 
 namespace paddle_unpad {
 
-#define PU_DECLARE_ISA(isa)                                                                        \
-  namespace isa {                                                                                  \
-  void gelu_fwd_rows(int64_t, int64_t, int64_t, const float*, const float*, float*);               \
-  void gelu_bwd_chunk(int64_t, int64_t, int64_t, const float*, const float*, const float*, float*, \
-                      float*);                                                                     \
-  void ln_fwd_rows(const BdrlnProblem&, int64_t, int64_t, const float*, const float*,              \
-                   const float*, const float*, const float*, float*, float*, float*);              \
-  void ln_bwd_chunk(const BdrlnProblem&, int64_t, int64_t, const float*, const float*,             \
-                    const float*, const float*, const float*, const float*, const float*, float*,  \
-                    float*, float*, float*, float*);                                               \
-  }
-PU_DECLARE_ISA(avx512)
-PU_DECLARE_ISA(avx2)
-PU_DECLARE_ISA(sse2)
-#undef PU_DECLARE_ISA
+PU_DECLARE_PER_ISA(
+    void gelu_fwd_rows(int64_t, int64_t, int64_t, const float*, const float*, float*);
+    void gelu_bwd_chunk(int64_t, int64_t, int64_t, const float*, const float*, const float*, float*,
+                        float*);
+    void ln_fwd_rows(const BdrlnProblem&, int64_t, int64_t, const float*, const float*,
+                     const float*, const float*, const float*, float*, float*, float*);
+    void ln_bwd_chunk(const BdrlnProblem&, int64_t, int64_t, const float*, const float*,
+                      const float*, const float*, const float*, const float*, const float*, float*,
+                      float*, float*, float*, float*);)
 
 namespace {
 
+// The entry points of one instruction set.
 struct Isa {
   const char* name;
   decltype(&sse2::gelu_fwd_rows) gelu_fwd;
@@ -42,23 +37,12 @@ struct Isa {
   decltype(&sse2::ln_bwd_chunk) ln_bwd;
 };
 
-Isa pick_isa() {
-#define PU_ISA(isa) \
-  Isa { #isa, isa::gelu_fwd_rows, isa::gelu_bwd_chunk, isa::ln_fwd_rows, isa::ln_bwd_chunk }
-  switch (pick_cpu_isa()) {
-    case CpuIsa::kAvx512:
-      return PU_ISA(avx512);
-    case CpuIsa::kAvx2:
-      return PU_ISA(avx2);
-    default:
-      return PU_ISA(sse2);
-  }
-#undef PU_ISA
-}
-
 const Isa& isa() {
-  static const Isa chosen = pick_isa();
-  return chosen;
+#define PU_ISA(isa) \
+  {#isa, isa::gelu_fwd_rows, isa::gelu_bwd_chunk, isa::ln_fwd_rows, isa::ln_bwd_chunk},
+  static const Isa by_isa[] = {PU_CPU_ISAS(PU_ISA)};
+#undef PU_ISA
+  return chosen_isa(by_isa);
 }
 
 // Elements per work item: big enough to amortise scheduling, small enough to balance.
