@@ -17,16 +17,8 @@
 #include "fmha_op_common.h"  // same folder
 #include "op_names.h"
 
+namespace paddle_unpad::glue {
 namespace {
-
-using paddle::DataType;
-using paddle::Tensor;
-
-using paddle_unpad::glue::dense;
-using paddle_unpad::glue::kFmha;
-using paddle_unpad::glue::place_name;
-using paddle_unpad::glue::read_rng_state;
-using paddle_unpad::glue::shape_str;
 
 // Checks shared by forward and backward; returns the problem description.
 paddle_unpad::FmhaProblem check_and_describe(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -140,15 +132,16 @@ std::vector<DataType> FmhaGradInferDtype(DataType q, DataType k, DataType v, Dat
 }
 
 }  // namespace
+}  // namespace paddle_unpad::glue
 
 PU_BUILD_OP(PU_OP_FMHA)
     .Inputs({"Q", "K", "V", "CuSeqlens", paddle::Optional("RngState")})
     .Outputs({"Out", "Lse"})
     .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool",
             "deterministic: bool"})
-    .SetKernelFn(PD_KERNEL(FmhaForward))
-    .SetInferShapeFn(PD_INFER_SHAPE(FmhaInferShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(FmhaInferDtype));
+    .SetKernelFn(PD_KERNEL(paddle_unpad::glue::FmhaForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(paddle_unpad::glue::FmhaInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(paddle_unpad::glue::FmhaInferDtype));
 
 PU_BUILD_GRAD_OP(PU_OP_FMHA)
     .Inputs({"Q", "K", "V", "CuSeqlens", paddle::Optional("RngState"), "Out", "Lse",
@@ -156,6 +149,6 @@ PU_BUILD_GRAD_OP(PU_OP_FMHA)
     .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
     .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float", "grouping: bool",
             "deterministic: bool"})
-    .SetKernelFn(PD_KERNEL(FmhaBackward))
-    .SetInferShapeFn(PD_INFER_SHAPE(FmhaGradInferShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(FmhaGradInferDtype));
+    .SetKernelFn(PD_KERNEL(paddle_unpad::glue::FmhaBackward))
+    .SetInferShapeFn(PD_INFER_SHAPE(paddle_unpad::glue::FmhaGradInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(paddle_unpad::glue::FmhaGradInferDtype));

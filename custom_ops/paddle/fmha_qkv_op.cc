@@ -17,15 +17,8 @@
 #include "fmha_op_common.h"  // same folder
 #include "op_names.h"
 
+namespace paddle_unpad::glue {
 namespace {
-
-using paddle::DataType;
-using paddle::Tensor;
-
-using paddle_unpad::glue::dense;
-using paddle_unpad::glue::kFmhaQkvpacked;
-using paddle_unpad::glue::place_name;
-using paddle_unpad::glue::shape_str;
 
 paddle_unpad::FmhaProblem describe(const Tensor& qkv, const Tensor& bias, const Tensor& cu,
                                    const paddle::optional<Tensor>& rng, int64_t max_seqlen,
@@ -122,20 +115,21 @@ std::vector<DataType> FmhaQkvGradInferDtype(DataType qkv, DataType bias, DataTyp
 }
 
 }  // namespace
+}  // namespace paddle_unpad::glue
 
 PU_BUILD_OP(PU_OP_FMHA_QKVPACKED)
     .Inputs({"QKV", "Bias", "CuSeqlens", paddle::Optional("RngState")})
     .Outputs({"Out", "Lse"})
     .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float"})
-    .SetKernelFn(PD_KERNEL(FmhaQkvForward))
-    .SetInferShapeFn(PD_INFER_SHAPE(FmhaQkvInferShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(FmhaQkvInferDtype));
+    .SetKernelFn(PD_KERNEL(paddle_unpad::glue::FmhaQkvForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(paddle_unpad::glue::FmhaQkvInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(paddle_unpad::glue::FmhaQkvInferDtype));
 
 PU_BUILD_GRAD_OP(PU_OP_FMHA_QKVPACKED)
     .Inputs({"QKV", "Bias", "CuSeqlens", paddle::Optional("RngState"), "Out", "Lse",
              paddle::Grad("Out")})
     .Outputs({paddle::Grad("QKV"), paddle::Grad("Bias")})
     .Attrs({"max_seqlen: int64_t", "scale: float", "dropout: float"})
-    .SetKernelFn(PD_KERNEL(FmhaQkvBackward))
-    .SetInferShapeFn(PD_INFER_SHAPE(FmhaQkvGradInferShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(FmhaQkvGradInferDtype));
+    .SetKernelFn(PD_KERNEL(paddle_unpad::glue::FmhaQkvBackward))
+    .SetInferShapeFn(PD_INFER_SHAPE(paddle_unpad::glue::FmhaQkvGradInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(paddle_unpad::glue::FmhaQkvGradInferDtype));

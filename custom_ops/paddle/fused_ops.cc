@@ -23,16 +23,8 @@
 #include "op_common.h"  // same folder
 #include "op_names.h"
 
+namespace paddle_unpad::glue {
 namespace {
-
-using paddle::DataType;
-using paddle::Tensor;
-
-using paddle_unpad::glue::dense;
-using paddle_unpad::glue::kBdrln;
-using paddle_unpad::glue::kBiasGelu;
-using paddle_unpad::glue::place_name;
-using paddle_unpad::glue::shape_str;
 
 // `t` next to x: x's dtype, or -- where `float32_ok` (bdrln's residual and LayerNorm
 // parameters, which AMP leaves in float32 next to a half GEMM output) -- float32.
@@ -312,28 +304,29 @@ std::vector<DataType> BdrlnGradInferDtype(DataType x, DataType bias, DataType re
 }
 
 }  // namespace
+}  // namespace paddle_unpad::glue
 
 PU_BUILD_OP(PU_OP_BIAS_GELU)
     .Inputs({"X", "Bias"})
     .Outputs({"Y"})
-    .SetKernelFn(PD_KERNEL(BiasGeluForward))
-    .SetInferShapeFn(PD_INFER_SHAPE(BiasGeluInferShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(BiasGeluInferDtype));
+    .SetKernelFn(PD_KERNEL(paddle_unpad::glue::BiasGeluForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(paddle_unpad::glue::BiasGeluInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(paddle_unpad::glue::BiasGeluInferDtype));
 
 PU_BUILD_GRAD_OP(PU_OP_BIAS_GELU)
     .Inputs({"X", "Bias", paddle::Grad("Y")})
     .Outputs({paddle::Grad("X"), paddle::Grad("Bias")})
-    .SetKernelFn(PD_KERNEL(BiasGeluBackward))
-    .SetInferShapeFn(PD_INFER_SHAPE(BiasGeluGradInferShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(BiasGeluGradInferDtype));
+    .SetKernelFn(PD_KERNEL(paddle_unpad::glue::BiasGeluBackward))
+    .SetInferShapeFn(PD_INFER_SHAPE(paddle_unpad::glue::BiasGeluGradInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(paddle_unpad::glue::BiasGeluGradInferDtype));
 
 PU_BUILD_OP(PU_OP_BIAS_DROPOUT_RESIDUAL_LAYER_NORM)
     .Inputs({"X", "Bias", "Residual", "LnWeight", "LnBias", paddle::Optional("RngState")})
     .Outputs({"Y", "Mean", "Rstd"})
     .Attrs({"dropout: float", "epsilon: float"})
-    .SetKernelFn(PD_KERNEL(BdrlnForward))
-    .SetInferShapeFn(PD_INFER_SHAPE(BdrlnInferShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(BdrlnInferDtype));
+    .SetKernelFn(PD_KERNEL(paddle_unpad::glue::BdrlnForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(paddle_unpad::glue::BdrlnInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(paddle_unpad::glue::BdrlnInferDtype));
 
 PU_BUILD_GRAD_OP(PU_OP_BIAS_DROPOUT_RESIDUAL_LAYER_NORM)
     .Inputs({"X", "Bias", "Residual", "LnWeight", paddle::Optional("RngState"), "Mean", "Rstd",
@@ -341,9 +334,9 @@ PU_BUILD_GRAD_OP(PU_OP_BIAS_DROPOUT_RESIDUAL_LAYER_NORM)
     .Outputs({paddle::Grad("X"), paddle::Grad("Bias"), paddle::Grad("Residual"),
               paddle::Grad("LnWeight"), paddle::Grad("LnBias")})
     .Attrs({"dropout: float", "epsilon: float"})
-    .SetKernelFn(PD_KERNEL(BdrlnBackward))
-    .SetInferShapeFn(PD_INFER_SHAPE(BdrlnGradInferShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(BdrlnGradInferDtype));
+    .SetKernelFn(PD_KERNEL(paddle_unpad::glue::BdrlnBackward))
+    .SetInferShapeFn(PD_INFER_SHAPE(paddle_unpad::glue::BdrlnGradInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(paddle_unpad::glue::BdrlnGradInferDtype));
 
 // Instruction set the fused CPU kernels dispatch to on this machine (read with ctypes).
 extern "C" const char* paddle_unpad_fused_cpu_isa() { return paddle_unpad::fused_cpu_isa(); }

@@ -10,6 +10,9 @@
 namespace paddle_unpad {
 namespace glue {
 
+using paddle::DataType;
+using paddle::Tensor;
+
 inline std::string place_name(const paddle::Tensor& t) {
   return t.is_cpu() ? "CPU" : (t.is_gpu() ? "GPU" : "other");
 }
